@@ -1,0 +1,35 @@
+"""The framework-agnostic core of hvdlite: runtime, engine and collectives on numpy arrays."""
+from __future__ import annotations
+
+from .api import (add_process_set, allgather, allgather_async, allgather_object, allreduce, allreduce_,
+                  allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+                  broadcast_async, broadcast_async_, broadcast_object, grouped_allgather,
+                  grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                  grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, join, poll,
+                  reducescatter, reducescatter_async, remove_process_set, synchronize)
+from .config import Config
+from .errors import (HorovodInternalError, HvdliteError, LaunchError, NotInitializedError, ShutdownError,
+                     StallError, TensorMismatchError)
+from .handles import Handle
+from .process_sets import ProcessSet, global_process_set
+from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, engine_stats, gloo_built,
+                      gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                      mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
+                      size, start_timeline, stop_timeline)
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
+    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize", "broadcast_object",
+    "allgather_object", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "start_timeline", "stop_timeline", "engine_stats", "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "ReduceOp", "Handle", "Config", "HvdliteError", "HorovodInternalError", "NotInitializedError",
+    "TensorMismatchError", "ShutdownError", "StallError", "LaunchError",
+]

@@ -1,0 +1,384 @@
+"""The collectives on numpy arrays: each submits a named request to the engine and returns a handle."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Optional, Sequence
+
+import cloudpickle
+import numpy as np
+
+from .handles import Handle
+from .messages import Request, make_signature
+from .process_sets import ProcessSet, global_process_set, normalize_ranks
+from .reduce_ops import ReduceOp, dtype_name, resolve_op
+from .runtime import state
+
+_counters: dict[str, Any] = {}
+
+
+def _auto_name(kind: str, name: Optional[str]) -> str:
+    if name is not None:
+        return str(name)
+    counter = _counters.setdefault(kind, itertools.count())
+    return f"{kind}.noname.{next(counter)}"
+
+
+def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
+    st = state()
+    ps = global_process_set if process_set is None else process_set
+    ps_id = ps.process_set_id
+    if ps_id is None or ps_id not in st.psets.ranks:
+        raise ValueError(f"{kind} {name!r}: {ps!r} is not registered; call hvd.add_process_set() on every "
+                         f"rank first")
+    if not st.psets.is_member(ps_id):
+        raise ValueError(f"{kind} {name!r}: rank {st.rank} is not in process set {ps_id} (ranks "
+                         f"{st.psets.members(ps_id)}); only its members may call collectives on it")
+    return ps_id
+
+
+def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[np.ndarray, str]:
+    """A C-contiguous array in its storage dtype (bfloat16 as uint16 bits), plus the dtype name."""
+    a = np.asarray(array)
+    dtype = dtype_name(a, dtype_hint)
+    if dtype == "bfloat16" and a.dtype != np.uint16:
+        a = a.view(np.uint16)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a, dtype
+
+
+def _submit(kind: str, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
+            outputs: Optional[list[Optional[np.ndarray]]] = None, op: Optional[ReduceOp] = None,
+            prescale: float = 1.0, postscale: float = 1.0, root: int = 0, splits: Any = None,
+            extra: Any = None, shape_of: Callable[[np.ndarray], tuple] = lambda a: tuple(a.shape),
+            finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
+    sig = make_signature(kind, ps_id, op, prescale, postscale, root,
+                         tuple((d, shape_of(a)) for a, d in zip(inputs, dtypes)), extra)
+    handle = Handle(name, finalize)
+    req = Request(name, sig, handle, inputs, outputs if outputs is not None else [None] * len(inputs),
+                  dtypes, op=op, splits=splits)
+    state().engine.submit(req)
+    return handle
+
+
+def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray]) -> Callable[[Any], Any]:
+    """After an in-place op on a copy (non-contiguous input), copy results into the originals."""
+    def finalize(results: list[np.ndarray]) -> list[np.ndarray]:
+        for orig, prep, res in zip(originals, prepared, results):
+            if prep is not orig and res is not orig:
+                np.copyto(orig, res.reshape(orig.shape).view(orig.dtype), casting="unsafe")
+        return list(originals)
+    return finalize
+
+
+# -- allreduce ----------------------------------------------------------------------------------------
+def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
+                            op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set, inplace: bool = False,
+                            dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
+    """Reduce several arrays as one unit. The result is the list of reduced arrays."""
+    name = _auto_name("allreduce", name)
+    reduce_op = resolve_op(op, average)
+    if reduce_op is ReduceOp.ADASUM:
+        raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average or hvd.Sum")
+    ps_id = _pset_id(process_set, "allreduce", name)
+    hints = list(dtype_hints or [None] * len(arrays))
+    prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
+    inputs = [p[0] for p in prepared]
+    dtypes = [p[1] for p in prepared]
+    for d in dtypes:
+        if d == "bool" and reduce_op is ReduceOp.AVERAGE:
+            raise TypeError(f"allreduce {name!r}: hvd.Average is not defined for bool tensors; use hvd.Sum "
+                            f"(logical or), hvd.Min or hvd.Max")
+    outputs: Optional[list[Optional[np.ndarray]]] = None
+    finalize = None
+    if inplace:
+        outputs = list(inputs)
+        originals = [np.asarray(a) for a in arrays]
+        if any(p is not o for p, o in zip(inputs, originals)):
+            finalize = _write_back(originals, inputs)
+    return _submit("allreduce", name, ps_id, inputs, dtypes, outputs, reduce_op, prescale_factor,
+                   postscale_factor, finalize=finalize)
+
+
+def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set, inplace: bool = False,
+                    dtype_hint: Optional[str] = None) -> Handle:
+    """Reduce ``array`` across the ranks of ``process_set``; the result is the reduced array."""
+    handle = grouped_allreduce_async([array], average, name, op, prescale_factor, postscale_factor,
+                                     process_set, inplace, [dtype_hint])
+    return _single(handle)
+
+
+def _single(handle: Handle) -> Handle:
+    inner = handle._finalize
+    handle._finalize = (lambda results: inner(results)[0]) if inner else (lambda results: results[0])
+    return handle
+
+
+def allreduce(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set).wait()
+
+
+def allreduce_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> np.ndarray:
+    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
+                           inplace=True).wait()
+
+
+def allreduce_async_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None,
+                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
+                           inplace=True)
+
+
+def grouped_allreduce(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
+                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                   process_set).wait()
+
+
+def grouped_allreduce_(arrays: Sequence[np.ndarray], average: Optional[bool] = None, name: Optional[str] = None,
+                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                   process_set, inplace=True).wait()
+
+
+def grouped_allreduce_async_(arrays: Sequence[np.ndarray], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Any = None, prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> Handle:
+    return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                   process_set, inplace=True)
+
+
+# -- allgather ----------------------------------------------------------------------------------------
+def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set,
+                            dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
+    """Concatenate each array's rows from every rank (the first dimension may differ per rank)."""
+    name = _auto_name("allgather", name)
+    ps_id = _pset_id(process_set, "allgather", name)
+    hints = list(dtype_hints or [None] * len(arrays))
+    prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
+    inputs = [p[0].reshape(1) if p[0].ndim == 0 else p[0] for p in prepared]
+    return _submit("allgather", name, ps_id, inputs, [p[1] for p in prepared],
+                   shape_of=lambda a: tuple(a.shape[1:]))
+
+
+def allgather_async(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+                    dtype_hint: Optional[str] = None) -> Handle:
+    return _single(grouped_allgather_async([array], name, process_set, [dtype_hint]))
+
+
+def allgather(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
+    return allgather_async(array, name, process_set).wait()
+
+
+def grouped_allgather(arrays: Sequence[Any], name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    return grouped_allgather_async(arrays, name, process_set).wait()
+
+
+# -- broadcast ----------------------------------------------------------------------------------------
+def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set, inplace: bool = False,
+                    dtype_hint: Optional[str] = None) -> Handle:
+    """Copy ``array`` from ``root_rank`` (a rank of the process set) to every member."""
+    name = _auto_name("broadcast", name)
+    ps_id = _pset_id(process_set, "broadcast", name)
+    set_size = state().psets.size(ps_id)
+    if not 0 <= int(root_rank) < set_size:
+        raise ValueError(f"broadcast {name!r}: root_rank {root_rank} is out of range for a process set of "
+                         f"{set_size} ranks")
+    a, dtype = _prepare(array, dtype_hint)
+    outputs: list[Optional[np.ndarray]] = [a if inplace else None]
+    finalize = None
+    if inplace and a is not np.asarray(array):
+        finalize = _write_back([np.asarray(array)], [a])
+    handle = _submit("broadcast", name, ps_id, [a], [dtype], outputs, root=int(root_rank), finalize=finalize)
+    return _single(handle)
+
+
+def broadcast(array: Any, root_rank: int, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    return broadcast_async(array, root_rank, name, process_set).wait()
+
+
+def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set) -> np.ndarray:
+    return broadcast_async(array, root_rank, name, process_set, inplace=True).wait()
+
+
+def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    return broadcast_async(array, root_rank, name, process_set, inplace=True)
+
+
+# -- alltoall -----------------------------------------------------------------------------------------
+def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set, dtype_hint: Optional[str] = None) -> Handle:
+    """Send ``splits[i]`` rows to rank i. The result is ``(received array, received splits)``."""
+    name = _auto_name("alltoall", name)
+    ps_id = _pset_id(process_set, "alltoall", name)
+    a, dtype = _prepare(array, dtype_hint)
+    if a.ndim == 0:
+        raise ValueError(f"alltoall {name!r}: the tensor needs at least one dimension")
+    n = state().psets.size(ps_id)
+    if splits is None:
+        if a.shape[0] % n:
+            raise ValueError(f"alltoall {name!r}: the first dimension ({a.shape[0]}) is not divisible by the "
+                             f"number of ranks ({n}); pass splits= explicitly")
+        split_arr = None
+    else:
+        split_arr = np.asarray(splits, dtype=np.int64).reshape(-1)
+        if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != a.shape[0]:
+            raise ValueError(f"alltoall {name!r}: splits {split_arr.tolist()} must have one non-negative "
+                             f"entry per rank ({n}) summing to the first dimension ({a.shape[0]})")
+    return _submit("alltoall", name, ps_id, [a], [dtype], splits=split_arr,
+                   shape_of=lambda x: tuple(x.shape[1:]))
+
+
+def alltoall(array: Any, splits: Any = None, name: Optional[str] = None,
+             process_set: ProcessSet = global_process_set) -> tuple[np.ndarray, np.ndarray]:
+    return alltoall_async(array, splits, name, process_set).wait()
+
+
+# -- reducescatter ------------------------------------------------------------------------------------
+def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = None, op: Any = None,
+                                process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0,
+                                dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
+    """Reduce, then give rank r its share of the first dimension (earlier ranks take the remainder)."""
+    name = _auto_name("reducescatter", name)
+    reduce_op = resolve_op(op)
+    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        raise NotImplementedError(f"reducescatter {name!r}: {reduce_op!r} is not supported")
+    ps_id = _pset_id(process_set, "reducescatter", name)
+    hints = list(dtype_hints or [None] * len(arrays))
+    prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
+    for a, _ in prepared:
+        if a.ndim == 0:
+            raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
+    if len({d for _, d in prepared}) > 1:
+        raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
+    return _submit("reducescatter", name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
+                   op=reduce_op, prescale=prescale_factor, postscale=postscale_factor)
+
+
+def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0, dtype_hint: Optional[str] = None) -> Handle:
+    return _single(grouped_reducescatter_async([array], name, op, process_set, prescale_factor,
+                                               postscale_factor, [dtype_hint]))
+
+
+def reducescatter(array: Any, name: Optional[str] = None, op: Any = None,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> np.ndarray:
+    return reducescatter_async(array, name, op, process_set, prescale_factor, postscale_factor).wait()
+
+
+def grouped_reducescatter(arrays: Sequence[Any], name: Optional[str] = None, op: Any = None,
+                          process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[np.ndarray]:
+    return grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
+                                       postscale_factor).wait()
+
+
+# -- synchronisation ----------------------------------------------------------------------------------
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    name = _auto_name("barrier", None)
+    ps_id = _pset_id(process_set, "barrier", name)
+    _submit("barrier", name, ps_id, [], []).wait()
+
+
+def join(device: int = -1) -> int:
+    """This rank has no more data: until every rank joins, its peers' allreduces get zeros from it.
+
+    Returns the rank that joined last.
+    """
+    name = _auto_name("join", None)
+    _pset_id(None, "join", name)
+    return int(_submit("join", name, 0, [], []).wait())
+
+
+def poll(handle: Handle) -> bool:
+    """True when the collective behind ``handle`` has finished (synchronize() will not block)."""
+    return handle.done()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for an asynchronous collective and return its result (or raise its error)."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"synchronize() takes a handle returned by an *_async function, got "
+                        f"{type(handle).__name__}")
+    return handle.wait()
+
+
+# -- Python objects -----------------------------------------------------------------------------------
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Broadcast any picklable object (cloudpickle) from ``root_rank``; returns it on every rank."""
+    name = _auto_name("broadcast_object", name)
+    ps_id = _pset_id(process_set, "broadcast_object", name)
+    is_root = state().psets.comm(ps_id).Get_rank() == int(root_rank)
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root else np.empty(0, np.uint8)
+    length = broadcast(np.array([payload.size], dtype=np.int64), root_rank, name + ".size", process_set)
+    data = payload if is_root else np.empty(int(length[0]), dtype=np.uint8)
+    data = broadcast(data, root_rank, name + ".data", process_set)
+    return obj if is_root else cloudpickle.loads(data.tobytes())
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Gather any picklable object from every rank; returns the list ordered by rank."""
+    name = _auto_name("allgather_object", name)
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+    sizes = allgather(np.array([payload.size], dtype=np.int64), name + ".sizes", process_set)
+    data = allgather(payload, name + ".data", process_set)
+    out, offset = [], 0
+    for n in sizes.tolist():
+        out.append(cloudpickle.loads(data[offset:offset + n].tobytes()))
+        offset += n
+    return out
+
+
+# -- process sets -------------------------------------------------------------------------------------
+def add_process_set(process_set: Any) -> ProcessSet:
+    """Register a process set on every rank (all ranks must call this, in the same order)."""
+    st = state()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    ranks = normalize_ranks(ps)
+    bad = [r for r in ranks if not 0 <= r < st.size]
+    if bad:
+        raise ValueError(f"add_process_set: ranks {bad} do not exist in a job of {st.size} ranks")
+    if st.psets.find(ranks) is not None:
+        raise ValueError(f"add_process_set: a process set with ranks {ranks} is already registered")
+    name = _auto_name("add_process_set", None)
+    ps_id = _submit("add_process_set", name, 0, [], [], extra=tuple(ranks)).wait()
+    return st.psets.register(ps, int(ps_id))
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set on every rank (all ranks must call this). Returns True if removed."""
+    st = state()
+    ps_id = process_set.process_set_id
+    if ps_id is None or ps_id == 0 or ps_id not in st.psets.ranks:
+        return False
+    name = _auto_name("remove_process_set", None)
+    _submit("remove_process_set", name, 0, [], [], extra=int(ps_id)).wait()
+    return True
+
+
+def reset_names() -> None:
+    """Forget the counters behind generated names (init() after shutdown() starts afresh)."""
+    _counters.clear()
+

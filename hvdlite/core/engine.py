@@ -1,0 +1,295 @@
+"""The background engine: the one thread per process that negotiates and runs every collective."""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .config import Config
+from .errors import HvdliteError, ShutdownError, StallError, TensorMismatchError
+from .executor import Executor
+from .log import logger
+from .messages import SIG_EXTRA, Request, Response
+from .negotiation import FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled, decide
+from .timeline import Timeline
+
+CONTROL_KINDS = ("add_process_set", "remove_process_set")
+MULTI_TENSOR_KINDS = ("allreduce", "allgather", "broadcast", "reducescatter")
+
+
+class Engine:
+    """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
+
+    def __init__(self, comm: Any, mpi_ops: Any, config: Config, timeline: Timeline,
+                 process_sets: Any) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.config = config
+        self.timeline = timeline
+        self.psets = process_sets
+        self.cache = ResponseCache(config.cache_capacity, self.rank)
+        self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold,
+                                 config.allreduce_chunk_bytes, timeline)
+        self._cv = threading.Condition()
+        self._queue: collections.deque[Request] = collections.deque()
+        self._inflight: set[str] = set()
+        self._pending: dict[str, Request] = {}
+        self._shutdown_requested = False
+        self.error: Optional[BaseException] = None
+        self.cycles = 0
+        self.full_cycles = 0
+        self._join_cycle = -1
+        self._last_stall_check = time.monotonic()
+        self._last_cycle = 0.0
+        self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
+        self._thread.start()
+
+    # -- user threads -----------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        with self._cv:
+            if self.error is not None:
+                raise self.error
+            if req.name in self._inflight:
+                raise HvdliteError(
+                    f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait for "
+                    f"it with synchronize() before reusing the name, or give each op its own name")
+            self._inflight.add(req.name)
+            self._queue.append(req)
+            self._cv.notify()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Ask every rank's engine to stop (collectively) and wait for this one to finish."""
+        with self._cv:
+            self._shutdown_requested = True
+            self._cv.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("the engine did not stop within %.0f s (another rank may be stuck in a "
+                           "collective); exiting without it", timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stats(self) -> dict[str, int]:
+        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls}
+
+    # -- engine thread --------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            while self._wait_for_work():
+                self._cycle()
+        except _Stop as stop:
+            self._fail_everything(ShutdownError(stop.message))
+        except BaseException as exc:  # noqa: BLE001 - any failure must reach every waiting handle
+            detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+            logger.error("the engine failed:\n%s", detail)
+            error = exc if isinstance(exc, HvdliteError) else HvdliteError(
+                f"rank {self.rank}: the hvdlite engine failed with {type(exc).__name__}: {exc}. "
+                f"Every pending and later collective raises this error; restart the job.")
+            self._fail_everything(error)
+
+    def _wait_for_work(self) -> bool:
+        """Sleep while there is nothing to do; return when a cycle should run."""
+        cycle_s = self.config.cycle_time / 1000.0
+        with self._cv:
+            if self._pending:  # left over: pace cycles so waiting for peers does not spin
+                delay = self._last_cycle + cycle_s - time.monotonic()
+                if delay > 0:
+                    self._cv.wait(delay)
+                return True
+            if not self._queue and not self._shutdown_requested:
+                # Idle: wake on a submission, or after the heartbeat to take part in one round anyway,
+                # so that peers waiting on this rank can detect a stall.
+                self._cv.wait(self.config.idle_heartbeat_seconds)
+        return True
+
+    def _cycle(self) -> None:
+        self._last_cycle = time.monotonic()
+        self.cycles += 1
+        with self._cv:
+            new = list(self._queue)
+            self._queue.clear()
+            shutdown = self._shutdown_requested
+        for req in new:
+            self._pending[req.name] = req
+            if req.kind == "join":
+                self._join_cycle = self.cycles
+            self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind)
+        self.timeline.cycle(self.cycles)
+
+        flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
+        mine = 0
+        cache = self.cache
+        for req in self._pending.values():
+            if req.cache_version != cache.version:
+                req.cache_bit = cache.lookup(req.name, req.sig)
+                req.cache_version = cache.version
+            if req.cache_bit < 0:
+                flags |= FLAG_FULL
+            else:
+                mine |= 1 << req.cache_bit
+        if self._stall_check_due():
+            flags |= FLAG_FULL
+        vec = cache.encode(flags, cache.member_mask & ~mine)
+        result = np.empty_like(vec)
+        self._allreduce_or(vec, result, busy=bool(self._pending))
+        all_flags, missing = cache.decode(result)
+
+        if all_flags & FLAG_FULL:
+            responses = self._full_round(shutdown)
+        else:
+            responses = [Response(name, sig) for name, sig in cache.ready(missing)]
+            for resp in responses:
+                cache.touch(cache.by_name[resp.name], self.cycles)
+        if responses:
+            self._execute(responses)
+
+    def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
+        """Bitwise-or ``vec`` across ranks without spinning a core while peers are late."""
+        request = self.comm.Iallreduce(vec, result, op=_mpi_bor(self.executor))
+        delay, cap = 0.0, (0.001 if busy else 0.005)
+        spins = 0
+        while not request.Test():
+            spins += 1
+            if spins < 20:
+                continue
+            delay = min(cap, max(2e-5, delay * 2))
+            time.sleep(delay)
+
+    def _stall_check_due(self) -> bool:
+        cfg = self.config
+        if cfg.stall_check_disable or not self._pending:
+            return False
+        period = cfg.stall_check_time_seconds
+        if cfg.stall_shutdown_time_seconds > 0:
+            period = min(period, cfg.stall_shutdown_time_seconds)
+        now = time.monotonic()
+        if now - self._last_stall_check < period:
+            return False
+        oldest = min(req.submitted for req in self._pending.values())
+        return now - oldest >= period
+
+    def _full_round(self, shutdown: bool) -> list[Response]:
+        self.full_cycles += 1
+        now = time.monotonic()
+        msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
+                          shutdown=shutdown, join_cycle=self._join_cycle)
+        messages: list[RankMessage] = self.comm.allgather(msg)
+        stopping = [r for r, m in enumerate(messages) if m.shutdown]
+        if stopping:
+            raise _Stop(self._shutdown_message(stopping))
+        responses, stalled = decide(messages, self.psets.members_table(), self.size)
+        self._last_stall_check = now
+        if stalled and not self.config.stall_check_disable:
+            responses.extend(self._handle_stalls(stalled))
+        for resp in responses:
+            if resp.error is None:
+                self.cache.put(resp.name, resp.sig, self.psets.members(resp.ps_id), self.cycles)
+        return responses
+
+    def _shutdown_message(self, stopping: list[int]) -> str:
+        if self.rank in stopping and len(stopping) == 1:
+            return f"rank {self.rank}: hvdlite was shut down on this rank (hvd.shutdown() or process exit)"
+        who = ", ".join(map(str, stopping))
+        return (f"rank {self.rank}: hvdlite was shut down because rank(s) {who} called hvd.shutdown() or "
+                f"exited while this rank still expected collectives. Look at rank(s) {who} for the cause; "
+                f"every rank must run the same collectives before finishing.")
+
+    def _handle_stalls(self, stalled: list[Stalled]) -> list[Response]:
+        cfg = self.config
+        worst = max(s.age for s in stalled)
+        if worst >= cfg.stall_check_time_seconds and self.rank == 0:
+            lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
+                     f"{s.missing_ranks}, waiting {s.age:.1f} s" for s in stalled]
+            logger.warning("One or more collectives have waited over %.0f s for other ranks. The missing "
+                           "ranks have not submitted them (they may be stuck, have skipped the op, or "
+                           "used a different name):\n%s", cfg.stall_check_time_seconds, "\n".join(lines))
+        failed = []
+        if cfg.stall_shutdown_time_seconds > 0:
+            for s in stalled:
+                if s.age >= cfg.stall_shutdown_time_seconds:
+                    failed.append(Response(s.name, ("stall", 0) + (None,) * 6, error_kind="stall", error=(
+                        f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s "
+                        f"(stall_shutdown_time_seconds={cfg.stall_shutdown_time_seconds:g}): ranks "
+                        f"{s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.")))
+        return failed
+
+    def _execute(self, responses: list[Response]) -> None:
+        work: list[tuple[Response, Optional[Request]]] = []
+        for resp in responses:
+            req = self._pending.get(resp.name)
+            if resp.error is not None:
+                if req is not None:
+                    kind = StallError if resp.error_kind == "stall" else TensorMismatchError
+                    self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
+                continue
+            if resp.kind in CONTROL_KINDS:
+                result = self.psets.apply(resp.kind, resp.sig[SIG_EXTRA], self.comm)
+                if resp.kind == "remove_process_set":
+                    self.cache.remove_process_set(resp.sig[SIG_EXTRA])
+                if req is not None:
+                    self._finish(req, result=result)
+                continue
+            if not self.psets.is_member(resp.ps_id):
+                continue
+            if req is None and self.rank not in resp.joined and resp.kind != "join":
+                raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
+                                   f"is not pending here")
+            if req is not None:
+                self.timeline.end(req.name)
+                self.timeline.begin(req.name, "QUEUE")
+            work.append((resp, req))
+        for batch in self.executor.batches(work):
+            for item, result in self.executor.run(batch):
+                req = item.req
+                if req is None:
+                    continue
+                if req.kind in MULTI_TENSOR_KINDS:
+                    req.results[item.index] = result
+                    req.remaining -= 1
+                    if req.remaining == 0:
+                        self._finish(req, result=req.results)
+                else:
+                    self._finish(req, result=result)
+        if self._join_cycle >= 0 and any(r.kind == "join" and r.error is None for r in responses):
+            self._join_cycle = -1
+
+    def _finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
+        self._pending.pop(req.name, None)
+        self.timeline.end(req.name)
+        with self._cv:
+            self._inflight.discard(req.name)
+        if error is not None:
+            req.handle.set_error(error)
+        else:
+            req.handle.set_result(result)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        with self._cv:
+            self.error = error
+            waiting = list(self._pending.values()) + list(self._queue)
+            self._queue.clear()
+            self._pending.clear()
+            self._inflight.clear()
+        for req in waiting:
+            req.handle.set_error(error)
+        self.timeline.stop()
+
+
+class _Stop(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _mpi_bor(executor: Executor) -> Any:
+    return executor.MPI.BOR
+
+
+__all__ = ["Engine", "CONTROL_KINDS", "Callable"]

@@ -1,0 +1,33 @@
+"""Exception classes raised by hvdlite, shared by every frontend."""
+from __future__ import annotations
+
+
+class HvdliteError(RuntimeError):
+    """Base class of every error hvdlite raises from a collective or its runtime.
+
+    ``HorovodInternalError`` is an alias, so ``except hvd.HorovodInternalError`` in a
+    script migrated from Horovod keeps working.
+    """
+
+
+class NotInitializedError(HvdliteError, ValueError):
+    """An hvdlite function was called before ``hvd.init()``."""
+
+
+class TensorMismatchError(HvdliteError, ValueError):
+    """Ranks submitted the same tensor name with different shapes, dtypes or arguments."""
+
+
+class ShutdownError(HvdliteError):
+    """hvdlite was shut down (locally, by another rank, or by an engine failure)."""
+
+
+class StallError(HvdliteError):
+    """A collective waited longer than ``stall_shutdown_time_seconds`` for other ranks."""
+
+
+class LaunchError(HvdliteError):
+    """The job was launched in a way that cannot work (for example srun without PMI)."""
+
+
+HorovodInternalError = HvdliteError

@@ -1,0 +1,332 @@
+"""Running agreed responses: tensor fusion, chunked in-place reductions, and every MPI collective.
+
+Called only from the engine thread. Every rank runs the same responses in the same order, so the
+batches built here (and the MPI calls they make) match across ranks.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .messages import SIG_EXTRA, SIG_POST, SIG_PRE, SIG_ROOT, SIG_TENSORS, Request, Response
+from .reduce_ops import Average, ReduceOp, resolve_op, scale_inplace, scaled_copy, storage_dtype
+from .timeline import Timeline
+
+FUSABLE = ("allreduce", "allgather", "broadcast", "reducescatter")
+
+
+class Item:
+    """One tensor of one response, as this rank takes part in it."""
+
+    __slots__ = ("resp", "req", "index", "src", "dst", "dtype", "shape")
+
+    def __init__(self, resp: Response, req: Optional[Request], index: int) -> None:
+        self.resp, self.req, self.index = resp, req, index
+        dtype, shape = resp.sig[SIG_TENSORS][index]
+        self.dtype: str = dtype
+        self.shape: tuple = shape
+        if req is not None:
+            self.src: np.ndarray = req.inputs[index]
+            self.dst: Optional[np.ndarray] = req.outputs[index]
+        else:  # a joined rank stands in: zeros for allreduce/broadcast, no rows for allgather
+            zero_shape = (0,) + tuple(shape) if resp.kind == "allgather" else tuple(shape)
+            self.src = np.zeros(zero_shape, dtype=storage_dtype(dtype))
+            self.dst = np.empty_like(self.src) if resp.kind != "allgather" else None
+
+
+class Executor:
+    def __init__(self, mpi_ops: Any, comm_of: Callable[[int], Any], size_of: Callable[[int], int],
+                 fusion_threshold: int, chunk_bytes: int, timeline: Timeline) -> None:
+        self.ops = mpi_ops
+        self.MPI = mpi_ops.MPI
+        self.comm_of = comm_of
+        self.size_of = size_of
+        self.fusion_threshold = fusion_threshold
+        self.chunk_bytes = chunk_bytes
+        self.timeline = timeline
+        self._fusion = np.empty(0, dtype=np.uint8)
+        self.mpi_calls = 0
+
+    # -- batching ---------------------------------------------------------------------------------
+    def batches(self, work: list[tuple[Response, Optional[Request]]]) -> list[list[Item]]:
+        """Group this cycle's responses: compatible fusable tensors share a batch."""
+        keyed: dict[tuple, list[Item]] = {}
+        order: list[list[Item]] = []
+        for resp, req in work:
+            items = [Item(resp, req, i) for i in range(len(resp.sig[SIG_TENSORS]))]
+            if resp.kind in FUSABLE and self.fusion_threshold > 0:
+                sig = resp.sig
+                for item in items:
+                    key = (resp.kind, resp.ps_id, item.dtype if resp.kind in ("allreduce", "reducescatter")
+                           else None, sig[2], sig[SIG_PRE], sig[SIG_POST], sig[SIG_ROOT])
+                    batch = keyed.get(key)
+                    if batch is None:
+                        batch = keyed[key] = []
+                        order.append(batch)
+                    batch.append(item)
+            else:
+                order.append(items if items else [_Marker(resp, req)])  # type: ignore[list-item]
+        return order
+
+    def run(self, batch: list[Item]) -> list[tuple[Item, Any]]:
+        """Run one batch; returns (item, result) pairs for the engine to hand back."""
+        kind = batch[0].resp.kind
+        return getattr(self, "_" + kind)(batch)
+
+    # -- allreduce ------------------------------------------------------------------------------
+    def _allreduce(self, items: list[Item]) -> list[tuple[Item, Any]]:
+        first = items[0].resp
+        comm = self.comm_of(first.ps_id)
+        op = resolve_op(first.sig[2])
+        pre, post = first.sig[SIG_PRE], first.sig[SIG_POST]
+        if op is Average:
+            post = post / self.size_of(first.ps_id)
+        small: list[Item] = []
+        small_bytes = 0
+        limit = min(self.fusion_threshold, self.chunk_bytes)
+        for item in items:
+            if item.dst is None:
+                item.dst = np.empty_like(item.src)
+            nbytes = item.src.nbytes
+            if nbytes == 0:
+                continue
+            if self.fusion_threshold > 0 and nbytes < limit:
+                if small and small_bytes + nbytes > self.fusion_threshold:
+                    self._reduce_fused(comm, small, op, pre, post)
+                    small, small_bytes = [], 0
+                small.append(item)
+                small_bytes += nbytes
+            else:
+                self._reduce_direct(comm, item, op, pre, post)
+        if small:
+            self._reduce_fused(comm, small, op, pre, post)
+        return [(item, item.dst) for item in items]
+
+    def _reduce_direct(self, comm: Any, item: Item, op: ReduceOp, pre: float, post: float) -> None:
+        tl = self.timeline
+        dst = item.dst
+        assert dst is not None
+        out_of_place = dst is not item.src and pre == 1.0
+        if dst is not item.src and not out_of_place:
+            tl.begin(item.resp.name, "MEMCPY_IN")
+            scaled_copy(dst, item.src, item.dtype, pre)
+            tl.end(item.resp.name)
+        elif dst is item.src and pre != 1.0:
+            scale_inplace(dst, item.dtype, pre)
+        tl.begin(item.resp.name, "MPI_ALLREDUCE")
+        self._chunked_allreduce(comm, item.src.reshape(-1) if out_of_place else None, dst.reshape(-1),
+                                item.dtype, op, post)
+        tl.end(item.resp.name)
+
+    def _chunked_allreduce(self, comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
+                           op: ReduceOp, post: float) -> None:
+        """Reduce ``dst`` (or ``src`` into ``dst``) in pieces of chunk_bytes, scaling each piece
+        while it is still in cache."""
+        MPI = self.MPI
+        datatype = self.ops.datatype(dtype)
+        mpi_op = self.ops.op(dtype, op)
+        step = max(1, self.chunk_bytes // max(1, dst.itemsize))
+        n = dst.shape[0]
+        for start in range(0, n, step):
+            piece = dst[start:start + step]
+            if src is None:
+                comm.Allreduce(MPI.IN_PLACE, [piece, datatype], mpi_op)
+            else:
+                comm.Allreduce([src[start:start + step], datatype], [piece, datatype], mpi_op)
+            self.mpi_calls += 1
+            scale_inplace(piece, dtype, post)
+
+    def _fusion_buffer(self, nbytes: int) -> np.ndarray:
+        if self._fusion.nbytes < nbytes:
+            self._fusion = np.empty(max(nbytes, self.fusion_threshold), dtype=np.uint8)
+        return self._fusion[:nbytes]
+
+    def _reduce_fused(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
+        tl = self.timeline
+        dtype = items[0].dtype
+        store = storage_dtype(dtype)
+        total = sum(item.src.size for item in items)
+        buf = self._fusion_buffer(total * store.itemsize).view(store)
+        offset = 0
+        for item in items:
+            tl.begin(item.resp.name, "MEMCPY_IN_FUSION_BUFFER")
+            scaled_copy(buf[offset:offset + item.src.size], item.src.reshape(-1), dtype, pre)
+            offset += item.src.size
+            tl.end(item.resp.name)
+        for item in items:
+            tl.begin(item.resp.name, "MPI_ALLREDUCE")
+        self._chunked_allreduce(comm, None, buf, dtype, op, post)
+        offset = 0
+        for item in items:
+            tl.end(item.resp.name)
+            tl.begin(item.resp.name, "MEMCPY_OUT_FUSION_BUFFER")
+            assert item.dst is not None
+            np.copyto(item.dst.reshape(-1), buf[offset:offset + item.src.size])
+            offset += item.src.size
+            tl.end(item.resp.name)
+
+    # -- allgather ------------------------------------------------------------------------------
+    def _allgather(self, items: list[Item]) -> list[tuple[Item, Any]]:
+        MPI = self.MPI
+        comm = self.comm_of(items[0].resp.ps_id)
+        nranks = comm.Get_size()
+        rows = np.array([item.src.shape[0] for item in items], dtype=np.int64)
+        all_rows = np.empty((nranks, len(items)), dtype=np.int64)
+        for item in items:
+            self.timeline.begin(item.resp.name, "MPI_ALLGATHER")
+        comm.Allgather(rows, all_rows)
+        row_bytes = np.array([math.prod(item.shape) * storage_dtype(item.dtype).itemsize
+                              for item in items], dtype=np.int64)
+        per_rank = (all_rows * row_bytes).sum(axis=1)
+        displs = np.concatenate(([0], np.cumsum(per_rank)[:-1]))
+        if len(items) == 1:
+            send = items[0].src.reshape(-1).view(np.uint8)
+        else:
+            send = np.concatenate([item.src.reshape(-1).view(np.uint8) for item in items])
+        recv = np.empty(int(per_rank.sum()), dtype=np.uint8)
+        comm.Allgatherv([send, MPI.BYTE], [recv, (per_rank, displs), MPI.BYTE])
+        self.mpi_calls += 2
+        results = []
+        for i, item in enumerate(items):
+            store = storage_dtype(item.dtype)
+            pieces = []
+            for r in range(nranks):
+                start = int(displs[r] + (all_rows[r, :i] * row_bytes[:i]).sum())
+                pieces.append(recv[start:start + int(all_rows[r, i] * row_bytes[i])])
+            out = np.concatenate(pieces).view(store).reshape((int(all_rows[:, i].sum()),) + tuple(item.shape))
+            self.timeline.end(item.resp.name)
+            results.append((item, out))
+        return results
+
+    # -- broadcast ------------------------------------------------------------------------------
+    def _broadcast(self, items: list[Item]) -> list[tuple[Item, Any]]:
+        MPI = self.MPI
+        first = items[0].resp
+        comm = self.comm_of(first.ps_id)
+        root = first.sig[SIG_ROOT]
+        is_root = comm.Get_rank() == root
+        packed: list[Item] = []
+        for item in items:
+            if item.dst is None:
+                item.dst = item.src.copy() if is_root else np.empty_like(item.src)
+            elif is_root and item.dst is not item.src:
+                np.copyto(item.dst, item.src)
+            self.timeline.begin(item.resp.name, "MPI_BCAST")
+            if self.fusion_threshold > 0 and item.dst.nbytes < min(self.fusion_threshold, self.chunk_bytes):
+                packed.append(item)
+            elif item.dst.nbytes:
+                comm.Bcast([item.dst.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+                self.mpi_calls += 1
+        start = 0
+        while start < len(packed):  # pack up to the fusion threshold per Bcast
+            group, nbytes = [], 0
+            while start < len(packed) and (not group or nbytes + packed[start].dst.nbytes <= self.fusion_threshold):
+                group.append(packed[start])
+                nbytes += packed[start].dst.nbytes
+                start += 1
+            buf = self._fusion_buffer(nbytes)
+            offset = 0
+            if is_root:
+                for item in group:
+                    buf[offset:offset + item.dst.nbytes] = item.dst.reshape(-1).view(np.uint8)
+                    offset += item.dst.nbytes
+            comm.Bcast([buf, MPI.BYTE], root=root)
+            self.mpi_calls += 1
+            offset = 0
+            if not is_root:
+                for item in group:
+                    item.dst.reshape(-1).view(np.uint8)[...] = buf[offset:offset + item.dst.nbytes]
+                    offset += item.dst.nbytes
+        for item in items:
+            self.timeline.end(item.resp.name)
+        return [(item, item.dst) for item in items]
+
+    # -- reducescatter --------------------------------------------------------------------------
+    def _reducescatter(self, items: list[Item]) -> list[tuple[Item, Any]]:
+        first = items[0].resp
+        comm = self.comm_of(first.ps_id)
+        nranks, me = comm.Get_size(), comm.Get_rank()
+        op = resolve_op(first.sig[2])
+        pre, post = first.sig[SIG_PRE], first.sig[SIG_POST]
+        if op is Average:
+            post = post / nranks
+        dtype = items[0].dtype
+        store = storage_dtype(dtype)
+        splits = [_split_rows(item.src.shape[0], nranks) for item in items]
+        row_elems = [math.prod(item.src.shape[1:]) for item in items]
+        counts = [sum(s[r] * e for s, e in zip(splits, row_elems)) for r in range(nranks)]
+        send = np.empty(sum(counts), dtype=store)
+        offset = 0
+        for r in range(nranks):
+            for item, s, e in zip(items, splits, row_elems):
+                lo = sum(s[:r]) * e
+                n = s[r] * e
+                scaled_copy(send[offset:offset + n], item.src.reshape(-1)[lo:lo + n], dtype, pre)
+                offset += n
+        recv = np.empty(counts[me], dtype=store)
+        for item in items:
+            self.timeline.begin(item.resp.name, "MPI_REDUCESCATTER")
+        comm.Reduce_scatter([send, self.ops.datatype(dtype)], [recv, self.ops.datatype(dtype)],
+                            counts, self.ops.op(dtype, op))
+        self.mpi_calls += 1
+        scale_inplace(recv, dtype, post)
+        results, offset = [], 0
+        for item, s, e in zip(items, splits, row_elems):
+            n = s[me] * e
+            results.append((item, recv[offset:offset + n].reshape((s[me],) + tuple(item.src.shape[1:])).copy()))
+            offset += n
+            self.timeline.end(item.resp.name)
+        return results
+
+    # -- the rest, one response at a time --------------------------------------------------------
+    def _alltoall(self, items: list[Item]) -> list[tuple[Item, Any]]:
+        MPI = self.MPI
+        item = items[0]
+        comm = self.comm_of(item.resp.ps_id)
+        nranks = comm.Get_size()
+        src = item.src
+        assert item.req is not None
+        splits = item.req.splits
+        if splits is None:
+            splits = np.full(nranks, src.shape[0] // nranks, dtype=np.int64)
+        recv_splits = np.empty(nranks, dtype=np.int64)
+        self.timeline.begin(item.resp.name, "MPI_ALLTOALL")
+        comm.Alltoall(np.ascontiguousarray(splits, dtype=np.int64), recv_splits)
+        row_bytes = math.prod(src.shape[1:]) * src.itemsize
+        scounts = splits * row_bytes
+        rcounts = recv_splits * row_bytes
+        sdispls = np.concatenate(([0], np.cumsum(scounts)[:-1]))
+        rdispls = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
+        out = np.empty((int(recv_splits.sum()),) + tuple(src.shape[1:]), dtype=src.dtype)
+        comm.Alltoallv([src.reshape(-1).view(np.uint8), (scounts, sdispls), MPI.BYTE],
+                       [out.reshape(-1).view(np.uint8), (rcounts, rdispls), MPI.BYTE])
+        self.mpi_calls += 2
+        self.timeline.end(item.resp.name)
+        return [(item, (out, recv_splits))]
+
+    def _barrier(self, items: list[Any]) -> list[tuple[Any, Any]]:
+        self.comm_of(items[0].resp.ps_id).Barrier()
+        self.mpi_calls += 1
+        return [(items[0], None)]
+
+    def _join(self, items: list[Any]) -> list[tuple[Any, Any]]:
+        return [(items[0], items[0].resp.last_joined)]
+
+
+class _Marker:
+    """A response with no tensors (barrier, join, process-set changes)."""
+
+    def __init__(self, resp: Response, req: Optional[Request]) -> None:
+        self.resp, self.req = resp, req
+
+
+def _split_rows(n: int, parts: int) -> list[int]:
+    """Rows per rank for reducescatter: as even as possible, the first ranks taking one extra."""
+    base, extra = divmod(n, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+def extra_of(resp: Response) -> Any:
+    return resp.sig[SIG_EXTRA]

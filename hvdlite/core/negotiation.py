@@ -1,0 +1,206 @@
+"""Negotiation: deciding, identically on every rank, which named requests run this cycle.
+
+Two paths. The full path allgathers every rank's pending (name, signature, age) and decides from
+the whole table. The cached path, used in steady state, needs only a bit-vector all-reduce: every
+name once agreed keeps a bit, and each rank reports the bits it is *missing*; a bit that no rank is
+missing is ready everywhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+from .messages import (CACHEABLE, JOIN_TOLERANT, SIG_KIND, SIG_LABELS, SIG_PSET, SIG_ROOT,
+                       SIG_TENSORS, Response, Signature)
+
+FLAG_FULL = 1        # some rank needs the full path this cycle
+FLAG_SHUTDOWN = 2    # some rank is shutting down
+
+
+@dataclasses.dataclass
+class RankMessage:
+    """What one rank sends on the full path."""
+
+    reqs: list[tuple[str, Signature, float]]  # (name, signature, age in seconds)
+    shutdown: bool = False
+    join_cycle: int = -1  # cycle at which this rank joined, -1 if it has not
+
+
+@dataclasses.dataclass
+class Stalled:
+    name: str
+    kind: str
+    ready_ranks: list[int]
+    missing_ranks: list[int]
+    age: float
+
+
+class ResponseCache:
+    """Names agreed before, each holding one bit. Identical on every rank by construction: it is
+    only changed from decisions that every rank reached the same way, in the same order."""
+
+    def __init__(self, capacity: int, my_rank: int) -> None:
+        self.capacity = capacity
+        self.my_rank = my_rank
+        self.words = (capacity + 63) // 64
+        self.by_name: dict[str, int] = {}
+        self.names: list[Optional[str]] = [None] * capacity
+        self.sigs: list[Optional[Signature]] = [None] * capacity
+        self.last_used = [0] * capacity
+        self.member_mask = 0  # bits whose process set includes this rank
+        self.version = 0      # bumped when a bit changes meaning
+
+    def lookup(self, name: str, sig: Signature) -> int:
+        bit = self.by_name.get(name, -1)
+        if bit >= 0 and self.sigs[bit] == sig:
+            return bit
+        return -1
+
+    def put(self, name: str, sig: Signature, members: Sequence[int], tick: int) -> None:
+        if self.capacity == 0 or sig[SIG_KIND] not in CACHEABLE:
+            return
+        bit = self.by_name.get(name, -1)
+        if bit < 0:
+            if len(self.by_name) < self.capacity:
+                bit = self.names.index(None)
+            else:
+                bit = min((b for b in range(self.capacity)), key=lambda b: (self.last_used[b], b))
+                del self.by_name[self.names[bit]]  # type: ignore[arg-type]
+            self.by_name[name] = bit
+            self.names[bit] = name
+        self.sigs[bit] = sig
+        self.last_used[bit] = tick
+        self.version += 1
+        if self.my_rank in members:
+            self.member_mask |= 1 << bit
+        else:
+            self.member_mask &= ~(1 << bit)
+
+    def touch(self, bit: int, tick: int) -> None:
+        self.last_used[bit] = tick
+
+    def remove_process_set(self, ps_id: int) -> None:
+        for bit, sig in enumerate(self.sigs):
+            if sig is not None and sig[SIG_PSET] == ps_id:
+                del self.by_name[self.names[bit]]  # type: ignore[arg-type]
+                self.names[bit] = None
+                self.sigs[bit] = None
+                self.member_mask &= ~(1 << bit)
+        self.version += 1
+
+    # -- bit-vector encoding ------------------------------------------------------------------
+    def encode(self, flags: int, missing: int) -> np.ndarray:
+        vec = np.zeros(1 + self.words, dtype=np.uint64)
+        vec[0] = flags
+        if self.words:
+            vec[1:] = np.frombuffer(missing.to_bytes(self.words * 8, "little"), dtype=np.uint64)
+        return vec
+
+    def decode(self, vec: np.ndarray) -> tuple[int, int]:
+        missing = int.from_bytes(vec[1:].tobytes(), "little") if self.words else 0
+        return int(vec[0]), missing
+
+    def ready(self, missing_anywhere: int) -> list[tuple[str, Signature]]:
+        """Entries no rank is missing, in bit order."""
+        out = []
+        for bit, name in enumerate(self.names):
+            if name is not None and not (missing_anywhere >> bit) & 1:
+                out.append((name, self.sigs[bit]))  # type: ignore[arg-type]
+        return out
+
+
+def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], world_size: int,
+           ) -> tuple[list[Response], list[Stalled]]:
+    """The full path: from every rank's message, the responses to run now and what is stalled.
+
+    Every rank calls this with the same ``messages`` and so reaches the same answer.
+    """
+    joined = {r for r, m in enumerate(messages) if m.join_cycle >= 0}
+    table: dict[str, dict[int, tuple[Signature, float]]] = {}
+    for rank, msg in enumerate(messages):
+        for name, sig, age in msg.reqs:
+            table.setdefault(name, {})[rank] = (sig, age)
+
+    responses: list[Response] = []
+    stalled: list[Stalled] = []
+    join_name: Optional[str] = None
+    for name, entries in table.items():
+        first_sig = entries[min(entries)][0]
+        kind, ps_id = first_sig[SIG_KIND], first_sig[SIG_PSET]
+        if kind == "join":
+            join_name = name
+            continue
+        members = members_of.get(ps_id)
+        if members is None:
+            responses.append(Response(name, first_sig, error=f"process set {ps_id} is not registered on "
+                                      f"every rank", error_kind="process_set"))
+            continue
+        present = set(entries)
+        stand_ins = frozenset(joined - present) if ps_id == 0 and kind in JOIN_TOLERANT else frozenset()
+        if not set(members) <= present | stand_ins:
+            missing = sorted(set(members) - present - stand_ins)
+            stalled.append(Stalled(name, kind, sorted(present), missing,
+                                   max(age for _, age in entries.values())))
+            continue
+        sigs = {rank: sig for rank, (sig, _) in entries.items()}
+        error = describe_mismatch(name, sigs)
+        if error is None and joined and ps_id == 0 and kind not in JOIN_TOLERANT:
+            error = (f"{kind} of {name!r} cannot run while ranks {sorted(joined)} have called join(); "
+                     f"only allreduce, allgather, broadcast and barrier can")
+        if error is None and kind == "broadcast" and ps_id == 0 and first_sig[SIG_ROOT] in stand_ins:
+            error = (f"broadcast of {name!r} has root rank {first_sig[SIG_ROOT]}, which has already "
+                     f"called join(); the root must not join before its broadcasts")
+        responses.append(Response(name, first_sig, error=error, joined=stand_ins))
+
+    if join_name is not None and len(joined) == world_size:
+        last = max(joined, key=lambda r: (messages[r].join_cycle, r))
+        sig = table[join_name][min(table[join_name])][0]
+        responses.append(Response(join_name, sig, last_joined=last))
+    return responses, stalled
+
+
+def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:
+    """None if all ranks agree, else a message naming what differs and on which ranks."""
+    distinct = set(sigs.values())
+    if len(distinct) == 1:
+        return None
+    kind = sigs[min(sigs)][SIG_KIND]
+    for field, label in enumerate(SIG_LABELS):
+        values = {rank: sig[field] for rank, sig in sigs.items()}
+        if len(set(values.values())) == 1:
+            continue
+        if field == SIG_TENSORS:
+            label, values = _tensor_difference(kind, values)
+        groups: dict[str, list[int]] = {}
+        for rank, value in sorted(values.items()):
+            groups.setdefault(_show(value), []).append(rank)
+        detail = "; ".join(f"{_ranks(ranks)}: {value}" for value, ranks in groups.items())
+        return (f"Mismatched {kind} for tensor {name!r}: the {label} differs across ranks ({detail}). "
+                f"Every rank must submit a name with the same {label}; give different tensors "
+                f"different names.")
+    return f"Mismatched {kind} for tensor {name!r}: ranks submitted different arguments"
+
+
+def _tensor_difference(kind: str, values: dict[int, tuple]) -> tuple[str, dict[int, object]]:
+    if len({len(v) for v in values.values()}) > 1:
+        return "number of tensors", {r: len(v) for r, v in values.items()}
+    if len({tuple(t[0] for t in v) for v in values.values()}) > 1:
+        return "dtype", {r: _one(tuple(t[0] for t in v)) for r, v in values.items()}
+    label = "shape beyond the first dimension" if kind in ("allgather", "alltoall") else "shape"
+    return label, {r: _one(tuple(t[1] for t in v)) for r, v in values.items()}
+
+
+def _one(values: tuple) -> object:
+    return values[0] if len(values) == 1 else list(values)
+
+
+def _show(value: object) -> str:
+    return str(tuple(value)) if isinstance(value, tuple) and all(isinstance(x, int) for x in value) \
+        else str(value)
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    ranks = list(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))

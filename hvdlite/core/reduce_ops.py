@@ -1,0 +1,167 @@
+"""Reduce operations and dtypes: how each (dtype, op) pair maps onto an MPI datatype and MPI.Op."""
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable
+
+import numpy as np
+
+
+class ReduceOp(enum.Enum):
+    """A reduction, exported as ``hvd.Average``, ``hvd.Sum``, ... (the names Horovod uses)."""
+
+    AVERAGE = "Average"
+    SUM = "Sum"
+    ADASUM = "Adasum"
+    MIN = "Min"
+    MAX = "Max"
+    PRODUCT = "Product"
+
+    def __repr__(self) -> str:
+        return f"hvd.{self.value}"
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+#: dtype names a collective accepts; "bfloat16" travels as uint16 bits.
+SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+                    "float16", "bfloat16", "float32", "float64", "bool")
+_HALF = ("float16", "bfloat16")
+
+
+def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
+    """Turn ``op=`` (or Horovod's deprecated ``average=``) into a ReduceOp."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass either op= or the deprecated average=, not both")
+        return Average if average else Sum
+    if op is None:
+        return Average
+    if isinstance(op, ReduceOp):
+        return op
+    for member in ReduceOp:
+        if op == member.value or (isinstance(op, str) and op.lower() == member.value.lower()):
+            return member
+    raise ValueError(f"unknown reduce op {op!r}; use one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
+                     f"hvd.Product")
+
+
+def dtype_name(array: np.ndarray, dtype_hint: str | None = None) -> str:
+    """The canonical dtype name of an array, honouring a "bfloat16" hint for uint16 storage."""
+    name = array.dtype.name
+    if dtype_hint == "bfloat16" or name == "bfloat16":
+        return "bfloat16"
+    if name not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype {name} is not supported by hvdlite collectives; supported: "
+                        f"{', '.join(SUPPORTED_DTYPES)}")
+    return name
+
+
+def storage_dtype(name: str) -> np.dtype:
+    """The numpy dtype whose bytes carry values of dtype ``name``."""
+    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """Round float32 to the nearest bfloat16 (ties to even), returned as uint16 bits."""
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
+    out = (rounded >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        out[nan] = 0x7FC0
+    return out
+
+
+_NP_REDUCE: dict[ReduceOp, Callable[..., Any]] = {
+    Sum: np.add, Average: np.add, Min: np.minimum, Max: np.maximum, Product: np.multiply,
+}
+
+
+class MPIOps:
+    """MPI datatypes and ops for each dtype, created once per process after MPI is up."""
+
+    def __init__(self, MPI: Any) -> None:
+        self.MPI = MPI
+        self.datatypes = {
+            "uint8": MPI.UINT8_T, "int8": MPI.INT8_T, "uint16": MPI.UINT16_T, "int16": MPI.INT16_T,
+            "uint32": MPI.UINT32_T, "int32": MPI.INT32_T, "uint64": MPI.UINT64_T, "int64": MPI.INT64_T,
+            "float32": MPI.FLOAT, "float64": MPI.DOUBLE, "bool": MPI.C_BOOL,
+            "float16": MPI.UINT16_T, "bfloat16": MPI.UINT16_T,
+        }
+        self._builtin = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
+        self._bool = {Sum: MPI.LOR, Max: MPI.LOR, Min: MPI.LAND, Product: MPI.LAND}
+        self._half: dict[tuple[str, ReduceOp], Any] = {}
+        for half in _HALF:
+            for op in (Sum, Min, Max, Product):
+                self._half[(half, op)] = MPI.Op.Create(_half_op(half, _NP_REDUCE[op]), commute=True)
+
+    def datatype(self, dtype: str) -> Any:
+        return self.datatypes[dtype]
+
+    def op(self, dtype: str, op: ReduceOp) -> Any:
+        if op is Adasum:
+            raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average "
+                                      "or hvd.Sum")
+        if dtype == "bool":
+            if op is Average:
+                raise TypeError("hvd.Average is not defined for bool tensors; use hvd.Sum (logical or), "
+                                "hvd.Min or hvd.Max")
+            return self._bool[op]
+        if dtype in _HALF:
+            return self._half[(dtype, Sum if op is Average else op)]
+        return self._builtin[op]
+
+    def free(self) -> None:
+        for op in self._half.values():
+            op.Free()
+        self._half.clear()
+
+
+def _half_op(kind: str, ufunc: Callable[..., Any]) -> Callable[[Any, Any, Any], None]:
+    if kind == "float16":
+        def reduce_f16(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            a = np.frombuffer(inbuf, dtype=np.float16)
+            b = np.frombuffer(inoutbuf, dtype=np.float16)
+            ufunc(a, b, out=b)
+        return reduce_f16
+
+    def reduce_bf16(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        a = np.frombuffer(inbuf, dtype=np.uint16)
+        b = np.frombuffer(inoutbuf, dtype=np.uint16)
+        b[...] = f32_to_bf16(ufunc(bf16_to_f32(a), bf16_to_f32(b)))
+    return reduce_bf16
+
+
+def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
+    """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place."""
+    if factor == 1.0:
+        return
+    if dtype == "bfloat16":
+        values[...] = f32_to_bf16(bf16_to_f32(values) * np.float32(factor))
+    elif dtype == "bool":
+        raise TypeError("scale factors are not defined for bool tensors")
+    elif values.dtype.kind in "iu":
+        np.copyto(values, np.trunc(values * factor), casting="unsafe")
+    else:
+        np.multiply(values, values.dtype.type(factor), out=values)
+
+
+def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> None:
+    """``dst[...] = src * factor`` with one pass over memory where the dtype allows it."""
+    if factor == 1.0:
+        np.copyto(dst, src, casting="no")
+    elif dtype in ("float32", "float64", "float16"):
+        np.multiply(src, dst.dtype.type(factor), out=dst)
+    else:
+        np.copyto(dst, src, casting="no")
+        scale_inplace(dst, dtype, factor)

@@ -1,0 +1,240 @@
+"""The MPI runtime: init(), shutdown(), topology (rank, local_rank, cross_rank...) and build flags."""
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import traceback
+from typing import Any, Optional, Sequence
+
+from . import log
+from .config import Config
+from .engine import Engine
+from .errors import LaunchError, NotInitializedError
+from .launch_check import check_launch
+from .log import logger
+from .process_sets import ProcessSet, Registry, global_process_set
+from .reduce_ops import MPIOps
+from .timeline import Timeline
+
+
+class State:
+    """Everything that exists between init() and shutdown()."""
+
+    def __init__(self, MPI: Any, world: Any, config: Config) -> None:
+        self.MPI = MPI
+        self.config = config
+        self.world = world
+        self.rank = world.Get_rank()
+        self.size = world.Get_size()
+        self.local_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank = self.local_comm.Get_rank()
+        self.local_size = self.local_comm.Get_size()
+        self.cross_comm = world.Split(self.local_rank, key=self.rank)
+        self.cross_rank = self.cross_comm.Get_rank()
+        self.cross_size = self.cross_comm.Get_size()
+        self.engine_comm = world.Dup()
+        self.thread_level = MPI.Query_thread()
+        self.mpi_ops = MPIOps(MPI)
+        self.timeline = Timeline()
+        self.psets = Registry(self.engine_comm, self.rank, self.size)
+        self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets)
+
+    def close(self) -> None:
+        self.engine.stop()
+        self.timeline.stop()
+        if not self.engine.alive:
+            self.psets.free()
+            self.mpi_ops.free()
+            for comm in (self.engine_comm, self.cross_comm, self.local_comm, self.world):
+                comm.Free()
+
+
+_state: Optional[State] = None
+_lock = threading.RLock()
+_atexit_registered = False
+_previous_excepthook: Any = None
+
+
+def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None, **settings: Any) -> None:
+    """Start hvdlite: bring up MPI, work out the topology and start the engine thread.
+
+    ``comm`` may be an mpi4py communicator or a list of ranks of MPI_COMM_WORLD; ``process_sets``
+    registers ProcessSets at once; other keywords override settings (see ``Config``).
+    Calling init() again while initialized does nothing.
+    """
+    global _state, _atexit_registered
+    with _lock:
+        if _state is not None:
+            return
+        config = Config.from_env(**settings)
+        from .api import reset_names
+        reset_names()
+        log.set_level(config.log_level)
+        import mpi4py
+        mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI
+        world = _make_world(MPI, comm)
+        log.set_rank(world.Get_rank())
+        check_launch(world.Get_size())
+        state = State(MPI, world, config)
+        _state = state
+        if not _atexit_registered:
+            atexit.register(_shutdown_at_exit)
+            _atexit_registered = True
+        if config.abort_on_error:
+            _install_excepthook()
+        if config.timeline and state.rank == 0:
+            state.timeline.start(config.timeline, config.timeline_mark_cycles)
+    for ps in process_sets or ():
+        from .api import add_process_set
+        add_process_set(ps)
+
+
+def _make_world(MPI: Any, comm: Any) -> Any:
+    if comm is None:
+        return MPI.COMM_WORLD.Dup()
+    if isinstance(comm, MPI.Comm):
+        return comm.Dup()
+    ranks = sorted({int(r) for r in comm})
+    me = MPI.COMM_WORLD.Get_rank()
+    sub = MPI.COMM_WORLD.Split(0 if me in ranks else MPI.UNDEFINED, key=me)
+    if sub == MPI.COMM_NULL:
+        raise LaunchError(f"rank {me} of MPI_COMM_WORLD is not in init(comm={ranks}); only the listed ranks "
+                          f"may call init() with it")
+    return sub
+
+
+def shutdown() -> None:
+    """Stop the engine on every rank. Idempotent; init() may be called again afterwards."""
+    global _state
+    with _lock:
+        state, _state = _state, None
+    if state is not None:
+        state.close()
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception:  # noqa: BLE001 - never mask the interpreter's own exit status
+        logger.debug("shutdown at exit failed", exc_info=True)
+
+
+def _install_excepthook() -> None:
+    global _previous_excepthook
+    if _previous_excepthook is not None:
+        return
+    _previous_excepthook = sys.excepthook
+
+    def abort_job(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        state = _state
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"[hvdlite rank {state.rank if state else '?'}] uncaught exception; aborting the "
+                         f"whole job so other ranks do not wait for this one:\n{text}")
+        sys.stderr.flush()
+        if state is not None and state.size > 1 and not issubclass(exc_type, KeyboardInterrupt):
+            state.MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort_job
+
+
+def state() -> State:
+    """The live runtime state, or an error that says to call init() first."""
+    current = _state
+    if current is None:
+        raise NotInitializedError("hvdlite is not initialized: call hvd.init() first (after a shutdown(), "
+                                  "call init() again)")
+    return current
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def rank() -> int:
+    return state().rank
+
+
+def size() -> int:
+    return state().size
+
+
+def local_rank() -> int:
+    return state().local_rank
+
+
+def local_size() -> int:
+    return state().local_size
+
+
+def cross_rank() -> int:
+    return state().cross_rank
+
+
+def cross_size() -> int:
+    return state().cross_size
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    st = state()
+    sizes = st.cross_comm.allgather(st.local_size) if st.local_rank == 0 else None
+    return len(set(st.local_comm.bcast(sizes, root=0))) == 1
+
+
+def mpi_threads_supported() -> bool:
+    return state().thread_level >= state().MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline (rank 0 writes it)."""
+    st = state()
+    if st.rank == 0:
+        st.timeline.start(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    st = state()
+    st.timeline.stop()
+
+
+def engine_stats() -> dict[str, int]:
+    """Counters of the engine: negotiation cycles, full rounds, MPI data calls."""
+    return state().engine.stats()
