@@ -5,19 +5,21 @@ import collections
 import threading
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from .config import Config
 from .errors import HvdliteError, ShutdownError, StallError, TensorMismatchError
 from .executor import Executor
+from .handles import threads_waiting
 from .log import logger
 from .messages import SIG_EXTRA, Request, Response
 from .negotiation import FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled, decide
 from .timeline import Timeline
 
 CONTROL_KINDS = ("add_process_set", "remove_process_set")
+_SPIN_POLLS = 200  # MPI polls without sleeping while a user thread waits (a few tens of microseconds)
 MULTI_TENSOR_KINDS = ("allreduce", "allgather", "broadcast", "reducescatter")
 
 
@@ -45,6 +47,7 @@ class Engine:
         self.full_cycles = 0
         self._join_cycle = -1
         self._last_stall_check = time.monotonic()
+        self._last_stall_warning = float("-inf")
         self._last_cycle = 0.0
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
@@ -151,13 +154,19 @@ class Engine:
             self._execute(responses)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
-        """Bitwise-or ``vec`` across ranks without spinning a core while peers are late."""
-        request = self.comm.Iallreduce(vec, result, op=_mpi_bor(self.executor))
+        """Bitwise-or ``vec`` across ranks without spinning a core that the training thread needs.
+
+        While a user thread is blocked on a handle its core is idle, so the engine first polls MPI in a
+        short burst; then it sleeps between polls, backing off up to 1 ms (5 ms when idle), so that
+        oversubscribed ranks (more ranks than cores) still make progress.
+        """
+        request = self.comm.Iallreduce(vec, result, op=self.executor.MPI.BOR)
         delay, cap = 0.0, (0.001 if busy else 0.005)
-        spins = 0
-        while not request.Test():
-            spins += 1
-            if spins < 20:
+        test = request.Test
+        spins = _SPIN_POLLS if threads_waiting() else 0
+        while not test():
+            if spins > 0:
+                spins -= 1
                 continue
             delay = min(cap, max(2e-5, delay * 2))
             time.sleep(delay)
@@ -204,10 +213,13 @@ class Engine:
     def _handle_stalls(self, stalled: list[Stalled]) -> list[Response]:
         cfg = self.config
         worst = max(s.age for s in stalled)
-        if worst >= cfg.stall_check_time_seconds and self.rank == 0:
+        now = time.monotonic()
+        if worst >= cfg.stall_check_time_seconds and self.rank == 0 \
+                and now - self._last_stall_warning >= cfg.stall_check_time_seconds:
+            self._last_stall_warning = now
             lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
                      f"{s.missing_ranks}, waiting {s.age:.1f} s" for s in stalled]
-            logger.warning("One or more collectives have waited over %.0f s for other ranks. The missing "
+            logger.warning("One or more collectives have waited over %g s for other ranks. The missing "
                            "ranks have not submitted them (they may be stuck, have skipped the op, or "
                            "used a different name):\n%s", cfg.stall_check_time_seconds, "\n".join(lines))
         failed = []
@@ -288,8 +300,4 @@ class _Stop(Exception):
         self.message = message
 
 
-def _mpi_bor(executor: Executor) -> Any:
-    return executor.MPI.BOR
-
-
-__all__ = ["Engine", "CONTROL_KINDS", "Callable"]
+__all__ = ["Engine", "CONTROL_KINDS"]

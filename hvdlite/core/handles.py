@@ -4,6 +4,14 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
+_waiters = 0  # user threads blocked in wait(); while > 0 the engine may poll MPI without sleeping
+_waiters_lock = threading.Lock()
+
+
+def threads_waiting() -> bool:
+    """True while some user thread is blocked on a handle (its core is idle, so polling is free)."""
+    return _waiters > 0
+
 
 class Handle:
     """The pending result of one collective. ``poll()`` / ``synchronize()`` take it."""
@@ -31,8 +39,16 @@ class Handle:
 
     def wait(self) -> Any:
         """Block until the collective finished; return its result or raise its error."""
-        while not self._event.wait(0.5):
-            pass
+        global _waiters
+        if not self._event.is_set():
+            with _waiters_lock:
+                _waiters += 1
+            try:
+                while not self._event.wait(0.5):
+                    pass
+            finally:
+                with _waiters_lock:
+                    _waiters -= 1
         if self._error is not None:
             raise self._error
         if self._finalize is not None:

@@ -50,6 +50,7 @@ class ResponseCache:
         self.sigs: list[Optional[Signature]] = [None] * capacity
         self.last_used = [0] * capacity
         self.member_mask = 0  # bits whose process set includes this rank
+        self.valid_mask = 0   # bits in use
         self.version = 0      # bumped when a bit changes meaning
 
     def lookup(self, name: str, sig: Signature) -> int:
@@ -73,6 +74,7 @@ class ResponseCache:
         self.sigs[bit] = sig
         self.last_used[bit] = tick
         self.version += 1
+        self.valid_mask |= 1 << bit
         if self.my_rank in members:
             self.member_mask |= 1 << bit
         else:
@@ -88,6 +90,7 @@ class ResponseCache:
                 self.names[bit] = None
                 self.sigs[bit] = None
                 self.member_mask &= ~(1 << bit)
+                self.valid_mask &= ~(1 << bit)
         self.version += 1
 
     # -- bit-vector encoding ------------------------------------------------------------------
@@ -105,9 +108,12 @@ class ResponseCache:
     def ready(self, missing_anywhere: int) -> list[tuple[str, Signature]]:
         """Entries no rank is missing, in bit order."""
         out = []
-        for bit, name in enumerate(self.names):
-            if name is not None and not (missing_anywhere >> bit) & 1:
-                out.append((name, self.sigs[bit]))  # type: ignore[arg-type]
+        bits = self.valid_mask & ~missing_anywhere
+        while bits:
+            low = bits & -bits
+            bit = low.bit_length() - 1
+            bits ^= low
+            out.append((self.names[bit], self.sigs[bit]))  # type: ignore[arg-type]
         return out
 
 

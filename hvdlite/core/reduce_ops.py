@@ -28,6 +28,8 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
+_BY_VALUE = {member.value: member for member in ReduceOp}
+
 #: dtype names a collective accepts; "bfloat16" travels as uint16 bits.
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
                     "float16", "bfloat16", "float32", "float64", "bool")
@@ -44,6 +46,8 @@ def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
         return Average
     if isinstance(op, ReduceOp):
         return op
+    if op in _BY_VALUE:
+        return _BY_VALUE[op]
     for member in ReduceOp:
         if op == member.value or (isinstance(op, str) and op.lower() == member.value.lower()):
             return member

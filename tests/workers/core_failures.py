@@ -1,0 +1,37 @@
+"""Failure modes: a rank that raises, dies, or shuts down early must end or fail the job promptly."""
+import os
+import sys
+import time
+
+import numpy as np
+
+import hvdlite as hvd
+
+mode = sys.argv[1]
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+hvd.allreduce(np.ones(1), name="warmup")
+if mode == "raise":
+    if r == 1:
+        raise ValueError("the real error on rank 1: bad batch 17")
+    time.sleep(0.5)
+    hvd.allreduce(np.ones(1), name="waits.forever")
+elif mode == "die":
+    if r == 1:
+        os._exit(3)
+    hvd.allreduce(np.ones(1), name="waits.forever")
+elif mode == "early_exit":
+    if r == 1:
+        sys.exit(0)  # a clean exit: its atexit shutdown tells the others
+    try:
+        hvd.allreduce(np.ones(1), name="waits.forever")
+    except hvd.ShutdownError as exc:
+        print(f"rank {r} got ShutdownError: {exc}")
+        assert "rank(s) 1 called hvd.shutdown() or exited" in str(exc), str(exc)
+        try:
+            hvd.allreduce(np.ones(1), name="later")
+        except hvd.ShutdownError as later:
+            print(f"rank {r} later call raised at once: {later}")
+            print(f"OK rank {r}")
+            sys.exit(0)
+    sys.exit(5)
