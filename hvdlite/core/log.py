@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 _rank_label = "?"
 
@@ -12,10 +13,22 @@ class _RankFilter(logging.Filter):
         return True
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (it may be redirected after import)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 logger = logging.getLogger("hvdlite")
 logger.addFilter(_RankFilter())
 if not logger.handlers:
-    _handler = logging.StreamHandler()
+    _handler = _StderrHandler()
     _handler.setFormatter(logging.Formatter("[hvdlite rank %(hvd_rank)s] %(levelname)s: %(message)s"))
     logger.addHandler(_handler)
     logger.propagate = False

@@ -144,7 +144,7 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
                                       f"every rank", error_kind="process_set"))
             continue
         present = set(entries)
-        stand_ins = frozenset(joined - present) if ps_id == 0 and kind in JOIN_TOLERANT else frozenset()
+        stand_ins = frozenset(joined - present) if ps_id == 0 else frozenset()
         if not set(members) <= present | stand_ins:
             missing = sorted(set(members) - present - stand_ins)
             stalled.append(Stalled(name, kind, sorted(present), missing,
@@ -152,8 +152,8 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
             continue
         sigs = {rank: sig for rank, (sig, _) in entries.items()}
         error = describe_mismatch(name, sigs)
-        if error is None and joined and ps_id == 0 and kind not in JOIN_TOLERANT:
-            error = (f"{kind} of {name!r} cannot run while ranks {sorted(joined)} have called join(); "
+        if error is None and stand_ins and kind not in JOIN_TOLERANT:
+            error = (f"{kind} of {name!r} cannot run while ranks {sorted(stand_ins)} have called join(); "
                      f"only allreduce, allgather, broadcast and barrier can")
         if error is None and kind == "broadcast" and ps_id == 0 and first_sig[SIG_ROOT] in stand_ins:
             error = (f"broadcast of {name!r} has root rank {first_sig[SIG_ROOT]}, which has already "

@@ -1,0 +1,98 @@
+"""Moving torch tensors to the numpy arrays the core works on, and back: zero-copy on CPU where possible."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from hvdlite.core.handles import Handle
+
+#: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits).
+SUPPORTED_DTYPES = tuple(d for d in (
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+    torch.float32, torch.float64, torch.bool, getattr(torch, "uint16", None), getattr(torch, "uint32", None),
+    getattr(torch, "uint64", None)) if d is not None)
+
+
+def check_dtype(tensor: torch.Tensor, what: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{what}: tensors of dtype {tensor.dtype} are not supported by hvdlite; "
+                        f"supported dtypes: {names}")
+    if tensor.layout != torch.strided:
+        raise TypeError(f"{what}: {tensor.layout} tensors are not supported here; use a dense tensor "
+                        f"(sparse gradients go through hvd.sparse_allreduce_async)")
+
+
+def dtype_hint(tensor: torch.Tensor) -> Optional[str]:
+    """The core's dtype hint for ``tensor`` ("bfloat16" for bf16, whose bits travel as int16)."""
+    return "bfloat16" if tensor.dtype == torch.bfloat16 else None
+
+
+def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy array sharing memory with a CPU tensor (bfloat16 seen as int16 bits)."""
+    t = tensor.detach()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy()
+
+
+def to_host(tensor: torch.Tensor, what: str) -> tuple[np.ndarray, bool]:
+    """A host array for ``tensor`` and whether it shares the tensor's memory.
+
+    CPU tensors are viewed without a copy (the core copies non-contiguous ones itself and writes
+    in-place results back through the view). Tensors on any other device (CUDA) are staged through
+    a contiguous host copy, taken on the tensor's current stream.
+    """
+    check_dtype(tensor, what)
+    if tensor.device.type == "cpu":
+        return _numpy_view(tensor), True
+    staged = tensor.detach().to("cpu").contiguous()
+    return _numpy_view(staged), False
+
+
+def from_host(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A tensor with ``like``'s dtype and device holding ``array`` (no copy on CPU)."""
+    if not array.flags.writeable:
+        array = array.copy()
+    if like.dtype == torch.bfloat16:
+        out = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    else:
+        out = torch.from_numpy(array)
+        if out.dtype != like.dtype:
+            out = out.to(like.dtype)
+    if like.device.type != "cpu":
+        out = out.to(like.device)
+    return out
+
+
+def write_into(tensor: torch.Tensor, array: np.ndarray, shared: bool) -> torch.Tensor:
+    """Finish an in-place op: copy a staged result back unless the engine already wrote the memory."""
+    if not shared:
+        with torch.no_grad():
+            tensor.copy_(from_host(array, tensor).reshape(tensor.shape))
+    return tensor
+
+
+def chain(handle: Handle, convert: Callable[[Any], Any]) -> Handle:
+    """Make ``handle.wait()`` (hvd.synchronize) return ``convert(core result)``."""
+    inner = handle._finalize
+    handle._finalize = (lambda result: convert(inner(result))) if inner else convert
+    return handle
+
+
+def splits_array(splits: Any) -> Optional[np.ndarray]:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        return splits.detach().cpu().numpy().astype(np.int64).reshape(-1)
+    return np.asarray(list(splits) if not isinstance(splits, np.ndarray) else splits, dtype=np.int64)
+
+
+def hints(tensors: Sequence[torch.Tensor]) -> list[Optional[str]]:
+    return [dtype_hint(t) for t in tensors]

@@ -1,0 +1,185 @@
+"""Single-process tests of the core: configuration, lifecycle, negotiation logic, timeline, idle CPU."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import hvdlite as hvd
+from hvdlite.core.config import Config
+from hvdlite.core.messages import make_signature
+from hvdlite.core.negotiation import RankMessage, ResponseCache, decide
+from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
+
+
+@pytest.fixture
+def initialized():
+    hvd.init()
+    yield
+    hvd.shutdown()
+
+
+# -- configuration ----------------------------------------------------------------------------------
+def test_config_reads_hvdlite_and_horovod_spellings() -> None:
+    cfg = Config.from_env({"HOROVOD_CYCLE_TIME": "5", "HVDLITE_FUSION_THRESHOLD": "0",
+                           "HOROVOD_STALL_CHECK_DISABLE": "true", "HVDLITE_TIMELINE": "/tmp/t.json"})
+    assert (cfg.cycle_time, cfg.fusion_threshold, cfg.stall_check_disable, cfg.timeline) == \
+        (5.0, 0, True, "/tmp/t.json")
+    both = Config.from_env({"HOROVOD_CACHE_CAPACITY": "7", "HVDLITE_CACHE_CAPACITY": "9"})
+    assert both.cache_capacity == 9  # the HVDLITE_ spelling wins
+
+
+def test_config_defaults_and_init_keywords() -> None:
+    cfg = Config.from_env({}, cycle_time=3, stall_check_time_seconds="2.5")
+    assert cfg.cycle_time == 3 and cfg.stall_check_time_seconds == 2.5
+    assert Config.from_env({}).fusion_threshold == Config().fusion_threshold
+    assert Config().cache_capacity == 1024 and Config().stall_check_time_seconds == 60
+
+
+def test_config_rejects_bad_values_and_unknown_keywords() -> None:
+    with pytest.raises(ValueError, match="HVDLITE_CYCLE_TIME='fast' is not a valid float"):
+        Config.from_env({"HVDLITE_CYCLE_TIME": "fast"})
+    with pytest.raises(ValueError, match="fusion_threshold must be >= 0"):
+        Config.from_env({}, fusion_threshold=-1)
+    with pytest.raises(TypeError, match="unknown keyword 'fusion_treshold'"):
+        Config.from_env({}, fusion_treshold=1)
+
+
+def test_unknown_hvdlite_variable_warns(capfd) -> None:
+    Config.from_env({"HVDLITE_FUSION_TRESHOLD": "1"})
+    err = capfd.readouterr().err
+    assert "unknown setting HVDLITE_FUSION_TRESHOLD is ignored" in err
+    assert "HVDLITE_FUSION_THRESHOLD" in err
+
+
+# -- lifecycle ----------------------------------------------------------------------------------------
+def test_ops_before_init_say_to_call_init() -> None:
+    assert not hvd.is_initialized()
+    for call in (hvd.rank, hvd.size, lambda: hvd.allreduce(np.ones(2)), hvd.barrier):
+        with pytest.raises(hvd.NotInitializedError, match=r"call hvd.init\(\) first"):
+            call()
+
+
+def test_init_shutdown_init_again() -> None:
+    for _ in range(2):
+        hvd.init()
+        hvd.init()  # a second init is a no-op
+        assert hvd.is_initialized()
+        assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+                hvd.cross_size()) == (0, 1, 0, 1, 0, 1)
+        np.testing.assert_array_equal(hvd.allreduce(np.arange(3.0)), np.arange(3.0))
+        hvd.shutdown()
+        hvd.shutdown()  # idempotent
+        assert not hvd.is_initialized()
+    with pytest.raises(hvd.NotInitializedError):
+        hvd.allreduce(np.ones(1))
+
+
+def test_build_flags_are_truthful(initialized) -> None:
+    assert hvd.mpi_built() and hvd.mpi_enabled()
+    assert not any(f() for f in (hvd.gloo_built, hvd.gloo_enabled, hvd.nccl_built, hvd.ddl_built,
+                                 hvd.ccl_built, hvd.cuda_built, hvd.rocm_built))
+    assert isinstance(hvd.mpi_threads_supported(), bool)
+
+
+def test_single_process_collectives(initialized) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum), x)
+    np.testing.assert_array_equal(hvd.allgather(x), x)
+    np.testing.assert_array_equal(hvd.broadcast(x, 0), x)
+    out, splits = hvd.alltoall(x)
+    np.testing.assert_array_equal(out, x)
+    np.testing.assert_array_equal(splits, [2])
+    np.testing.assert_array_equal(hvd.reducescatter(x), x)
+    assert hvd.join() == 0
+    assert hvd.broadcast_object({"a": 1}) == {"a": 1}
+    assert hvd.allgather_object(3) == [3]
+    with pytest.raises(TypeError, match="not supported"):
+        hvd.allreduce(np.array(["a"]))
+
+
+def test_idle_engine_does_not_spin(initialized) -> None:
+    """An idle engine must leave the core to the training thread (benchmarks measure the exact figure)."""
+    engine = hvd.core.runtime.state().engine
+    clock = time.pthread_getcpuclockid(engine._thread.ident)
+    cpu0, wall0 = time.clock_gettime(clock), time.monotonic()
+    time.sleep(1.5)
+    share = (time.clock_gettime(clock) - cpu0) / (time.monotonic() - wall0)
+    assert share < 0.10, f"idle engine used {share:.1%} of a core"
+
+
+def test_timeline_is_valid_json_with_phases(initialized, tmp_path) -> None:
+    path = tmp_path / "tl.json"
+    hvd.start_timeline(str(path), mark_cycles=True)
+    hvd.grouped_allreduce([np.ones(3), np.ones(5)], name="grp")
+    hvd.allreduce(np.ones(300_000, np.float32), name="big")
+    hvd.stop_timeline()
+    events = json.loads(path.read_text())
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert {"grp", "big"} <= names
+    phases = {e.get("name") for e in events}
+    assert {"NEGOTIATE", "QUEUE", "MPI_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "CYCLE_START"} <= phases
+
+
+def test_timeline_from_environment(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "env.json"
+    monkeypatch.setenv("HVDLITE_TIMELINE", str(path))
+    hvd.init()
+    hvd.allreduce(np.ones(2), name="x")
+    hvd.shutdown()
+    assert any(e.get("args", {}).get("name") == "x" for e in json.loads(path.read_text()))
+
+
+# -- negotiation logic (pure) ---------------------------------------------------------------------------
+def sig(shape=(3,), dtype="float32", kind="allreduce", ps=0, root=0):
+    return make_signature(kind, ps, hvd.Sum if kind == "allreduce" else None, 1.0, 1.0, root,
+                          ((dtype, shape),))
+
+
+def test_decide_ready_stalled_and_mismatch() -> None:
+    msgs = [RankMessage([("a", sig(), 0.1), ("b", sig(), 5.0), ("c", sig((3,)), 0.0)]),
+            RankMessage([("a", sig(), 0.2), ("c", sig((4,)), 0.0)]),
+            RankMessage([("c", sig((3,)), 0.0), ("a", sig(), 0.0)])]
+    responses, stalled = decide(msgs, {0: [0, 1, 2]}, 3)
+    by_name = {r.name: r for r in responses}
+    assert by_name["a"].error is None
+    assert "the shape differs across ranks (ranks 0, 2: (3,); rank 1: (4,))" in by_name["c"].error
+    assert [(s.name, s.ready_ranks, s.missing_ranks, s.age) for s in stalled] == [("b", [0], [1, 2], 5.0)]
+
+
+def test_decide_join_stands_in_and_reports_last_rank() -> None:
+    join = make_signature("join", 0, None, 1, 1, 0, ())
+    msgs = [RankMessage([("g", sig(), 0)]), RankMessage([("j", join, 0)], join_cycle=4)]
+    responses, _ = decide(msgs, {0: [0, 1]}, 2)
+    assert [(r.name, r.joined) for r in responses] == [("g", frozenset({1}))]
+    msgs = [RankMessage([("j", join, 0)], join_cycle=9), RankMessage([("j", join, 0)], join_cycle=4)]
+    responses, _ = decide(msgs, {0: [0, 1]}, 2)
+    assert [(r.name, r.last_joined) for r in responses] == [("j", 0)]
+    rs = make_signature("reducescatter", 0, hvd.Sum, 1, 1, 0, (("float32", (4,)),))
+    msgs = [RankMessage([("r", rs, 0)]), RankMessage([("j", join, 0)], join_cycle=1)]
+    responses, _ = decide(msgs, {0: [0, 1]}, 2)
+    assert "cannot run while ranks [1] have called join()" in responses[0].error
+
+
+def test_response_cache_bits_and_eviction() -> None:
+    cache = ResponseCache(capacity=3, my_rank=1)
+    for tick, name in enumerate(["a", "b", "c"]):
+        cache.put(name, sig(), [0, 1], tick)
+    assert [cache.lookup(n, sig()) for n in "abc"] == [0, 1, 2]
+    assert cache.lookup("a", sig((9,))) == -1  # a changed signature is not a hit
+    cache.touch(0, 10)
+    cache.put("d", sig(), [0], 11)  # evicts the least recently used: "b"
+    assert cache.lookup("b", sig()) == -1 and cache.lookup("d", sig()) == 1
+    assert cache.member_mask == 0b101  # rank 1 is not in d's process set
+    flags, missing = cache.decode(cache.encode(3, 0b110))
+    assert (flags, missing) == (3, 0b110)
+    assert [n for n, _ in cache.ready(0b100)] == ["a", "d"]
+
+
+def test_bfloat16_rounding() -> None:
+    values = np.array([1.0, 3.140625, -2.5, 1.00390625, 65504.0, np.inf], dtype=np.float32)
+    np.testing.assert_array_equal(bf16_to_f32(f32_to_bf16(values)),
+                                  np.array([1.0, 3.140625, -2.5, 1.0, 65536.0, np.inf], np.float32))
+    assert np.isnan(bf16_to_f32(f32_to_bf16(np.array([np.nan], np.float32))))[0]
