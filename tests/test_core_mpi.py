@@ -63,3 +63,7 @@ def test_rank_exiting_early_fails_peers_with_the_cause(nproc: int) -> None:
     proc = run_mpi("core_failures.py", nproc, args=["early_exit"], timeout=60)
     for rank in (0,) + tuple(range(2, nproc)):
         assert f"OK rank {rank}" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_init_with_communicators_and_process_sets(nproc: int) -> None:
+    assert_all_ok(run_mpi("core_init.py", nproc), nproc)

@@ -16,11 +16,15 @@ from .runtime import state
 _counters: dict[str, Any] = {}
 
 
-def _auto_name(kind: str, name: Optional[str]) -> str:
+def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
+    """The caller's name, or one generated per kind and process set, in call order (the same on every
+    member, since members make the same calls in the same order)."""
     if name is not None:
         return str(name)
-    counter = _counters.setdefault(kind, itertools.count())
-    return f"{kind}.noname.{next(counter)}"
+    ps_id = 0 if process_set is None else (process_set.process_set_id or 0)
+    counter = _counters.setdefault((kind, ps_id), itertools.count())
+    scope = f".ps{ps_id}" if ps_id else ""
+    return f"{kind}{scope}.noname.{next(counter)}"
 
 
 def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
@@ -77,7 +81,7 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
                             process_set: ProcessSet = global_process_set, inplace: bool = False,
                             dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
     """Reduce several arrays as one unit. The result is the list of reduced arrays."""
-    name = _auto_name("allreduce", name)
+    name = _auto_name("allreduce", name, process_set)
     reduce_op = resolve_op(op, average)
     if reduce_op is ReduceOp.ADASUM:
         raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average or hvd.Sum")
@@ -164,7 +168,7 @@ def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set,
                             dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
     """Concatenate each array's rows from every rank (the first dimension may differ per rank)."""
-    name = _auto_name("allgather", name)
+    name = _auto_name("allgather", name, process_set)
     ps_id = _pset_id(process_set, "allgather", name)
     hints = list(dtype_hints or [None] * len(arrays))
     prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
@@ -192,7 +196,7 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, inplace: bool = False,
                     dtype_hint: Optional[str] = None) -> Handle:
     """Copy ``array`` from ``root_rank`` (a rank of the process set) to every member."""
-    name = _auto_name("broadcast", name)
+    name = _auto_name("broadcast", name, process_set)
     ps_id = _pset_id(process_set, "broadcast", name)
     set_size = state().psets.size(ps_id)
     if not 0 <= int(root_rank) < set_size:
@@ -226,7 +230,7 @@ def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = No
 def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set, dtype_hint: Optional[str] = None) -> Handle:
     """Send ``splits[i]`` rows to rank i. The result is ``(received array, received splits)``."""
-    name = _auto_name("alltoall", name)
+    name = _auto_name("alltoall", name, process_set)
     ps_id = _pset_id(process_set, "alltoall", name)
     a, dtype = _prepare(array, dtype_hint)
     if a.ndim == 0:
@@ -257,7 +261,7 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
                                 postscale_factor: float = 1.0,
                                 dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
     """Reduce, then give rank r its share of the first dimension (earlier ranks take the remainder)."""
-    name = _auto_name("reducescatter", name)
+    name = _auto_name("reducescatter", name, process_set)
     reduce_op = resolve_op(op)
     if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
         raise NotImplementedError(f"reducescatter {name!r}: {reduce_op!r} is not supported")
@@ -295,7 +299,7 @@ def grouped_reducescatter(arrays: Sequence[Any], name: Optional[str] = None, op:
 
 # -- synchronisation ----------------------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    name = _auto_name("barrier", None)
+    name = _auto_name("barrier", None, process_set)
     ps_id = _pset_id(process_set, "barrier", name)
     _submit("barrier", name, ps_id, [], []).wait()
 
@@ -327,7 +331,7 @@ def synchronize(handle: Handle) -> Any:
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Broadcast any picklable object (cloudpickle) from ``root_rank``; returns it on every rank."""
-    name = _auto_name("broadcast_object", name)
+    name = _auto_name("broadcast_object", name, process_set)
     ps_id = _pset_id(process_set, "broadcast_object", name)
     is_root = state().psets.comm(ps_id).Get_rank() == int(root_rank)
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root else np.empty(0, np.uint8)
@@ -340,7 +344,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Gather any picklable object from every rank; returns the list ordered by rank."""
-    name = _auto_name("allgather_object", name)
+    name = _auto_name("allgather_object", name, process_set)
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name + ".sizes", process_set)
     data = allgather(payload, name + ".data", process_set)
