@@ -1,6 +1,8 @@
 """Multi-process tests of the core under mpiexec -n 2 and -n 3."""
 from __future__ import annotations
 
+import pytest
+
 from conftest import run_mpi
 
 
@@ -13,8 +15,10 @@ def test_every_collective_dtype_and_op(nproc: int) -> None:
     assert_all_ok(run_mpi("core_collectives.py", nproc, timeout=180), nproc)
 
 
-def test_opposite_submission_orders(nproc: int) -> None:
-    assert_all_ok(run_mpi("core_order.py", nproc), nproc)
+@pytest.mark.parametrize("capacity", ["1024", "7", "0"], ids=["cache", "evicting-cache", "no-cache"])
+def test_opposite_submission_orders(nproc: int, capacity: str) -> None:
+    proc = run_mpi("core_order.py", nproc, env={"HVDLITE_CACHE_CAPACITY": capacity})
+    assert_all_ok(proc, nproc)
 
 
 def test_mismatch_errors_then_engine_goes_on(nproc: int) -> None:

@@ -1,0 +1,123 @@
+"""Build the exact launcher command line (hydra mpiexec, Open MPI mpirun or srun) and the ranks' environment."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from typing import Mapping, Optional, Sequence
+
+from .hosts import Host
+from .launchers import MPICH, OPENMPI, SRUN, Launcher
+
+#: Variables Open MPI's mpirun must be told to forward (-x) so remote ranks find Python and hvdlite;
+#: hydra and srun pass the whole environment already.
+FORWARDED_BY_DEFAULT = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+FORWARDED_PREFIXES = ("HVDLITE_", "HOROVOD_")
+#: Set in every rank so hvdlite knows it was started by hvdlite-run.
+LAUNCHED_BY = "HVDLITE_LAUNCHED_BY"
+
+
+@dataclasses.dataclass
+class Plan:
+    """What to launch: the process count, where, the program, and what each rank gets."""
+
+    num_proc: int
+    command: list[str]
+    hosts: Optional[list[Host]] = None
+    extra_env: dict[str, str] = dataclasses.field(default_factory=dict)  # -x values and tuning flags
+    mpi_args: list[str] = dataclasses.field(default_factory=list)
+    network_interface: Optional[str] = None
+    srun_mpi: str = "pmi2"
+    in_slurm: bool = False
+    is_root: bool = False
+
+
+def split_mpi_args(text: str) -> list[str]:
+    return shlex.split(text) if text else []
+
+
+def child_environment(base: Mapping[str, str], plan: Plan, launcher: Launcher) -> dict[str, str]:
+    """The launcher's environment: ours, plus -x values, tuning settings and Open MPI's root switches."""
+    env = dict(base)
+    env.update(plan.extra_env)
+    env[LAUNCHED_BY] = f"hvdlite-run/{launcher.kind}"
+    if launcher.kind == OPENMPI and plan.is_root:
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    return env
+
+
+def build_command(launcher: Launcher, plan: Plan, env: Mapping[str, str]) -> list[str]:
+    """The full command line for ``launcher``; ``env`` is the child environment (for Open MPI's -x list)."""
+    if launcher.kind == MPICH:
+        return mpich_command(launcher.path, plan)
+    if launcher.kind == OPENMPI:
+        return openmpi_command(launcher.path, plan, env)
+    if launcher.kind == SRUN:
+        return srun_command(launcher.path, plan)
+    raise ValueError(f"unknown launcher kind {launcher.kind!r}")
+
+
+def mpich_command(path: str, plan: Plan) -> list[str]:
+    """MPICH hydra: ``mpiexec -n N [-hosts h:s,...] [-iface NIC] [-genv VAR VALUE ...] ARGS PROGRAM``.
+
+    Hydra passes the whole environment to every rank, local or remote; the -x values are also given
+    with -genv, which adds to that environment (-genvlist would replace it). Without hosts, hydra runs
+    locally, or inside a Slurm allocation on the allocation's nodes.
+    """
+    cmd = [path, "-n", str(plan.num_proc)]
+    if plan.hosts:
+        cmd += ["-hosts", ",".join(str(h) for h in plan.hosts)]
+    if plan.network_interface:
+        cmd += ["-iface", plan.network_interface.split(",")[0]]
+    for name in sorted(plan.extra_env):
+        cmd += ["-genv", name, plan.extra_env[name]]
+    return cmd + list(plan.mpi_args) + list(plan.command)
+
+
+def openmpi_command(path: str, plan: Plan, env: Mapping[str, str]) -> list[str]:
+    """Open MPI: ``mpirun [--allow-run-as-root] -np N -H h:s,... --bind-to none --map-by slot -x ... PROGRAM``.
+
+    mpirun refuses to run as root without --allow-run-as-root (and the OMPI_ALLOW_RUN_AS_ROOT* variables,
+    set in the environment), binds every rank to one core by default (wrong for a rank that drives a GPU
+    with several threads), and forwards only the variables named with -x to other hosts.
+    """
+    cmd = [path]
+    if plan.is_root:
+        cmd.append("--allow-run-as-root")
+    cmd += ["-np", str(plan.num_proc)]
+    if plan.hosts:
+        cmd += ["-H", ",".join(str(h) for h in plan.hosts)]
+    elif not plan.in_slurm:
+        cmd += ["-H", f"localhost:{plan.num_proc}"]
+    cmd += ["--bind-to", "none", "--map-by", "slot"]
+    if plan.network_interface:
+        cmd += ["--mca", "btl_tcp_if_include", plan.network_interface,
+                "--mca", "oob_tcp_if_include", plan.network_interface]
+    names = set(plan.extra_env) | {LAUNCHED_BY}
+    names |= {name for name in env if name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_BY_DEFAULT}
+    for name in sorted(names):
+        cmd += ["-x", name]
+    return cmd + list(plan.mpi_args) + list(plan.command)
+
+
+def srun_command(path: str, plan: Plan) -> list[str]:
+    """Slurm: ``srun -n N --mpi=PLUGIN --kill-on-bad-exit=1 --export=ALL ARGS PROGRAM``.
+
+    --mpi gives the ranks a PMI to find each other (without it each is a size-1 MPI job);
+    --kill-on-bad-exit stops the others when one rank fails; --export=ALL makes sure the -x values reach
+    the ranks even when the job was submitted with --export=NONE.
+    """
+    cmd = [path, "-n", str(plan.num_proc), f"--mpi={plan.srun_mpi}", "--kill-on-bad-exit=1", "--export=ALL"]
+    return cmd + list(plan.mpi_args) + list(plan.command)
+
+
+def format_command(cmd: Sequence[str], extra_env: Mapping[str, str]) -> str:
+    """A shell-ready rendering of the command with the variables it adds, for --verbose."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra_env.items()))
+    line = " ".join(shlex.quote(part) for part in cmd)
+    return f"{prefix} {line}" if prefix else line
+
+
+def is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0

@@ -1,0 +1,74 @@
+"""Run the launcher as a child, forward Ctrl-C/SIGTERM so every rank stops, and return the job's exit code."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Mapping, Sequence
+
+#: Seconds the launcher gets to stop its ranks after a forwarded signal before it is killed.
+GRACE_SECONDS = 15.0
+
+
+def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
+    """Run ``cmd``; return its exit code (128+N when it died of signal N).
+
+    The launcher runs in its own session, so a terminal's Ctrl-C reaches only hvdlite-run, which forwards
+    it: SIGINT to mpiexec/mpirun (they pass it to every rank and stop the job), SIGTERM to srun (one
+    SIGINT only makes srun print the step's state). A second signal, or a launcher still alive
+    ``GRACE_SECONDS`` later, gets SIGKILL for the launcher's whole process group.
+    """
+    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            _signal(proc, signal.SIGTERM if srun or signum == signal.SIGTERM else signal.SIGINT)
+        else:
+            _kill_group(proc)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if received and time.monotonic() - _first_time(received) > GRACE_SECONDS:
+                _kill_group(proc)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _kill_group(proc)  # leftovers of the launcher's session (ranks it did not reap)
+    if code < 0:
+        return 128 - code
+    if received and code == 0:
+        return 128 + received[0]
+    return code
+
+
+_times: dict[int, float] = {}
+
+
+def _first_time(received: list[int]) -> float:
+    key = id(received)
+    if key not in _times:
+        _times[key] = time.monotonic()
+    return _times[key]
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

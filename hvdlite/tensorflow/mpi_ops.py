@@ -1,0 +1,351 @@
+"""TensorFlow ops over the hvdlite core: each collective is a numpy call, eager or in tf.function, with a gradient.
+
+Eagerly the tensors' numpy values go straight to ``hvdlite.core``; inside a ``tf.function`` the same call
+runs from a stateful ``tf.numpy_function``. Within one graph every collective gets a control dependency on
+the one created before it, so all ranks run them in the order the program traced them (and never block
+several of TensorFlow's few executor threads at once). Under XLA (``jit_compile=True``) Python cannot run,
+so building a collective there raises :class:`XLANotSupportedError` instead of skipping the reduction.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from hvdlite import core
+from hvdlite.core import HvdliteError, ProcessSet, global_process_set
+from hvdlite.core.reduce_ops import Adasum, Average, ReduceOp, Sum, resolve_op
+
+
+class XLANotSupportedError(HvdliteError, NotImplementedError):
+    """A collective was built inside XLA-compiled code, which cannot call back into Python."""
+
+
+_last_collective: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _in_xla_context() -> bool:
+    if tf.executing_eagerly():
+        return False
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - TensorFlow moved its internals; XLA's own error still fires
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def check_not_xla(what: str) -> None:
+    """Raise a clear error when ``what`` is being traced for XLA (jit_compile=True)."""
+    if _in_xla_context():
+        raise XLANotSupportedError(
+            f"hvdlite.tensorflow {what} cannot run inside XLA-compiled code (tf.function(jit_compile=True) or "
+            f"model.compile(jit_compile=True)): hvdlite's collectives call into Python, which XLA cannot do. "
+            f"Fix: compile that function with jit_compile=False (for Keras: model.compile(..., "
+            f"jit_compile=False)); you may keep XLA for a separate function that only computes the gradients.")
+
+
+def _np_dtype(dtype: tf.DType) -> np.dtype:
+    return np.dtype(dtype.as_numpy_dtype)
+
+
+def _fix_dtype(array: Any, dtype: np.dtype) -> np.ndarray:
+    """The core may hand bfloat16 back as uint16 bits: view it as the dtype TensorFlow expects."""
+    a = np.asarray(array)
+    if a.dtype == dtype:
+        return a
+    if a.dtype.itemsize == dtype.itemsize and "bfloat16" in (a.dtype.name, dtype.name):
+        return a.view(dtype)
+    return a.astype(dtype)
+
+
+def run_collective(kind: str, fn: Callable[..., Sequence[Any]], inputs: Sequence[tf.Tensor],
+                   out_dtypes: Sequence[tf.DType]) -> List[tf.Tensor]:
+    """Run ``fn(*numpy inputs) -> numpy outputs`` as one op: eagerly now, or as a node of the current graph."""
+    check_not_xla(kind)
+    np_types = [_np_dtype(d) for d in out_dtypes]
+
+    def body(*arrays: np.ndarray) -> List[np.ndarray]:
+        return [_fix_dtype(out, d) for out, d in zip(fn(*arrays), np_types)]
+
+    if tf.executing_eagerly():
+        outs = body(*[t.numpy() for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_collective.get(graph)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        outs = tf.numpy_function(body, list(inputs), list(out_dtypes), stateful=True,
+                                 name="Hvdlite" + kind.title().replace("_", ""))
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if outs:
+        _last_collective[graph] = outs[0].op
+    return outs
+
+
+def _set_shape(t: tf.Tensor, shape: Any) -> tf.Tensor:
+    if not tf.executing_eagerly():
+        t.set_shape(shape)
+    return t
+
+
+def _rows_shape(x: tf.Tensor) -> tf.TensorShape:
+    """Static shape of a result whose first dimension depends on other ranks."""
+    if x.shape.rank is None:
+        return tf.TensorShape(None)
+    if x.shape.rank == 0:
+        return tf.TensorShape([None])
+    return tf.TensorShape([None]).concatenate(x.shape[1:])
+
+
+def dense(t: Any) -> Any:
+    """Turn a tf.IndexedSlices (a sparse gradient) into a dense tensor; pass anything else through."""
+    return tf.convert_to_tensor(t) if isinstance(t, tf.IndexedSlices) else t
+
+
+def _reduce_op(op: Any) -> ReduceOp:
+    reduce_op = resolve_op(op)
+    if reduce_op is Adasum:
+        raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average or hvd.Sum")
+    return reduce_op
+
+
+# -- allreduce --------------------------------------------------------------------------------------
+def _allreduce(tensor: Any, name: Optional[str] = None, op: Any = Sum, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, ignore_name_scope: bool = False,
+               process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Reduce a dense tensor over ``process_set`` (default op Sum, as Horovod's ``_allreduce``)."""
+    return _grouped_allreduce([tensor], name, op, prescale_factor, postscale_factor, ignore_name_scope,
+                              process_set)[0]
+
+
+def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       ignore_name_scope: bool = False,
+                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+    """Reduce several dense tensors as one unit (one op, one fused request)."""
+    reduce_op = _reduce_op(op)
+    xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
+    if not xs:
+        return []
+
+    def reduce(*arrays: np.ndarray) -> List[np.ndarray]:
+        return core.grouped_allreduce(list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor, process_set=process_set)
+
+    @tf.custom_gradient
+    def forward(*inputs: tf.Tensor) -> Any:
+        ys = run_collective("allreduce", reduce, inputs, [x.dtype for x in inputs])
+        ys = [_set_shape(y, x.shape) for y, x in zip(ys, inputs)]
+
+        def grad(*dys: Any) -> List[tf.Tensor]:
+            dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
+            return _grouped_allreduce(dys, op=reduce_op, prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor, process_set=process_set)
+        return ys, grad
+
+    return list(forward(*xs))
+
+
+# -- allgather --------------------------------------------------------------------------------------
+def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Concatenate ``tensor`` from every rank along the first dimension (which may differ per rank)."""
+    return grouped_allgather([tensor], name, ignore_name_scope, process_set)[0]
+
+
+def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+    """Allgather several tensors as one unit."""
+    xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
+    if not xs:
+        return []
+
+    def gather(*arrays: np.ndarray) -> List[np.ndarray]:
+        return core.grouped_allgather(list(arrays), name=name, process_set=process_set)
+
+    @tf.custom_gradient
+    def forward(*inputs: tf.Tensor) -> Any:
+        ys = run_collective("allgather", gather, inputs, [x.dtype for x in inputs])
+        ys = [_set_shape(y, _rows_shape(x)) for y, x in zip(ys, inputs)]
+
+        def grad(*dys: Any) -> List[tf.Tensor]:
+            dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
+            return _allgather_grad(list(inputs), dys, process_set)
+        return ys, grad
+
+    return list(forward(*xs))
+
+
+def _allgather_grad(xs: List[tf.Tensor], dys: List[tf.Tensor], process_set: ProcessSet) -> List[tf.Tensor]:
+    """Average the upstream gradients over ranks, then keep this rank's rows (Horovod's convention)."""
+    reduced = _grouped_allreduce(dys, op=Average, process_set=process_set)
+    firsts = tf.stack([tf.constant(1, tf.int64) if x.shape.rank == 0 else tf.shape(x, out_type=tf.int64)[0]
+                       for x in xs])
+    sizes = tf.reshape(allgather(firsts, process_set=process_set), [process_set.size(), len(xs)])
+    me = process_set.rank()
+    grads = []
+    for i, (x, g) in enumerate(zip(xs, reduced)):
+        start = tf.reduce_sum(sizes[:me, i])
+        grads.append(tf.reshape(g[start:start + sizes[me, i]], tf.shape(x)))
+    return grads
+
+
+# -- broadcast --------------------------------------------------------------------------------------
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Copy ``tensor`` from ``root_rank`` (a rank of the process set) to every member."""
+    root = int(root_rank)
+
+    def bcast(array: np.ndarray) -> List[np.ndarray]:
+        return [core.broadcast(array, root, name=name, process_set=process_set)]
+
+    @tf.custom_gradient
+    def forward(x: tf.Tensor) -> Any:
+        y = _set_shape(run_collective("broadcast", bcast, [x], [x.dtype])[0], x.shape)
+
+        def grad(dy: Any) -> tf.Tensor:
+            reduced = _allreduce(dense(dy), op=Average, process_set=process_set)
+            return reduced if process_set.rank() == root else tf.zeros_like(reduced)
+        return y, grad
+
+    return forward(tf.convert_to_tensor(tensor))
+
+
+def broadcast_group(tensors: Sequence[Any], root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+    """Broadcast several tensors in one op (no gradient): the values of ``root_rank``."""
+    xs = [tf.convert_to_tensor(t) for t in tensors]
+    if not xs:
+        return []
+    root = int(root_rank)
+
+    def bcast(*arrays: np.ndarray) -> List[np.ndarray]:
+        handles = [core.broadcast_async(a, root, name=None if name is None else f"{name}.{i}",
+                                        process_set=process_set) for i, a in enumerate(arrays)]
+        return [h.wait() for h in handles]
+
+    outs = run_collective("broadcast", bcast, xs, [x.dtype for x in xs])
+    return [_set_shape(y, x.shape) for y, x in zip(outs, xs)]
+
+
+def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+    """Overwrite each variable with its value on ``root_rank``; returns the new values."""
+    variables = list(variables)
+    values = broadcast_group(variables, root_rank, name, process_set)
+    for v, val in zip(variables, values):
+        v.assign(val)  # inside tf.function, automatic control dependencies order later reads after this
+    return values
+
+
+# -- alltoall ---------------------------------------------------------------------------------------
+def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send ``splits[i]`` rows to rank i; returns the received rows, plus the received splits if given."""
+    given = splits is not None
+    split_t = tf.cast(tf.convert_to_tensor(splits), tf.int32) if given else tf.zeros([0], tf.int32)
+
+    def exchange(array: np.ndarray, sp: np.ndarray) -> List[np.ndarray]:
+        out, received = core.alltoall(array, splits=sp if given else None, name=name, process_set=process_set)
+        return [out, np.asarray(received, dtype=np.int32).reshape(-1)]
+
+    @tf.custom_gradient
+    def forward(x: tf.Tensor, sp: tf.Tensor) -> Any:
+        y, received = run_collective("alltoall", exchange, [x, sp], [x.dtype, tf.int32])
+        y = _set_shape(y, _rows_shape(x))
+        received = _set_shape(received, [process_set.size()])
+
+        def grad(dy: Any, _d_received: Any) -> Any:
+            back, _ = alltoall(dense(dy), splits=received, process_set=process_set)
+            return back, None
+        return (y, received), grad
+
+    out, received = forward(tf.convert_to_tensor(tensor), split_t)
+    return (out, received) if given else out
+
+
+# -- reducescatter ----------------------------------------------------------------------------------
+def _reducescatter(tensor: Any, name: Optional[str] = None, op: Any = Sum, ignore_name_scope: bool = False,
+                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                   postscale_factor: float = 1.0) -> tf.Tensor:
+    return _grouped_reducescatter([tensor], name, op, ignore_name_scope, process_set, prescale_factor,
+                                  postscale_factor)[0]
+
+
+def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
+                           ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set,
+                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> List[tf.Tensor]:
+    """Reduce, then keep this rank's share of the first dimension (earlier ranks take the remainder)."""
+    reduce_op = _reduce_op(op)
+    xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
+    if not xs:
+        return []
+
+    def scatter(*arrays: np.ndarray) -> List[np.ndarray]:
+        return core.grouped_reducescatter(list(arrays), name=name, op=reduce_op, process_set=process_set,
+                                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+    @tf.custom_gradient
+    def forward(*inputs: tf.Tensor) -> Any:
+        ys = run_collective("reducescatter", scatter, inputs, [x.dtype for x in inputs])
+        ys = [_set_shape(y, _rows_shape(x)) for y, x in zip(ys, inputs)]
+
+        def grad(*dys: Any) -> List[tf.Tensor]:
+            dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
+            if reduce_op is Sum:  # Horovod's convention for the gradient of a reducescatter
+                dys = [dy * tf.cast(process_set.size(), dy.dtype) for dy in dys]
+            return grouped_allgather(dys, process_set=process_set)
+        return ys, grad
+
+    return list(forward(*xs))
+
+
+# -- synchronisation and topology ops ---------------------------------------------------------------
+def join() -> tf.Tensor:
+    """This rank has no more data; returns (an int32 tensor of) the rank that joined last."""
+    return run_collective("join", lambda: [np.int32(core.join())], [], [tf.int32])[0]
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> Optional[tf.Operation]:
+    """Wait until every rank of ``process_set`` reaches this point (in a graph: returns the op)."""
+    out = run_collective("barrier", lambda: [np.int32(core.barrier(process_set) or 0)], [], [tf.int32])
+    return None if tf.executing_eagerly() else out[0].op
+
+
+def _value_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
+    """An int32 scalar computed when the graph runs (a constant under XLA or eagerly)."""
+    if tf.executing_eagerly() or _in_xla_context():
+        return tf.constant(value(), dtype=tf.int32, name=name)
+    out = tf.numpy_function(lambda: np.int32(value()), [], tf.int32, stateful=True, name=name)
+    out.set_shape([])
+    return out
+
+
+def _set_ranks(process_set_id: int) -> list:
+    from hvdlite.core.runtime import state  # read-only look-up of a registered process set
+    ranks = state().psets.members(int(process_set_id))
+    if not ranks:
+        raise ValueError(f"process set {process_set_id} is not registered on rank {core.rank()}; call "
+                         f"hvd.add_process_set() on every rank first")
+    return ranks
+
+
+def rank_op(name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(core.rank, name)
+
+
+def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(core.local_rank, name)
+
+
+def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(lambda: len(_set_ranks(process_set_id)), name)
+
+
+def local_size_op(name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(core.local_size, name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(lambda: int(core.rank() in _set_ranks(process_set_id)), name)

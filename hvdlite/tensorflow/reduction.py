@@ -1,0 +1,142 @@
+"""Horovod's public reductions for TensorFlow (compression, sparse tensors) and the gradient reduction helper."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+
+from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core.reduce_ops import Adasum, Average, ReduceOp, Sum, resolve_op
+
+from .compression import Compression, Compressor
+from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather
+
+
+def _check_sparse(op: ReduceOp, prescale_factor: float, postscale_factor: float) -> None:
+    if op is Adasum:
+        raise NotImplementedError("hvd.Adasum does not support sparse tensors (tf.IndexedSlices); pass "
+                                  "sparse_as_dense=True")
+    if op not in (Sum, Average):
+        raise NotImplementedError(f"only hvd.Sum and hvd.Average are supported for tf.IndexedSlices, got {op!r}")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("prescale_factor/postscale_factor are not supported for tf.IndexedSlices")
+
+
+def _sparse_allreduce(slices: List[tf.IndexedSlices], op: ReduceOp,
+                      process_set: ProcessSet) -> List[tf.IndexedSlices]:
+    """Reduce sparse tensors by gathering every rank's (values, indices): duplicates add up when applied."""
+    gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices], process_set=process_set)
+    k = len(slices)
+    out = []
+    for s, values, indices in zip(slices, gathered[:k], gathered[k:]):
+        if op is Average:
+            values = values / tf.cast(process_set.size(), values.dtype)
+        out.append(tf.IndexedSlices(values, indices, dense_shape=s.dense_shape))
+    return out
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, device_dense: str = "",
+                      device_sparse: str = "", compression: type = Compression.none, op: Any = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                      name: Optional[str] = None) -> List[Any]:
+    """Reduce a list of tf.Tensor / tf.IndexedSlices as one unit; default op is Average."""
+    tensors = list(tensors)
+    if not tensors:
+        return tensors
+    reduce_op = resolve_op(op, average)
+    if reduce_op is Adasum:
+        raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average or hvd.Sum")
+    result: List[Any] = [None] * len(tensors)
+    sparse_at = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if sparse_at:
+        _check_sparse(reduce_op, prescale_factor, postscale_factor)
+        for i, s in zip(sparse_at, _sparse_allreduce([tensors[i] for i in sparse_at], reduce_op, process_set)):
+            result[i] = s
+    if dense_at:
+        compressed, ctxs = zip(*[compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense_at])
+        reduced = _grouped_allreduce(list(compressed), name=name, op=reduce_op, prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor, process_set=process_set)
+        for i, r, ctx in zip(dense_at, reduced, ctxs):
+            result[i] = compression.decompress(r, ctx)
+    return result
+
+
+def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "", device_sparse: str = "",
+              compression: type = Compression.none, op: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False) -> Any:
+    """Reduce a tf.Tensor, tf.Variable or tf.IndexedSlices over all ranks; default op is Average.
+
+    A tf.IndexedSlices is reduced by allgathering its values and indices (Sum or Average only).
+    """
+    return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
+                             postscale_factor, process_set, ignore_name_scope, name)[0]
+
+
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compression: type = Compression.none,
+                          op: Any = Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> List[tf.Tensor]:
+    """Reduce each tensor and give each rank its share of the first dimension; default op is Average."""
+    tensors = list(tensors)
+    if not tensors:
+        return tensors
+    compressed, ctxs = zip(*[compression.compress(tf.convert_to_tensor(dense(t))) for t in tensors])
+    reduced = _grouped_reducescatter(list(compressed), op=op, process_set=process_set,
+                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    return [compression.decompress(r, ctx) for r, ctx in zip(reduced, ctxs)]
+
+
+def reducescatter(tensor: Any, device_dense: str = "", compression: type = Compression.none, op: Any = Average,
+                  name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduce ``tensor`` and keep this rank's share of its first dimension; default op is Average."""
+    compressed, ctx = compression.compress(tf.convert_to_tensor(dense(tensor)))
+    reduced = _grouped_reducescatter([compressed], name=name, op=op, process_set=process_set,
+                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
+    return compression.decompress(reduced, ctx)
+
+
+def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none, sparse_as_dense: bool = False,
+                     op: Any = Average, gradient_predivide_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Reduce a list of gradients (None entries stay None) in one fused dense op and one sparse op."""
+    reduce_op = resolve_op(op)
+    grads = list(grads)
+    if sparse_as_dense:
+        grads = [dense(g) if g is not None else None for g in grads]
+    if not process_set.included() or process_set.size() == 1:
+        return grads  # nothing to combine (Horovod skips the collective the same way)
+    prescale, postscale = 1.0, 1.0
+    if reduce_op is Average and gradient_predivide_factor != 1.0:
+        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return grads
+    sparse_at = [i for i in present if isinstance(grads[i], tf.IndexedSlices)]
+    reduced = grouped_allreduce([grads[i] for i in present if i not in sparse_at], compression=compression,
+                                op=reduce_op, prescale_factor=prescale, postscale_factor=postscale,
+                                process_set=process_set)
+    out = list(grads)
+    for i, r in zip([i for i in present if i not in sparse_at], reduced):
+        out[i] = r
+    if sparse_at:
+        for i, s in zip(sparse_at, _sparse_allreduce([grads[i] for i in sparse_at], reduce_op, process_set)):
+            out[i] = s
+    return out
+
+
+def check_gradient_op(op: Any, gradient_predivide_factor: float) -> ReduceOp:
+    """Validate the reduce op of a distributed tape or optimizer (Horovod's rules)."""
+    reduce_op = resolve_op(op)
+    if reduce_op is Adasum:
+        raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use op=hvd.Average or hvd.Sum")
+    if gradient_predivide_factor != 1.0 and reduce_op is not Average:
+        raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
+    return reduce_op
+
+
+__all__ = ["allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "reduce_gradients",
+           "Compressor"]

@@ -1,0 +1,107 @@
+"""Start-of-training helpers: broadcast_parameters, broadcast_optimizer_state, broadcast/allgather_object."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import torch
+
+import hvdlite.core as core
+from hvdlite.core import ProcessSet, global_process_set
+
+from .mpi_ops import broadcast_async_, synchronize
+
+
+def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = global_process_set) -> None:
+    """Overwrite every rank's tensors in place with root_rank's.
+
+    ``params`` is a ``model.state_dict()`` (parameters and buffers, e.g. BatchNorm running stats and
+    its 0-dim ``num_batches_tracked``), ``model.named_parameters()`` or ``model.parameters()`` (lists
+    or generators). Non-tensor values of a dict (plain Python scalars) are broadcast as objects and
+    stored back into the dict.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(params, Iterable) and not isinstance(params, (torch.Tensor, str, bytes)):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"invalid params of type: {type(params).__name__}; pass model.state_dict(), "
+                         f"model.named_parameters() or model.parameters()")
+    handles, scalars, seen = [], {}, set()
+    for name, value in items:
+        if isinstance(value, torch.Tensor):
+            key = (value.data_ptr(), value.dtype, tuple(value.shape), tuple(value.stride()), value.device)
+            if value.numel() and key in seen:  # tied weights: one broadcast per memory region
+                continue
+            seen.add(key)
+            handles.append(broadcast_async_(value, root_rank, None if name is None else str(name), process_set))
+        elif isinstance(params, dict):
+            scalars[name] = value
+        else:
+            raise ValueError(f"broadcast_parameters: entry {name!r} is a {type(value).__name__}, not a tensor")
+    for handle in handles:
+        synchronize(handle)
+    if scalars:
+        params.update(core.broadcast_object(scalars, root_rank, None, process_set))
+
+
+class _TensorSpec:
+    """Stands for one optimizer-state tensor in the structure sent ahead of the data."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
+
+    def matches(self, tensor: Any) -> bool:
+        return isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == self.shape and tensor.dtype == self.dtype
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              process_set: ProcessSet = global_process_set) -> None:
+    """Make every rank's optimizer state and hyper-parameters (lr, betas, ...) equal root_rank's.
+
+    The state's structure (which parameters have state, its keys, Python scalars such as lr and
+    betas) is broadcast first as an object; its tensors are then broadcast in place. Ranks whose
+    state does not exist yet (optimizers create it lazily at the first step()) get it created; a
+    root whose state is still empty leaves every rank with empty state (no dummy step is taken).
+    """
+    state_dict = optimizer.state_dict()
+    is_root = process_set.rank() == root_rank
+    meta = None
+    if is_root:
+        meta = ({pid: {k: _TensorSpec(v) if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+                 for pid, entry in state_dict["state"].items()},
+                [{k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]])
+    root_state, root_groups = core.broadcast_object(meta, root_rank, None, process_set)
+    if len(root_groups) != len(state_dict["param_groups"]):
+        raise ValueError(f"broadcast_optimizer_state: rank {core.rank()} has {len(state_dict['param_groups'])} "
+                         f"param groups but root rank {root_rank} has {len(root_groups)}; build the same "
+                         f"optimizer on every rank")
+    local = state_dict["state"]
+    new_state: dict[Any, dict] = {}
+    tensors: list[tuple[str, torch.Tensor]] = []
+    for pid in sorted(root_state, key=str):
+        entry = {}
+        for key, value in root_state[pid].items():
+            if isinstance(value, _TensorSpec):
+                tensor = local.get(pid, {}).get(key)
+                if not value.matches(tensor):
+                    tensor = torch.empty(value.shape, dtype=value.dtype)
+                tensors.append((f"optimizer_state.{pid}.{key}", tensor))
+                entry[key] = tensor
+            else:
+                entry[key] = value
+        new_state[pid] = entry
+    broadcast_parameters(tensors, root_rank, process_set)
+    if not is_root:
+        groups = [dict(root, params=mine["params"]) for root, mine in zip(root_groups, state_dict["param_groups"])]
+        optimizer.load_state_dict({"state": new_state, "param_groups": groups})
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Broadcast any picklable object (cloudpickle) from root_rank; returns it on every rank."""
+    return core.broadcast_object(obj, root_rank, name, process_set)
+
+
+def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> list:
+    """Gather any picklable object from every rank of the set; returns the list ordered by rank."""
+    return core.allgather_object(obj, name, process_set)
