@@ -1,16 +1,18 @@
 """The framework-agnostic core of hvdlite: runtime, engine and collectives on numpy arrays."""
 from __future__ import annotations
 
-from .api import (add_process_set, allgather, allgather_async, allgather_object, allreduce, allreduce_,
+from .api import (allgather, allgather_async, allreduce, allreduce_,
                   allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-                  broadcast_async, broadcast_async_, broadcast_object, grouped_allgather,
+                  broadcast_async, broadcast_async_, grouped_allgather,
                   grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
                   grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, join, poll,
-                  reducescatter, reducescatter_async, remove_process_set, synchronize)
+                  reducescatter, reducescatter_async, synchronize)
 from .config import Config
 from .errors import (HorovodInternalError, HvdliteError, LaunchError, NotInitializedError, ShutdownError,
                      StallError, TensorMismatchError)
 from .handles import Handle
+from .objects import allgather_object, broadcast_object
+from .process_set_ops import add_process_set, remove_process_set
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, engine_stats, gloo_built,

@@ -4,12 +4,11 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Optional, Sequence
 
-import cloudpickle
 import numpy as np
 
 from .handles import Handle
 from .messages import Request, make_signature
-from .process_sets import ProcessSet, global_process_set, normalize_ranks
+from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import ReduceOp, dtype_name, resolve_op
 from .runtime import state
 
@@ -325,61 +324,6 @@ def synchronize(handle: Handle) -> Any:
         raise TypeError(f"synchronize() takes a handle returned by an *_async function, got "
                         f"{type(handle).__name__}")
     return handle.wait()
-
-
-# -- Python objects -----------------------------------------------------------------------------------
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> Any:
-    """Broadcast any picklable object (cloudpickle) from ``root_rank``; returns it on every rank."""
-    name = _auto_name("broadcast_object", name, process_set)
-    ps_id = _pset_id(process_set, "broadcast_object", name)
-    is_root = state().psets.comm(ps_id).Get_rank() == int(root_rank)
-    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root else np.empty(0, np.uint8)
-    length = broadcast(np.array([payload.size], dtype=np.int64), root_rank, name + ".size", process_set)
-    data = payload if is_root else np.empty(int(length[0]), dtype=np.uint8)
-    data = broadcast(data, root_rank, name + ".data", process_set)
-    return obj if is_root else cloudpickle.loads(data.tobytes())
-
-
-def allgather_object(obj: Any, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> list[Any]:
-    """Gather any picklable object from every rank; returns the list ordered by rank."""
-    name = _auto_name("allgather_object", name, process_set)
-    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
-    sizes = allgather(np.array([payload.size], dtype=np.int64), name + ".sizes", process_set)
-    data = allgather(payload, name + ".data", process_set)
-    out, offset = [], 0
-    for n in sizes.tolist():
-        out.append(cloudpickle.loads(data[offset:offset + n].tobytes()))
-        offset += n
-    return out
-
-
-# -- process sets -------------------------------------------------------------------------------------
-def add_process_set(process_set: Any) -> ProcessSet:
-    """Register a process set on every rank (all ranks must call this, in the same order)."""
-    st = state()
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    ranks = normalize_ranks(ps)
-    bad = [r for r in ranks if not 0 <= r < st.size]
-    if bad:
-        raise ValueError(f"add_process_set: ranks {bad} do not exist in a job of {st.size} ranks")
-    if st.psets.find(ranks) is not None:
-        raise ValueError(f"add_process_set: a process set with ranks {ranks} is already registered")
-    name = _auto_name("add_process_set", None)
-    ps_id = _submit("add_process_set", name, 0, [], [], extra=tuple(ranks)).wait()
-    return st.psets.register(ps, int(ps_id))
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set on every rank (all ranks must call this). Returns True if removed."""
-    st = state()
-    ps_id = process_set.process_set_id
-    if ps_id is None or ps_id == 0 or ps_id not in st.psets.ranks:
-        return False
-    name = _auto_name("remove_process_set", None)
-    _submit("remove_process_set", name, 0, [], [], extra=int(ps_id)).wait()
-    return True
 
 
 def reset_names() -> None:

@@ -1,18 +1,79 @@
-"""Launch checks: catch jobs started so that MPI cannot see its peers (e.g. srun without PMI)."""
+"""Launch checks: catch jobs started so that MPI cannot see its peers (e.g. ``srun`` without a PMI plugin)."""
 from __future__ import annotations
+
+from typing import Optional
 
 from .config import getenv
 from .errors import LaunchError
 
+#: Variables in which a process manager tells each rank how many ranks it started, most specific first:
+#: PMI-1/PMI-2 (MPICH hydra, srun --mpi=pmi2, Intel MPI), Open MPI's mpirun/prterun.
+_LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 
-def check_launch(mpi_size: int) -> None:
-    """Raise LaunchError when the launcher started several tasks but MPI sees a singleton."""
+
+def expected_world_size() -> tuple[Optional[int], str]:
+    """How many ranks the launcher says it started, and which variable says so (None, "" if unknown).
+
+    A process manager's own variable wins. Slurm's task count is used only for a direct task of an srun
+    step: inside ``sbatch``, ranks started by mpiexec/mpirun see SLURM_* variables of a different step (the
+    batch script, or the step hydra/prterun used to start one daemon per node), so those say nothing
+    about the MPI job.
+    """
+    for name in _LAUNCHER_SIZE_VARIABLES:
+        value = _int(getenv(name))
+        if value is not None:
+            return value, name
+    step = getenv("SLURM_STEP_ID") or getenv("SLURM_STEPID") or ""
+    if step.isdigit():
+        tasks = _int(getenv("SLURM_STEP_NUM_TASKS"))
+        if tasks is not None:
+            return tasks, "SLURM_STEP_NUM_TASKS"
+    return None, ""
+
+
+def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
+    """Raise LaunchError when the launcher started several ranks but MPI came up with size 1 in each.
+
+    ``mpi_size`` is the size of MPI_COMM_WORLD; ``mpi_library`` (MPI_Get_library_version's text, asked
+    from mpi4py when not given) makes the suggested fix specific.
+    """
     if mpi_size != 1:
         return
-    step_tasks = getenv("SLURM_STEP_NUM_TASKS")
-    if step_tasks is not None and getenv("SLURM_STEP_ID") not in (None, "batch", "extern") \
-            and int(step_tasks) > 1 and getenv("PMI_RANK") is None and getenv("OMPI_COMM_WORLD_SIZE") is None:
+    expected, source = expected_world_size()
+    if expected is None or expected <= 1:
+        return
+    library = _library_name() if mpi_library is None else " ".join(mpi_library.split("\n")[0].split())
+    copies = (f"MPI came up with size 1 in each, so they cannot see each other and training would run as "
+              f"{expected} independent copies")
+    if source == "SLURM_STEP_NUM_TASKS" or getenv("SLURM_MPI_TYPE"):
+        plugin = getenv("SLURM_MPI_TYPE") or "none"
+        if "Open MPI" in library:
+            fix = "`srun --mpi=pmix` (Open MPI needs PMIx)"
+        elif library:
+            fix = "`srun --mpi=pmi2` (MPICH and its derivatives speak PMI-2)"
+        else:
+            fix = "`srun --mpi=pmi2` (MPICH) or `srun --mpi=pmix` (Open MPI)"
         raise LaunchError(
-            f"srun started {step_tasks} tasks but MPI came up with size 1 in each: the ranks cannot see "
-            f"each other, so training would run as {step_tasks} independent copies. Launch with "
-            f"`srun --mpi=pmi2` (MPICH) or `srun --mpi=pmix` (Open MPI), or set MpiDefault in slurm.conf.")
+            f"srun started {expected} tasks (--mpi={plugin}) but {copies}. Fix: launch with {fix}, or set "
+            f"MpiDefault=pmi2/pmix in slurm.conf, or run `hvdlite-run` in the allocation (it picks the "
+            f"plugin); `srun --mpi=list` shows the plugins this Slurm has. MPI library: {library or '?'}.")
+    raise LaunchError(
+        f"the launcher started {expected} ranks ({source}={expected}) but {copies}. The mpiexec/mpirun used "
+        f"does not belong to the MPI library mpi4py loads ({library or '?'}): launch with that library's "
+        f"mpiexec/mpirun, or with `hvdlite-run`, which finds it (`hvdlite-run --check-build` lists both).")
+
+
+def _library_name() -> str:
+    try:
+        from mpi4py import MPI
+        text = MPI.Get_library_version()
+    except Exception:  # noqa: BLE001 - only used to word the message
+        return ""
+    return " ".join(text.splitlines()[0].split()) if text.strip() else ""
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None

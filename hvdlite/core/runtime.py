@@ -87,7 +87,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None, 
         if config.timeline and state.rank == 0:
             state.timeline.start(config.timeline, config.timeline_mark_cycles)
     for ps in process_sets or ():
-        from .api import add_process_set
+        from .process_set_ops import add_process_set
         add_process_set(ps)
 
 

@@ -46,7 +46,7 @@ def mpi_library() -> Optional[MPILibrary]:
     except Exception:  # noqa: BLE001 - any import failure means: no usable MPI here
         return None
     text = MPI.Get_library_version().strip()
-    first = text.splitlines()[0].strip() if text else "unknown MPI"
+    first = " ".join(text.splitlines()[0].split()) if text else "unknown MPI"
     major, minor = MPI.Get_version()
     return MPILibrary(family=library_family(text), version=f"{first} (MPI {major}.{minor})")
 
@@ -136,7 +136,7 @@ def srun_version(srun: str, env: Mapping[str, str]) -> str:
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return "srun (version unknown)"
-    return proc.stdout.strip() or "srun"
+    return proc.stdout.strip() or "srun (version unknown: no Slurm configuration here)"
 
 
 def srun_plugins(srun: str, env: Mapping[str, str]) -> list[str]:

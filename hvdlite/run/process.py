@@ -20,14 +20,14 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
     ``GRACE_SECONDS`` later, gets SIGKILL for the launcher's whole process group.
     """
     proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True)
-    received: list[int] = []
+    received: list[tuple[int, float]] = []
 
     def forward(signum: int, _frame: Any) -> None:
-        received.append(signum)
+        received.append((signum, time.monotonic()))
         if len(received) == 1:
             _signal(proc, signal.SIGTERM if srun or signum == signal.SIGTERM else signal.SIGINT)
         else:
-            _kill_group(proc)
+            _kill_group(proc.pid)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -36,28 +36,18 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
                 code = proc.wait(timeout=0.2)
                 break
             except subprocess.TimeoutExpired:
-                pass
-            if received and time.monotonic() - _first_time(received) > GRACE_SECONDS:
-                _kill_group(proc)
+                if received and time.monotonic() - received[0][1] > GRACE_SECONDS:
+                    _kill_group(proc.pid)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _kill_group(proc)  # leftovers of the launcher's session (ranks it did not reap)
+    if received:
+        _kill_group(proc.pid)  # ranks the interrupted launcher left behind in its session
     if code < 0:
         return 128 - code
     if received and code == 0:
-        return 128 + received[0]
+        return 128 + received[0][0]
     return code
-
-
-_times: dict[int, float] = {}
-
-
-def _first_time(received: list[int]) -> float:
-    key = id(received)
-    if key not in _times:
-        _times[key] = time.monotonic()
-    return _times[key]
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -67,8 +57,8 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(pgid: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass

@@ -1,0 +1,102 @@
+"""``hvdlite-run`` / ``python -m hvdlite.run``: pick a launcher, build its command, run it, return its exit code."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Mapping, Optional, Sequence
+
+from ..core.config import environ
+from .args import env_assignments, parse_args, tuning_environment
+from .commands import Plan, build_command, child_environment, format_command, is_root, split_mpi_args
+from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
+from .launchers import (MPICH, OPENMPI, SRUN, Launcher, LauncherError, choose_srun_mpi, find_mpi_launcher,
+                        find_srun, mpi_library, srun_plugins, srun_version)
+
+
+def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launcher, Plan, list[str]]:
+    """Choose the launcher and work out the plan; also return warnings to show. Raises on a plan that
+    cannot work (no launcher, too few slots, bad host list)."""
+    warnings: list[str] = []
+    hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
+    allocation = slurm_allocation(env)
+    library = mpi_library()
+    kind = args.launcher
+    if kind == "auto" and allocation is not None and hosts is None and find_srun(env):
+        kind = SRUN
+    srun_mpi = ""
+    if kind == SRUN:
+        srun = find_srun(env)
+        if srun is None:
+            raise LauncherError("--launcher srun: no srun on PATH (is Slurm installed here?)")
+        if hosts is not None:
+            raise LauncherError("srun places ranks on the allocation's nodes itself: drop -H/--hostfile, or "
+                                "use --launcher mpich/openmpi")
+        srun_mpi = args.srun_mpi or choose_srun_mpi(library, srun_plugins(srun, env))
+        launcher = Launcher(SRUN, srun, srun_version(srun, env))
+    else:
+        launcher = find_mpi_launcher(env, want=None if kind == "auto" else kind, library=library)
+        if library is not None and library.family in (MPICH, OPENMPI) and launcher.kind != library.family:
+            warnings.append(f"mpi4py loads {library.version} but the launcher is {launcher.describe()}; the "
+                            f"ranks may not find each other")
+
+    num_proc = args.num_proc
+    if num_proc is None:
+        if hosts is not None:
+            num_proc = total_slots(hosts)
+        elif allocation is not None and allocation.tasks:
+            num_proc = allocation.tasks
+        else:
+            raise HostSpecError("give the number of processes: hvdlite-run -np N ... (or -H host:slots)")
+    if hosts is not None:
+        check_slots(num_proc, hosts)
+    elif allocation is not None and allocation.tasks and launcher.kind in (SRUN, MPICH):
+        if num_proc > allocation.tasks:
+            raise HostSpecError(f"asked for {num_proc} processes (-np {num_proc}) but Slurm job "
+                                f"{allocation.job_id} has only {allocation.tasks} tasks; ask sbatch/salloc for "
+                                f"more (-N nodes --ntasks-per-node=K) or lower -np")
+    elif num_proc < 1:
+        raise HostSpecError(f"-np must be at least 1, got {num_proc}")
+
+    extra_env = env_assignments(args.env, dict(env))
+    extra_env.update(tuning_environment(args))
+    plan = Plan(num_proc=num_proc, command=list(args.command), hosts=hosts, extra_env=extra_env,
+                mpi_args=split_mpi_args(args.mpi_args), network_interface=args.network_interface,
+                srun_mpi=srun_mpi or "pmi2", in_slurm=allocation is not None, is_root=is_root())
+    return launcher, plan, warnings
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run hvdlite-run with ``argv`` (default: sys.argv[1:]); return the job's exit code."""
+    args = parse_args(argv)
+    env = dict(environ())
+    if args.version:
+        from .. import __version__
+        print(f"hvdlite {__version__}")
+        return 0
+    if args.check_build:
+        from .check_build import report
+        print(report(env), flush=True)
+        return 0
+    try:
+        launcher, plan, warnings = plan_launch(args, env)
+    except (HostSpecError, LauncherError, ValueError) as exc:
+        print(f"hvdlite-run: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    for warning in warnings:
+        print(f"hvdlite-run: warning: {warning}", file=sys.stderr, flush=True)
+    child_env = child_environment(env, plan, launcher)
+    cmd = build_command(launcher, plan, child_env)
+    if args.verbose:
+        added = {k: v for k, v in child_env.items() if env.get(k) != v}
+        print(f"hvdlite-run: launcher: {launcher.describe()}", flush=True)
+        print(f"hvdlite-run: running: {format_command(cmd, added)}", flush=True)
+    from .process import run
+    try:
+        return run(cmd, child_env, srun=launcher.kind == SRUN)
+    except OSError as exc:
+        print(f"hvdlite-run: error: cannot start {cmd[0]}: {exc.strerror}", file=sys.stderr, flush=True)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""DistributedGradientTape: a tf.GradientTape whose gradient() returns gradients combined over all ranks."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import tensorflow as tf
+
+from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core.reduce_ops import Average
+
+from .compression import Compression
+from .mpi_ops import check_not_xla
+from .reduction import check_gradient_op, reduce_gradients
+
+
+class _DistributedTape:
+    """Mixed in front of the wrapped tape's own class, so ``isinstance(tape, tf.GradientTape)`` holds."""
+
+    _hvd_options: dict
+    _hvd_local_sources: set
+
+    def register_local_source(self, source: Any) -> None:
+        """Keep the gradient of ``source`` local: it is not reduced (only scaled, see scale_local_gradients)."""
+        self._hvd_local_sources.add(id(source))
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE,
+                 use_generic_names: bool = False) -> Any:
+        """The local gradients, then averaged (or summed, per ``op``) over the ranks of the process set."""
+        grads = super().gradient(target, sources, output_gradients,  # type: ignore[misc]
+                                 unconnected_gradients=unconnected_gradients)
+        opts = self._hvd_options
+        check_not_xla("DistributedGradientTape.gradient()")
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads)
+        local = [id(s) in self._hvd_local_sources for s in flat_sources]
+        shared = [g for g, is_local in zip(flat_grads, local) if not is_local]
+        reduced = iter(reduce_gradients(shared, opts["compression"], opts["sparse_as_dense"], opts["op"],
+                                        opts["gradient_predivide_factor"], opts["process_set"]))
+        size = opts["process_set"].size()
+        out = []
+        for g, is_local in zip(flat_grads, local):
+            if not is_local:
+                out.append(next(reduced))
+            elif g is not None and opts["scale_local_gradients"] and size > 1:
+                if isinstance(g, tf.IndexedSlices):
+                    out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape))
+                else:
+                    out.append(g / size)
+            else:
+                out.append(g)
+        return tf.nest.pack_sequence_as(grads, out)
+
+
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                            compression: type = Compression.none, sparse_as_dense: bool = False,
+                            op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups: Any = None, process_set: ProcessSet = global_process_set,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
+    """Wrap ``gradtape`` so that ``gradient()`` combines the gradients of all ranks (Average by default).
+
+    Use it after recording (``tape = hvd.DistributedGradientTape(tape)``) or around a fresh tape
+    (``with hvd.DistributedGradientTape(tf.GradientTape()) as tape``). Dense gradients travel as one
+    fused allreduce; sparse ones (tf.IndexedSlices) by allgather unless ``sparse_as_dense=True``.
+    ``groups``/``num_groups`` are accepted for compatibility: every gradient already goes in one group.
+    ``device_dense``/``device_sparse`` are ignored (hvdlite reduces on the CPU).
+    """
+    reduce_op = check_gradient_op(op, gradient_predivide_factor)
+    if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
+        raise ValueError("groups must be a positive integer or a list of lists of tf.Variable")
+    base = type(gradtape)
+    if isinstance(gradtape, _DistributedTape):
+        base = next(c for c in base.__mro__[1:] if not issubclass(c, _DistributedTape))
+    cls = type(base.__name__, (_DistributedTape, base), {"__module__": base.__module__})
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._hvd_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=reduce_op,
+                             gradient_predivide_factor=gradient_predivide_factor, process_set=process_set,
+                             scale_local_gradients=scale_local_gradients)
+    tape._hvd_local_sources = set(getattr(gradtape, "_hvd_local_sources", ()))
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                                   compression: type = Compression.none, sparse_as_dense: bool = False,
+                                   op: Any = Average, gradient_predivide_factor: float = 1.0,
+                                   num_groups: int = 0, groups: Any = None,
+                                   process_set: ProcessSet = global_process_set,
+                                   local_layers: Optional[Iterable[Any]] = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """Like DistributedGradientTape, but the trainable weights of ``local_layers`` keep local gradients."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set,
+                                   scale_local_gradients)
+    if local_layers is None:
+        local_layers = []
+    elif hasattr(local_layers, "trainable_weights"):
+        local_layers = [local_layers]
+    for layer in local_layers:
+        if not hasattr(layer, "trainable_weights"):
+            raise ValueError(f"local_layers must be Keras layers, got {type(layer).__name__}")
+        for weight in layer.trainable_weights:
+            tape.register_local_source(weight)  # type: ignore[attr-defined]
+    return tape

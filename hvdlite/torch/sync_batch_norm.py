@@ -1,0 +1,69 @@
+"""SyncBatchNorm: batch normalisation whose batch statistics span every rank (CPU and CUDA)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from hvdlite.core import ProcessSet, global_process_set
+
+from .collectives import allreduce
+from .mpi_ops import Sum
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Batch normalisation over the union of every rank's batch (N-dimensional, input ``(N, C, ...)``).
+
+    In training the mean and variance are computed across all ranks of ``process_set`` with two
+    differentiable allreduces, so gradients are exactly those of batch norm on the combined batch;
+    running statistics are updated identically on every rank. In eval mode it is a plain batch norm
+    with the running statistics. Unlike Horovod's, CPU tensors are supported.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_set: ProcessSet = global_process_set) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_set = process_set
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        if not self.training and self.track_running_stats:
+            return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0,
+                                self.eps)
+        if not self.process_set.included() or self.process_set.size() == 1:
+            return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, True, factor,
+                                self.eps)
+        return self._sync_forward(input, factor)
+
+    def _sync_forward(self, input: torch.Tensor, factor: float) -> torch.Tensor:
+        channels = input.shape[1]
+        dims = [0] + list(range(2, input.dim()))
+        shape = [1, channels] + [1] * (input.dim() - 2)
+        x = input.to(torch.promote_types(input.dtype, torch.float32))
+        count = torch.full((1,), float(input.numel() // max(channels, 1)), dtype=x.dtype, device=x.device)
+        sums = allreduce(torch.cat([x.sum(dims), count]), op=Sum, process_set=self.process_set)
+        total = sums[channels]
+        mean = sums[:channels] / total
+        centred = x - mean.view(shape)
+        var = allreduce((centred * centred).sum(dims), op=Sum, process_set=self.process_set) / total
+        out = centred * torch.rsqrt(var + self.eps).view(shape)
+        if self.weight is not None:
+            out = out * self.weight.view(shape)
+        if self.bias is not None:
+            out = out + self.bias.view(shape)
+        if self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                n = float(total)
+                unbiased = var.detach() * (n / (n - 1) if n > 1 else 1.0)
+                self.running_mean.mul_(1 - factor).add_(mean.detach().to(self.running_mean.dtype), alpha=factor)
+                self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype), alpha=factor)
+        return out.to(input.dtype)
