@@ -94,15 +94,22 @@ class Executor:
                 continue
             if self.fusion_threshold > 0 and nbytes < limit:
                 if small and small_bytes + nbytes > self.fusion_threshold:
-                    self._reduce_fused(comm, small, op, pre, post)
+                    self._reduce_small(comm, small, op, pre, post)
                     small, small_bytes = [], 0
                 small.append(item)
                 small_bytes += nbytes
             else:
                 self._reduce_direct(comm, item, op, pre, post)
         if small:
-            self._reduce_fused(comm, small, op, pre, post)
+            self._reduce_small(comm, small, op, pre, post)
         return [(item, item.dst) for item in items]
+
+    def _reduce_small(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
+        """A lone small tensor needs no fusion buffer (and no copies); several share one MPI call."""
+        if len(items) == 1:
+            self._reduce_direct(comm, items[0], op, pre, post)
+        else:
+            self._reduce_fused(comm, items, op, pre, post)
 
     def _reduce_direct(self, comm: Any, item: Item, op: ReduceOp, pre: float, post: float) -> None:
         tl = self.timeline

@@ -43,6 +43,9 @@ def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
     if expected is None or expected <= 1:
         return
     library = _library_name() if mpi_library is None else " ".join(mpi_library.split("\n")[0].split())
+    task = getenv("SLURM_PROCID") if source == "SLURM_STEP_NUM_TASKS" else getenv("PMI_RANK") or \
+        getenv("OMPI_COMM_WORLD_RANK")
+    who = f"rank {task} of {expected}" if task is not None else f"one of {expected} ranks"
     copies = (f"MPI came up with size 1 in each, so they cannot see each other and training would run as "
               f"{expected} independent copies")
     if source == "SLURM_STEP_NUM_TASKS" or getenv("SLURM_MPI_TYPE"):
@@ -54,11 +57,11 @@ def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
         else:
             fix = "`srun --mpi=pmi2` (MPICH) or `srun --mpi=pmix` (Open MPI)"
         raise LaunchError(
-            f"srun started {expected} tasks (--mpi={plugin}) but {copies}. Fix: launch with {fix}, or set "
+            f"{who}: srun started {expected} tasks (--mpi={plugin}) but {copies}. Fix: launch with {fix}, or set "
             f"MpiDefault=pmi2/pmix in slurm.conf, or run `hvdlite-run` in the allocation (it picks the "
             f"plugin); `srun --mpi=list` shows the plugins this Slurm has. MPI library: {library or '?'}.")
     raise LaunchError(
-        f"the launcher started {expected} ranks ({source}={expected}) but {copies}. The mpiexec/mpirun used "
+        f"{who}: the launcher started {expected} ranks ({source}={expected}) but {copies}. The mpiexec/mpirun used "
         f"does not belong to the MPI library mpi4py loads ({library or '?'}): launch with that library's "
         f"mpiexec/mpirun, or with `hvdlite-run`, which finds it (`hvdlite-run --check-build` lists both).")
 

@@ -20,6 +20,23 @@ for i, h in enumerate(handles):
 calls = hvd.engine_stats()["mpi_calls"] - before
 hvd.stop_timeline()
 print(f"rank {r} mpi_calls {calls}")
+
+# allgather and reducescatter fuse as well
+before = hvd.engine_stats()["mpi_calls"]
+gathers = [hvd.allgather_async(np.full((r + 1, 2), i, np.int32), name=f"ag.{i}") for i in range(50)]
+scatters = [hvd.reducescatter_async(np.full((2 * n + 1, 3), float(i)), name=f"rs.{i}", op=hvd.Sum)
+            for i in range(50)]
+for i, h in enumerate(gathers):
+    same(hvd.synchronize(h), np.concatenate([np.full((k + 1, 2), i, np.int32) for k in range(n)]), f"ag.{i}", r)
+rows = (2 * n + 1) // n + (1 if r < (2 * n + 1) % n else 0)
+for i, h in enumerate(scatters):
+    same(hvd.synchronize(h), np.full((rows, 3), float(i * n)), f"rs.{i}", r)
+other_calls = hvd.engine_stats()["mpi_calls"] - before
+print(f"rank {r} allgather+reducescatter mpi_calls {other_calls}")
+if fusion:
+    assert other_calls < 20, f"100 small allgathers/reducescatters took {other_calls} MPI calls with fusion on"
+else:
+    assert other_calls >= 100, other_calls
 if fusion:
     assert calls < 20, f"200 small tensors took {calls} MPI calls with fusion on"
 else:
