@@ -77,6 +77,15 @@ def test_init_shutdown_init_again() -> None:
         hvd.allreduce(np.ones(1))
 
 
+def test_init_accepts_dynamic_process_sets() -> None:
+    hvd.init(process_sets="dynamic")  # Horovod >= 0.23 spelling: sets may be added later
+    assert hvd.is_initialized()
+    hvd.shutdown()
+    with pytest.raises(ValueError, match="pass a list of ProcessSets, or 'dynamic'"):
+        hvd.init(process_sets="static")
+    assert not hvd.is_initialized()
+
+
 def test_build_flags_are_truthful(initialized) -> None:
     assert hvd.mpi_built() and hvd.mpi_enabled()
     assert not any(f() for f in (hvd.gloo_built, hvd.gloo_enabled, hvd.nccl_built, hvd.ddl_built,

@@ -56,7 +56,7 @@ _atexit_registered = False
 _previous_excepthook: Any = None
 
 
-def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None, **settings: Any) -> None:
+def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = None, **settings: Any) -> None:
     """Start hvdlite: bring up MPI, work out the topology and start the engine thread.
 
     ``comm`` may be an mpi4py communicator or a list of ranks of MPI_COMM_WORLD; ``process_sets``
@@ -64,6 +64,11 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None, 
     Calling init() again while initialized does nothing.
     """
     global _state, _atexit_registered
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise ValueError(f"init(process_sets={process_sets!r}): pass a list of ProcessSets, or 'dynamic' "
+                             f"(hvdlite always allows add_process_set() later)")
+        process_sets = None
     with _lock:
         if _state is not None:
             return
