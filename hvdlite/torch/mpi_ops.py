@@ -126,7 +126,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
         all_indices, all_values = synchronize(handle)
         if reduce_op is Average:
             all_values = all_values / process_set.size()
-        return torch.sparse_coo_tensor(all_indices.t(), all_values, sparse.size()).coalesce()
+        return torch.sparse_coo_tensor(all_indices.t(), all_values, sparse.size(),
+                                       check_invariants=False).coalesce()
     return SparseHandle(handle, finish)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 
+import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
 
 from .compression import Compression
@@ -69,6 +70,7 @@ class _DistributedOptimizer:
                 if self._enabled and p not in self._hooked:
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(_make_hook(me)))
                     self._hooked.add(p)
+                    _owners[id(p)] = me  # a newer DistributedOptimizer over p silences older ones' hooks
 
     # -- during backward ----------------------------------------------------------------------------
     def _on_grad_ready(self, p: torch.Tensor) -> None:
@@ -181,6 +183,8 @@ class _DistributedOptimizer:
         self._synchronized = False
         return super().step(closure)  # type: ignore[misc]
 
+    step.hooked = True  # type: ignore[attr-defined]  # torch's step hooks run once, in the wrapped step
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
@@ -204,10 +208,14 @@ class _DistributedOptimizer:
         super().load_state_dict(state_dict)  # type: ignore[misc]
 
 
+#: id(parameter) -> the DistributedOptimizer whose hook reduces its gradient (the last one built over it).
+_owners: dict[int, "weakref.ref[_DistributedOptimizer]"] = {}
+
+
 def _make_hook(me: "weakref.ref[_DistributedOptimizer]") -> Any:
     def hook(param: torch.Tensor) -> None:
-        opt = me()
-        if opt is not None and opt._enabled:
+        opt, owner = me(), _owners.get(id(param))
+        if opt is not None and opt._enabled and owner is not None and owner() is opt:
             opt._on_grad_ready(param)
     return hook
 
@@ -287,6 +295,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     instead of the original. For gradient clipping call ``synchronize()``, clip, then ``step()``
     inside ``with optimizer.skip_synchronize():``.
     """
+    core.size()  # raises NotInitializedError (saying to call hvd.init()) before init
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("the optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -309,7 +318,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     attrs = dict(optimizer.__dict__)
     attrs.pop("step", None)  # an LR scheduler's per-instance step wrapper is bound to the old object
     opt.__dict__.update(attrs)
-    opt._patch_step_function()  # keep torch's step pre/post hooks and profiling on the new class
     opt._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
                    groups, sparse_as_dense, process_set)
     return opt

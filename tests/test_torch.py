@@ -1,0 +1,203 @@
+"""hvdlite.torch in one process: Horovod's API surface and signatures, zero-copy tensors, dtypes, optimizer."""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+import hvdlite.torch as hvd
+from hvdlite.core import NotInitializedError
+from hvdlite.torch.tensors import to_host
+
+REQ = inspect.Parameter.empty
+PS = hvd.global_process_set
+NONE = hvd.Compression.none
+_RED = [("average", None), ("name", None), ("op", None), ("prescale_factor", 1.0), ("postscale_factor", 1.0),
+        ("process_set", PS)]
+_RS = [("name", None), ("op", hvd.Average), ("process_set", PS), ("prescale_factor", 1.0),
+       ("postscale_factor", 1.0)]
+#: horovod.torch's signatures: (parameter, default) in order.
+HOROVOD_SIGNATURES = {
+    "init": [("comm", None), ("process_sets", None)],
+    "allreduce": [("tensor", REQ), ("average", None), ("name", None), ("compression", NONE), ("op", None),
+                  ("prescale_factor", 1.0), ("postscale_factor", 1.0), ("process_set", PS)],
+    "allreduce_async": [("tensor", REQ)] + _RED, "allreduce_": [("tensor", REQ)] + _RED,
+    "allreduce_async_": [("tensor", REQ)] + _RED,
+    "grouped_allreduce": [("tensors", REQ), ("average", None), ("name", None), ("compression", NONE),
+                          ("op", None), ("prescale_factor", 1.0), ("postscale_factor", 1.0), ("process_set", PS)],
+    "grouped_allreduce_async": [("tensors", REQ)] + _RED, "grouped_allreduce_": [("tensors", REQ)] + _RED,
+    "grouped_allreduce_async_": [("tensors", REQ)] + _RED,
+    "sparse_allreduce_async": [("tensor", REQ), ("name", REQ), ("op", REQ), ("process_set", PS)],
+    "allgather": [("tensor", REQ), ("name", None), ("process_set", PS)],
+    "allgather_async": [("tensor", REQ), ("name", None), ("process_set", PS)],
+    "grouped_allgather": [("tensors", REQ), ("name", None), ("process_set", PS)],
+    "grouped_allgather_async": [("tensors", REQ), ("name", None), ("process_set", PS)],
+    "broadcast": [("tensor", REQ), ("root_rank", REQ), ("name", None), ("process_set", PS)],
+    "broadcast_": [("tensor", REQ), ("root_rank", REQ), ("name", None), ("process_set", PS)],
+    "broadcast_async": [("tensor", REQ), ("root_rank", REQ), ("name", None), ("process_set", PS)],
+    "broadcast_async_": [("tensor", REQ), ("root_rank", REQ), ("name", None), ("process_set", PS)],
+    "alltoall": [("tensor", REQ), ("splits", None), ("name", None), ("process_set", PS)],
+    "alltoall_async": [("tensor", REQ), ("splits", None), ("name", None), ("process_set", PS)],
+    "reducescatter": [("tensor", REQ), ("name", None), ("compression", NONE), ("op", hvd.Average),
+                      ("process_set", PS), ("prescale_factor", 1.0), ("postscale_factor", 1.0)],
+    "reducescatter_async": [("tensor", REQ)] + _RS,
+    "grouped_reducescatter": [("tensors", REQ), ("name", None), ("compression", NONE), ("op", hvd.Average),
+                              ("process_set", PS), ("prescale_factor", 1.0), ("postscale_factor", 1.0)],
+    "grouped_reducescatter_async": [("tensors", REQ)] + _RS,
+    "join": [("device", -1)], "barrier": [("process_set", PS)], "poll": [("handle", REQ)],
+    "synchronize": [("handle", REQ)], "start_timeline": [("file_path", REQ), ("mark_cycles", False)],
+    "stop_timeline": [], "add_process_set": [("process_set", REQ)], "remove_process_set": [("process_set", REQ)],
+    "broadcast_parameters": [("params", REQ), ("root_rank", REQ)],
+    "broadcast_optimizer_state": [("optimizer", REQ), ("root_rank", REQ)],
+    "broadcast_object": [("obj", REQ), ("root_rank", 0), ("name", None), ("process_set", PS)],
+    "allgather_object": [("obj", REQ), ("name", None), ("process_set", PS)],
+    "DistributedOptimizer": [("optimizer", REQ), ("named_parameters", None), ("compression", NONE),
+                             ("backward_passes_per_step", 1), ("op", hvd.Average),
+                             ("gradient_predivide_factor", 1.0), ("groups", None), ("sparse_as_dense", False),
+                             ("process_set", PS)],
+    "SyncBatchNorm": [("num_features", REQ), ("eps", 1e-5), ("momentum", 0.1), ("affine", True),
+                      ("track_running_stats", True)],
+}
+NO_ARGS = ["shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+           "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+           "ddl_built", "ccl_built", "cuda_built", "rocm_built"]
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64, torch.bool]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def initialized():
+    was_initialized = hvd.is_initialized()
+    hvd.init()
+    yield
+    if not was_initialized:  # leave the pytest process as this module found it
+        hvd.shutdown()
+
+
+@pytest.mark.parametrize("name", sorted(HOROVOD_SIGNATURES))
+def test_horovod_signature(name: str) -> None:
+    obj = getattr(hvd, name)
+    params = list(inspect.signature(obj).parameters.values())
+    expected = HOROVOD_SIGNATURES[name]
+    assert [(p.name, p.default) for p in params[:len(expected)]] == expected
+    for extra in params[len(expected):]:  # hvdlite may only add optional trailing arguments
+        assert extra.default is not REQ or extra.kind is inspect.Parameter.VAR_KEYWORD, extra
+
+
+def test_every_other_name_exists() -> None:
+    for name in NO_ARGS:
+        assert callable(getattr(hvd, name)) and not [
+            p for p in inspect.signature(getattr(hvd, name)).parameters.values() if p.default is REQ], name
+    for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet", "global_process_set",
+                 "HorovodInternalError", "Compression"):
+        assert hasattr(hvd, name), name
+    assert {hvd.Compression.none, hvd.Compression.fp16, hvd.Compression.bf16}
+    assert hvd.HorovodInternalError is hvd.HvdliteError
+    assert set(hvd.__all__) >= set(HOROVOD_SIGNATURES) | set(NO_ARGS)
+
+
+def test_calls_before_init_say_to_call_init() -> None:
+    hvd.shutdown()
+    try:
+        assert not hvd.is_initialized()
+        with pytest.raises(NotInitializedError, match="init"):
+            hvd.rank()
+        with pytest.raises(NotInitializedError, match="init"):
+            hvd.allreduce(torch.ones(2))
+        with pytest.raises(NotInitializedError, match="init"):
+            hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1))
+    finally:
+        hvd.init()
+    assert hvd.size() == 1 and hvd.rank() == 0
+
+
+def test_cpu_tensors_reach_numpy_without_a_copy() -> None:
+    for dtype in DTYPES:
+        t = torch.ones(3, 4, dtype=dtype)
+        array, shared = to_host(t, "test")
+        assert shared and array.__array_interface__["data"][0] == t.data_ptr(), dtype
+    strided = torch.ones(4, 6)[:, ::2]
+    array, shared = to_host(strided, "test")
+    assert shared and np.shares_memory(array, strided.numpy())
+    t = torch.arange(6, dtype=torch.float32)
+    ptr = t.data_ptr()
+    assert hvd.allreduce_(t, op=hvd.Sum, prescale_factor=2.0) is t and t.data_ptr() == ptr
+    assert torch.equal(t, torch.arange(6, dtype=torch.float32) * 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype_in_every_collective(dtype: torch.dtype) -> None:
+    t = (torch.arange(12).reshape(3, 4) % 3).to(dtype)
+    op = hvd.Max if dtype == torch.bool else hvd.Sum
+    for out in (hvd.allreduce(t, op=op), hvd.allgather(t), hvd.broadcast(t, 0), hvd.alltoall(t),
+                hvd.synchronize(hvd.allreduce_async(t.t(), op=op)).t()):
+        assert out.dtype == dtype and torch.equal(out, t)
+    if dtype != torch.bool:
+        assert torch.equal(hvd.reducescatter(t, op=hvd.Sum), t)
+    if dtype.is_floating_point:
+        assert torch.equal(hvd.allreduce(t), t)  # Average over one rank
+
+
+def test_unsupported_tensors_raise_clear_errors() -> None:
+    with pytest.raises(TypeError, match="complex128 are not supported"):
+        hvd.allreduce(torch.ones(2, dtype=torch.complex128))
+    with pytest.raises(TypeError, match="sparse_allreduce_async"):
+        hvd.allreduce(torch.ones(2).to_sparse())
+    with pytest.raises(TypeError, match="expected a torch.Tensor"):
+        hvd.allreduce(np.ones(2))
+    with pytest.raises(TypeError, match="synchronize"):
+        hvd.synchronize(42)
+
+
+def test_compression_round_trip() -> None:
+    x = torch.tensor([1.0, -2.5, 3.25], dtype=torch.float32)
+    for comp, wire in ((hvd.Compression.fp16, torch.float16), (hvd.Compression.bf16, torch.bfloat16)):
+        sent, ctx = comp.compress(x)
+        assert sent.dtype == wire and torch.equal(comp.decompress(sent, ctx), x)
+        ints = torch.arange(3)
+        sent, ctx = comp.compress(ints)
+        assert sent is ints and comp.decompress(sent, ctx) is ints
+    sent, ctx = hvd.Compression.none.compress(x)
+    assert sent is x and hvd.Compression.none.decompress(sent, ctx) is x
+
+
+def test_distributed_optimizer_keeps_the_class_state_and_torch_hooks() -> None:
+    model = torch.nn.Linear(3, 2)
+    base = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    base.step()
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    assert isinstance(opt, torch.optim.Adam) and type(opt).__name__ == "Adam"
+    assert opt.state is base.state and opt.param_groups is base.param_groups and len(opt.state) == 2
+    calls = []
+    opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+    opt.zero_grad()
+    model(torch.ones(1, 3)).sum().backward()
+    before = model.weight.detach().clone()
+    opt.step()
+    scheduler.step()
+    assert calls == ["pre"] and not torch.equal(model.weight, before)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert opt.state[model.weight]["step"].item() == 2
+    with pytest.raises(ValueError, match="already a DistributedOptimizer"):
+        hvd.DistributedOptimizer(opt)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1), op=hvd.Sum,
+                                 gradient_predivide_factor=2.0)
+
+
+def test_sync_batch_norm_matches_batch_norm_on_one_rank() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, 4)
+    ref, sync = torch.nn.BatchNorm1d(3), hvd.SyncBatchNorm(3)
+    sync.load_state_dict(ref.state_dict())
+    assert torch.allclose(sync(x), ref(x), atol=1e-6)
+    assert torch.allclose(sync.running_var, ref.running_var, atol=1e-6)
+    sync.eval()
+    ref.eval()
+    assert torch.allclose(sync(x), ref(x), atol=1e-6)
+    with pytest.raises(ValueError, match="at least 2D"):
+        sync(torch.ones(3))
