@@ -1,6 +1,7 @@
 """DistributedGradientTape: a tf.GradientTape whose gradient() returns gradients combined over all ranks."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Optional
 
 import tensorflow as tf
@@ -52,6 +53,12 @@ class _DistributedTape:
         return tf.nest.pack_sequence_as(grads, out)
 
 
+@functools.lru_cache(maxsize=None)
+def _distributed_tape_class(base: type) -> type:
+    """The subclass of ``base`` (tf.GradientTape or a subclass) with the distributed gradient()."""
+    return type(base.__name__, (_DistributedTape, base), {"__module__": base.__module__})
+
+
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
                             compression: type = Compression.none, sparse_as_dense: bool = False,
                             op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
@@ -71,7 +78,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     base = type(gradtape)
     if isinstance(gradtape, _DistributedTape):
         base = next(c for c in base.__mro__[1:] if not issubclass(c, _DistributedTape))
-    cls = type(base.__name__, (_DistributedTape, base), {"__module__": base.__module__})
+    cls = _distributed_tape_class(base)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hvd_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=reduce_op,

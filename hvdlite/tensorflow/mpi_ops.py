@@ -22,6 +22,8 @@ from hvdlite.core.reduce_ops import Adasum, Average, ReduceOp, Sum, resolve_op
 class XLANotSupportedError(HvdliteError, NotImplementedError):
     """A collective was built inside XLA-compiled code, which cannot call back into Python."""
 
+    __init__ = Exception.__init__  # lets tf.function's AutoGraph re-raise it as this type, not StagingError
+
 
 _last_collective: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 

@@ -1,0 +1,14 @@
+"""hvdlite.keras: the same package as ``hvdlite.tensorflow.keras`` (Keras 3 on TensorFlow), by another name.
+
+``import hvdlite.keras as hvd`` replaces ``import horovod.keras as hvd``; ``hvdlite.keras.callbacks`` is
+``hvdlite.tensorflow.keras.callbacks`` itself, so there is one Keras integration, not two.
+"""
+from __future__ import annotations
+
+import sys
+
+from hvdlite.tensorflow.keras import *  # noqa: F401,F403
+from hvdlite.tensorflow.keras import __all__, callbacks  # noqa: F401
+
+sys.modules[__name__ + ".callbacks"] = callbacks
+

@@ -1,0 +1,79 @@
+"""hvdlite.tensorflow: Horovod's ``horovod.tensorflow`` API for TensorFlow 2 (eager and tf.function).
+
+``import hvdlite.tensorflow as hvd`` replaces ``import horovod.tensorflow as hvd``. Collectives take and
+return tf tensors, carry gradients, and work eagerly and inside ``tf.function``; they refuse to run inside
+XLA-compiled code (``jit_compile=True``) with an error that names the fix.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hvdlite.core import (Adasum, Average, HorovodInternalError, HvdliteError, Max, Min, ProcessSet, Product,
+                          Sum, add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                          global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                          local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                          remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
+from hvdlite.core.reduce_ops import ReduceOp, resolve_op
+
+from .compression import Compression
+from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
+from .mpi_ops import (XLANotSupportedError, allgather, alltoall, barrier, broadcast, broadcast_, grouped_allgather,
+                      join, local_rank_op, local_size_op, process_set_included_op, rank_op, size_op)
+from .reduction import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
+from .sync_batch_norm import SyncBatchNormalization
+
+
+def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = False, device_dense: str = "",
+                         device_sparse: str = "", compression: type = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: Any = Average,
+                         gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
+                         num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
+    """Wrap a Keras 3 optimizer so it averages gradients over all ranks before applying them.
+
+    This is ``hvdlite.tensorflow.keras.DistributedOptimizer``; TF1 ``tf.compat.v1.train.Optimizer``
+    objects are not supported (TensorFlow 2.16+ has no graph sessions to drive them).
+    """
+    import keras
+
+    if resolve_op(op) is Adasum:
+        raise ValueError("op=hvd.Adasum is not supported with Keras optimizers")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"hvdlite.tensorflow.DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3); "
+                         f"got {type(optimizer).__module__}.{type(optimizer).__name__}. For a custom training loop "
+                         f"use hvd.DistributedGradientTape instead.")
+    from .keras.optimizer import DistributedOptimizer as _keras_distributed
+
+    return _keras_distributed(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                              compression=compression, sparse_as_dense=sparse_as_dense,
+                              gradient_predivide_factor=gradient_predivide_factor, op=op,
+                              backward_passes_per_step=backward_passes_per_step,
+                              average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+                              groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Broadcast the variables of every live Keras model (and its optimizer) from ``root_rank``.
+
+    TensorFlow 2 has no global variable collection; see hvdlite.tensorflow.keras.broadcast_global_variables.
+    """
+    from .keras.variables import broadcast_global_variables as _broadcast_all
+
+    _broadcast_all(root_rank)
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "is_homogeneous", "rank_op", "size_op", "local_rank_op", "local_size_op", "process_set_included_op",
+    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
+    "ccl_built", "cuda_built", "rocm_built",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
+    "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "broadcast_variables", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn",
+    "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+    "Compression", "SyncBatchNormalization",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "start_timeline", "stop_timeline",
+    "HvdliteError", "HorovodInternalError", "XLANotSupportedError",
+]

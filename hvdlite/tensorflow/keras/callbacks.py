@@ -1,0 +1,212 @@
+"""Keras 3 callbacks for data-parallel training: broadcast, metric averaging, lr warm-up/schedule, checkpoint."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional, Union
+
+import keras
+import numpy as np
+
+from hvdlite import core
+from hvdlite.core.log import logger
+from hvdlite.core.reduce_ops import Average
+
+from ..functions import broadcast_variables
+from .variables import model_and_optimizer_variables
+
+
+def _say(message: str) -> None:
+    """A message the user asked for with verbose=1, shown the way Keras shows its callbacks' messages."""
+    try:
+        from keras.src.utils.io_utils import print_msg
+    except ImportError:  # pragma: no cover - another Keras layout: fall back to the hvdlite logger
+        logger.log(max(logger.getEffectiveLevel(), logging.INFO), message)
+    else:
+        print_msg(message)
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast the model's and optimizer's variables from ``root_rank`` once, before training moves on.
+
+    With a built model (e.g. one that starts with ``keras.Input``) this happens in ``on_train_begin``, after
+    building the optimizer's state, so every rank takes its first step from the same weights. A model that
+    only gets built by its first batch is broadcast after that batch, as Horovod does.
+    """
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.broadcast_done = False
+
+    def _broadcast(self) -> None:
+        broadcast_variables(model_and_optimizer_variables(self.model), self.root_rank)
+        self.broadcast_done = True
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        if not self.broadcast_done and self.model.built:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        if not self.broadcast_done:
+            self._broadcast()
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replace each epoch-end metric (training and validation) by its average over all ranks.
+
+    Keras 3 passes one logs dict to the callbacks in list order and appends its own History and progress
+    bar last, so those (and any callback listed after this one) see the averaged values.
+    """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+        self.device = device
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if logs is None or core.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype,
+                                                                                     np.number))
+        if not keys:
+            return
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        averaged = core.allreduce(values, op=Average)
+        for k, v in zip(keys, averaged.tolist()):
+            logs[k] = v
+
+
+def _current_lr(optimizer: Any) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` to ``end_epoch``.
+
+    ``multiplier`` is a constant (exponential decay: ``multiplier ** (epoch - start_epoch)``) or a function
+    of the epoch. With ``staircase=True`` the rate changes at the start of each epoch (integer epochs),
+    otherwise before every batch with ``epoch + batch / steps_per_epoch``. ``momentum_correction`` scales
+    the momentum of SGD by ``new_lr / old_lr`` for the step after a change (see the README for Keras 3).
+    """
+
+    def __init__(self, initial_lr: float, multiplier: Union[float, Callable[[float], float]],
+                 start_epoch: int = 0, end_epoch: Optional[int] = None, staircase: bool = True,
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None) -> None:
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError("Parameter `initial_lr` is required")
+        self.initial_lr = float(initial_lr)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch: Optional[int] = None
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            factor = float(multiplier)
+            self.multiplier = lambda epoch: factor ** (epoch - start_epoch)
+
+    def _autodetect_steps_per_epoch(self) -> int:
+        steps = (self.params or {}).get("steps")
+        if steps:
+            return int(steps)
+        raise ValueError(f"Could not autodetect the number of steps per epoch (fit() was given no length); "
+                         f"pass steps_per_epoch= to {type(self).__name__}()")
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self._autodetect_steps_per_epoch()
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
+        self.current_epoch = epoch
+
+    def _in_range(self) -> bool:
+        epoch = self.current_epoch or 0
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
+        if not self._in_range():
+            return
+        epoch = self.current_epoch or 0
+        if self.staircase:
+            if batch == 0:
+                self._adjust_learning_rate(epoch)
+        else:
+            self._adjust_learning_rate(epoch + float(batch) / self.steps_per_epoch)
+
+    def _adjust_learning_rate(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        old_lr = _current_lr(optimizer)
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = new_lr
+        if self.momentum_correction and old_lr > 0 and new_lr != old_lr:
+            _correct_momentum(optimizer, new_lr / old_lr)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if logs is not None:
+            logs["lr"] = _current_lr(self.model.optimizer)
+
+
+def _correct_momentum(optimizer: Any, ratio: float) -> None:
+    """Keras 2's momentum correction on Keras 3: scale SGD's velocity once, which is the same update.
+
+    Keras 2 let Horovod multiply the momentum hyper-parameter by ``ratio`` for one step; SGD's next
+    velocity ``(momentum * ratio) * v - lr * g`` equals ``momentum * (ratio * v) - lr * g``.
+    """
+    if not getattr(optimizer, "momentum", 0) or not getattr(optimizer, "built", False):
+        return
+    for velocity in getattr(optimizer, "momentums", None) or []:
+        if velocity is not None:
+            velocity.assign(velocity * ratio)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Gradual warm-up: the rate goes from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``.
+
+    ``lr'(epoch) = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)``, adjusted before every
+    batch (Goyal et al., "Accurate, Large Minibatch SGD", 2017).
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: Optional[int] = None, verbose: int = 0) -> None:
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch  # round numbers at the end of each epoch
+            n = core.size()
+            return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = warmup_epochs
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and core.rank() == 0:
+            _say(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
+                 f"{_current_lr(self.model.optimizer):g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keep the best model seen so far (by ``monitor``); only rank 0 writes the file.
+
+    Horovod fills in ``filepath`` later (from its Spark estimator); here it is an optional keyword that
+    defaults to ``best_model.keras`` (``best_model.weights.h5`` with ``save_weights_only=True``).
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, save_weights_only: bool = False,
+                 mode: str = "auto", save_freq: Union[str, int] = "epoch", filepath: Optional[str] = None) -> None:
+        if filepath is None:
+            filepath = "best_model.weights.h5" if save_weights_only else "best_model.keras"
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose if core.rank() == 0 else 0,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)
+
+    def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
+        if core.rank() == 0:
+            super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
+        if core.rank() == 0:
+            super().on_epoch_end(epoch, logs)

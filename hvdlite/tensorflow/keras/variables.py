@@ -1,0 +1,74 @@
+"""Which Keras 3 variables hvdlite synchronizes: a model's and its optimizer's, or those of every live model."""
+from __future__ import annotations
+
+import gc
+from typing import Any, List
+
+import keras
+
+from hvdlite import core
+
+from ..functions import broadcast_variables
+
+#: Random-number state of layers such as Dropout: left per rank, so ranks keep drawing different masks.
+_RNG_STATE_NAME = "seed_generator_state"
+
+
+def _is_rng_state(variable: Any) -> bool:
+    return getattr(variable, "name", "") == _RNG_STATE_NAME
+
+
+def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> List[Any]:
+    """The model's variables, then its optimizer's (building the optimizer's state first if asked)."""
+    variables = [v for v in model.variables if not _is_rng_state(v)]
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        if build_optimizer and not optimizer.built and model.built:
+            with keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(model.trainable_variables)
+        if optimizer.built:
+            variables += list(optimizer.variables)
+    seen: set = set()
+    unique = []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            unique.append(v)
+    return unique
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Broadcast the variables of every live Keras model (and its optimizer) from ``root_rank``.
+
+    Keras 3 has no global variable collection, so hvdlite finds the live ``keras.Model`` objects, takes
+    them in name order, and first checks that every rank holds the same variables (names, shapes, dtypes)
+    and that no two share a name (models are matched by name: give each model its own).
+    """
+    gc.collect()
+    models = sorted((o for o in gc.get_objects() if isinstance(o, keras.Model)), key=lambda m: m.name)
+    variables: List[Any] = []
+    seen: set = set()
+    for model in models:
+        for v in model_and_optimizer_variables(model):
+            if id(v) not in seen:
+                seen.add(id(v))
+                variables.append(v)
+    signature = [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]
+    everyone = core.allgather_object(signature)
+    for other_rank, other in enumerate(everyone):
+        if other != signature:
+            mine = set(signature)
+            theirs = set(other)
+            raise ValueError(
+                f"broadcast_global_variables: rank {core.rank()} and rank {other_rank} hold different Keras "
+                f"variables (only here: {sorted(mine - theirs)[:5]}, only there: {sorted(theirs - mine)[:5]}); "
+                f"build the same models on every rank, or call hvd.broadcast_variables(model.variables, "
+                f"root_rank) on the variables you mean")
+    paths = [path for path, _, _ in signature]
+    twins = sorted({path for path in paths if paths.count(path) > 1})
+    if twins:
+        raise ValueError(
+            f"broadcast_global_variables: several live Keras variables share the names {twins[:5]}, so they "
+            f"cannot be matched across ranks (two models with one name?); give models distinct names or call "
+            f"hvd.broadcast_variables(model.variables + model.optimizer.variables, root_rank)")
+    broadcast_variables(variables, root_rank)

@@ -1,0 +1,20 @@
+"""The TensorFlow/Keras examples converge under mpiexec -n 2 (at least 95% test accuracy on digits)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import ROOT, run_mpi
+
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.mark.parametrize("example,checkpoint", [("keras_digits.py", "digits.keras"),
+                                                ("tensorflow2_digits.py", "digits_tf2.weights.h5")])
+def test_example_converges_on_two_ranks(example: str, checkpoint: str, tmp_path) -> None:
+    proc = run_mpi(ROOT / "examples" / example, 2, args=["--checkpoint-dir", str(tmp_path)], timeout=300,
+                   env=TF_ENV)
+    found = re.findall(r"^test_accuracy=([0-9.]+)$", proc.stdout, flags=re.M)
+    assert len(found) == 1, f"expected one test_accuracy line (rank 0 only):\n{proc.stdout}\n{proc.stderr}"
+    assert float(found[0]) >= 0.95, proc.stdout
+    assert (tmp_path / checkpoint).is_file(), list(tmp_path.iterdir())
