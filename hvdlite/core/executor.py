@@ -15,6 +15,16 @@ from .reduce_ops import Average, ReduceOp, resolve_op, scale_inplace, scaled_cop
 from .timeline import Timeline
 
 FUSABLE = ("allreduce", "allgather", "broadcast", "reducescatter")
+ALIGN = 64  # bytes; TensorFlow and others wrap 64-byte-aligned buffers without copying them
+
+
+def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
+    """An uninitialised array whose data starts on an ALIGN-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 class Item:
@@ -33,7 +43,7 @@ class Item:
         else:  # a joined rank stands in: zeros for allreduce/broadcast, no rows for allgather
             zero_shape = (0,) + tuple(shape) if resp.kind == "allgather" else tuple(shape)
             self.src = np.zeros(zero_shape, dtype=storage_dtype(dtype))
-            self.dst = np.empty_like(self.src) if resp.kind != "allgather" else None
+            self.dst = aligned_empty(self.src.shape, self.src.dtype) if resp.kind != "allgather" else None
 
 
 class Executor:
@@ -88,7 +98,7 @@ class Executor:
         limit = min(self.fusion_threshold, self.chunk_bytes)
         for item in items:
             if item.dst is None:
-                item.dst = np.empty_like(item.src)
+                item.dst = aligned_empty(item.src.shape, item.src.dtype)
             nbytes = item.src.nbytes
             if nbytes == 0:
                 continue
@@ -192,9 +202,14 @@ class Executor:
             send = items[0].src.reshape(-1).view(np.uint8)
         else:
             send = np.concatenate([item.src.reshape(-1).view(np.uint8) for item in items])
-        recv = np.empty(int(per_rank.sum()), dtype=np.uint8)
+        recv = aligned_empty((int(per_rank.sum()),), np.uint8)
         comm.Allgatherv([send, MPI.BYTE], [recv, (per_rank, displs), MPI.BYTE])
         self.mpi_calls += 2
+        if len(items) == 1:  # the received bytes are already the output, in rank order
+            item = items[0]
+            self.timeline.end(item.resp.name)
+            out = recv.view(storage_dtype(item.dtype)).reshape((int(all_rows[:, 0].sum()),) + tuple(item.shape))
+            return [(item, out)]
         results = []
         for i, item in enumerate(items):
             store = storage_dtype(item.dtype)
@@ -202,7 +217,12 @@ class Executor:
             for r in range(nranks):
                 start = int(displs[r] + (all_rows[r, :i] * row_bytes[:i]).sum())
                 pieces.append(recv[start:start + int(all_rows[r, i] * row_bytes[i])])
-            out = np.concatenate(pieces).view(store).reshape((int(all_rows[:, i].sum()),) + tuple(item.shape))
+            out = aligned_empty((int(all_rows[:, i].sum()),) + tuple(item.shape), store)
+            flat = out.reshape(-1).view(np.uint8)
+            offset = 0
+            for piece in pieces:
+                flat[offset:offset + piece.size] = piece
+                offset += piece.size
             self.timeline.end(item.resp.name)
             results.append((item, out))
         return results
@@ -217,7 +237,9 @@ class Executor:
         packed: list[Item] = []
         for item in items:
             if item.dst is None:
-                item.dst = item.src.copy() if is_root else np.empty_like(item.src)
+                item.dst = aligned_empty(item.src.shape, item.src.dtype)
+                if is_root:
+                    np.copyto(item.dst, item.src)
             elif is_root and item.dst is not item.src:
                 np.copyto(item.dst, item.src)
             self.timeline.begin(item.resp.name, "MPI_BCAST")
@@ -282,7 +304,9 @@ class Executor:
         results, offset = [], 0
         for item, s, e in zip(items, splits, row_elems):
             n = s[me] * e
-            results.append((item, recv[offset:offset + n].reshape((s[me],) + tuple(item.src.shape[1:])).copy()))
+            out = aligned_empty((s[me],) + tuple(item.src.shape[1:]), store)
+            out.reshape(-1)[...] = recv[offset:offset + n]
+            results.append((item, out))
             offset += n
             self.timeline.end(item.resp.name)
         return results
@@ -306,7 +330,7 @@ class Executor:
         rcounts = recv_splits * row_bytes
         sdispls = np.concatenate(([0], np.cumsum(scounts)[:-1]))
         rdispls = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
-        out = np.empty((int(recv_splits.sum()),) + tuple(src.shape[1:]), dtype=src.dtype)
+        out = aligned_empty((int(recv_splits.sum()),) + tuple(src.shape[1:]), src.dtype)
         comm.Alltoallv([src.reshape(-1).view(np.uint8), (scounts, sdispls), MPI.BYTE],
                        [out.reshape(-1).view(np.uint8), (rcounts, rdispls), MPI.BYTE])
         self.mpi_calls += 2

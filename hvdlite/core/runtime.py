@@ -81,7 +81,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
         from mpi4py import MPI
         world = _make_world(MPI, comm)
         log.set_rank(world.Get_rank())
-        check_launch(world.Get_size())
+        check_launch(MPI.COMM_WORLD.Get_size())  # the job as launched, not a sub-world from comm=
         state = State(MPI, world, config)
         _state = state
         if not _atexit_registered:
