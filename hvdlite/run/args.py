@@ -94,8 +94,9 @@ def tuning_environment(args: argparse.Namespace) -> dict[str, str]:
             continue
         if isinstance(value, bool):
             text = "1" if value else "0"
-        elif isinstance(value, (int, float)) and scale != 1:
-            text = str(int(value * scale))
+        elif isinstance(value, (int, float)):
+            scaled = value * scale
+            text = str(int(scaled)) if float(scaled).is_integer() else str(scaled)
         else:
             text = str(value)
         values["HVDLITE_" + setting.upper()] = text

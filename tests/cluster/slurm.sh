@@ -7,16 +7,16 @@
 #                                    print "export SLURM_CONF=..." (clients need it: no /etc is touched)
 #   tests/cluster/slurm.sh stop      cancel the cluster's jobs, stop the three daemons by pid file
 #
-# Everything lives in $HVDLITE_SLURM_STATE (default ${TMPDIR:-/tmp}/hvdlite-slurm); all traffic is on
-# 127.0.0.1. The node advertises $HVDLITE_SLURM_CPUS CPUs (default 4, more than the machine may have,
+# Everything lives in $HVDT_SLURM_STATE (default ${TMPDIR:-/tmp}/hvdlite-slurm); all traffic is on
+# 127.0.0.1. The node advertises $HVDT_SLURM_CPUS CPUs (default 4, more than the machine may have,
 # so 2 x 2 layouts fit on a 2-core box). MpiDefault is none, as on many real clusters: a plain
 # `srun -n 2` then starts MPI singletons, which hvdlite must refuse.
 set -euo pipefail
 
-STATE=${HVDLITE_SLURM_STATE:-${TMPDIR:-/tmp}/hvdlite-slurm}
-NODE=${HVDLITE_SLURM_NODE:-$(hostname -s)}
-CPUS=${HVDLITE_SLURM_CPUS:-4}
-WAIT_S=${HVDLITE_SLURM_WAIT_S:-60}
+STATE=${HVDT_SLURM_STATE:-${TMPDIR:-/tmp}/hvdlite-slurm}
+NODE=${HVDT_SLURM_NODE:-$(hostname -s)}
+CPUS=${HVDT_SLURM_CPUS:-4}
+WAIT_S=${HVDT_SLURM_WAIT_S:-60}
 CONF=$STATE/etc/slurm.conf
 SOCK=$STATE/munge/munge.socket
 
@@ -183,8 +183,8 @@ cmd_stop() {
       for _ in $(seq 100); do [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.2; done
     fi
   fi
-  halt "$STATE/run/slurmd.pid" slurmd
-  halt "$STATE/run/slurmctld.pid" slurmctld
+  # both at once: each may take seconds to save its state
+  halt "$STATE/run/slurmd.pid" slurmd & halt "$STATE/run/slurmctld.pid" slurmctld & wait
   halt "$STATE/munge/munged.pid" munged
 }
 

@@ -1,0 +1,260 @@
+"""Session-wide real clusters for the launch tests: start once, stop at the end of the session, even on failure.
+
+``slurm_cluster(request)`` gives a single-node Slurm cluster (tests/cluster/slurm.sh); ``netns_hosts(request)``
+gives two pretend hosts h1, h2 (tests/cluster/netns.sh), with ``slurm=True`` also a Slurm cluster across them.
+Where they cannot be started (not root, no packages) the test is skipped with the reason; under CI (CI set),
+where they must work, it fails instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+WORKERS = ROOT / "tests" / "workers"
+PYTHON = sys.executable
+TOPOLOGY_TAG = "HVDLITE_TOPOLOGY "
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """Our environment for child processes: hvdlite importable, this Python's bin first on PATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PATH"] = os.pathsep.join([os.path.dirname(PYTHON), env.get("PATH", "")])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def unavailable(reason: str) -> None:
+    message = f"cannot start the test cluster: {reason}"
+    print(message, file=sys.stderr)
+    if os.environ.get("CI"):
+        pytest.fail(message + " (under CI, which runs as root, these tests must run)")
+    pytest.skip(message)
+
+
+def _preflight(tools: Sequence[str]) -> None:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        unavailable("not root (Slurm daemons and network namespaces need root)")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        unavailable(f"missing {', '.join(missing)}")
+    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
+        unavailable("Slurm is not installed and there is no apt-get to install it")
+
+
+def _script(args: Sequence[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          stdin=subprocess.DEVNULL)
+
+
+# ------------------------------------------------------------------------------------------ single node
+@dataclasses.dataclass
+class SlurmCluster:
+    """A running single-node Slurm cluster; ``env`` has SLURM_CONF for its clients."""
+
+    conf: str
+    env: dict[str, str]
+
+
+_slurm: dict[str, Any] = {}
+
+
+def slurm_cluster(request: pytest.FixtureRequest) -> SlurmCluster:
+    if "error" in _slurm:
+        unavailable(_slurm["error"])
+    if "cluster" not in _slurm:
+        _preflight(["bash"])
+        request.config.add_cleanup(_stop_slurm)
+        _slurm["started"] = True
+        try:
+            proc = _script([str(HERE / "slurm.sh"), "start"], timeout=600)
+        except subprocess.TimeoutExpired:
+            _slurm["error"] = "tests/cluster/slurm.sh start timed out"
+            unavailable(_slurm["error"])
+        match = re.search(r"export SLURM_CONF=(\S+)", proc.stdout)
+        if proc.returncode != 0 or match is None:
+            _slurm["error"] = f"tests/cluster/slurm.sh start failed ({proc.returncode}): {proc.stderr[-2000:]}"
+            unavailable(_slurm["error"])
+        conf = match.group(1)
+        _slurm["cluster"] = SlurmCluster(conf=conf, env=base_env(SLURM_CONF=conf))
+    return _slurm["cluster"]
+
+
+def _stop_slurm() -> None:
+    if _slurm.pop("started", False):
+        _script([str(HERE / "slurm.sh"), "stop"], timeout=120)
+    _slurm.clear()
+
+
+# ---------------------------------------------------------------------------------------- pretend hosts
+@dataclasses.dataclass
+class NetnsHosts:
+    """Pretend hosts h1, h2...: run commands on them with ``on(host, cmd)``."""
+
+    directory: Path
+    prefix: str
+    hosts: list[str]
+    slurm_conf: Optional[str] = None
+
+    @property
+    def nsrsh(self) -> str:
+        return str(self.directory / "nsrsh")
+
+    def on(self, host: str, command: str, timeout: float = 180, slurm: bool = False,
+           env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess:
+        """Run a shell command on ``host`` with the MPI settings for these hosts (and SLURM_CONF)."""
+        prefix = f". {shlex.quote(str(self.directory / 'mpi.env'))}; cd {shlex.quote(str(ROOT))}; "
+        if slurm:
+            prefix += f"export SLURM_CONF={shlex.quote(str(self.slurm_conf))}; "
+        return run([self.nsrsh, host, prefix + command], timeout=timeout, env=env or base_env())
+
+    def link_bytes(self, host: str) -> dict[str, int]:
+        """rx/tx byte counters of ``host``'s hvd0, read from outside."""
+        out = subprocess.run(["ip", "-n", f"{self.prefix}-{host}", "-j", "-s", "link", "show", "hvd0"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return {"rx": int(stats["rx"]["bytes"]), "tx": int(stats["tx"]["bytes"])}
+
+
+_netns: dict[str, Any] = {}
+
+
+def netns_hosts(request: pytest.FixtureRequest, slurm: bool = False) -> NetnsHosts:
+    if "error" in _netns:
+        unavailable(_netns["error"])
+    if "hosts" not in _netns:
+        _preflight(["bash", "ip", "nsenter", "unshare"])
+        request.config.add_cleanup(_netns_down)
+        _netns["started"] = True
+        proc = _script([str(HERE / "netns.sh"), "up", "2"], timeout=120)
+        if proc.returncode != 0:
+            _netns["error"] = f"tests/cluster/netns.sh up failed ({proc.returncode}): {proc.stderr[-2000:]}"
+            unavailable(_netns["error"])
+        directory = Path(os.environ.get("HVDT_NETNS_DIR") or Path(os.environ.get("TMPDIR") or "/tmp",
+                                                                      "hvdlite-netns"))
+        _netns["hosts"] = NetnsHosts(directory=directory, prefix=os.environ.get("HVDT_NETNS_PREFIX", "hvdt"),
+                                     hosts=["h1", "h2"])
+    hosts: NetnsHosts = _netns["hosts"]
+    if slurm and hosts.slurm_conf is None:
+        try:
+            proc = _script([str(HERE / "netns.sh"), "slurm-up"], timeout=600)
+        except subprocess.TimeoutExpired:
+            unavailable("tests/cluster/netns.sh slurm-up timed out")
+        if proc.returncode != 0:
+            unavailable(f"tests/cluster/netns.sh slurm-up failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        hosts.slurm_conf = str(hosts.directory / "slurm" / "etc" / "slurm.conf")
+    return hosts
+
+
+def _netns_down() -> None:
+    if _netns.pop("started", False):
+        _script([str(HERE / "netns.sh"), "down"], timeout=180)
+    _netns.clear()
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def run(cmd: Sequence[str], timeout: float = 180, env: Optional[dict[str, str]] = None,
+        cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run a command, capturing its output; a timeout fails the test with what it printed so far."""
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env or base_env(),
+                              cwd=cwd, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"{shlex.join(cmd)} timed out after {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+
+
+def topology(output: str) -> list[dict[str, Any]]:
+    """The per-rank report the topology worker prints on rank 0."""
+    lines = [line for line in output.splitlines() if line.startswith(TOPOLOGY_TAG)]
+    assert len(lines) == 1, f"expected one {TOPOLOGY_TAG.strip()} line, got {len(lines)}:\n{output}"
+    return json.loads(lines[0][len(TOPOLOGY_TAG):])
+
+
+def assert_topology(ranks: list[dict[str, Any]], hosts: int, per_host: int) -> None:
+    """Ranks fill hosts in order: rank r is local rank r % per_host on host r // per_host."""
+    size = hosts * per_host
+    assert [r["rank"] for r in ranks] == list(range(size))
+    by_host: dict[str, list[int]] = {}
+    for r in ranks:
+        assert r["size"] == size and r["allreduce_ok"], r
+        assert (r["local_rank"], r["local_size"]) == (r["rank"] % per_host, per_host), r
+        assert (r["cross_rank"], r["cross_size"]) == (r["rank"] // per_host, hosts), r
+        by_host.setdefault(r["host"], []).append(r["rank"])
+    assert len(by_host) == hosts, by_host
+    assert sorted(by_host.values()) == [list(range(h * per_host, (h + 1) * per_host)) for h in range(hosts)]
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def wait_gone(pids: Sequence[int], seconds: float) -> list[int]:
+    """Wait up to ``seconds`` for the processes to end; return those still alive."""
+    deadline = time.monotonic() + seconds
+    alive = [pid for pid in pids if pid_alive(pid)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if pid_alive(pid)]
+    return alive
+
+
+@dataclasses.dataclass
+class JobResult:
+    job_id: str
+    state: str
+    exit_code: int
+    output: str
+
+
+def sbatch_wait(args: Sequence[str], output: Path, timeout: float, env: dict[str, str],
+                via: Optional[Sequence[str]] = None) -> JobResult:
+    """Submit a batch job, poll until it has left the queue (every 0.25 s), return its state and output.
+
+    ``via`` runs each Slurm command elsewhere: its last item is a shell prefix for the command (e.g.
+    ``[nsrsh, "h1", ". mpi.env; export SLURM_CONF=...; "]`` for the pretend-host cluster).
+    """
+    def slurm(command: str, limit: float = 60) -> subprocess.CompletedProcess:
+        cmd = [*via[:-1], via[-1] + command] if via else ["bash", "-c", command]
+        return run(cmd, timeout=limit, env=env)
+
+    submit = slurm(f"sbatch --parsable --chdir={shlex.quote(str(ROOT))} -o {shlex.quote(str(output))} "
+                   + shlex.join(list(args)))
+    assert submit.returncode == 0, f"sbatch failed: {submit.stdout}\n{submit.stderr}"
+    job_id = submit.stdout.strip().split(";")[0].splitlines()[-1]
+    deadline = time.monotonic() + timeout
+    while True:
+        queued = slurm(f"squeue -h -j {job_id}")
+        if job_id not in queued.stdout:
+            break
+        if time.monotonic() > deadline:
+            slurm(f"scancel {job_id}")
+            text = output.read_text() if output.exists() else ""
+            pytest.fail(f"job {job_id} ran past {timeout} s; cancelled. Output so far:\n{text}")
+        time.sleep(0.25)
+    info = slurm(f"scontrol show job {job_id}").stdout
+    state = re.search(r"JobState=(\w+)", info)
+    code = re.search(r"\sExitCode=(\d+):(\d+)", info)
+    text = output.read_text() if output.exists() else ""
+    return JobResult(job_id=job_id, state=state.group(1) if state else "UNKNOWN",
+                     exit_code=int(code.group(1)) if code else -1, output=text)

