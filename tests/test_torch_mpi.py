@@ -36,7 +36,7 @@ def assert_groups_passed(out: str, groups: list[str], n: int) -> None:
 
 def test_collectives_dtypes_handles_gradients_process_sets(job) -> None:
     """tests/workers/torch_ops.py: every collective and dtype (bf16/fp16 on CPU), in-place and
-    non-contiguous inputs, handles, every collective's backward against a single-process simulation,
+    non-contiguous inputs, handles, every collective's backward against Horovod's formulas (exact values),
     process sets, objects, timeline, errors."""
     proc, n = job
     assert_groups_passed(proc.stdout, OPS_GROUPS, n)

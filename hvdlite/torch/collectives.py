@@ -1,11 +1,11 @@
-"""horovod.torch's synchronous collectives as autograd Functions, each with its exact backward.
+"""horovod.torch's synchronous collectives as autograd Functions, with Horovod's backward conventions.
 
-Gradient convention: the gradient a rank receives for its input is the derivative of the *sum of
-every rank's loss*, the same convention as allreduce's backward (and as DistributedOptimizer, which
-then averages parameter gradients). Under it, allgather's and broadcast's backward sum the incoming
-gradients across ranks, and reducescatter's backward is an allgather (divided by the set size for
-Average). Horovod itself averages in allgather/broadcast and multiplies reducescatter-Sum by the
-set size; docs/torch.md lists this difference.
+The backward passes are Horovod's (and hvdlite.tensorflow's), so migrated scripts keep their training
+dynamics: allreduce's gradient is an allreduce of the upstream gradient with the same op, scale factors
+and process set (also for Min, Max and Product); allgather's averages the upstream gradient over the set
+and keeps this rank's rows; broadcast's averages it on the root and gives zeros elsewhere; alltoall's
+sends it back along the received splits; reducescatter's allgathers it, multiplied by the set size for
+Sum and by the pre/post scale factors. docs/torch.md states the conventions.
 """
 from __future__ import annotations
 
@@ -17,36 +17,15 @@ from torch.autograd.function import once_differentiable
 from hvdlite.core import ProcessSet, global_process_set
 
 from .compression import Compression
-from .mpi_ops import (Average, Max, Min, Product, Sum, _op, allgather_async, alltoall_async, broadcast_async,
-                      grouped_allgather_async, grouped_allreduce_async, grouped_reducescatter_async,
-                      synchronize)
+from .mpi_ops import (Average, Sum, _op, allgather_async, alltoall_async, broadcast_async, grouped_allgather_async,
+                      grouped_allreduce_async, grouped_reducescatter_async, synchronize)
 
 
-def _reduce_backward(grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
-                     outputs: Sequence[torch.Tensor], op: Any, pre: float, post: float,
+def _allreduce_grads(grads: Sequence[torch.Tensor], op: Any, pre: float, post: float,
                      process_set: ProcessSet) -> list[torch.Tensor]:
-    """Gradients of y = post * OP_r(pre * x_r) with respect to this rank's x."""
-    grads = [g.contiguous() for g in grads]
-    if op in (Sum, Average):
-        return synchronize(grouped_allreduce_async(grads, op=op, prescale_factor=pre, postscale_factor=post,
-                                                   process_set=process_set))
-    if op in (Min, Max):
-        # The winner(s) of the min/max take the summed gradient; ties share it equally.
-        masks = [((x * pre) * post == y).to(g.dtype) for x, y, g in zip(inputs, outputs, grads)]
-        summed = synchronize(grouped_allreduce_async(grads + masks, op=Sum, process_set=process_set))
-        k = len(grads)
-        return [gs * m / cnt.clamp(min=1) * (pre * post)
-                for gs, m, cnt in zip(summed[:k], masks, summed[k:])]
-    # Product: d/dx_r of post * prod_i(pre * x_i) is post * pre^n * prod_{i != r} x_i (exact with zeros).
-    gathered = synchronize(grouped_allgather_async([x.detach().unsqueeze(0) for x in inputs],
-                                                   process_set=process_set))
-    summed = synchronize(grouped_allreduce_async(grads, op=Sum, process_set=process_set))
-    me, n = process_set.rank(), process_set.size()
-    out = []
-    for gs, rows in zip(summed, gathered):
-        others = torch.cat([rows[:me], rows[me + 1:]])
-        out.append(gs * others.prod(dim=0) * (post * pre ** n))
-    return out
+    """Horovod's allreduce backward: the forward's reduction, scale factors and set, applied to the gradients."""
+    return synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=op, prescale_factor=pre,
+                                               postscale_factor=post, process_set=process_set))
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -57,18 +36,13 @@ class HorovodAllreduce(torch.autograd.Function):
                 prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.op, ctx.scales, ctx.process_set = _op(op, average, "allreduce"), (prescale_factor,
                                                                                 postscale_factor), process_set
-        out = synchronize(grouped_allreduce_async([tensor], average, name, op, prescale_factor,
-                                                  postscale_factor, process_set))[0]
-        if ctx.op in (Min, Max, Product):
-            ctx.save_for_backward(tensor, out)
-        return out
+        return synchronize(grouped_allreduce_async([tensor], average, name, op, prescale_factor,
+                                                   postscale_factor, process_set))[0]
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        saved = ctx.saved_tensors or (None, None)
-        g = _reduce_backward([grad], [saved[0]], [saved[1]], ctx.op, *ctx.scales, ctx.process_set)[0]
-        return (g,) + (None,) * 6
+        return (_allreduce_grads([grad], ctx.op, *ctx.scales, ctx.process_set)[0],) + (None,) * 6
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -79,23 +53,17 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
                 postscale_factor: float, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple:
         ctx.op, ctx.scales, ctx.process_set = _op(op, average, "grouped_allreduce"), (prescale_factor,
                                                                                         postscale_factor), process_set
-        outs = synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                                   postscale_factor, process_set))
-        if ctx.op in (Min, Max, Product):
-            ctx.save_for_backward(*tensors, *outs)
-        return tuple(outs)
+        return tuple(synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                         postscale_factor, process_set)))
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        k = len(grads)
-        saved = ctx.saved_tensors or (None,) * (2 * k)
-        gs = _reduce_backward(list(grads), saved[:k], saved[k:], ctx.op, *ctx.scales, ctx.process_set)
-        return (None,) * 6 + tuple(gs)
+        return (None,) * 6 + tuple(_allreduce_grads(grads, ctx.op, *ctx.scales, ctx.process_set))
 
 
 class HorovodAllgather(torch.autograd.Function):
-    """Differentiable allgather: backward sums the gradients across ranks and keeps this rank's rows."""
+    """Differentiable allgather: backward averages the gradients over the set and keeps this rank's rows."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], process_set: ProcessSet) -> torch.Tensor:
@@ -122,17 +90,17 @@ class HorovodGroupedAllgather(torch.autograd.Function):
 
 def _allgather_grads(grads: list[torch.Tensor], shapes: list[torch.Size],
                      process_set: ProcessSet) -> list[torch.Tensor]:
-    """Sum the gradients of the gathered tensors over ranks, then cut out this rank's rows."""
+    """Average the gathered tensors' gradients over the set (Horovod's convention), then cut out this
+    rank's rows."""
     rows = [shape[0] if len(shape) else 1 for shape in shapes]
-    summed = synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=Sum,
-                                                 process_set=process_set))
+    averaged = _allreduce_grads(grads, Average, 1.0, 1.0, process_set)
     all_rows = synchronize(allgather_async(torch.tensor([rows], dtype=torch.int64), process_set=process_set))
     offsets = all_rows[:process_set.rank()].sum(dim=0).tolist()
-    return [s.narrow(0, int(o), n).reshape(shape) for s, o, n, shape in zip(summed, offsets, rows, shapes)]
+    return [a.narrow(0, int(o), n).reshape(shape) for a, o, n, shape in zip(averaged, offsets, rows, shapes)]
 
 
 class HorovodBroadcast(torch.autograd.Function):
-    """Differentiable broadcast: the root receives the sum of every rank's gradient, others zero."""
+    """Differentiable broadcast: the root receives the set's average gradient, the other ranks zeros."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str],
@@ -143,11 +111,10 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        summed = synchronize(grouped_allreduce_async([grad.contiguous()], op=Sum,
-                                                     process_set=ctx.process_set))[0]
-        if ctx.process_set.rank() != ctx.root_rank:
-            summed = torch.zeros_like(summed)
-        return summed, None, None, None
+        averaged = _allreduce_grads([grad], Average, 1.0, 1.0, ctx.process_set)[0]
+        if ctx.process_set.rank() != ctx.root_rank:  # root_rank is relative to the set, as in the forward
+            averaged = torch.zeros_like(averaged)
+        return averaged, None, None, None
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -170,7 +137,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Differentiable reducescatter: backward allgathers the gradients (scaled like the forward)."""
+    """Differentiable reducescatter: backward allgathers the gradients (times the set size for Sum)."""
 
     @staticmethod
     def forward(ctx: Any, name: Optional[str], op: Any, process_set: ProcessSet, prescale_factor: float,
@@ -183,13 +150,11 @@ class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        if ctx.op not in (Sum, Average):
-            raise RuntimeError(f"hvdlite: reducescatter with {ctx.op!r} has no gradient; use hvd.Sum or "
-                               f"hvd.Average")
-        scale = ctx.scale / (ctx.process_set.size() if ctx.op is Average else 1)
-        gathered = synchronize(grouped_allgather_async([g.contiguous() for g in grads],
-                                                       process_set=ctx.process_set))
-        return (None,) * 5 + tuple(g * scale if scale != 1.0 else g for g in gathered)
+        # Horovod's convention: Sum's gradient is scaled by the set size, every op's by the scale factors.
+        factor = ctx.scale * (ctx.process_set.size() if ctx.op is Sum else 1)
+        scaled = [(g * factor if factor != 1.0 else g).contiguous() for g in grads]
+        gathered = synchronize(grouped_allgather_async(scaled, process_set=ctx.process_set))
+        return (None,) * 5 + tuple(gathered)
 
 
 # -- the public synchronous functions -----------------------------------------------------------------

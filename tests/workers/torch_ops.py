@@ -1,6 +1,7 @@
 """Worker: every hvdlite.torch collective, dtype, handle, gradient, process set and helper, checked exactly.
 
-Run by tests/test_torch_ops.py under ``mpiexec -n 2`` and ``-n 3``; prints "OK <check>" per passed group.
+Run (via torch_all.py) by tests/test_torch_mpi.py under ``mpiexec -n 2`` and ``-n 3``; prints
+"OK <check>" per passed group.
 """
 import os
 import sys
@@ -187,68 +188,110 @@ same(res.to_dense(), expect / N, "sparse average", 1e-6)
 ok("sparse_allreduce_async")
 
 
-# -- gradients: rank r's input gradient is d(sum of every rank's loss)/dx_r --------------------------
-def weights(r, shape):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(7 + r), dtype=torch.float64)
+# -- gradients: Horovod's backward conventions, with exact expected values ---------------------------
+# Rank r backpropagates sum_k(out_k * up(r, out_k.shape, k)), so up(r, ...) is the upstream gradient of
+# its k-th output; every expected input gradient below is Horovod's formula applied to all ranks' up().
+def up(r, shape, k=0):
+    """Rank r's upstream gradient for output k: integers 1..4 (positive, so sums never cancel to 0)."""
+    return torch.randint(1, 5, shape, generator=torch.Generator().manual_seed(1000 + 10 * r + k)).double()
 
 
-def check_grad(what, dist_fn, local_fn, shape=(4, 3), make=None):
-    """dist_fn(x) runs the collective on this rank; local_fn(xs, r) simulates rank r's output."""
-    make = make or (lambda r: torch.randn(shape, generator=torch.Generator().manual_seed(50 + r),
-                                          dtype=torch.float64))
-    x = make(R).requires_grad_()
-    out = dist_fn(x)
-    outs = out if isinstance(out, (list, tuple)) else [out]
-    sum(((o * weights(R + 10 * i, o.shape)).sum() for i, o in enumerate(outs))).backward()
-    xs = [make(r).requires_grad_() for r in range(N)]
-    total = 0
-    for r in range(N):
-        sim = local_fn(xs, r)
-        sims = sim if isinstance(sim, (list, tuple)) else [sim]
-        total = total + sum((s * weights(r + 10 * i, s.shape)).sum() for i, s in enumerate(sims))
-    total.backward()
-    expected = xs[R].grad if xs[R].grad is not None else torch.zeros_like(xs[R])
-    same(x.grad, expected, f"gradient of {what}", 1e-9)
+def ups(shape, k=0, ranks=None):
+    """Every rank's (or ``ranks``') upstream gradient, stacked along a new dimension 0."""
+    return torch.stack([up(r, shape, k) for r in (range(N) if ranks is None else ranks)])
 
 
-stack = lambda xs: torch.stack(xs)
-check_grad("allreduce sum", lambda x: hvd.allreduce(x, op=hvd.Sum), lambda xs, r: stack(xs).sum(0))
-check_grad("allreduce average", lambda x: hvd.allreduce(x), lambda xs, r: stack(xs).mean(0))
-check_grad("allreduce scaled", lambda x: hvd.allreduce(x, op=hvd.Sum, prescale_factor=2, postscale_factor=3),
-           lambda xs, r: stack(xs).sum(0) * 6)
-check_grad("allreduce max", lambda x: hvd.allreduce(x, op=hvd.Max), lambda xs, r: stack(xs).max(0).values)
-check_grad("allreduce min", lambda x: hvd.allreduce(x, op=hvd.Min), lambda xs, r: stack(xs).min(0).values)
-check_grad("allreduce product", lambda x: hvd.allreduce(x, op=hvd.Product), lambda xs, r: stack(xs).prod(0))
-check_grad("allreduce product with zeros", lambda x: hvd.allreduce(x, op=hvd.Product),
-           lambda xs, r: stack(xs).prod(0),
-           make=lambda r: torch.tensor([0.0, 2.0, 1.5 + r, 0.0 if r == 1 else 3.0], dtype=torch.float64))
-check_grad("grouped_allreduce", lambda x: hvd.grouped_allreduce([x, x * 2], op=hvd.Sum),
-           lambda xs, r: [stack(xs).sum(0), stack(xs).sum(0) * 2])
-check_grad("allgather", lambda x: hvd.allgather(x), lambda xs, r: torch.cat(xs),
-           make=lambda r: torch.randn(r + 1, 2, generator=torch.Generator().manual_seed(r), dtype=torch.float64))
-check_grad("grouped_allgather", lambda x: hvd.grouped_allgather([x, x[:1] * 3]),
-           lambda xs, r: [torch.cat(xs), torch.cat([x[:1] * 3 for x in xs])],
-           make=lambda r: torch.randn(r + 1, 2, generator=torch.Generator().manual_seed(r), dtype=torch.float64))
+def grad_of(fn, x):
+    """This rank's input gradient through the collective(s) in ``fn``."""
+    x = x.detach().clone().requires_grad_()
+    out = fn(x)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    sum((o * up(R, o.shape, k)).sum() for k, o in enumerate(outs)).backward()
+    return x.grad
+
+
+def check(what, fn, x, expected):
+    """Exact up to float64 rounding of the division by the set size (the old conventions differ by >= 1/3)."""
+    same(grad_of(fn, x), expected, f"gradient of {what}", tol=1e-12)
+
+
+x = torch.randn(4, 3, generator=torch.Generator().manual_seed(50 + R), dtype=torch.float64)
+U = ups((4, 3))
+# allreduce: an allreduce of the upstream gradients with the forward's op, scale factors and set
+check("allreduce Sum", lambda v: hvd.allreduce(v, op=hvd.Sum), x, U.sum(0))
+check("allreduce Average", lambda v: hvd.allreduce(v), x, U.sum(0) / N)
+check("allreduce average=False", lambda v: hvd.allreduce(v, average=False), x, U.sum(0))
+check("allreduce scaled", lambda v: hvd.allreduce(v, op=hvd.Sum, prescale_factor=2, postscale_factor=3), x,
+      6 * U.sum(0))
+check("allreduce Min", lambda v: hvd.allreduce(v, op=hvd.Min), x, U.min(0).values)
+check("allreduce Max scaled", lambda v: hvd.allreduce(v, op=hvd.Max, prescale_factor=2, postscale_factor=3), x,
+      6 * U.max(0).values)
+check("allreduce Product", lambda v: hvd.allreduce(v, op=hvd.Product), x, U.prod(0))
+check("allreduce fp16 compression", lambda v: hvd.allreduce(v, op=hvd.Sum, compression=hvd.Compression.fp16),
+      x, U.sum(0))
+U1 = ups((4, 3), k=1)
+check("grouped_allreduce Sum", lambda v: hvd.grouped_allreduce([v, v * 2], op=hvd.Sum), x,
+      U.sum(0) + 2 * U1.sum(0))
+check("grouped_allreduce Min", lambda v: hvd.grouped_allreduce([v, v * 2], op=hvd.Min, postscale_factor=2), x,
+      2 * U.min(0).values + 4 * U1.min(0).values)
+check("grouped_allreduce Product", lambda v: hvd.grouped_allreduce([v, v * 2], op=hvd.Product), x,
+      U.prod(0) + 2 * U1.prod(0))
+# allgather: the upstream gradients averaged over the set, this rank's rows (rank r has r + 1 rows)
+rows_total = N * (N + 1) // 2
+first = R * (R + 1) // 2
+mine = torch.randn(R + 1, 2, generator=torch.Generator().manual_seed(R), dtype=torch.float64)
+G = ups((rows_total, 2))
+check("allgather", lambda v: hvd.allgather(v), mine, (G.sum(0) / N)[first:first + R + 1])
+expect = (G.sum(0) / N)[first:first + R + 1].clone()
+expect[0] += 3 * (ups((N, 2), k=1).sum(0) / N)[R]
+check("grouped_allgather", lambda v: hvd.grouped_allgather([v, v[:1] * 3]), mine, expect)
+check("allgather 0-dim", lambda v: hvd.allgather(v), torch.tensor(1.5, dtype=torch.float64),
+      (ups((N,)).sum(0) / N)[R])
+# broadcast: the set's average upstream gradient on the root, zeros elsewhere
 for root in range(N):
-    check_grad(f"broadcast root {root}", lambda x: hvd.broadcast(x, root), lambda xs, r: xs[root])
-check_grad("alltoall", lambda x: hvd.alltoall(x), lambda xs, r: torch.cat([x[2 * r:2 * r + 2] for x in xs]),
-           shape=(2 * N, 3))
-sp_list = [r + 1 for r in range(N)]
-
-
-def a2a_sim(xs, r):  # rank s sends rows [sum(sp[:r]), +sp[r]) of its input to rank r
-    lo = sum(sp_list[:r])
-    return torch.cat([x[lo:lo + sp_list[r]] for x in xs])
-
-
-check_grad("alltoall splits", lambda x: hvd.alltoall(x, splits=sp_list)[0], a2a_sim, shape=(sum(sp_list), 2))
-check_grad("reducescatter sum", lambda x: hvd.reducescatter(x, op=hvd.Sum),
-           lambda xs, r: stack(xs).sum(0)[2 * r:2 * r + 2], shape=(2 * N, 3))
-check_grad("reducescatter average", lambda x: hvd.reducescatter(x),
-           lambda xs, r: stack(xs).mean(0)[2 * r:2 * r + 2], shape=(2 * N, 3))
-check_grad("grouped_reducescatter", lambda x: hvd.grouped_reducescatter([x, x * 2], op=hvd.Sum),
-           lambda xs, r: [stack(xs).sum(0)[2 * r:2 * r + 2], stack(xs).sum(0)[2 * r:2 * r + 2] * 2],
-           shape=(2 * N, 3))
+    check(f"broadcast root {root}", lambda v: hvd.broadcast(v, root), x,
+          U.sum(0) / N if R == root else torch.zeros(4, 3, dtype=torch.float64))
+# alltoall: rank R's input rows sent to rank d come back with d's upstream gradient for them
+send = torch.randn(2 * N, 3, generator=torch.Generator().manual_seed(60 + R), dtype=torch.float64)
+check("alltoall", lambda v: hvd.alltoall(v), send,
+      torch.cat([up(d, (2 * N, 3))[2 * R:2 * R + 2] for d in range(N)]))
+sp_list = [r + 1 for r in range(N)]  # d + 1 rows to rank d, whose output has N * (d + 1) rows
+check("alltoall splits", lambda v: hvd.alltoall(v, splits=sp_list)[0],
+      torch.randn(sum(sp_list), 2, generator=torch.Generator().manual_seed(70 + R), dtype=torch.float64),
+      torch.cat([up(d, (N * (d + 1), 2))[R * (d + 1):(R + 1) * (d + 1)] for d in range(N)]))
+# reducescatter: an allgather of the upstream gradients, times the set size for Sum and the scale factors
+big = torch.randn(2 * N, 3, generator=torch.Generator().manual_seed(80 + R), dtype=torch.float64)
+S0, S1 = torch.cat(list(ups((2, 3)))), torch.cat(list(ups((2, 3), k=1)))
+check("reducescatter Sum", lambda v: hvd.reducescatter(v, op=hvd.Sum), big, N * S0)
+check("reducescatter Average", lambda v: hvd.reducescatter(v), big, S0)
+check("reducescatter Sum scaled",
+      lambda v: hvd.reducescatter(v, op=hvd.Sum, prescale_factor=2, postscale_factor=3), big, 6 * N * S0)
+check("reducescatter Average scaled", lambda v: hvd.reducescatter(v, prescale_factor=0.5), big, 0.5 * S0)
+check("reducescatter Max", lambda v: hvd.reducescatter(v, op=hvd.Max), big, S0)
+check("grouped_reducescatter Sum", lambda v: hvd.grouped_reducescatter([v, v * 2], op=hvd.Sum), big,
+      N * S0 + 2 * N * S1)
+check("grouped_reducescatter Average", lambda v: hvd.grouped_reducescatter([v, v * 2]), big, S0 + 2 * S1)
+# the same rules over a process set without rank 0, so set ranks differ from global ones
+grad_members = list(range(1, N))  # set rank = global rank - 1
+grad_set = hvd.add_process_set(grad_members)
+if grad_set.included():
+    M, me = len(grad_members), grad_set.rank()
+    US = ups((4, 3), ranks=grad_members)
+    check("set allreduce Sum", lambda v: hvd.allreduce(v, op=hvd.Sum, process_set=grad_set), x, US.sum(0))
+    check("set allreduce Average", lambda v: hvd.allreduce(v, process_set=grad_set), x, US.sum(0) / M)
+    check("set allreduce Max", lambda v: hvd.allreduce(v, op=hvd.Max, process_set=grad_set), x,
+          US.max(0).values)
+    ranged = torch.randn(me + 1, 2, generator=torch.Generator().manual_seed(90 + R), dtype=torch.float64)
+    GS = ups((M * (M + 1) // 2, 2), ranks=grad_members)
+    check("set allgather", lambda v: hvd.allgather(v, process_set=grad_set), ranged,
+          (GS.sum(0) / M)[me * (me + 1) // 2:me * (me + 1) // 2 + me + 1])
+    for root in range(M):  # root_rank is relative to the set
+        check(f"set broadcast root {root}", lambda v: hvd.broadcast(v, root, process_set=grad_set), x,
+              US.sum(0) / M if me == root else torch.zeros(4, 3, dtype=torch.float64))
+    check("set reducescatter Sum", lambda v: hvd.reducescatter(v, op=hvd.Sum, process_set=grad_set),
+          big[:2 * M], M * torch.cat(list(ups((2, 3), ranks=grad_members))))
+hvd.barrier()
+assert hvd.remove_process_set(grad_set)
 ok("gradients")
 
 # -- process sets, objects, barrier, join, timeline, errors -------------------------------------------
