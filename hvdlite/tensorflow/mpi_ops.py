@@ -295,8 +295,13 @@ def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, o
 
         def grad(*dys: Any) -> List[tf.Tensor]:
             dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
-            if reduce_op is Sum:  # Horovod's convention for the gradient of a reducescatter
-                dys = [dy * tf.cast(process_set.size(), dy.dtype) for dy in dys]
+            # Horovod's convention: Sum's gradient is multiplied by the set size; the scale factors
+            # apply as the chain rule says (the same rule as hvdlite.torch)
+            factor = float(prescale_factor) * float(postscale_factor)
+            if reduce_op is Sum:
+                factor *= process_set.size()
+            if factor != 1.0:
+                dys = [dy * tf.cast(factor, dy.dtype) for dy in dys]
             return grouped_allgather(dys, process_set=process_set)
         return ys, grad
 

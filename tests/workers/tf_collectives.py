@@ -114,6 +114,8 @@ grad_expected = {
     "broadcast": np.full((2, 3), (n + 1) / 2 if r == 0 else 0.0),
     "alltoall": np.concatenate([np.full((k + 1, 2), k + 1.0, np.float32) for k in range(n)]),
     "reducescatter(Sum)": n * (owner + 1)[:, None] * np.ones((1, 2)),
+    # the scale factors multiply the gradient, as the chain rule says (and as hvdlite.torch does)
+    "reducescatter(Average, scaled)": 0.75 * (owner + 1)[:, None] * np.ones((1, 2)),
 }
 
 
@@ -127,6 +129,8 @@ def gradients(x, rows, send, big):
         "broadcast": (x, lambda v: tf.reduce_sum(hvd.broadcast(v, 0))),
         "alltoall": (send, lambda v: tf.reduce_sum(hvd.alltoall(v, splits=list(range(1, n + 1)))[0])),
         "reducescatter(Sum)": (big, lambda v: tf.reduce_sum(hvd.reducescatter(v, op=hvd.Sum))),
+        "reducescatter(Average, scaled)": (big, lambda v: tf.reduce_sum(hvd.reducescatter(
+            v, op=hvd.Average, prescale_factor=1.5, postscale_factor=0.5))),
     }
     out = {}
     for key, (v, fn) in losses.items():
