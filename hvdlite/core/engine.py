@@ -119,11 +119,13 @@ class Engine:
             new = list(self._queue)
             self._queue.clear()
             shutdown = self._shutdown_requested
+        tracing = self.timeline.enabled
         for req in new:
             self._pending[req.name] = req
             if req.kind == "join":
                 self._join_cycle = self.cycles
-            self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind)
+            if tracing:
+                self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind)
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
@@ -253,7 +255,7 @@ class Engine:
             if req is None and self.rank not in resp.joined and resp.kind != "join":
                 raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
                                    f"is not pending here")
-            if req is not None:
+            if req is not None and self.timeline.enabled:
                 self.timeline.end(req.name)
                 self.timeline.begin(req.name, "QUEUE")
             work.append((resp, req))
@@ -273,8 +275,11 @@ class Engine:
             self._join_cycle = -1
 
     def _finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
+        """Hand a result back. The name is freed before the handle completes, so the caller may reuse
+        it at once (the next training step submits the same names)."""
         self._pending.pop(req.name, None)
-        self.timeline.end(req.name)
+        if self.timeline.enabled:
+            self.timeline.end(req.name)
         with self._cv:
             self._inflight.discard(req.name)
         if error is not None:

@@ -19,12 +19,17 @@ ALIGN = 64  # bytes; TensorFlow and others wrap 64-byte-aligned buffers without 
 
 
 def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
-    """An uninitialised array whose data starts on an ALIGN-byte boundary."""
+    """An uninitialised array whose data starts on an ALIGN-byte boundary (small ones: numpy's own)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _ALIGN_FROM:
+        return np.empty(shape, dtype)
     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGN
+    start = -raw.__array_interface__["data"][0] % ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+_ALIGN_FROM = 4096  # below this a copy by the consumer costs less than aligning
 
 
 class Item:
@@ -97,10 +102,10 @@ class Executor:
         small_bytes = 0
         limit = min(self.fusion_threshold, self.chunk_bytes)
         for item in items:
-            if item.dst is None:
-                item.dst = aligned_empty(item.src.shape, item.src.dtype)
             nbytes = item.src.nbytes
             if nbytes == 0:
+                if item.dst is None:
+                    item.dst = item.src.copy()
                 continue
             if self.fusion_threshold > 0 and nbytes < limit:
                 if small and small_bytes + nbytes > self.fusion_threshold:
@@ -123,8 +128,9 @@ class Executor:
 
     def _reduce_direct(self, comm: Any, item: Item, op: ReduceOp, pre: float, post: float) -> None:
         tl = self.timeline
+        if item.dst is None:
+            item.dst = aligned_empty(item.src.shape, item.src.dtype)
         dst = item.dst
-        assert dst is not None
         out_of_place = dst is not item.src and pre == 1.0
         if dst is not item.src and not out_of_place:
             tl.begin(item.resp.name, "MEMCPY_IN")
@@ -161,28 +167,49 @@ class Executor:
         return self._fusion[:nbytes]
 
     def _reduce_fused(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
+        """Pack, reduce with as few MPI calls as the chunk size allows, unpack.
+
+        When no item has an output yet (out-of-place ops) the packed block itself becomes the outputs:
+        each result is a view of it, so nothing is copied out.
+        """
         tl = self.timeline
+        tracing = tl.enabled
         dtype = items[0].dtype
         store = storage_dtype(dtype)
         total = sum(item.src.size for item in items)
-        buf = self._fusion_buffer(total * store.itemsize).view(store)
-        offset = 0
-        for item in items:
-            tl.begin(item.resp.name, "MEMCPY_IN_FUSION_BUFFER")
-            scaled_copy(buf[offset:offset + item.src.size], item.src.reshape(-1), dtype, pre)
-            offset += item.src.size
-            tl.end(item.resp.name)
-        for item in items:
-            tl.begin(item.resp.name, "MPI_ALLREDUCE")
+        fresh = all(item.dst is None for item in items)
+        buf = aligned_empty((total,), store) if fresh else \
+            self._fusion_buffer(total * store.itemsize).view(store)
+        if tracing:
+            for item in items:
+                tl.begin(item.resp.name, "MEMCPY_IN_FUSION_BUFFER")
+        if pre == 1.0:
+            np.concatenate([item.src.reshape(-1) for item in items], out=buf)
+        else:
+            offset = 0
+            for item in items:
+                scaled_copy(buf[offset:offset + item.src.size], item.src.reshape(-1), dtype, pre)
+                offset += item.src.size
+        if tracing:
+            for item in items:
+                tl.end(item.resp.name)
+                tl.begin(item.resp.name, "MPI_ALLREDUCE")
         self._chunked_allreduce(comm, None, buf, dtype, op, post)
         offset = 0
         for item in items:
-            tl.end(item.resp.name)
-            tl.begin(item.resp.name, "MEMCPY_OUT_FUSION_BUFFER")
-            assert item.dst is not None
-            np.copyto(item.dst.reshape(-1), buf[offset:offset + item.src.size])
+            if tracing:
+                tl.end(item.resp.name)
+                tl.begin(item.resp.name, "MEMCPY_OUT_FUSION_BUFFER")
+            piece = buf[offset:offset + item.src.size]
+            if fresh:
+                item.dst = piece.reshape(item.src.shape)
+            elif item.dst is None:  # an out-of-place op fused with in-place ones
+                item.dst = piece.copy().reshape(item.src.shape)
+            else:
+                np.copyto(item.dst.reshape(-1), piece)
             offset += item.src.size
-            tl.end(item.resp.name)
+            if tracing:
+                tl.end(item.resp.name)
 
     # -- allgather ------------------------------------------------------------------------------
     def _allgather(self, items: list[Item]) -> list[tuple[Item, Any]]:

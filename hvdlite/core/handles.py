@@ -16,36 +16,42 @@ def threads_waiting() -> bool:
 class Handle:
     """The pending result of one collective. ``poll()`` / ``synchronize()`` take it."""
 
-    __slots__ = ("name", "_event", "_result", "_error", "_finalize", "__weakref__")
+    __slots__ = ("name", "_lock", "_done", "_result", "_error", "_finalize", "__weakref__")
 
     def __init__(self, name: str, finalize: Optional[Callable[[Any], Any]] = None) -> None:
         self.name = name
-        self._event = threading.Event()
+        self._lock = threading.Lock()  # held until the result is in: cheaper than an Event
+        self._lock.acquire()
+        self._done = False
         self._result: Any = None
         self._error: Optional[BaseException] = None
         self._finalize = finalize
 
     def set_result(self, result: Any) -> None:
-        self._result = result
-        self._event.set()
+        if not self._done:
+            self._result = result
+            self._done = True
+            self._lock.release()
 
     def set_error(self, error: BaseException) -> None:
-        if not self._event.is_set():
+        if not self._done:
             self._error = error
-            self._event.set()
+            self._done = True
+            self._lock.release()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self) -> Any:
         """Block until the collective finished; return its result or raise its error."""
         global _waiters
-        if not self._event.is_set():
+        if not self._done:
             with _waiters_lock:
                 _waiters += 1
             try:
-                while not self._event.wait(0.5):
+                while not self._lock.acquire(timeout=0.5):
                     pass
+                self._lock.release()  # let any other waiter through too
             finally:
                 with _waiters_lock:
                     _waiters -= 1

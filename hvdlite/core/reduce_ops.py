@@ -29,6 +29,7 @@ Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
 _BY_VALUE = {member.value: member for member in ReduceOp}
+_DTYPE_NAMES: dict = {}
 
 #: dtype names a collective accepts; "bfloat16" travels as uint16 bits.
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
@@ -57,7 +58,9 @@ def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
 
 def dtype_name(array: np.ndarray, dtype_hint: str | None = None) -> str:
     """The canonical dtype name of an array, honouring a "bfloat16" hint for uint16 storage."""
-    name = array.dtype.name
+    name = _DTYPE_NAMES.get(array.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[array.dtype] = array.dtype.name
     if dtype_hint == "bfloat16" or name == "bfloat16":
         return "bfloat16"
     if name not in SUPPORTED_DTYPES:

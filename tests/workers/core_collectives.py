@@ -66,6 +66,15 @@ h = hvd.allreduce_async(np.ones(3), op=hvd.Sum, name="async.one")
 assert isinstance(hvd.poll(h), bool)
 same(hvd.synchronize(h), np.full(3, float(n)), "async", r)
 
+# in-place and out-of-place small tensors fused in one cycle
+mixed_in = [np.full(3, float(r)) for _ in range(4)]
+handles = [hvd.allreduce_async_(a, op=hvd.Sum, name=f"mixed.in.{i}") if i % 2 else
+           hvd.allreduce_async(a, op=hvd.Sum, name=f"mixed.out.{i}") for i, a in enumerate(mixed_in)]
+for i, h in enumerate(handles):
+    same(hvd.synchronize(h), np.full(3, float(sum(range(n)))), f"mixed {i}", r)
+same(mixed_in[0], np.full(3, float(r)), "out-of-place input untouched", r)
+same(mixed_in[1], np.full(3, float(sum(range(n)))), "in-place input reduced", r)
+
 # a large tensor goes through the chunked in-place path
 large = np.arange(700_000, dtype=np.float32) % 13 + r
 same(hvd.allreduce(large, op=hvd.Sum), (np.arange(700_000, dtype=np.float32) % 13) * n + sum(range(n)), "large", r)
