@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from cluster.fixtures import PYTHON, ROOT, WORKERS, assert_topology, base_env, run, topology, wait_gone
+from cluster.fixtures import (PYTHON, WORKERS, assert_ctrl_c_stops_every_rank, assert_topology, base_env,
+                              run, topology)
 from hvdlite.run.args import TUNING_FLAGS, env_assignments, parse_args, tuning_environment
 from hvdlite.run.commands import Plan, build_command, child_environment
 from hvdlite.run.hosts import Host, HostSpecError, check_slots, cpus_per_node_total, parse_hostfile, parse_hosts
@@ -163,21 +162,4 @@ def test_check_build() -> None:
 
 def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
     """SIGINT to hvdlite-run (a terminal's Ctrl-C) stops every rank and exits non-zero."""
-    proc = subprocess.Popen([*RUN, "-np", "2", PYTHON, str(WORKERS / "launch_sleep.py"), str(tmp_path)],
-                            env=base_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("*.pid"))) < 2:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "ranks did not start within 120 s"
-            time.sleep(0.1)
-        pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode != 0, out + err
-    alive = wait_gone(pids, 30)
-    assert not alive, f"ranks {alive} still run after Ctrl-C"
+    assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path)

@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from cluster.fixtures import (PYTHON, ROOT, WORKERS, SlurmCluster, assert_topology, run, sbatch_wait,
-                              slurm_cluster, topology, wait_gone)
+from cluster.fixtures import (PYTHON, ROOT, WORKERS, SlurmCluster, assert_ctrl_c_stops_every_rank, assert_topology,
+                              run, sbatch_wait, slurm_cluster, topology)
 
 TOPOLOGY = str(WORKERS / "launch_topology.py")
 DIGITS = ROOT / "examples" / "pytorch_digits.py"
@@ -82,24 +79,6 @@ def test_ctrl_c_stops_every_srun_rank(slurm: SlurmCluster, tmp_path: Path) -> No
     assert alloc.returncode == 0 and job, alloc.stderr
     env = {**slurm.env, "SLURM_JOB_ID": job.group(1), "SLURM_NTASKS": "2"}
     try:
-        proc = subprocess.Popen([PYTHON, "-m", "hvdlite.run", PYTHON, str(WORKERS / "launch_sleep.py"),
-                                 str(tmp_path)], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            deadline = time.monotonic() + 120
-            while len(list(tmp_path.glob("*.pid"))) < 2:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, "ranks did not start within 120 s"
-                time.sleep(0.1)
-            pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        assert proc.returncode != 0, out + err
-        alive = wait_gone(pids, 30)
-        assert not alive, f"ranks {alive} still run after Ctrl-C"
+        assert_ctrl_c_stops_every_rank([PYTHON, "-m", "hvdlite.run"], env, tmp_path)
     finally:
         run(["scancel", job.group(1)], env=slurm.env, timeout=60)

@@ -30,8 +30,22 @@ def make_signature(kind: str, ps_id: int, op: Optional[ReduceOp], prescale: floa
             tensors, extra)
 
 
+class _SignatureFields:
+    """Named access to the signature fields the engine reads most (shared by Request and Response)."""
+
+    sig: Signature
+
+    @property
+    def kind(self) -> str:
+        return self.sig[SIG_KIND]
+
+    @property
+    def ps_id(self) -> int:
+        return self.sig[SIG_PSET]
+
+
 @dataclasses.dataclass(eq=False)
-class Request:
+class Request(_SignatureFields):
     """One named collective submitted on this rank, waiting for the engine."""
 
     name: str
@@ -52,17 +66,9 @@ class Request:
         self.results = [None] * len(self.inputs)
         self.remaining = len(self.inputs)
 
-    @property
-    def kind(self) -> str:
-        return self.sig[SIG_KIND]
-
-    @property
-    def ps_id(self) -> int:
-        return self.sig[SIG_PSET]
-
 
 @dataclasses.dataclass
-class Response:
+class Response(_SignatureFields):
     """A decision every rank reached identically: run ``name`` now, or fail it with ``error``."""
 
     name: str
@@ -71,11 +77,3 @@ class Response:
     error_kind: str = "mismatch"
     joined: frozenset = frozenset()
     last_joined: int = -1
-
-    @property
-    def kind(self) -> str:
-        return self.sig[SIG_KIND]
-
-    @property
-    def ps_id(self) -> int:
-        return self.sig[SIG_PSET]

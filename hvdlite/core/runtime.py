@@ -13,7 +13,7 @@ from .engine import Engine
 from .errors import LaunchError, NotInitializedError
 from .launch_check import check_launch
 from .log import logger
-from .process_sets import ProcessSet, Registry, global_process_set
+from .process_sets import ProcessSet, Registry
 from .reduce_ops import MPIOps
 from .timeline import Timeline
 

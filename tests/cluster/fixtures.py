@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -258,3 +259,26 @@ def sbatch_wait(args: Sequence[str], output: Path, timeout: float, env: dict[str
     text = output.read_text() if output.exists() else ""
     return JobResult(job_id=job_id, state=state.group(1) if state else "UNKNOWN",
                      exit_code=int(code.group(1)) if code else -1, output=text)
+
+
+def assert_ctrl_c_stops_every_rank(cmd: Sequence[str], env: dict[str, str], pid_dir: Path) -> None:
+    """Start a launcher running tests/workers/launch_sleep.py (each rank writes ``pid_dir/<rank>.pid``),
+    send it SIGINT once two ranks run, and check it exits non-zero with every rank gone."""
+    proc = subprocess.Popen([*cmd, PYTHON, str(WORKERS / "launch_sleep.py"), str(pid_dir)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pid_dir.glob("*.pid"))) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "ranks did not start within 120 s"
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0, out + err
+    alive = wait_gone(pids, 30)
+    assert not alive, f"ranks {alive} still run after Ctrl-C"
