@@ -52,7 +52,7 @@ def machine_info(bench: str, ranks: int, **extra: Any) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(),
         "python": platform.python_version(), "numpy": np.__version__, "mpi4py": importlib.import_module(
-            "mpi4py").__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi4py").__version__, "mpi": " ".join(MPI.Get_library_version().splitlines()[0].split()),
         "mpi_thread_level": MPI.Query_thread(), "hvdlite": hvdlite.__version__, "commit": git_commit(),
     }
     try:

@@ -1,0 +1,187 @@
+"""Regenerate the benchmark plot (one PNG comparing the methods) and the README tables from the JSON output.
+
+Run: python benchmarks/plot.py [--results benchmarks/results] [--out benchmarks/results/benchmarks.png]
+     python benchmarks/plot.py --tables      # print the README's Markdown tables instead
+Reads grad_sync.json, train_throughput.json and small_ops.json from --results (any may be missing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+COLORS = {"a": "#7f7f7f", "b": "#bcbd22", "c": "#1f77b4", "d": "#d62728", "e": "#ff7f0e", "f": "#9467bd",
+          "diag": "#c7c7c7"}
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip().startswith("{")]
+
+
+def results(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "method" in r]
+
+
+def plot_grad_sync(ax: Any, records: list[dict[str, Any]], model: str) -> None:
+    rows = [r for r in results(records) if r.get("model") == model]
+    if not rows:
+        ax.set_visible(False)
+        return
+    rows.sort(key=lambda r: r["ms"])
+    names = [f"({r['group']}) {r['method']}" for r in rows]
+    bars = ax.barh(names, [r["ms"] for r in rows], color=[COLORS.get(r["group"], "#333333") for r in rows])
+    for bar, r in zip(bars, rows):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r['ratio']:.2f}x", va="center",
+                fontsize=7)
+    ax.invert_yaxis()
+    mb = rows[0]["bytes"] / 1e6
+    ax.set_title(f"grad_sync {model}: {rows[0]['tensors']} tensors, {mb:.0f} MB, {rows[0]['ranks']} ranks\n"
+                 f"median ms (label: ratio to the fastest raw MPI flat Allreduce)", fontsize=9)
+    ax.set_xlabel("milliseconds (lower is better)")
+    ax.tick_params(axis="y", labelsize=7)
+
+
+def plot_train(ax: Any, records: list[dict[str, Any]]) -> None:
+    rows = results(records)
+    if not rows:
+        ax.set_visible(False)
+        return
+    groups = sorted({(r["framework"], r["model"]) for r in rows})
+    methods = []
+    for r in rows:
+        if r["method"] not in methods:
+            methods.append(r["method"])
+    width = 0.8 / max(1, len(methods))
+    palette = {"single": "#7f7f7f", "hvdlite": "#d62728", "ddp": "#1f77b4", "hvd_module": "#9467bd"}
+    for j, method in enumerate(methods):
+        xs, ys, labels = [], [], []
+        for i, key in enumerate(groups):
+            match = [r for r in rows if (r["framework"], r["model"]) == key and r["method"] == method]
+            if match:
+                xs.append(i + j * width)
+                ys.append(match[0]["samples_per_s"])
+                eff = match[0].get("scaling_efficiency")
+                labels.append(f"{eff:.2f}" if eff is not None else "")
+        bars = ax.bar(xs, ys, width, label=method, color=palette.get(method))
+        for bar, label in zip(bars, labels):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), label, ha="center", va="bottom",
+                    fontsize=7)
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{fw}\n{model}" for fw, model in groups], fontsize=8)
+    ax.set_ylabel("samples/s, all ranks (higher is better)")
+    ax.set_title("train_throughput (label: scaling efficiency)", fontsize=9)
+    ax.legend(fontsize=7)
+
+
+def plot_small(ax: Any, records: list[dict[str, Any]]) -> None:
+    rows = {r["method"]: r for r in results(records)}
+    if not rows:
+        ax.set_visible(False)
+        return
+    labels, values, colors = [], [], []
+    for key, color in (("latency_mpi4py", "#7f7f7f"), ("latency_mpi4py_pickle", "#bcbd22"),
+                       ("latency_hvdlite", "#d62728")):
+        if key in rows:
+            labels.append(key.replace("latency_", "latency: ") + " (us)")
+            values.append(rows[key]["us"])
+            colors.append(color)
+    for key, color in (("inflight_mpi_loop", "#7f7f7f"), ("inflight_unfused", "#ff7f0e"),
+                       ("inflight_fused", "#d62728")):
+        if key in rows:
+            labels.append(f"{rows[key]['count']} in flight: {key.replace('inflight_', '')} (us per op)")
+            values.append(rows[key]["ms"] * 1e3 / rows[key]["count"])
+            colors.append(color)
+    bars = ax.barh(labels, values, color=colors)
+    for bar, value in zip(bars, values):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:.1f}", va="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    idle = [r for r in results(records) if r["method"] == "idle_cpu_hvdlite"]
+    extra = f"; idle engine CPU {max(r['cpu_percent'] for r in idle):.2f}% of a core" if idle else ""
+    ax.set_title(f"small_ops: microseconds (log scale, lower is better){extra}", fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
+
+
+def markdown_tables(grad: list[dict[str, Any]], train: list[dict[str, Any]],
+                    small: list[dict[str, Any]]) -> str:
+    """The figures as Markdown tables, as the README shows them."""
+    out: list[str] = []
+    rows = results(grad)
+    for model in dict.fromkeys(r["model"] for r in rows):
+        sub = [r for r in rows if r["model"] == model]
+        first = sub[0]
+        out.append(f"**grad_sync, {model}** ({first['tensors']} tensors, {first['bytes'] / 1e6:.1f} MB, "
+                   f"{first['ranks']} ranks, median of {first['reps']}):\n")
+        out.append("| group | method | ms | GB/s | ratio to (a) |")
+        out.append("|---|---|---:|---:|---:|")
+        for r in sub:
+            out.append(f"| {r['group']} | {r['method']} | {r['ms']:.1f} | {r['bytes_per_s'] / 1e9:.2f} | "
+                       f"{r['ratio']:.2f} |")
+        out.append("")
+    rows = results(train)
+    if rows:
+        out.append("**train_throughput** (samples/s over all ranks, median round):\n")
+        out.append("| framework | model | method | ranks | step ms | samples/s | scaling eff. | vs DDP |")
+        out.append("|---|---|---|---:|---:|---:|---:|---:|")
+        for r in rows:
+            eff = f"{r['scaling_efficiency']:.2f}" if "scaling_efficiency" in r else ""
+            vs = f"{r['vs_ddp']:.2f}" if "vs_ddp" in r else ""
+            out.append(f"| {r['framework']} | {r['model']} | {r['method']} | {r['ranks']} | {r['step_ms']:.0f} | "
+                       f"{r['samples_per_s']:.2f} | {eff} | {vs} |")
+        out.append("")
+    rows = results(small)
+    if rows:
+        out.append("**small_ops**:\n")
+        out.append("| method | figure | ratio |")
+        out.append("|---|---|---:|")
+        for r in rows:
+            if "us" in r:
+                out.append(f"| {r['method']} | {r['us']:.1f} us per call | {r['ratio_to_mpi4py']:.1f}x raw |")
+            elif "ms" in r:
+                out.append(f"| {r['method']} | {r['count']} ops in {r['ms']:.1f} ms "
+                           f"({r['ms'] * 1e3 / r['count']:.1f} us/op) | {r['speedup_vs_unfused']:.2f}x unfused |")
+            elif "cpu_percent" in r:
+                when = f" ({r['when']})" if "when" in r else ""
+                out.append(f"| {r['method']}{when} | {r['cpu_percent']:.3f}% of a core | |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--results", default=str(HERE / "results"), help="folder with the JSON-line files")
+    p.add_argument("--out", default="", help="PNG path (default: RESULTS/benchmarks.png)")
+    p.add_argument("--tables", action="store_true", help="print Markdown tables instead of drawing")
+    args = p.parse_args(argv)
+    folder = Path(args.results)
+    if args.tables:
+        print(markdown_tables(load(folder / "grad_sync.json"), load(folder / "train_throughput.json"),
+                              load(folder / "small_ops.json")))
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    grad = load(folder / "grad_sync.json")
+    train = load(folder / "train_throughput.json")
+    small = load(folder / "small_ops.json")
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10))
+    plot_grad_sync(axes[0][0], grad, "resnet50")
+    plot_grad_sync(axes[0][1], grad, "bert-base")
+    plot_train(axes[1][0], train)
+    plot_small(axes[1][1], small)
+    machine = next((r for r in grad + train + small if r.get("kind") == "machine"), {})
+    fig.suptitle(f"hvdlite benchmarks: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
+                 f"{' '.join(str(machine.get('mpi', '?')).split())}, {machine.get('date', '')}", fontsize=10)
+    fig.tight_layout()
+    out = Path(args.out) if args.out else folder / "benchmarks.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

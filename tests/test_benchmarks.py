@@ -1,0 +1,127 @@
+"""Smoke runs of the benchmarks with tiny sizes at 2 ranks: well-formed JSON lines with every method.
+
+Benchmarks are not tests: nothing here looks at a timing, only that each benchmark still runs and reports.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_mpi
+
+BENCH = ROOT / "benchmarks"
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every line of the output is one JSON object (the benchmarks print nothing else on stdout)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines, "the benchmark printed nothing"
+    return [json.loads(line) for line in lines]
+
+
+def by_method(records: list[dict], **match: object) -> dict[str, dict]:
+    return {r["method"]: r for r in records if "method" in r and all(r.get(k) == v for k, v in match.items())}
+
+
+def assert_positive(record: dict, *keys: str) -> None:
+    for key in keys:
+        value = record[key]
+        assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, record)
+
+
+def test_grad_sync_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "grad_sync.json"
+    proc = run_mpi(BENCH / "grad_sync.py", 2, timeout=240, args=[
+        "--scale", "0.0005", "--reps", "2", "--warmup", "1", "--hvd-module", "hvdlite.torch", "--out", str(out)])
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    machine = records[0]
+    assert machine["kind"] == "machine" and machine["ranks"] == 2 and machine["bench"] == "grad_sync"
+    assert records[-1]["kind"] == "done"
+    expected = {"mpi_flat_out_of_place", "mpi_flat_in_place", "mpi_flat_chunked_1MB", "mpi_flat_chunked_2MB",
+                "mpi_flat_chunked_4MB", "mpi_per_tensor", "mpi_fused_copy", "gloo_per_tensor", "gloo_flat",
+                "hvdlite_async", "hvdlite_async_sum", "hvdlite_grouped", "hvd_module_async"}
+    for model, tensors in (("resnet50", 161), ("bert-base", 199)):
+        methods = by_method(records, model=model)
+        assert set(methods) == expected, (model, sorted(methods))
+        limit = methods[next(iter(methods))]["limit_method"]
+        assert methods[limit]["group"] == "a" and methods[limit]["ratio"] == 1.0
+        for name, r in methods.items():
+            assert r["tensors"] == tensors and r["ranks"] == 2 and r["reps"] == 2, r
+            assert_positive(r, "ms", "ms_min", "ms_max", "bytes", "bytes_per_s", "ratio")
+            assert r["ratio"] >= 1.0 or r["group"] != "a", r  # the denominator is the fastest of (a)
+        assert {methods[m]["group"] for m in methods} == {"a", "b", "c", "d", "e", "f", "diag"}
+        assert methods["hvd_module_async"]["module"] == "hvdlite.torch"
+        assert methods["hvdlite_grouped"]["engine_cycles_per_rep"] >= 1
+
+
+def test_small_ops_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "small_ops.json"
+    proc = run_mpi(BENCH / "small_ops.py", 2, timeout=180, args=[
+        "--iters", "20", "--reps", "2", "--inflight", "40", "--sessions", "1", "--idle-seconds", "0.3",
+        "--out", str(out)])
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    assert records[0]["kind"] == "machine" and records[-1]["kind"] == "done"
+    methods = by_method(records)
+    assert set(methods) == {"idle_cpu_baseline", "latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite",
+                            "inflight_fused", "inflight_unfused", "inflight_mpi_loop", "inflight_mpi_one",
+                            "idle_cpu_hvdlite"}
+    for key in ("latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite"):
+        assert_positive(methods[key], "us", "ratio_to_mpi4py")
+    for key in ("inflight_fused", "inflight_unfused", "inflight_mpi_loop", "inflight_mpi_one"):
+        assert methods[key]["count"] == 40
+        assert_positive(methods[key], "ms", "ops_per_s", "speedup_vs_unfused")
+    # Fusion really happened: fewer MPI data calls per round than tensors; unfused, one per tensor.
+    assert methods["inflight_fused"]["mpi_calls_per_round"] < 40
+    assert methods["inflight_unfused"]["mpi_calls_per_round"] == 40
+    idle = [r for r in records if r.get("method") == "idle_cpu_hvdlite"]
+    assert [r["when"] for r in idle] == ["after_init", "after_work"]
+    for r in idle:
+        assert r["cpu_percent"] >= 0 and r["seconds"] == 0.3
+
+
+def test_train_throughput_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "train_throughput.json"
+    cmd = [sys.executable, str(BENCH / "train_throughput.py"), "--np", "2", "--tiny", "--steps", "2",
+           "--rounds", "1", "--warmup", "1", "--keras-models", "transformer", "--hvd-module", "hvdlite.torch",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    assert not [r for r in records if r.get("kind") == "error"], records
+    done = {r["framework"] for r in records if r.get("kind") == "done"}
+    assert done == {"torch", "keras"}
+    for framework, expected, models in (("torch", {"single", "hvdlite", "ddp", "hvd_module"},
+                                         ("resnet50", "transformer")),
+                                        ("keras", {"single", "hvdlite"}, ("transformer",))):
+        for model in models:
+            methods = by_method(records, framework=framework, model=model)
+            assert set(methods) == expected, (framework, model, sorted(methods))
+            assert methods["single"]["ranks"] == 1 and "scaling_efficiency" not in methods["single"]
+            for name, r in methods.items():
+                assert_positive(r, "step_ms", "samples_per_s", "parameters")
+                if name != "single":
+                    assert r["ranks"] == 2
+                    assert_positive(r, "scaling_efficiency")
+                    assert r["samples_per_s"] == pytest.approx(2 * r["batch_per_rank"] / (r["step_ms"] / 1e3))
+            if framework == "torch":
+                assert_positive(methods["hvdlite"], "vs_ddp")
+
+
+def test_plot_regenerates_from_json(tmp_path: Path) -> None:
+    """plot.py draws the PNG from JSON lines in the benchmarks' format (here the committed results)."""
+    source = BENCH / "results"
+    if not (source / "grad_sync.json").exists():
+        pytest.fail("benchmarks/results/grad_sync.json is missing: run the benchmarks (see benchmarks/README.md)")
+    png = tmp_path / "plot.png"
+    proc = subprocess.run([sys.executable, str(BENCH / "plot.py"), "--results", str(source), "--out", str(png)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
