@@ -12,14 +12,13 @@ import numpy as np
 from .config import Config
 from .errors import HvdliteError, ShutdownError, StallError, TensorMismatchError
 from .executor import Executor
-from .handles import threads_waiting
+from . import polling
 from .log import logger
 from .messages import SIG_EXTRA, Request, Response
 from .negotiation import FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled, decide
 from .timeline import Timeline
 
 CONTROL_KINDS = ("add_process_set", "remove_process_set")
-_SPIN_POLLS = 200  # MPI polls without sleeping while a user thread waits (a few tens of microseconds)
 MULTI_TENSOR_KINDS = ("allreduce", "allgather", "broadcast", "reducescatter")
 
 
@@ -156,22 +155,8 @@ class Engine:
             self._execute(responses)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
-        """Bitwise-or ``vec`` across ranks without spinning a core that the training thread needs.
-
-        While a user thread is blocked on a handle its core is idle, so the engine first polls MPI in a
-        short burst; then it sleeps between polls, backing off up to 1 ms (5 ms when idle), so that
-        oversubscribed ranks (more ranks than cores) still make progress.
-        """
-        request = self.comm.Iallreduce(vec, result, op=self.executor.MPI.BOR)
-        delay, cap = 0.0, (0.001 if busy else 0.005)
-        test = request.Test
-        spins = _SPIN_POLLS if threads_waiting() else 0
-        while not test():
-            if spins > 0:
-                spins -= 1
-                continue
-            delay = min(cap, max(2e-5, delay * 2))
-            time.sleep(delay)
+        """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
+        polling.wait(self.comm.Iallreduce(vec, result, op=self.executor.MPI.BOR), 0.001 if busy else 0.005)
 
     def _stall_check_due(self) -> bool:
         cfg = self.config

@@ -10,11 +10,13 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from . import polling
 from .messages import SIG_EXTRA, SIG_POST, SIG_PRE, SIG_ROOT, SIG_TENSORS, Request, Response
 from .reduce_ops import Average, ReduceOp, resolve_op, scale_inplace, scaled_copy, storage_dtype
 from .timeline import Timeline
 
 FUSABLE = ("allreduce", "allgather", "broadcast", "reducescatter")
+DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the training thread computes
 ALIGN = 64  # bytes; TensorFlow and others wrap 64-byte-aligned buffers without copying them
 
 
@@ -154,10 +156,11 @@ class Executor:
         n = dst.shape[0]
         for start in range(0, n, step):
             piece = dst[start:start + step]
-            if src is None:
-                comm.Allreduce(MPI.IN_PLACE, [piece, datatype], mpi_op)
-            else:
-                comm.Allreduce([src[start:start + step], datatype], [piece, datatype], mpi_op)
+            send = MPI.IN_PLACE if src is None else [src[start:start + step], datatype]
+            # Non-blocking on every rank (a blocking and a non-blocking collective never match): it
+            # is polled continuously while a user thread waits, and with short sleeps while the
+            # training thread computes, so the engine does not spin on its core.
+            polling.wait(comm.Iallreduce(send, [piece, datatype], mpi_op), DATA_POLL_CAP)
             self.mpi_calls += 1
             scale_inplace(piece, dtype, post)
 

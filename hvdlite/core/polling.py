@@ -1,0 +1,28 @@
+"""Waiting on MPI requests without taking the core that the training thread needs."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .handles import threads_waiting
+
+#: MPI polls without sleeping while a user thread waits (a few tens of microseconds).
+SPIN_POLLS = 200
+
+
+def wait(request: Any, cap: float) -> None:
+    """Complete ``request``. While a user thread is blocked on a handle its core is idle, so poll
+    continuously; otherwise sleep between polls, backing off to ``cap`` seconds, so a training thread
+    computing the backward pass keeps its core (and oversubscribed ranks still make progress)."""
+    test = request.Test
+    spins = SPIN_POLLS if threads_waiting() else 0
+    delay = 0.0
+    while not test():
+        if spins > 0:
+            spins -= 1
+            continue
+        if threads_waiting():
+            spins, delay = SPIN_POLLS, 0.0
+            continue
+        delay = min(cap, max(2e-5, delay * 2))
+        time.sleep(delay)
