@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import polling
-from .messages import SIG_EXTRA, SIG_POST, SIG_PRE, SIG_ROOT, SIG_TENSORS, Request, Response
+from .messages import SIG_POST, SIG_PRE, SIG_ROOT, SIG_TENSORS, Request, Response
 from .reduce_ops import Average, ReduceOp, resolve_op, scale_inplace, scaled_copy, storage_dtype
 from .timeline import Timeline
 
@@ -387,7 +387,3 @@ def _split_rows(n: int, parts: int) -> list[int]:
     """Rows per rank for reducescatter: as even as possible, the first ranks taking one extra."""
     base, extra = divmod(n, parts)
     return [base + (1 if r < extra else 0) for r in range(parts)]
-
-
-def extra_of(resp: Response) -> Any:
-    return resp.sig[SIG_EXTRA]

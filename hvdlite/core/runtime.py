@@ -33,6 +33,8 @@ class State:
         self.cross_comm = world.Split(self.local_rank, key=self.rank)
         self.cross_rank = self.cross_comm.Get_rank()
         self.cross_size = self.cross_comm.Get_size()
+        node_sizes = self.cross_comm.allgather(self.local_size) if self.local_rank == 0 else None
+        self.homogeneous = len(set(self.local_comm.bcast(node_sizes, root=0))) == 1
         self.engine_comm = world.Dup()
         self.thread_level = MPI.Query_thread()
         self.mpi_ops = MPIOps(MPI)
@@ -183,9 +185,7 @@ def cross_size() -> int:
 
 def is_homogeneous() -> bool:
     """True when every node runs the same number of ranks."""
-    st = state()
-    sizes = st.cross_comm.allgather(st.local_size) if st.local_rank == 0 else None
-    return len(set(st.local_comm.bcast(sizes, root=0))) == 1
+    return state().homogeneous
 
 
 def mpi_threads_supported() -> bool:

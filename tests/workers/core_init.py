@@ -33,4 +33,5 @@ mine = first if me == 0 else rest
 same(hvd.allreduce(np.array([me]), op=hvd.Sum, process_set=mine),
      np.array([0 if me == 0 else sum(range(1, n))]), "init process sets", me)
 assert hvd.local_size() == n and hvd.cross_size() == 1 and hvd.local_rank() == me  # one host
+assert hvd.is_homogeneous()
 print(f"OK rank {me}")
