@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Optional, Sequence
 
@@ -56,6 +58,7 @@ _state: Optional[State] = None
 _lock = threading.RLock()
 _atexit_registered = False
 _previous_excepthook: Any = None
+_ABORT_GRACE_S = 1.0  # seconds between printing an uncaught exception and MPI_Abort
 
 
 def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = None, **settings: Any) -> None:
@@ -141,7 +144,13 @@ def _install_excepthook() -> None:
                          f"whole job so other ranks do not wait for this one:\n{text}")
         sys.stderr.flush()
         if state is not None and state.size > 1 and not issubclass(exc_type, KeyboardInterrupt):
+            # The launcher forwards this rank's output and its abort request on separate channels; when
+            # the abort wins, the traceback above can be lost. Give the output a moment to get through.
+            time.sleep(_ABORT_GRACE_S)
             state.MPI.COMM_WORLD.Abort(1)
+            # MPICH's MPI_Abort can return while the launcher tears the job down; exiting through the
+            # interpreter would run hvdlite's shutdown and bury this error under "shut down" on the peers.
+            os._exit(1)
 
     sys.excepthook = abort_job
 
