@@ -52,6 +52,13 @@ def test_distributed_optimizer_equals_single_process_training(job) -> None:
     assert_groups_passed(proc.stdout, OPTIMIZER_GROUPS, n)
 
 
+def test_collectives_and_optimizer_through_host_staging(nproc: int) -> None:
+    """tests/workers/torch_staged.py: the same checks with every tensor staged through a host copy, the
+    path that CUDA tensors take, so that it runs on machines without a GPU."""
+    out = run_mpi("torch_staged.py", nproc, timeout=300).stdout
+    assert_groups_passed(out, OPS_GROUPS + OPTIMIZER_GROUPS, nproc)
+
+
 def test_horovod_script_runs_with_only_the_import_changed(job) -> None:
     """tests/workers/torch_horovod_style.py is written against horovod.torch's API; hvdlite appears only
     in its import line."""

@@ -42,6 +42,15 @@ def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+#: Stage CPU tensors through a host copy too, exactly as device tensors are. Off in use; the test suite
+#: turns it on so that the staging path runs on machines without a GPU.
+STAGE_EVERY_TENSOR = False
+
+
+def _staged(tensor: torch.Tensor) -> bool:
+    return tensor.device.type != "cpu" or STAGE_EVERY_TENSOR
+
+
 def to_host(tensor: torch.Tensor, what: str) -> tuple[np.ndarray, bool]:
     """A host array for ``tensor`` and whether it shares the tensor's memory.
 
@@ -50,9 +59,9 @@ def to_host(tensor: torch.Tensor, what: str) -> tuple[np.ndarray, bool]:
     a contiguous host copy, taken on the tensor's current stream.
     """
     check_dtype(tensor, what)
-    if tensor.device.type == "cpu":
+    if not _staged(tensor):
         return _numpy_view(tensor), True
-    staged = tensor.detach().to("cpu").contiguous()
+    staged = tensor.detach().to("cpu", copy=True).contiguous()
     return _numpy_view(staged), False
 
 
@@ -66,8 +75,8 @@ def from_host(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
         out = torch.from_numpy(array)
         if out.dtype != like.dtype:
             out = out.to(like.dtype)
-    if like.device.type != "cpu":
-        out = out.to(like.device)
+    if _staged(like):
+        out = out.to(like.device, copy=True)
     return out
 
 
