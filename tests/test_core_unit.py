@@ -47,6 +47,26 @@ def test_config_rejects_bad_values_and_unknown_keywords() -> None:
         Config.from_env({}, fusion_treshold=1)
 
 
+def test_gradient_overlap_setting_and_auto_decision() -> None:
+    from hvdlite.core.config import cpu_cores
+    from hvdlite.core.runtime import gradient_overlap
+    assert Config().gradient_overlap == "auto"
+    assert Config.from_env({"HOROVOD_GRADIENT_OVERLAP": "1"}).gradient_overlap == "on"
+    assert Config.from_env({}, gradient_overlap="Off").gradient_overlap == "off"
+    with pytest.raises(ValueError, match="gradient_overlap must be auto, on or off, got 'sometimes'"):
+        Config.from_env({"HVDLITE_GRADIENT_OVERLAP": "sometimes"})
+    mine, machine = cpu_cores()
+    assert 1 <= mine <= machine
+    for setting, threads, expected in (("on", 10**6, True), ("off", None, False), ("auto", None, True),
+                                       ("auto", mine, False), ("auto", mine - 1, True)):
+        hvd.init(gradient_overlap=setting)
+        try:
+            # One process here: auto overlaps when a core is left for the engine besides the threads.
+            assert gradient_overlap(threads) is expected, (setting, threads, mine)
+        finally:
+            hvd.shutdown()
+
+
 def test_unknown_hvdlite_variable_warns(capfd) -> None:
     Config.from_env({"HVDLITE_FUSION_TRESHOLD": "1"})
     err = capfd.readouterr().err

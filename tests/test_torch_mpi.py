@@ -25,13 +25,15 @@ def job(request: pytest.FixtureRequest) -> tuple[subprocess.CompletedProcess, in
     return run_mpi("torch_all.py", request.param, timeout=300), request.param
 
 
-def assert_groups_passed(out: str, groups: list[str], n: int) -> None:
+def assert_groups_passed(out: str, groups: list[str], n: int, done: int, then: str = "") -> None:
+    """Every group printed "OK <group> rank=<r> <then>" on every rank, and each rank finished ``done``
+    worker scripts."""
     for group in groups:
         for rank in range(n):
-            assert re.search(rf"^OK {re.escape(group)} rank={rank} ", out, flags=re.M), \
-                f"{group!r} did not pass on rank {rank}:\n{out}"
+            assert re.search(rf"^OK {re.escape(group)} rank={rank} {then}", out, flags=re.M), \
+                f"{group!r} did not pass on rank {rank} ({then or 'any mode'}):\n{out}"
     for rank in range(n):
-        assert len(re.findall(rf"^DONE rank={rank}$", out, flags=re.M)) == 2, out
+        assert len(re.findall(rf"^DONE rank={rank}$", out, flags=re.M)) == done, out
 
 
 def test_collectives_dtypes_handles_gradients_process_sets(job) -> None:
@@ -39,7 +41,7 @@ def test_collectives_dtypes_handles_gradients_process_sets(job) -> None:
     non-contiguous inputs, handles, every collective's backward against Horovod's formulas (exact values),
     process sets, objects, timeline, errors."""
     proc, n = job
-    assert_groups_passed(proc.stdout, OPS_GROUPS, n)
+    assert_groups_passed(proc.stdout, OPS_GROUPS, n, done=3)
 
 
 def test_distributed_optimizer_equals_single_process_training(job) -> None:
@@ -47,16 +49,18 @@ def test_distributed_optimizer_equals_single_process_training(job) -> None:
     backward_passes_per_step=2, groups, predivide, clipping, fp16/bf16 compression equal single-process
     training on the concatenated batch with identical weights on every rank; unused and toggled
     parameters, sparse gradients, SyncBatchNorm, broadcast helpers (fresh Adam, lazy state, LBFGS) and
-    join with uneven data."""
+    join with uneven data. Once with each allreduce started from backward (gradient_overlap=on), once with
+    all of them started at step() (off)."""
     proc, n = job
-    assert_groups_passed(proc.stdout, OPTIMIZER_GROUPS, n)
+    for mode in ("on", "off"):
+        assert_groups_passed(proc.stdout, OPTIMIZER_GROUPS, n, done=3, then=f"overlap={mode} ")
 
 
 def test_collectives_and_optimizer_through_host_staging(nproc: int) -> None:
     """tests/workers/torch_staged.py: the same checks with every tensor staged through a host copy, the
     path that CUDA tensors take, so that it runs on machines without a GPU."""
     out = run_mpi("torch_staged.py", nproc, timeout=300).stdout
-    assert_groups_passed(out, OPS_GROUPS + OPTIMIZER_GROUPS, nproc)
+    assert_groups_passed(out, OPS_GROUPS + OPTIMIZER_GROUPS, nproc, done=2)
 
 
 def test_horovod_script_runs_with_only_the_import_changed(job) -> None:

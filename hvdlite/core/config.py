@@ -45,6 +45,10 @@ class Config:
     idle_heartbeat_seconds: float = 1.0
     #: On an uncaught exception in any thread, print it and abort the whole MPI job promptly.
     abort_on_error: bool = True
+    #: When DistributedOptimizer reduces gradients: "on" starts each allreduce from backward (overlap);
+    #: "off" starts them all at step()/synchronize(); "auto" overlaps unless the ranks' compute threads
+    #: already take every CPU core (then the engine would slow backward down more than overlap gains).
+    gradient_overlap: str = "auto"
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -85,6 +89,11 @@ class Config:
             raise ValueError(f"fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
         if self.allreduce_chunk_bytes <= 0:
             raise ValueError(f"allreduce_chunk_bytes must be > 0, got {self.allreduce_chunk_bytes}")
+        overlap = str(self.gradient_overlap).strip().lower()
+        overlap = "on" if overlap in _TRUE else "off" if overlap in _FALSE else overlap
+        if overlap not in ("auto", "on", "off"):
+            raise ValueError(f"gradient_overlap must be auto, on or off, got {self.gradient_overlap!r}")
+        self.gradient_overlap = overlap
 
 
 def _parse(key: str, raw: str, kind: Any) -> Any:
@@ -109,6 +118,15 @@ def _parse(key: str, raw: str, kind: Any) -> Any:
 def environ() -> MutableMapping[str, str]:
     """The process environment, for the launcher and the launch checks (read-only by convention)."""
     return os.environ
+
+
+def cpu_cores() -> tuple[int, int]:
+    """(cores this process may run on, cores of the machine)."""
+    total = os.cpu_count() or 1
+    try:
+        return len(os.sched_getaffinity(0)), total
+    except (AttributeError, OSError):  # not on Linux
+        return total, total
 
 
 def getenv(name: str, default: str | None = None) -> str | None:

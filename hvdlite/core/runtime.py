@@ -10,7 +10,7 @@ import traceback
 from typing import Any, Optional, Sequence
 
 from . import log
-from .config import Config
+from .config import Config, cpu_cores
 from .engine import Engine
 from .errors import LaunchError, NotInitializedError
 from .launch_check import check_launch
@@ -153,6 +153,24 @@ def _install_excepthook() -> None:
             os._exit(1)
 
     sys.excepthook = abort_job
+
+
+def gradient_overlap(compute_threads: Optional[int]) -> bool:
+    """Whether a frontend should start gradient reductions during backward (see Config.gradient_overlap).
+
+    ``compute_threads`` is how many CPU threads this rank's backward pass uses, or None when it runs
+    on an accelerator (the CPU then has time for the engine). "auto" overlaps when every rank on the
+    node can have a core for its engine besides its compute threads.
+    """
+    current = state()
+    setting = current.config.gradient_overlap
+    if setting != "auto":
+        return setting == "on"
+    if compute_threads is None:
+        return True
+    mine, machine = cpu_cores()
+    sharing = current.local_size if mine == machine else 1  # unbound ranks share the node's cores
+    return mine >= sharing * (compute_threads + 1)
 
 
 def state() -> State:

@@ -1,4 +1,4 @@
-"""DistributedOptimizer: wraps any torch optimizer; gradient allreduces start during backward()."""
+"""DistributedOptimizer: wraps any torch optimizer; gradient allreduces start during backward() or at step()."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +10,7 @@ import torch
 
 import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core.runtime import gradient_overlap
 
 from .compression import Compression
 from .mpi_ops import Adasum, Average, _op, grouped_allreduce_async_, sparse_allreduce_async, synchronize
@@ -53,6 +54,10 @@ class _DistributedOptimizer:
         self._unit_of: dict[torch.Tensor, Unit] = _make_groups(groups, self.param_groups)
         self._is_grouped = not (groups is None or isinstance(groups, int) and groups == 0)
         self._enabled = process_set.included() and process_set.size() > 1
+        self._ready: set[Unit] = set()  # units whose gradients are complete, not yet submitted
+        on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
+        #: Submit each allreduce from backward (overlap), or all of them at synchronize().
+        self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None)
         self._refresh()
 
     def _refresh(self) -> None:
@@ -86,11 +91,17 @@ class _DistributedOptimizer:
         unit = self._unit_of[p]
         if isinstance(unit, tuple) and not all(self._allreduce_delay[q] == 0 for q in unit if q.requires_grad):
             return
-        if unit not in self._handles:
+        if not self.overlap:
+            self._ready.add(unit)  # synchronize() submits it, once backward no longer needs the CPU
+        elif unit not in self._handles:
             self._handles[unit] = self._submit(unit)
 
     def _submit(self, unit: Unit) -> list[_Pending]:
         params = [q for q in unit if q.requires_grad] if isinstance(unit, tuple) else [unit]
+        return self._submit_params(params)
+
+    def _submit_params(self, params: list[torch.Tensor]) -> list[_Pending]:
+        """Sparse gradients one by one; every dense one in a single grouped allreduce."""
         pending, dense = [], []
         for q in params:
             self._ensure_grad(q)
@@ -135,18 +146,26 @@ class _DistributedOptimizer:
             return
         self._refresh()
         seen: set[int] = set()
+        waiting: list[Unit] = []
         for p in self._requires_update:
             unit = self._unit_of[p]
             if id(unit) in seen:
                 continue
             seen.add(id(unit))
             if unit not in self._handles:
+                waiting.append(unit)
+        if self.overlap:
+            for unit in waiting:
                 self._handles[unit] = self._submit(unit)
+        elif waiting:  # one grouped submission: per-tensor requests would cost more than they overlap
+            params = [q for u in waiting for q in (u if isinstance(u, tuple) else (u,)) if q.requires_grad]
+            self._handles[waiting[0]] = self._submit_params(params)
         with torch.no_grad():
             for entries in self._handles.values():
                 for entry in entries:
                     self._finish(entry)
         self._handles.clear()
+        self._ready.clear()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._synchronized = True
@@ -186,7 +205,7 @@ class _DistributedOptimizer:
     step.hooked = True  # type: ignore[attr-defined]  # torch's step hooks run once, in the wrapped step
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles:
+        if self._handles or self._ready:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                                  "cause a race condition.")
@@ -202,6 +221,7 @@ class _DistributedOptimizer:
             for entry in entries:
                 synchronize(entry.handle)
         self._handles.clear()
+        self._ready.clear()
         self._synchronized = False
         self._should_synchronize = True
         self.set_backward_passes_per_step(self.backward_passes_per_step)
@@ -290,7 +310,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     """Wrap ``optimizer`` so that step() applies gradients averaged (``op``) over ``process_set``.
 
     Each parameter's allreduce starts from a hook as soon as backward() has accumulated its
-    gradient; step() waits for them, then runs the wrapped optimizer's step. The result is an
+    gradient (or, when ``gradient_overlap`` decides against overlap, all of them at step());
+    step() waits for them, then runs the wrapped optimizer's step. The result is an
     instance of a subclass of ``type(optimizer)`` sharing its param_groups, state and hooks; use it
     instead of the original. For gradient clipping call ``synchronize()``, clip, then ``step()``
     inside ``with optimizer.skip_synchronize():``.

@@ -3,6 +3,7 @@
 Run by tests/test_torch_optimizer.py under ``mpiexec -n 2`` and ``-n 3``; prints "OK <check>" per group.
 Every rank also runs the single-process reference locally, on the concatenation of all ranks' batches.
 """
+import os
 import sys
 import time
 import warnings
@@ -19,9 +20,19 @@ B, STEPS = 4, 3
 torch.set_default_dtype(torch.float64)
 
 
+#: How DistributedOptimizer was told to reduce: "on" from backward hooks, "off" at step(), or "auto".
+OVERLAP = os.environ.get("HVDLITE_GRADIENT_OVERLAP", "auto")
+
+
 def ok(what):
-    sys.stdout.write(f"OK {what} rank={R} t={time.time() - T0:.1f}\n")  # one write: lines never interleave
+    line = f"OK {what} rank={R} overlap={OVERLAP} t={time.time() - T0:.1f}\n"
+    sys.stdout.write(line)  # one write: lines never interleave
     sys.stdout.flush()
+
+
+_probe = hvd.DistributedOptimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1))
+assert _probe.overlap is {"on": True, "off": False}.get(OVERLAP, _probe.overlap), (OVERLAP, _probe.overlap)
+del _probe
 
 
 def close(a, b, what, tol=1e-10):
