@@ -54,7 +54,7 @@ class _DistributedOptimizer:
         self._unit_of: dict[torch.Tensor, Unit] = _make_groups(groups, self.param_groups)
         self._is_grouped = not (groups is None or isinstance(groups, int) and groups == 0)
         self._enabled = process_set.included() and process_set.size() > 1
-        self._ready: set[Unit] = set()  # units whose gradients are complete, not yet submitted
+        self._grads_waiting = False  # backward produced gradients that synchronize() has not finished
         on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
         #: Submit each allreduce from backward (overlap), or all of them at synchronize().
         self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None)
@@ -86,14 +86,13 @@ class _DistributedOptimizer:
                 "Gradients were computed more than backward_passes_per_step times before call to step(). "
                 "Increase backward_passes_per_step to accumulate gradients locally.")
         self._allreduce_delay[p] -= 1
-        if self._allreduce_delay[p] > 0:
-            return
+        self._grads_waiting = True
+        if not self.overlap or self._allreduce_delay[p] > 0:
+            return  # without overlap, synchronize() submits them all once backward is done with the CPU
         unit = self._unit_of[p]
         if isinstance(unit, tuple) and not all(self._allreduce_delay[q] == 0 for q in unit if q.requires_grad):
             return
-        if not self.overlap:
-            self._ready.add(unit)  # synchronize() submits it, once backward no longer needs the CPU
-        elif unit not in self._handles:
+        if unit not in self._handles:
             self._handles[unit] = self._submit(unit)
 
     def _submit(self, unit: Unit) -> list[_Pending]:
@@ -165,7 +164,7 @@ class _DistributedOptimizer:
                 for entry in entries:
                     self._finish(entry)
         self._handles.clear()
-        self._ready.clear()
+        self._grads_waiting = False
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._synchronized = True
@@ -205,7 +204,7 @@ class _DistributedOptimizer:
     step.hooked = True  # type: ignore[attr-defined]  # torch's step hooks run once, in the wrapped step
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles or self._ready:
+        if self._grads_waiting:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                                  "cause a race condition.")
@@ -221,7 +220,7 @@ class _DistributedOptimizer:
             for entry in entries:
                 synchronize(entry.handle)
         self._handles.clear()
-        self._ready.clear()
+        self._grads_waiting = False
         self._synchronized = False
         self._should_synchronize = True
         self.set_backward_passes_per_step(self.backward_passes_per_step)

@@ -140,6 +140,17 @@ with warnings.catch_warnings(record=True) as caught:
     opt.step()
 assert any("skip_synchronize" in str(w.message) for w in caught), caught
 opt.zero_grad()
+opt.set_backward_passes_per_step(2)
+loss_fn(model(x), y).backward()  # the first of two passes: as in Horovod, zero_grad() still refuses
+try:
+    opt.zero_grad()
+    raise AssertionError("zero_grad between an accumulating backward and step did not raise")
+except AssertionError as exc:
+    assert "zero_grad() was called after loss.backward()" in str(exc), exc
+loss_fn(model(x), y).backward()
+opt.step()
+opt.zero_grad()
+opt.set_backward_passes_per_step(1)
 params = list(model.named_parameters())
 for bad, text in (([params[0], params[0]] + params[1:], "Found duplicates: 0.weight"),
                   (params[1:], "were not named"), ([p for _, p in params], "tuples (name, parameter)")):
