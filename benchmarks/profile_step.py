@@ -4,7 +4,8 @@ Run: mpiexec -n 2 python benchmarks/profile_step.py [--model resnet50|transforme
 
 Methods, interleaved step by step (one model replica each, same data):
   single       one process, no communication (rank 0 alone; the other ranks wait without spinning)
-  hvdlite      hvdlite.torch DistributedOptimizer: allreduces start from backward hooks (overlap)
+  hvdlite      hvdlite.torch DistributedOptimizer with its default gradient_overlap=auto
+  overlap      the same with overlap forced on: allreduces start from backward hooks
   ddp          torch DDP over gloo (buckets reduced from backward hooks)
   deferred     no hooks: hvdlite.torch grouped_allreduce_ of all gradients after backward (no overlap)
 Phases: forward, backward (with whatever communication runs during it), sync (waiting for gradients after
@@ -74,10 +75,13 @@ def main(argv: list[str] | None = None) -> None:
     def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    m_single, m_hvd, m_def = build(), build(), build()
+    m_single, m_hvd, m_ovl, m_def = build(), build(), build(), build()
     m_ddp = torch.nn.parallel.DistributedDataParallel(build(), **_ddp_no_buffer_sync())
     o_single, o_ddp, o_def = sgd(m_single), sgd(m_ddp), sgd(m_def)
     o_hvd = hvd.DistributedOptimizer(sgd(m_hvd), named_parameters=m_hvd.named_parameters())
+    o_ovl = hvd.DistributedOptimizer(sgd(m_ovl), named_parameters=[("ovl." + n, p) for n, p in
+                                                                  m_ovl.named_parameters()])
+    o_ovl.overlap = True
     params_def = list(m_def.parameters())
     pc = time.perf_counter
 
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         t1 = pc()
         loss.backward()
         t2 = pc()
-        if kind == "hvdlite":
+        if kind in ("hvdlite", "overlap"):
             opt.synchronize()  # type: ignore[attr-defined]
             t3 = pc()
             with opt.skip_synchronize():  # type: ignore[attr-defined]
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
 
     methods: dict[str, Callable[[], tuple[float, ...]]] = {
         "single": lambda: step(m_single, o_single, "single"), "hvdlite": lambda: step(m_hvd, o_hvd, "hvdlite"),
+        "overlap": lambda: step(m_ovl, o_ovl, "overlap"),
         "ddp": lambda: step(m_ddp, o_ddp, "ddp"), "deferred": lambda: step(m_def, o_def, "deferred")}
     main_tid = threading.main_thread().native_id
     engine_tid = next(t.native_id for t in threading.enumerate() if t.name == "hvdlite-engine")

@@ -240,7 +240,7 @@ def torch_worker(args: argparse.Namespace) -> None:
             methods["hvd_module"] = (make_step(mod_model, mod_opt), False)
         times = run_rounds(comm, methods, args)
         params = sum(p.numel() for p in single_model.parameters())
-        extra = {"parameters": params, "threads_per_rank": threads}
+        extra = {"parameters": params, "threads_per_rank": threads, "hvdlite_overlap": hvd_opt.overlap}
         if module is not None:
             extra["module"] = args.hvd_module
         for record in summarize("torch", model_name, batch, size, times, args.steps, {"single"}, extra):
