@@ -120,15 +120,6 @@ def environ() -> MutableMapping[str, str]:
     return os.environ
 
 
-def cpu_cores() -> tuple[int, int]:
-    """(cores this process may run on, cores of the machine)."""
-    total = os.cpu_count() or 1
-    try:
-        return len(os.sched_getaffinity(0)), total
-    except (AttributeError, OSError):  # not on Linux
-        return total, total
-
-
 def getenv(name: str, default: str | None = None) -> str | None:
     """One environment variable that is not a knob (SLURM_*, PMI_*, OMPI_*...)."""
     return os.environ.get(name, default)

@@ -10,7 +10,7 @@ import traceback
 from typing import Any, Optional, Sequence
 
 from . import log
-from .config import Config, cpu_cores
+from .config import Config
 from .engine import Engine
 from .errors import LaunchError, NotInitializedError
 from .launch_check import check_launch
@@ -153,6 +153,15 @@ def _install_excepthook() -> None:
             os._exit(1)
 
     sys.excepthook = abort_job
+
+
+def cpu_cores() -> tuple[int, int]:
+    """(cores this process may run on, cores of the machine)."""
+    total = os.cpu_count() or 1
+    try:
+        return len(os.sched_getaffinity(0)), total
+    except (AttributeError, OSError):  # not on Linux
+        return total, total
 
 
 def gradient_overlap(compute_threads: Optional[int]) -> bool:
