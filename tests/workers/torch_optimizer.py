@@ -73,7 +73,7 @@ def mine(batch, per_rank, part=0, parts=1):
 loss_fn = nn.MSELoss()
 
 
-def equivalence(name, make_opt, passes=1, clip=None, tol=1e-10, **dist_kwargs):
+def equivalence(name, make_opt, passes=1, clip=None, tol=1e-10, toggle_overlap=False, **dist_kwargs):
     data = batches(STEPS, B * passes)
     ref = mlp(1)
     ref_opt = make_opt(ref.parameters())
@@ -89,6 +89,8 @@ def equivalence(name, make_opt, passes=1, clip=None, tol=1e-10, **dist_kwargs):
     opt = hvd.DistributedOptimizer(make_opt(model.parameters()), named_parameters=model.named_parameters(),
                                    backward_passes_per_step=passes, **dist_kwargs)
     for batch in data:
+        if toggle_overlap:  # switch between reducing from backward hooks and at step(), every step
+            opt.overlap = not opt.overlap
         opt.zero_grad()
         for part in range(passes):
             x, y = mine(batch, B * passes, part, passes)
@@ -110,6 +112,7 @@ adam = lambda params: torch.optim.Adam(params, lr=0.01, betas=(0.8, 0.95))
 opt = equivalence("sgd momentum", sgd)
 assert isinstance(opt, torch.optim.SGD) and type(opt).__name__ == "SGD"
 equivalence("adam", adam)
+equivalence("overlap toggled between steps", adam, toggle_overlap=True)
 equivalence("adamw passes=2", lambda p: torch.optim.AdamW(p, lr=0.01), passes=2)
 equivalence("sgd passes=2", sgd, passes=2)
 equivalence("groups=2", sgd, groups=2)
