@@ -15,6 +15,7 @@ import argparse
 import os
 
 import keras
+import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -29,6 +30,12 @@ parser.add_argument("--checkpoint-dir", default="checkpoints")
 args = parser.parse_args()
 
 hvd.init()
+# One GPU per rank, picked by the rank's index on its node (Horovod's recipe; without GPUs this does nothing).
+gpus = tf.config.list_physical_devices("GPU")
+for gpu in gpus:
+    tf.config.experimental.set_memory_growth(gpu, True)
+if gpus:
+    tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
 keras.utils.set_random_seed(1234 + hvd.rank())  # ranks start from different weights: the broadcast aligns them
 
 # Data: the same split on every rank, then each rank keeps every size()-th training example.
