@@ -57,9 +57,9 @@ def test_distributed_optimizer_equals_single_process_training(job) -> None:
 
 
 def test_collectives_and_optimizer_through_host_staging(nproc: int) -> None:
-    """tests/workers/torch_staged.py: the same checks with every tensor staged through a host copy, the
-    path that CUDA tensors take, so that it runs on machines without a GPU."""
-    out = run_mpi("torch_staged.py", nproc, timeout=300).stdout
+    """tests/workers/torch_all.py --staged: the same checks with every tensor staged through a host copy,
+    the path that CUDA tensors take, so that it runs on machines without a GPU."""
+    out = run_mpi("torch_all.py", nproc, args=["--staged"], timeout=300).stdout
     assert_groups_passed(out, OPS_GROUPS + OPTIMIZER_GROUPS, nproc, done=2)
 
 
