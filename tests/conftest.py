@@ -12,6 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
+PARALLEL = Path(__file__).resolve().parent / "parallel"
+
+# tests/parallel/ runs inside MPI ranks (see tests/test_parallel.py); the outer pytest only spawns it.
+collect_ignore = [] if os.environ.get("HVDT_IN_RANKS") else ["parallel"]
 
 
 def mpiexec_path() -> str:
@@ -24,19 +28,19 @@ def mpiexec_path() -> str:
 
 def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
             env: Optional[Mapping[str, str]] = None, check: bool = True,
-            mpi_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+            mpi_args: Sequence[str] = (), python: bool = True) -> subprocess.CompletedProcess:
     """Run ``python script args`` under ``mpiexec -n n``; fail the test on a non-zero exit or timeout.
 
     ``script`` is a path, or a file name under tests/workers/.
     """
     path = Path(script)
-    if not path.is_absolute() and not path.exists():
+    if python and not path.is_absolute() and not path.exists():
         path = WORKERS / path
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
     full_env.update(env or {})
-    cmd = [mpiexec_path(), "-n", str(n), *mpi_args, sys.executable, str(path), *args]
+    cmd = [mpiexec_path(), "-n", str(n), *mpi_args, *([sys.executable] if python else []), str(path), *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
@@ -52,3 +56,42 @@ def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float
 def nproc(request: pytest.FixtureRequest) -> int:
     """Run a multi-process test at 2 and at 3 ranks (odd sizes catch bugs)."""
     return request.param
+
+
+def run_parallel(module: str, n: int, report_dir: Path, timeout: float = 600, test_timeout: float = 180,
+                 env: Optional[Mapping[str, str]] = None, select: str = "") -> None:
+    """Run tests/parallel/``module`` inside ``mpiexec -n n`` ranks; fail naming every test that failed on
+    any rank (with that rank's report), or a rank that never reported."""
+    import json
+    report_dir.mkdir(parents=True, exist_ok=True)
+    args = ["-m", "pytest", str(PARALLEL / module), "-q", "-p", "no:cacheprovider", "-o",
+            f"timeout={test_timeout}", "--rootdir", str(ROOT / "tests")]
+    if select:
+        args += ["-k", select]
+    full_env = {"HVDT_IN_RANKS": "1", "HVDT_REPORT_DIR": str(report_dir),
+                "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "60", **(env or {})}
+    proc = run_mpi(sys.executable, n, args=args, timeout=timeout, env=full_env, check=False, python=False)
+    problems = []
+    names: set = set()
+    for r in range(n):
+        path = report_dir / f"rank{r}.json"
+        if not path.exists():
+            problems.append(f"rank {r} wrote no report (it crashed or hung)")
+            continue
+        report = json.loads(path.read_text())
+        if report["collected"] == 0:
+            problems.append(f"rank {r} collected no tests")
+        ran = [t for t in report["tests"] if t["when"] == "call"]
+        names.add(tuple(t["nodeid"] for t in ran))
+        for t in report["tests"]:
+            if t["outcome"] == "failed":
+                problems.append(f"rank {r}: {t['nodeid']} FAILED ({t['when']}):\n{t.get('longrepr', '')}")
+            elif t["outcome"] == "skipped" and t["when"] != "call":
+                problems.append(f"rank {r}: {t['nodeid']} was skipped: tests in tests/parallel must not skip")
+    if len(names) > 1:
+        problems.append("the ranks ran different tests")
+    if proc.returncode != 0 and not problems:
+        problems.append(f"mpiexec exited {proc.returncode}")
+    if problems:
+        pytest.fail(f"{module} at -n {n}:\n" + "\n".join(problems) + f"\n--- stdout:\n{proc.stdout[-8000:]}"
+                    f"\n--- stderr:\n{proc.stderr[-8000:]}", pytrace=False)

@@ -1,0 +1,127 @@
+"""In-rank pytest plumbing: every rank of an ``mpiexec -n N python -m pytest tests/parallel/FILE`` job runs
+the same tests in the same order, reports each by name, and stays in step with the other ranks.
+
+- hvdlite (the core) is initialised once per job; ``reinit(**settings)`` restarts it with other settings for
+  one test and restores the defaults afterwards.
+- After every test the ranks exchange their verdicts over raw MPI (not hvdlite, which may be what broke).
+  If any rank failed, or any rank's engine died, every rank restarts hvdlite, so that one failure cannot
+  desynchronise generated names or leave a half-finished collective behind for the next test.
+- ``@pytest.mark.mpi(min_size=K)`` / ``@pytest.mark.mpi(sizes=(2, 4))`` deselect (never skip) tests that do
+  not apply to this job's size.
+- Each rank writes ``$HVDT_REPORT_DIR/rank<r>.json``: every test's outcome and, on failure, its report; the
+  spawning test (tests/test_parallel.py) reads them and names each failed test with its rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+import hvdlite as hvd
+
+_reports: list[dict[str, Any]] = []
+_settings_changed = False
+
+
+def _world() -> Any:
+    from mpi4py import MPI  # tests may talk to MPI directly; the library's frontends never do
+    return MPI.COMM_WORLD
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "mpi(min_size=None, sizes=None): run only at these job sizes")
+    hvd.init()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    size = _world().Get_size()
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("mpi")
+        ok = True
+        if marker is not None:
+            min_size = marker.kwargs.get("min_size")
+            sizes = marker.kwargs.get("sizes")
+            ok = (min_size is None or size >= min_size) and (sizes is None or size in sizes)
+        (keep if ok else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        item.stash[_FAILED] = True
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" or report.outcome != "passed":
+        entry: dict[str, Any] = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome}
+        if report.failed:
+            entry["longrepr"] = str(report.longrepr)[-6000:]
+        _reports.append(entry)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    directory = os.environ.get("HVDT_REPORT_DIR")
+    if directory:
+        rank = _world().Get_rank()
+        Path(directory, f"rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "size": _world().Get_size(), "exitstatus": int(exitstatus),
+             "collected": session.testscollected, "tests": _reports}))
+    hvd.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _ranks_in_step(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test: agree on whether anything broke; if so, restart hvdlite on every rank."""
+    global _settings_changed
+    yield
+    from mpi4py import MPI
+    broken = request.node.stash.get(_FAILED, False) or not _engine_healthy()
+    if _world().allreduce(int(broken) or int(_settings_changed), op=MPI.MAX):
+        hvd.shutdown()
+        hvd.init()
+        _settings_changed = False
+
+
+def _engine_healthy() -> bool:
+    if not hvd.is_initialized():
+        return False
+    try:
+        hvd.engine_stats()
+    except Exception:  # noqa: BLE001 - any failure here means "restart"
+        return False
+    from hvdlite.core import runtime
+    return runtime.state().engine.error is None
+
+
+@pytest.fixture
+def reinit() -> Callable[..., None]:
+    """``reinit(**settings)`` restarts hvdlite on every rank with these init() keywords for this test;
+    the defaults are restored after it."""
+    def restart(**settings: Any) -> None:
+        global _settings_changed
+        hvd.shutdown()
+        hvd.init(**settings)
+        _settings_changed = True
+    return restart
+
+
+@pytest.fixture
+def rank() -> int:
+    return hvd.rank()
+
+
+@pytest.fixture
+def size() -> int:
+    return hvd.size()
