@@ -9,8 +9,8 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.core.config import Config
-from hvdlite.core.messages import make_signature
-from hvdlite.core.negotiation import RankMessage, ResponseCache, decide
+from hvdlite.core.engine.negotiation import RankMessage, ResponseCache, decide
+from hvdlite.core.engine.requests import Kind, make_signature
 from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
 
 
@@ -48,7 +48,7 @@ def test_config_rejects_bad_values_and_unknown_keywords() -> None:
 
 
 def test_gradient_overlap_setting_and_auto_decision() -> None:
-    from hvdlite.core.runtime import cpu_cores, gradient_overlap
+    from hvdlite.core.runtime import cpu_cores, local_overlap_verdict as gradient_overlap
     assert Config().gradient_overlap == "auto"
     assert Config.from_env({"HOROVOD_GRADIENT_OVERLAP": "1"}).gradient_overlap == "on"
     assert Config.from_env({}, gradient_overlap="Off").gradient_overlap == "off"
@@ -161,8 +161,8 @@ def test_timeline_from_environment(tmp_path, monkeypatch) -> None:
 
 
 # -- negotiation logic (pure) ---------------------------------------------------------------------------
-def sig(shape=(3,), dtype="float32", kind="allreduce", ps=0, root=0):
-    return make_signature(kind, ps, hvd.Sum if kind == "allreduce" else None, 1.0, 1.0, root,
+def sig(shape=(3,), dtype="float32", kind=Kind.ALLREDUCE, ps=0, root=0):
+    return make_signature(kind, ps, hvd.Sum if kind is Kind.ALLREDUCE else None, 1.0, 1.0, root,
                           ((dtype, shape),))
 
 
@@ -178,14 +178,14 @@ def test_decide_ready_stalled_and_mismatch() -> None:
 
 
 def test_decide_join_stands_in_and_reports_last_rank() -> None:
-    join = make_signature("join", 0, None, 1, 1, 0, ())
+    join = make_signature(Kind.JOIN, 0, None, 1, 1, 0, ())
     msgs = [RankMessage([("g", sig(), 0)]), RankMessage([("j", join, 0)], join_cycle=4)]
     responses, _ = decide(msgs, {0: [0, 1]}, 2)
     assert [(r.name, r.joined) for r in responses] == [("g", frozenset({1}))]
     msgs = [RankMessage([("j", join, 0)], join_cycle=9), RankMessage([("j", join, 0)], join_cycle=4)]
     responses, _ = decide(msgs, {0: [0, 1]}, 2)
     assert [(r.name, r.last_joined) for r in responses] == [("j", 0)]
-    rs = make_signature("reducescatter", 0, hvd.Sum, 1, 1, 0, (("float32", (4,)),))
+    rs = make_signature(Kind.REDUCESCATTER, 0, hvd.Sum, 1, 1, 0, (("float32", (4,)),))
     msgs = [RankMessage([("r", rs, 0)]), RankMessage([("j", join, 0)], join_cycle=1)]
     responses, _ = decide(msgs, {0: [0, 1]}, 2)
     assert "cannot run while ranks [1] have called join()" in responses[0].error

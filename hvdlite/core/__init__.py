@@ -1,4 +1,8 @@
-"""The framework-agnostic core of hvdlite: runtime, engine and collectives on numpy arrays."""
+"""The framework-agnostic core of hvdlite: runtime, engine and collectives on numpy arrays.
+
+The names exported here are the public API (``import hvdlite as hvd``). Frontends use these and
+``hvdlite.core.frontend``; every other module of the core is private.
+"""
 from __future__ import annotations
 
 from .api import (allgather, allgather_async, allreduce, allreduce_,
@@ -10,7 +14,7 @@ from .api import (allgather, allgather_async, allreduce, allreduce_,
 from .config import Config
 from .errors import (HorovodInternalError, HvdliteError, LaunchError, NotInitializedError, ShutdownError,
                      StallError, TensorMismatchError)
-from .handles import Handle
+from .engine.handles import Handle
 from .objects import allgather_object, broadcast_object
 from .process_set_ops import add_process_set, remove_process_set
 from .process_sets import ProcessSet, global_process_set

@@ -1,29 +1,22 @@
 """The collectives on numpy arrays: each submits a named request to the engine and returns a handle."""
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .handles import Handle
-from .messages import Request, make_signature
+from .engine.handles import Handle
+from .engine.requests import Kind
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import ReduceOp, dtype_name, resolve_op
+from .reduce_ops import ReduceOp, check_reduction, dtype_name, resolve_op
 from .runtime import state
-
-_counters: dict[str, Any] = {}
 
 
 def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
     """The caller's name, or one generated per kind and process set, in call order (the same on every
     member, since members make the same calls in the same order)."""
-    if name is not None:
-        return str(name)
     ps_id = 0 if process_set is None else (process_set.process_set_id or 0)
-    counter = _counters.setdefault((kind, ps_id), itertools.count())
-    scope = f".ps{ps_id}" if ps_id else ""
-    return f"{kind}{scope}.noname.{next(counter)}"
+    return state().names.name(kind, name, ps_id)
 
 
 def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
@@ -50,18 +43,9 @@ def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[np.ndarray, 
     return a, dtype
 
 
-def _submit(kind: str, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
-            outputs: Optional[list[Optional[np.ndarray]]] = None, op: Optional[ReduceOp] = None,
-            prescale: float = 1.0, postscale: float = 1.0, root: int = 0, splits: Any = None,
-            extra: Any = None, shape_of: Callable[[np.ndarray], tuple] = lambda a: tuple(a.shape),
-            finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
-    sig = make_signature(kind, ps_id, op, prescale, postscale, root,
-                         tuple((d, shape_of(a)) for a, d in zip(inputs, dtypes)), extra)
-    handle = Handle(name, finalize)
-    req = Request(name, sig, handle, inputs, outputs if outputs is not None else [None] * len(inputs),
-                  dtypes, op=op, splits=splits)
-    state().engine.submit(req)
-    return handle
+def _submit(kind: Kind, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
+            **options: Any) -> Handle:
+    return state().submit(kind, name, ps_id, inputs, dtypes, **options)
 
 
 def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray]) -> Callable[[Any], Any]:
@@ -82,17 +66,12 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
     """Reduce several arrays as one unit. The result is the list of reduced arrays."""
     name = _auto_name("allreduce", name, process_set)
     reduce_op = resolve_op(op, average)
-    if reduce_op is ReduceOp.ADASUM:
-        raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average or hvd.Sum")
     ps_id = _pset_id(process_set, "allreduce", name)
     hints = list(dtype_hints or [None] * len(arrays))
     prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
     inputs = [p[0] for p in prepared]
     dtypes = [p[1] for p in prepared]
-    for d in dtypes:
-        if d == "bool" and reduce_op is ReduceOp.AVERAGE:
-            raise TypeError(f"allreduce {name!r}: hvd.Average is not defined for bool tensors; use hvd.Sum "
-                            f"(logical or), hvd.Min or hvd.Max")
+    check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1))
     outputs: Optional[list[Optional[np.ndarray]]] = None
     finalize = None
     if inplace:
@@ -100,8 +79,8 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
         originals = [np.asarray(a) for a in arrays]
         if any(p is not o for p, o in zip(inputs, originals)):
             finalize = _write_back(originals, inputs)
-    return _submit("allreduce", name, ps_id, inputs, dtypes, outputs, reduce_op, prescale_factor,
-                   postscale_factor, finalize=finalize)
+    return _submit(Kind.ALLREDUCE, name, ps_id, inputs, dtypes, outputs=outputs, op=reduce_op,
+                   prescale=prescale_factor, postscale=postscale_factor, finalize=finalize)
 
 
 def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
@@ -115,9 +94,7 @@ def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[s
 
 
 def _single(handle: Handle) -> Handle:
-    inner = handle._finalize
-    handle._finalize = (lambda results: inner(results)[0]) if inner else (lambda results: results[0])
-    return handle
+    return handle.then(lambda results: results[0])
 
 
 def allreduce(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
@@ -172,7 +149,7 @@ def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
     hints = list(dtype_hints or [None] * len(arrays))
     prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
     inputs = [p[0].reshape(1) if p[0].ndim == 0 else p[0] for p in prepared]
-    return _submit("allgather", name, ps_id, inputs, [p[1] for p in prepared],
+    return _submit(Kind.ALLGATHER, name, ps_id, inputs, [p[1] for p in prepared],
                    shape_of=lambda a: tuple(a.shape[1:]))
 
 
@@ -206,7 +183,8 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
     finalize = None
     if inplace and a is not np.asarray(array):
         finalize = _write_back([np.asarray(array)], [a])
-    handle = _submit("broadcast", name, ps_id, [a], [dtype], outputs, root=int(root_rank), finalize=finalize)
+    handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=int(root_rank),
+                     finalize=finalize)
     return _single(handle)
 
 
@@ -245,7 +223,7 @@ def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
         if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != a.shape[0]:
             raise ValueError(f"alltoall {name!r}: splits {split_arr.tolist()} must have one non-negative "
                              f"entry per rank ({n}) summing to the first dimension ({a.shape[0]})")
-    return _submit("alltoall", name, ps_id, [a], [dtype], splits=split_arr,
+    return _submit(Kind.ALLTOALL, name, ps_id, [a], [dtype], splits=split_arr,
                    shape_of=lambda x: tuple(x.shape[1:]))
 
 
@@ -262,17 +240,17 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
     """Reduce, then give rank r its share of the first dimension (earlier ranks take the remainder)."""
     name = _auto_name("reducescatter", name, process_set)
     reduce_op = resolve_op(op)
-    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
-        raise NotImplementedError(f"reducescatter {name!r}: {reduce_op!r} is not supported")
     ps_id = _pset_id(process_set, "reducescatter", name)
     hints = list(dtype_hints or [None] * len(arrays))
     prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
+    check_reduction("reducescatter", name, reduce_op, [p[1] for p in prepared],
+                    scaled=(prescale_factor, postscale_factor) != (1, 1))
     for a, _ in prepared:
         if a.ndim == 0:
             raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
     if len({d for _, d in prepared}) > 1:
         raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
-    return _submit("reducescatter", name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
+    return _submit(Kind.REDUCESCATTER, name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
                    op=reduce_op, prescale=prescale_factor, postscale=postscale_factor)
 
 
@@ -300,7 +278,7 @@ def grouped_reducescatter(arrays: Sequence[Any], name: Optional[str] = None, op:
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     name = _auto_name("barrier", None, process_set)
     ps_id = _pset_id(process_set, "barrier", name)
-    _submit("barrier", name, ps_id, [], []).wait()
+    _submit(Kind.BARRIER, name, ps_id, [], []).wait()
 
 
 def join(device: int = -1) -> int:
@@ -310,7 +288,7 @@ def join(device: int = -1) -> int:
     """
     name = _auto_name("join", None)
     _pset_id(None, "join", name)
-    return int(_submit("join", name, 0, [], []).wait())
+    return int(_submit(Kind.JOIN, name, 0, [], []).wait())
 
 
 def poll(handle: Handle) -> bool:
@@ -324,9 +302,4 @@ def synchronize(handle: Handle) -> Any:
         raise TypeError(f"synchronize() takes a handle returned by an *_async function, got "
                         f"{type(handle).__name__}")
     return handle.wait()
-
-
-def reset_names() -> None:
-    """Forget the counters behind generated names (init() after shutdown() starts afresh)."""
-    _counters.clear()
 

@@ -50,6 +50,26 @@ class Config:
     #: already take every CPU core (then the engine would slow backward down more than overlap gains).
     gradient_overlap: str = "auto"
 
+    #: Settings that shape MPI traffic or verdicts every rank must reach alike; rank 0's values are used.
+    AGREED = ("cycle_time", "cache_capacity", "fusion_threshold", "allreduce_chunk_bytes",
+              "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
+              "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap")
+
+    def agreed_values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.AGREED}
+
+    def adopt(self, root_values: Mapping[str, Any], rank: int) -> list[str]:
+        """Take rank 0's values of the agreed settings; return a warning for each one that differed here."""
+        warnings = []
+        for name, value in root_values.items():
+            mine = getattr(self, name)
+            if mine != value:
+                warnings.append(f"setting {name} is {mine!r} on rank {rank} but {value!r} on rank 0; using "
+                                f"rank 0's value on every rank, since it shapes the MPI traffic all ranks must "
+                                f"issue alike. Set HVDLITE_{name.upper()} the same everywhere to silence this.")
+                setattr(self, name, value)
+        return warnings
+
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]

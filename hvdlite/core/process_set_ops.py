@@ -3,33 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import _auto_name, _submit
-from .process_sets import ProcessSet, normalize_ranks
+from .process_sets import ProcessSet
 from .runtime import state
 
 
-# -- process sets -------------------------------------------------------------------------------------
 def add_process_set(process_set: Any) -> ProcessSet:
     """Register a process set on every rank (all ranks must call this, in the same order)."""
-    st = state()
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    ranks = normalize_ranks(ps)
-    bad = [r for r in ranks if not 0 <= r < st.size]
-    if bad:
-        raise ValueError(f"add_process_set: ranks {bad} do not exist in a job of {st.size} ranks")
-    if st.psets.find(ranks) is not None:
-        raise ValueError(f"add_process_set: a process set with ranks {ranks} is already registered")
-    name = _auto_name("add_process_set", None)
-    ps_id = _submit("add_process_set", name, 0, [], [], extra=tuple(ranks)).wait()
-    return st.psets.register(ps, int(ps_id))
+    return state().add_process_set(process_set)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a process set on every rank (all ranks must call this). Returns True if removed."""
-    st = state()
-    ps_id = process_set.process_set_id
-    if ps_id is None or ps_id == 0 or ps_id not in st.psets.ranks:
-        return False
-    name = _auto_name("remove_process_set", None)
-    _submit("remove_process_set", name, 0, [], [], extra=int(ps_id)).wait()
-    return True
+    return state().remove_process_set(process_set)

@@ -1,4 +1,4 @@
-"""Reduce operations and dtypes: how each (dtype, op) pair maps onto an MPI datatype and MPI.Op."""
+"""Reduce operations and dtypes: op resolution, the checks every frontend shares, and scaling arithmetic."""
 from __future__ import annotations
 
 import enum
@@ -34,7 +34,7 @@ _DTYPE_NAMES: dict = {}
 #: dtype names a collective accepts; "bfloat16" travels as uint16 bits.
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
                     "float16", "bfloat16", "float32", "float64", "bool")
-_HALF = ("float16", "bfloat16")
+HALF_DTYPES = ("float16", "bfloat16")
 
 
 def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
@@ -94,59 +94,23 @@ _NP_REDUCE: dict[ReduceOp, Callable[..., Any]] = {
 }
 
 
-class MPIOps:
-    """MPI datatypes and ops for each dtype, created once per process after MPI is up."""
-
-    def __init__(self, MPI: Any) -> None:
-        self.MPI = MPI
-        self.datatypes = {
-            "uint8": MPI.UINT8_T, "int8": MPI.INT8_T, "uint16": MPI.UINT16_T, "int16": MPI.INT16_T,
-            "uint32": MPI.UINT32_T, "int32": MPI.INT32_T, "uint64": MPI.UINT64_T, "int64": MPI.INT64_T,
-            "float32": MPI.FLOAT, "float64": MPI.DOUBLE, "bool": MPI.C_BOOL,
-            "float16": MPI.UINT16_T, "bfloat16": MPI.UINT16_T,
-        }
-        self._builtin = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
-        self._bool = {Sum: MPI.LOR, Max: MPI.LOR, Min: MPI.LAND, Product: MPI.LAND}
-        self._half: dict[tuple[str, ReduceOp], Any] = {}
-        for half in _HALF:
-            for op in (Sum, Min, Max, Product):
-                self._half[(half, op)] = MPI.Op.Create(_half_op(half, _NP_REDUCE[op]), commute=True)
-
-    def datatype(self, dtype: str) -> Any:
-        return self.datatypes[dtype]
-
-    def op(self, dtype: str, op: ReduceOp) -> Any:
-        if op is Adasum:
-            raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average "
-                                      "or hvd.Sum")
-        if dtype == "bool":
-            if op is Average:
-                raise TypeError("hvd.Average is not defined for bool tensors; use hvd.Sum (logical or), "
-                                "hvd.Min or hvd.Max")
-            return self._bool[op]
-        if dtype in _HALF:
-            return self._half[(dtype, Sum if op is Average else op)]
-        return self._builtin[op]
-
-    def free(self) -> None:
-        for op in self._half.values():
-            op.Free()
-        self._half.clear()
+def numpy_reduction(op: ReduceOp) -> Callable[..., Any]:
+    """The numpy ufunc that combines two operands of ``op`` (Average adds; the division comes after)."""
+    return _NP_REDUCE[op]
 
 
-def _half_op(kind: str, ufunc: Callable[..., Any]) -> Callable[[Any, Any, Any], None]:
-    if kind == "float16":
-        def reduce_f16(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-            a = np.frombuffer(inbuf, dtype=np.float16)
-            b = np.frombuffer(inoutbuf, dtype=np.float16)
-            ufunc(a, b, out=b)
-        return reduce_f16
-
-    def reduce_bf16(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-        a = np.frombuffer(inbuf, dtype=np.uint16)
-        b = np.frombuffer(inoutbuf, dtype=np.uint16)
-        b[...] = f32_to_bf16(ufunc(bf16_to_f32(a), bf16_to_f32(b)))
-    return reduce_bf16
+def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: bool = False) -> None:
+    """Refuse, at submit, a reduction that cannot run: one check for every frontend and collective."""
+    if op is ReduceOp.ADASUM:
+        raise NotImplementedError(f"{kind} {name!r}: hvd.Adasum is not implemented in hvdlite yet; use "
+                                  f"hvd.Average or hvd.Sum")
+    for dtype in dtypes:
+        if dtype == "bool" and op is ReduceOp.AVERAGE:
+            raise TypeError(f"{kind} {name!r}: hvd.Average is not defined for bool tensors; use hvd.Sum "
+                            f"(logical or), hvd.Min or hvd.Max")
+        if dtype == "bool" and scaled:
+            raise TypeError(f"{kind} {name!r}: prescale_factor/postscale_factor are not defined for bool "
+                            f"tensors")
 
 
 def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:

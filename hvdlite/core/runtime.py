@@ -7,29 +7,35 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
 
 from . import log
 from .config import Config
-from .engine import Engine
-from .errors import LaunchError, NotInitializedError
+from .engine import mpi
+from .engine.handles import Handle
+from .engine.loop import Engine
+from .engine.psets import Registry
+from .engine.requests import Kind, Request, make_signature
+from .engine.timeline import Timeline
+from .errors import NotInitializedError
 from .launch_check import check_launch
 from .log import logger
-from .process_sets import ProcessSet, Registry
-from .reduce_ops import MPIOps
-from .timeline import Timeline
+from .names import Names
+from .process_sets import ProcessSet, normalize_ranks
+from .reduce_ops import ReduceOp
 
 
 class State:
-    """Everything that exists between init() and shutdown()."""
+    """Everything that exists between init() and shutdown(): communicators, engine, names, process sets."""
 
-    def __init__(self, MPI: Any, world: Any, config: Config) -> None:
-        self.MPI = MPI
+    def __init__(self, world: Any, config: Config) -> None:
         self.config = config
         self.world = world
         self.rank = world.Get_rank()
         self.size = world.Get_size()
-        self.local_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_comm = mpi.split_shared(world, key=self.rank)
         self.local_rank = self.local_comm.Get_rank()
         self.local_size = self.local_comm.Get_size()
         self.cross_comm = world.Split(self.local_rank, key=self.rank)
@@ -38,8 +44,9 @@ class State:
         node_sizes = self.cross_comm.allgather(self.local_size) if self.local_rank == 0 else None
         self.homogeneous = len(set(self.local_comm.bcast(node_sizes, root=0))) == 1
         self.engine_comm = world.Dup()
-        self.thread_level = MPI.Query_thread()
-        self.mpi_ops = MPIOps(MPI)
+        self.thread_multiple = mpi.thread_multiple()
+        self.mpi_ops = mpi.MPIOps()
+        self.names = Names()
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets)
@@ -53,11 +60,48 @@ class State:
             for comm in (self.engine_comm, self.cross_comm, self.local_comm, self.world):
                 comm.Free()
 
+    def submit(self, kind: Kind, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
+               outputs: Optional[list[Optional[np.ndarray]]] = None, op: Optional[ReduceOp] = None,
+               prescale: float = 1.0, postscale: float = 1.0, root: int = 0, splits: Any = None,
+               extra: Any = None, shape_of: Callable[[np.ndarray], tuple] = lambda a: tuple(a.shape),
+               finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
+        """Hand one named request to the engine; the handle completes when every member has run it."""
+        sig = make_signature(kind, ps_id, op, prescale, postscale, root,
+                             tuple((d, shape_of(a)) for a, d in zip(inputs, dtypes)), extra)
+        handle = Handle(name, finalize)
+        req = Request(name, sig, handle, inputs, outputs if outputs is not None else [None] * len(inputs),
+                      dtypes, op=op, splits=splits)
+        self.engine.submit(req)
+        return handle
+
+    def add_process_set(self, process_set: Any) -> ProcessSet:
+        """Register a process set on every rank (all ranks call this, in the same order)."""
+        ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+        ranks = normalize_ranks(ps)
+        bad = [r for r in ranks if not 0 <= r < self.size]
+        if bad:
+            raise ValueError(f"add_process_set: ranks {bad} do not exist in a job of {self.size} ranks")
+        if self.psets.find(ranks) is not None:
+            raise ValueError(f"add_process_set: a process set with ranks {ranks} is already registered")
+        name = self.names.name("add_process_set", None)
+        ps_id = self.submit(Kind.ADD_PROCESS_SET, name, 0, [], [], extra=tuple(ranks)).wait()
+        return self.psets.register(ps, int(ps_id))
+
+    def remove_process_set(self, process_set: ProcessSet) -> bool:
+        """Unregister a process set on every rank (all ranks call this). True if it was registered."""
+        ps_id = process_set.process_set_id
+        if ps_id is None or ps_id == 0 or ps_id not in self.psets.ranks:
+            return False
+        name = self.names.name("remove_process_set", None)
+        self.submit(Kind.REMOVE_PROCESS_SET, name, 0, [], [], extra=int(ps_id)).wait()
+        return True
+
 
 _state: Optional[State] = None
 _lock = threading.RLock()
 _atexit_registered = False
 _previous_excepthook: Any = None
+_previous_threading_hook: Any = None
 _ABORT_GRACE_S = 1.0  # seconds between printing an uncaught exception and MPI_Abort
 
 
@@ -78,16 +122,15 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
         if _state is not None:
             return
         config = Config.from_env(**settings)
-        from .api import reset_names
-        reset_names()
         log.set_level(config.log_level)
-        import mpi4py
-        mpi4py.rc.thread_level = "multiple"
-        from mpi4py import MPI
-        world = _make_world(MPI, comm)
+        mpi.start()
+        world = mpi.make_world(comm)
         log.set_rank(world.Get_rank())
-        check_launch(MPI.COMM_WORLD.Get_size())  # the job as launched, not a sub-world from comm=
-        state = State(MPI, world, config)
+        check_launch(mpi.world_size())  # the job as launched, not a sub-world from comm=
+        # Agreement: one value per job for every setting that shapes MPI traffic (before the engine starts).
+        for warning in config.adopt(world.bcast(config.agreed_values(), root=0), world.Get_rank()):
+            logger.warning(warning)
+        state = State(world, config)
         _state = state
         if not _atexit_registered:
             atexit.register(_shutdown_at_exit)
@@ -97,22 +140,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
         if config.timeline and state.rank == 0:
             state.timeline.start(config.timeline, config.timeline_mark_cycles)
     for ps in process_sets or ():
-        from .process_set_ops import add_process_set
-        add_process_set(ps)
-
-
-def _make_world(MPI: Any, comm: Any) -> Any:
-    if comm is None:
-        return MPI.COMM_WORLD.Dup()
-    if isinstance(comm, MPI.Comm):
-        return comm.Dup()
-    ranks = sorted({int(r) for r in comm})
-    me = MPI.COMM_WORLD.Get_rank()
-    sub = MPI.COMM_WORLD.Split(0 if me in ranks else MPI.UNDEFINED, key=me)
-    if sub == MPI.COMM_NULL:
-        raise LaunchError(f"rank {me} of MPI_COMM_WORLD is not in init(comm={ranks}); only the listed ranks "
-                          f"may call init() with it")
-    return sub
+        state.add_process_set(ps)
 
 
 def shutdown() -> None:
@@ -132,27 +160,46 @@ def _shutdown_at_exit() -> None:
 
 
 def _install_excepthook() -> None:
-    global _previous_excepthook
+    """On an uncaught exception in any thread, print it, then abort the whole job (other ranks would
+    otherwise wait for this one forever). Hooks installed before hvdlite's (not Python's defaults) run
+    first, so a script's own error reporting still happens."""
+    global _previous_excepthook, _previous_threading_hook
     if _previous_excepthook is not None:
         return
     _previous_excepthook = sys.excepthook
+    _previous_threading_hook = threading.excepthook
 
-    def abort_job(exc_type: Any, exc: BaseException, tb: Any) -> None:
+    def abort_job(exc_type: Any, exc: BaseException, tb: Any, thread: str = "") -> None:
         state = _state
         text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"[hvdlite rank {state.rank if state else '?'}] uncaught exception; aborting the "
-                         f"whole job so other ranks do not wait for this one:\n{text}")
+        where = f" in thread {thread}" if thread else ""
+        sys.stderr.write(f"[hvdlite rank {state.rank if state else '?'}] uncaught exception{where}; aborting "
+                         f"the whole job so other ranks do not wait for this one:\n{text}")
         sys.stderr.flush()
         if state is not None and state.size > 1 and not issubclass(exc_type, KeyboardInterrupt):
             # The launcher forwards this rank's output and its abort request on separate channels; when
             # the abort wins, the traceback above can be lost. Give the output a moment to get through.
             time.sleep(_ABORT_GRACE_S)
-            state.MPI.COMM_WORLD.Abort(1)
+            mpi.abort(1)
             # MPICH's MPI_Abort can return while the launcher tears the job down; exiting through the
             # interpreter would run hvdlite's shutdown and bury this error under "shut down" on the peers.
             os._exit(1)
 
-    sys.excepthook = abort_job
+    def main_thread_hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        if _previous_excepthook not in (None, sys.__excepthook__):
+            _previous_excepthook(exc_type, exc, tb)
+        abort_job(exc_type, exc, tb)
+
+    def thread_hook(args: Any) -> None:
+        if args.exc_type is SystemExit:
+            return
+        if _previous_threading_hook not in (None, threading.__excepthook__):
+            _previous_threading_hook(args)
+        abort_job(args.exc_type, args.exc_value, args.exc_traceback,
+                  args.thread.name if args.thread is not None else "?")
+
+    sys.excepthook = main_thread_hook
+    threading.excepthook = thread_hook
 
 
 def cpu_cores() -> tuple[int, int]:
@@ -164,8 +211,8 @@ def cpu_cores() -> tuple[int, int]:
         return total, total
 
 
-def gradient_overlap(compute_threads: Optional[int]) -> bool:
-    """Whether a frontend should start gradient reductions during backward (see Config.gradient_overlap).
+def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
+    """This rank's own view of gradient_overlap=auto (see gradient_overlap(), which agrees on it).
 
     ``compute_threads`` is how many CPU threads this rank's backward pass uses, or None when it runs
     on an accelerator (the CPU then has time for the engine). "auto" overlaps when every rank on the
@@ -180,6 +227,22 @@ def gradient_overlap(compute_threads: Optional[int]) -> bool:
     mine, machine = cpu_cores()
     sharing = current.local_size if mine == machine else 1  # unbound ranks share the node's cores
     return mine >= sharing * (compute_threads + 1)
+
+
+def gradient_overlap(compute_threads: Optional[int], process_set: Optional[ProcessSet] = None) -> bool:
+    """Whether a frontend starts gradient reductions during backward (see Config.gradient_overlap),
+    decided once for the process set: every member calls this (when building its optimizer), and the
+    set overlaps only if every member's own view says so, so all issue the same sequence of collectives."""
+    current = state()
+    verdict = local_overlap_verdict(compute_threads)
+    if current.config.gradient_overlap != "auto":
+        return verdict  # the setting itself is agreed at init()
+    ps = process_set if process_set is not None else current.psets.sets[0]
+    ps_id = ps.process_set_id or 0
+    name = current.names.name("gradient_overlap.agreement", None, ps_id)
+    handle = current.submit(Kind.ALLREDUCE, name, ps_id, [np.array([int(verdict)], dtype=np.int32)],
+                            ["int32"], op=ReduceOp.MIN)
+    return bool(handle.wait()[0][0])
 
 
 def state() -> State:
@@ -225,7 +288,7 @@ def is_homogeneous() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    return state().thread_level >= state().MPI.THREAD_MULTIPLE
+    return state().thread_multiple
 
 
 def mpi_enabled() -> bool:

@@ -13,7 +13,8 @@ from hvdlite.core import (Adasum, Average, HorovodInternalError, HvdliteError, M
                           global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
                           local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
                           remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
-from hvdlite.core.reduce_ops import ReduceOp, resolve_op
+from hvdlite.core import ReduceOp
+from hvdlite.core.frontend import resolve_op
 
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables

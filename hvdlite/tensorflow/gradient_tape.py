@@ -7,7 +7,7 @@ from typing import Any, Iterable, Optional
 import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.reduce_ops import Average
+from hvdlite.core import Average
 
 from .compression import Compression
 from .mpi_ops import check_not_xla

@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from hvdlite import core
 from hvdlite.core import HvdliteError, ProcessSet, global_process_set
-from hvdlite.core.reduce_ops import Adasum, Average, ReduceOp, Sum, resolve_op
+from hvdlite.core import Adasum, Average, ReduceOp, Sum
+from hvdlite.core.frontend import process_set_ranks, resolve_op
 
 
 class XLANotSupportedError(HvdliteError, NotImplementedError):
@@ -330,12 +331,7 @@ def _value_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
 
 
 def _set_ranks(process_set_id: int) -> list:
-    from hvdlite.core.runtime import state  # read-only look-up of a registered process set
-    ranks = state().psets.members(int(process_set_id))
-    if not ranks:
-        raise ValueError(f"process set {process_set_id} is not registered on rank {core.rank()}; call "
-                         f"hvd.add_process_set() on every rank first")
-    return ranks
+    return process_set_ranks(int(process_set_id))
 
 
 def rank_op(name: Optional[str] = None) -> tf.Tensor:

@@ -6,7 +6,8 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.reduce_ops import Adasum, Average, ReduceOp, Sum, resolve_op
+from hvdlite.core import Adasum, Average, ReduceOp, Sum
+from hvdlite.core.frontend import resolve_op
 
 from .compression import Compression, Compressor
 from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather

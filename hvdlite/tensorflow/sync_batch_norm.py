@@ -7,7 +7,7 @@ import keras
 import tensorflow as tf
 
 from hvdlite import core
-from hvdlite.core.reduce_ops import Sum
+from hvdlite.core import Sum
 
 from .mpi_ops import _allreduce
 

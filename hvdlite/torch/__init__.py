@@ -6,7 +6,7 @@ from hvdlite.core import (HvdliteError, ProcessSet, add_process_set, ccl_built, 
                           is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                           mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built, shutdown, size,
                           start_timeline, stop_timeline)
-from hvdlite.core.errors import HorovodInternalError
+from hvdlite.core import HorovodInternalError
 
 from .collectives import (allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
                           grouped_reducescatter, reducescatter)

@@ -8,7 +8,8 @@ import torch
 
 import hvdlite.core as core
 from hvdlite.core import Handle, ProcessSet, global_process_set
-from hvdlite.core.reduce_ops import ReduceOp, resolve_op
+from hvdlite.core import ReduceOp
+from hvdlite.core.frontend import resolve_op
 
 from .tensors import chain, from_host, hints, splits_array, to_host, write_into
 

@@ -10,7 +10,7 @@ import torch
 
 import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.runtime import gradient_overlap
+from hvdlite.core.frontend import gradient_overlap
 
 from .compression import Compression
 from .mpi_ops import Adasum, Average, _op, grouped_allreduce_async_, sparse_allreduce_async, synchronize
@@ -57,7 +57,9 @@ class _DistributedOptimizer:
         self._grads_waiting = False  # backward produced gradients that synchronize() has not finished
         on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
         #: Submit each allreduce from backward (overlap), or all of them at synchronize().
-        self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None)
+        #: Decided once for the process set (an uneven job must not mix modes: different collectives).
+        self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None, process_set) \
+            if self._enabled else False
         self._refresh()
 
     def _refresh(self) -> None:

@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from hvdlite.core.handles import Handle
+from hvdlite.core import Handle
 
 #: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits).
 SUPPORTED_DTYPES = tuple(d for d in (
@@ -90,8 +90,7 @@ def write_into(tensor: torch.Tensor, array: np.ndarray, shared: bool) -> torch.T
 
 def chain(handle: Handle, convert: Callable[[Any], Any]) -> Handle:
     """Make ``handle.wait()`` (hvd.synchronize) return ``convert(core result)``."""
-    inner = handle._finalize
-    handle._finalize = (lambda result: convert(inner(result))) if inner else convert
+    handle.then(convert)
     return handle
 
 

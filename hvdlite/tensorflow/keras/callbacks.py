@@ -8,8 +8,8 @@ import keras
 import numpy as np
 
 from hvdlite import core
-from hvdlite.core.log import logger
-from hvdlite.core.reduce_ops import Average
+from hvdlite.core import Average
+from hvdlite.core.frontend import logger
 
 from ..functions import broadcast_variables
 from .variables import model_and_optimizer_variables

@@ -14,7 +14,8 @@ import keras
 import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.reduce_ops import Average, Sum, resolve_op
+from hvdlite.core import Average, Sum
+from hvdlite.core.frontend import resolve_op
 
 from ..compression import Compression
 from ..mpi_ops import check_not_xla, dense

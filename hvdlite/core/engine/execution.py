@@ -1,7 +1,7 @@
-"""Running agreed responses: tensor fusion, chunked in-place reductions, and every MPI collective.
+"""Running batches of agreed responses: chunked in-place reductions and every MPI collective.
 
-Called only from the engine thread. Every rank runs the same responses in the same order, so the
-batches built here (and the MPI calls they make) match across ranks.
+Called only from the engine thread. Every MPI call here is non-blocking and polled (engine/polling.py),
+so one slow collective never freezes the engine inside MPI, and the training thread keeps its core.
 """
 from __future__ import annotations
 
@@ -10,54 +10,22 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ..reduce_ops import Average, ReduceOp, resolve_op, scale_inplace, scaled_copy, storage_dtype
 from . import polling
-from .messages import SIG_POST, SIG_PRE, SIG_ROOT, SIG_TENSORS, Request, Response
-from .reduce_ops import Average, ReduceOp, resolve_op, scale_inplace, scaled_copy, storage_dtype
+from .fusion import Item, Marker, aligned_empty
+from .mpi import MPIOps, counts_displacements
+from .requests import Kind
 from .timeline import Timeline
 
-FUSABLE = ("allreduce", "allgather", "broadcast", "reducescatter")
 DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the training thread computes
-ALIGN = 64  # bytes; TensorFlow and others wrap 64-byte-aligned buffers without copying them
-
-
-def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
-    """An uninitialised array whose data starts on an ALIGN-byte boundary (small ones: numpy's own)."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < _ALIGN_FROM:
-        return np.empty(shape, dtype)
-    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    start = -raw.__array_interface__["data"][0] % ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-_ALIGN_FROM = 4096  # below this a copy by the consumer costs less than aligning
-
-
-class Item:
-    """One tensor of one response, as this rank takes part in it."""
-
-    __slots__ = ("resp", "req", "index", "src", "dst", "dtype", "shape")
-
-    def __init__(self, resp: Response, req: Optional[Request], index: int) -> None:
-        self.resp, self.req, self.index = resp, req, index
-        dtype, shape = resp.sig[SIG_TENSORS][index]
-        self.dtype: str = dtype
-        self.shape: tuple = shape
-        if req is not None:
-            self.src: np.ndarray = req.inputs[index]
-            self.dst: Optional[np.ndarray] = req.outputs[index]
-        else:  # a joined rank stands in: zeros for allreduce/broadcast, no rows for allgather
-            zero_shape = (0,) + tuple(shape) if resp.kind == "allgather" else tuple(shape)
-            self.src = np.zeros(zero_shape, dtype=storage_dtype(dtype))
-            self.dst = aligned_empty(self.src.shape, self.src.dtype) if resp.kind != "allgather" else None
 
 
 class Executor:
-    def __init__(self, mpi_ops: Any, comm_of: Callable[[int], Any], size_of: Callable[[int], int],
+    """Runs batches built by engine/fusion.py; one method per kind, chosen by an explicit table."""
+
+    def __init__(self, mpi_ops: MPIOps, comm_of: Callable[[int], Any], size_of: Callable[[int], int],
                  fusion_threshold: int, chunk_bytes: int, timeline: Timeline) -> None:
         self.ops = mpi_ops
-        self.MPI = mpi_ops.MPI
         self.comm_of = comm_of
         self.size_of = size_of
         self.fusion_threshold = fusion_threshold
@@ -65,39 +33,29 @@ class Executor:
         self.timeline = timeline
         self._fusion = np.empty(0, dtype=np.uint8)
         self.mpi_calls = 0
+        self._table: dict[Kind, Callable[[list[Any]], list[tuple[Any, Any]]]] = {
+            Kind.ALLREDUCE: self._allreduce, Kind.ALLGATHER: self._allgather, Kind.BROADCAST: self._broadcast,
+            Kind.REDUCESCATTER: self._reducescatter, Kind.ALLTOALL: self._alltoall,
+            Kind.BARRIER: self._barrier, Kind.JOIN: self._join,
+        }
 
-    # -- batching ---------------------------------------------------------------------------------
-    def batches(self, work: list[tuple[Response, Optional[Request]]]) -> list[list[Item]]:
-        """Group this cycle's responses: compatible fusable tensors share a batch."""
-        keyed: dict[tuple, list[Item]] = {}
-        order: list[list[Item]] = []
-        for resp, req in work:
-            items = [Item(resp, req, i) for i in range(len(resp.sig[SIG_TENSORS]))]
-            if resp.kind in FUSABLE and self.fusion_threshold > 0:
-                sig = resp.sig
-                for item in items:
-                    key = (resp.kind, resp.ps_id, item.dtype if resp.kind in ("allreduce", "reducescatter")
-                           else None, sig[2], sig[SIG_PRE], sig[SIG_POST], sig[SIG_ROOT])
-                    batch = keyed.get(key)
-                    if batch is None:
-                        batch = keyed[key] = []
-                        order.append(batch)
-                    batch.append(item)
-            else:
-                order.append(items if items else [_Marker(resp, req)])  # type: ignore[list-item]
-        return order
-
-    def run(self, batch: list[Item]) -> list[tuple[Item, Any]]:
+    def run(self, batch: list[Any]) -> list[tuple[Any, Any]]:
         """Run one batch; returns (item, result) pairs for the engine to hand back."""
-        kind = batch[0].resp.kind
-        return getattr(self, "_" + kind)(batch)
+        first = batch[0]
+        if isinstance(first, Marker) and first.resp.kind.multi_tensor:
+            return [(first, [])]  # an empty group: nothing to move, the result is an empty list
+        return self._table[first.resp.kind](batch)
+
+    def _wait(self, request: Any) -> None:
+        polling.wait(request, DATA_POLL_CAP)
+        self.mpi_calls += 1
 
     # -- allreduce ------------------------------------------------------------------------------
     def _allreduce(self, items: list[Item]) -> list[tuple[Item, Any]]:
         first = items[0].resp
         comm = self.comm_of(first.ps_id)
-        op = resolve_op(first.sig[2])
-        pre, post = first.sig[SIG_PRE], first.sig[SIG_POST]
+        op = resolve_op(first.sig.op)
+        pre, post = first.sig.prescale, first.sig.postscale
         if op is Average:
             post = post / self.size_of(first.ps_id)
         small: list[Item] = []
@@ -149,19 +107,17 @@ class Executor:
                            op: ReduceOp, post: float) -> None:
         """Reduce ``dst`` (or ``src`` into ``dst``) in pieces of chunk_bytes, scaling each piece
         while it is still in cache."""
-        MPI = self.MPI
         datatype = self.ops.datatype(dtype)
         mpi_op = self.ops.op(dtype, op)
         step = max(1, self.chunk_bytes // max(1, dst.itemsize))
         n = dst.shape[0]
         for start in range(0, n, step):
             piece = dst[start:start + step]
-            send = MPI.IN_PLACE if src is None else [src[start:start + step], datatype]
+            send = self.ops.IN_PLACE if src is None else [src[start:start + step], datatype]
             # Non-blocking on every rank (a blocking and a non-blocking collective never match): it
             # is polled continuously while a user thread waits, and with short sleeps while the
             # training thread computes, so the engine does not spin on its core.
-            polling.wait(comm.Iallreduce(send, [piece, datatype], mpi_op), DATA_POLL_CAP)
-            self.mpi_calls += 1
+            self._wait(comm.Iallreduce(send, [piece, datatype], mpi_op))
             scale_inplace(piece, dtype, post)
 
     def _fusion_buffer(self, nbytes: int) -> np.ndarray:
@@ -216,14 +172,14 @@ class Executor:
 
     # -- allgather ------------------------------------------------------------------------------
     def _allgather(self, items: list[Item]) -> list[tuple[Item, Any]]:
-        MPI = self.MPI
+        BYTE = self.ops.BYTE
         comm = self.comm_of(items[0].resp.ps_id)
         nranks = comm.Get_size()
         rows = np.array([item.src.shape[0] for item in items], dtype=np.int64)
         all_rows = np.empty((nranks, len(items)), dtype=np.int64)
         for item in items:
             self.timeline.begin(item.resp.name, "MPI_ALLGATHER")
-        comm.Allgather(rows, all_rows)
+        self._wait(comm.Iallgather(rows, all_rows))
         row_bytes = np.array([math.prod(item.shape) * storage_dtype(item.dtype).itemsize
                               for item in items], dtype=np.int64)
         per_rank = (all_rows * row_bytes).sum(axis=1)
@@ -233,8 +189,7 @@ class Executor:
         else:
             send = np.concatenate([item.src.reshape(-1).view(np.uint8) for item in items])
         recv = aligned_empty((int(per_rank.sum()),), np.uint8)
-        comm.Allgatherv([send, MPI.BYTE], [recv, (per_rank, displs), MPI.BYTE])
-        self.mpi_calls += 2
+        self._wait(comm.Iallgatherv([send, BYTE], [recv, (per_rank, displs), BYTE]))
         if len(items) == 1:  # the received bytes are already the output, in rank order
             item = items[0]
             self.timeline.end(item.resp.name)
@@ -259,10 +214,10 @@ class Executor:
 
     # -- broadcast ------------------------------------------------------------------------------
     def _broadcast(self, items: list[Item]) -> list[tuple[Item, Any]]:
-        MPI = self.MPI
+        BYTE = self.ops.BYTE
         first = items[0].resp
         comm = self.comm_of(first.ps_id)
-        root = first.sig[SIG_ROOT]
+        root = first.sig.root
         is_root = comm.Get_rank() == root
         packed: list[Item] = []
         for item in items:
@@ -276,8 +231,7 @@ class Executor:
             if self.fusion_threshold > 0 and item.dst.nbytes < min(self.fusion_threshold, self.chunk_bytes):
                 packed.append(item)
             elif item.dst.nbytes:
-                comm.Bcast([item.dst.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
-                self.mpi_calls += 1
+                self._wait(comm.Ibcast([item.dst.reshape(-1).view(np.uint8), BYTE], root=root))
         start = 0
         while start < len(packed):  # pack up to the fusion threshold per Bcast
             group, nbytes = [], 0
@@ -291,8 +245,7 @@ class Executor:
                 for item in group:
                     buf[offset:offset + item.dst.nbytes] = item.dst.reshape(-1).view(np.uint8)
                     offset += item.dst.nbytes
-            comm.Bcast([buf, MPI.BYTE], root=root)
-            self.mpi_calls += 1
+            self._wait(comm.Ibcast([buf, BYTE], root=root))
             offset = 0
             if not is_root:
                 for item in group:
@@ -307,8 +260,8 @@ class Executor:
         first = items[0].resp
         comm = self.comm_of(first.ps_id)
         nranks, me = comm.Get_size(), comm.Get_rank()
-        op = resolve_op(first.sig[2])
-        pre, post = first.sig[SIG_PRE], first.sig[SIG_POST]
+        op = resolve_op(first.sig.op)
+        pre, post = first.sig.prescale, first.sig.postscale
         if op is Average:
             post = post / nranks
         dtype = items[0].dtype
@@ -327,9 +280,8 @@ class Executor:
         recv = np.empty(counts[me], dtype=store)
         for item in items:
             self.timeline.begin(item.resp.name, "MPI_REDUCESCATTER")
-        comm.Reduce_scatter([send, self.ops.datatype(dtype)], [recv, self.ops.datatype(dtype)],
-                            counts, self.ops.op(dtype, op))
-        self.mpi_calls += 1
+        self._wait(comm.Ireduce_scatter([send, self.ops.datatype(dtype)], [recv, self.ops.datatype(dtype)],
+                                        counts, self.ops.op(dtype, op)))
         scale_inplace(recv, dtype, post)
         results, offset = [], 0
         for item, s, e in zip(items, splits, row_elems):
@@ -343,7 +295,7 @@ class Executor:
 
     # -- the rest, one response at a time --------------------------------------------------------
     def _alltoall(self, items: list[Item]) -> list[tuple[Item, Any]]:
-        MPI = self.MPI
+        BYTE = self.ops.BYTE
         item = items[0]
         comm = self.comm_of(item.resp.ps_id)
         nranks = comm.Get_size()
@@ -354,33 +306,24 @@ class Executor:
             splits = np.full(nranks, src.shape[0] // nranks, dtype=np.int64)
         recv_splits = np.empty(nranks, dtype=np.int64)
         self.timeline.begin(item.resp.name, "MPI_ALLTOALL")
-        comm.Alltoall(np.ascontiguousarray(splits, dtype=np.int64), recv_splits)
+        self._wait(comm.Ialltoall(np.ascontiguousarray(splits, dtype=np.int64), recv_splits))
         row_bytes = math.prod(src.shape[1:]) * src.itemsize
         scounts = splits * row_bytes
         rcounts = recv_splits * row_bytes
-        sdispls = np.concatenate(([0], np.cumsum(scounts)[:-1]))
-        rdispls = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
+        scounts, sdispls = counts_displacements(scounts)
+        rcounts, rdispls = counts_displacements(rcounts)
         out = aligned_empty((int(recv_splits.sum()),) + tuple(src.shape[1:]), src.dtype)
-        comm.Alltoallv([src.reshape(-1).view(np.uint8), (scounts, sdispls), MPI.BYTE],
-                       [out.reshape(-1).view(np.uint8), (rcounts, rdispls), MPI.BYTE])
-        self.mpi_calls += 2
+        self._wait(comm.Ialltoallv([src.reshape(-1).view(np.uint8), (scounts, sdispls), BYTE],
+                                   [out.reshape(-1).view(np.uint8), (rcounts, rdispls), BYTE]))
         self.timeline.end(item.resp.name)
         return [(item, (out, recv_splits))]
 
     def _barrier(self, items: list[Any]) -> list[tuple[Any, Any]]:
-        self.comm_of(items[0].resp.ps_id).Barrier()
-        self.mpi_calls += 1
+        self._wait(self.comm_of(items[0].resp.ps_id).Ibarrier())
         return [(items[0], None)]
 
     def _join(self, items: list[Any]) -> list[tuple[Any, Any]]:
         return [(items[0], items[0].resp.last_joined)]
-
-
-class _Marker:
-    """A response with no tensors (barrier, join, process-set changes)."""
-
-    def __init__(self, resp: Response, req: Optional[Request]) -> None:
-        self.resp, self.req = resp, req
 
 
 def _split_rows(n: int, parts: int) -> list[int]:

@@ -1,4 +1,8 @@
-"""The background engine: the one thread per process that negotiates and runs every collective."""
+"""The engine loop: the one thread per process that negotiates, fuses and runs every collective.
+
+Pipeline: user threads ``submit()`` requests -> each cycle, ``negotiation`` agrees which run -> ``fusion``
+groups them into batches -> ``execution`` runs each batch's MPI calls -> handles complete.
+"""
 from __future__ import annotations
 
 import collections
@@ -9,24 +13,24 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .config import Config
-from .errors import HvdliteError, ShutdownError, StallError, TensorMismatchError
-from .executor import Executor
+from ..config import Config
+from ..errors import HvdliteError, ShutdownError, StallError, TensorMismatchError
+from ..log import logger
 from . import polling
-from .log import logger
-from .messages import SIG_EXTRA, Request, Response
-from .negotiation import FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled, decide
+from .execution import Executor
+from .fusion import Item, batches
+from .mpi import MPIOps
+from .negotiation import FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled, allgather_messages, decide
+from .psets import Registry
+from .requests import Kind, Request, Response
 from .timeline import Timeline
-
-CONTROL_KINDS = ("add_process_set", "remove_process_set")
-MULTI_TENSOR_KINDS = ("allreduce", "allgather", "broadcast", "reducescatter")
 
 
 class Engine:
     """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
 
-    def __init__(self, comm: Any, mpi_ops: Any, config: Config, timeline: Timeline,
-                 process_sets: Any) -> None:
+    def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
+                 process_sets: Registry) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -34,12 +38,13 @@ class Engine:
         self.timeline = timeline
         self.psets = process_sets
         self.cache = ResponseCache(config.cache_capacity, self.rank)
+        self.mpi_ops = mpi_ops
         self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold,
                                  config.allreduce_chunk_bytes, timeline)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
-        self._inflight: set[str] = set()
-        self._pending: dict[str, Request] = {}
+        self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
+        self._pending: dict[tuple[int, str], Request] = {}
         self._shutdown_requested = False
         self.error: Optional[BaseException] = None
         self.cycles = 0
@@ -56,11 +61,12 @@ class Engine:
         with self._cv:
             if self.error is not None:
                 raise self.error
-            if req.name in self._inflight:
+            key = (req.sig.ps_id, req.name)
+            if key in self._inflight:
                 raise HvdliteError(
                     f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait for "
                     f"it with synchronize() before reusing the name, or give each op its own name")
-            self._inflight.add(req.name)
+            self._inflight.add(key)
             self._queue.append(req)
             self._cv.notify()
 
@@ -120,11 +126,11 @@ class Engine:
             shutdown = self._shutdown_requested
         tracing = self.timeline.enabled
         for req in new:
-            self._pending[req.name] = req
-            if req.kind == "join":
+            self._pending[(req.sig.ps_id, req.name)] = req
+            if req.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
-                self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind)
+                self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind.label)
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
@@ -150,13 +156,13 @@ class Engine:
         else:
             responses = [Response(name, sig) for name, sig in cache.ready(missing)]
             for resp in responses:
-                cache.touch(cache.by_name[resp.name], self.cycles)
+                cache.touch(cache.by_name[(resp.ps_id, resp.name)], self.cycles)
         if responses:
             self._execute(responses)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
-        polling.wait(self.comm.Iallreduce(vec, result, op=self.executor.MPI.BOR), 0.001 if busy else 0.005)
+        polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005)
 
     def _stall_check_due(self) -> bool:
         cfg = self.config
@@ -176,7 +182,7 @@ class Engine:
         now = time.monotonic()
         msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
                           shutdown=shutdown, join_cycle=self._join_cycle)
-        messages: list[RankMessage] = self.comm.allgather(msg)
+        messages = allgather_messages(self.comm, msg)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise _Stop(self._shutdown_message(stopping))
@@ -213,60 +219,87 @@ class Engine:
         if cfg.stall_shutdown_time_seconds > 0:
             for s in stalled:
                 if s.age >= cfg.stall_shutdown_time_seconds:
-                    failed.append(Response(s.name, ("stall", 0) + (None,) * 6, error_kind="stall", error=(
+                    failed.append(Response(s.name, s.sig, error_kind="stall", error=(
                         f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s "
                         f"(stall_shutdown_time_seconds={cfg.stall_shutdown_time_seconds:g}): ranks "
                         f"{s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.")))
         return failed
 
     def _execute(self, responses: list[Response]) -> None:
+        """Run agreed responses in agreed order. Data work is batched (fused) up to the next control op:
+        a process-set change runs only after the data work agreed before it has finished."""
         work: list[tuple[Response, Optional[Request]]] = []
         for resp in responses:
-            req = self._pending.get(resp.name)
+            req = self._pending.get((resp.ps_id, resp.name))
             if resp.error is not None:
                 if req is not None:
                     kind = StallError if resp.error_kind == "stall" else TensorMismatchError
                     self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
                 continue
-            if resp.kind in CONTROL_KINDS:
-                result = self.psets.apply(resp.kind, resp.sig[SIG_EXTRA], self.comm)
-                if resp.kind == "remove_process_set":
-                    self.cache.remove_process_set(resp.sig[SIG_EXTRA])
+            if resp.kind.control:
+                self._run_work(work)
+                work = []
+                result = self.psets.apply(resp.kind, resp.sig.extra, self.comm)
+                if resp.kind is Kind.REMOVE_PROCESS_SET:
+                    self.cache.remove_process_set(resp.sig.extra)
                 if req is not None:
                     self._finish(req, result=result)
                 continue
             if not self.psets.is_member(resp.ps_id):
                 continue
-            if req is None and self.rank not in resp.joined and resp.kind != "join":
+            if req is None and self.rank not in resp.joined and resp.kind is not Kind.JOIN:
                 raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
                                    f"is not pending here")
             if req is not None and self.timeline.enabled:
                 self.timeline.end(req.name)
                 self.timeline.begin(req.name, "QUEUE")
             work.append((resp, req))
-        for batch in self.executor.batches(work):
-            for item, result in self.executor.run(batch):
+        self._run_work(work)
+        if self._join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
+            self._join_cycle = -1
+
+    def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
+        for batch in batches(work, self.executor.fusion_threshold):
+            try:
+                results = self.executor.run(batch)
+            except HvdliteError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only
+                self._fail_batch(batch, exc)
+                continue
+            for item, result in results:
                 req = item.req
                 if req is None:
                     continue
-                if req.kind in MULTI_TENSOR_KINDS:
+                if req.kind.multi_tensor and isinstance(item, Item):
                     req.results[item.index] = result
                     req.remaining -= 1
                     if req.remaining == 0:
                         self._finish(req, result=req.results)
                 else:
                     self._finish(req, result=result)
-        if self._join_cycle >= 0 and any(r.kind == "join" and r.error is None for r in responses):
-            self._join_cycle = -1
+
+    def _fail_batch(self, batch: list[Any], exc: Exception) -> None:
+        """Fail the requests of one batch that raised before or between its MPI calls. Every rank ran the
+        same batch on agreed shapes, dtypes and arguments, so every rank fails it the same way."""
+        names = sorted({item.resp.name for item in batch})
+        logger.error("collective(s) %s failed on this rank: %s: %s", ", ".join(names), type(exc).__name__, exc)
+        for item in batch:
+            if item.req is not None and item.req.handle is not None:
+                error = HvdliteError(f"rank {self.rank}: {item.resp.kind} of {item.resp.name!r} failed: "
+                                     f"{type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                self._finish(item.req, error=error)
 
     def _finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
         """Hand a result back. The name is freed before the handle completes, so the caller may reuse
         it at once (the next training step submits the same names)."""
-        self._pending.pop(req.name, None)
+        key = (req.sig.ps_id, req.name)
+        self._pending.pop(key, None)
         if self.timeline.enabled:
             self.timeline.end(req.name)
         with self._cv:
-            self._inflight.discard(req.name)
+            self._inflight.discard(key)
         if error is not None:
             req.handle.set_error(error)
         else:
@@ -290,4 +323,4 @@ class _Stop(Exception):
         self.message = message
 
 
-__all__ = ["Engine", "CONTROL_KINDS"]
+__all__ = ["Engine"]

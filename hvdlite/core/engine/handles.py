@@ -62,6 +62,12 @@ class Handle:
             self._finalize = None
         return self._result
 
+    def then(self, convert: Callable[[Any], Any]) -> "Handle":
+        """Make ``wait()`` return ``convert(result)`` (after any conversion already set); returns self."""
+        inner = self._finalize
+        self._finalize = (lambda result: convert(inner(result))) if inner else convert
+        return self
+
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"<hvdlite.Handle {self.name!r} {state}>"

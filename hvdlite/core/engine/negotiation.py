@@ -8,15 +8,17 @@ missing is ready everywhere.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Optional, Sequence
+import pickle
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .messages import (CACHEABLE, JOIN_TOLERANT, SIG_KIND, SIG_LABELS, SIG_PSET, SIG_ROOT,
-                       SIG_TENSORS, Response, Signature)
+from . import polling
+from .requests import FIELD_LABELS, Kind, Response, Signature
 
 FLAG_FULL = 1        # some rank needs the full path this cycle
 FLAG_SHUTDOWN = 2    # some rank is shutting down
+NEGOTIATION_POLL_CAP = 0.001  # seconds between polls of a negotiation message exchange
 
 
 @dataclasses.dataclass
@@ -31,10 +33,11 @@ class RankMessage:
 @dataclasses.dataclass
 class Stalled:
     name: str
-    kind: str
+    kind: Kind
     ready_ranks: list[int]
     missing_ranks: list[int]
     age: float
+    sig: Optional[Signature] = None
 
 
 class ResponseCache:
@@ -54,22 +57,23 @@ class ResponseCache:
         self.version = 0      # bumped when a bit changes meaning
 
     def lookup(self, name: str, sig: Signature) -> int:
-        bit = self.by_name.get(name, -1)
+        bit = self.by_name.get((sig.ps_id, name), -1)
         if bit >= 0 and self.sigs[bit] == sig:
             return bit
         return -1
 
     def put(self, name: str, sig: Signature, members: Sequence[int], tick: int) -> None:
-        if self.capacity == 0 or sig[SIG_KIND] not in CACHEABLE:
+        if self.capacity == 0 or not sig.kind.cacheable:
             return
-        bit = self.by_name.get(name, -1)
+        key = (sig.ps_id, name)
+        bit = self.by_name.get(key, -1)
         if bit < 0:
             if len(self.by_name) < self.capacity:
                 bit = self.names.index(None)
             else:
                 bit = min((b for b in range(self.capacity)), key=lambda b: (self.last_used[b], b))
-                del self.by_name[self.names[bit]]  # type: ignore[arg-type]
-            self.by_name[name] = bit
+                del self.by_name[(self.sigs[bit].ps_id, self.names[bit])]  # type: ignore[union-attr]
+            self.by_name[key] = bit
             self.names[bit] = name
         self.sigs[bit] = sig
         self.last_used[bit] = tick
@@ -85,8 +89,8 @@ class ResponseCache:
 
     def remove_process_set(self, ps_id: int) -> None:
         for bit, sig in enumerate(self.sigs):
-            if sig is not None and sig[SIG_PSET] == ps_id:
-                del self.by_name[self.names[bit]]  # type: ignore[arg-type]
+            if sig is not None and sig.ps_id == ps_id:
+                del self.by_name[(ps_id, self.names[bit])]
                 self.names[bit] = None
                 self.sigs[bit] = None
                 self.member_mask &= ~(1 << bit)
@@ -117,6 +121,19 @@ class ResponseCache:
         return out
 
 
+def allgather_messages(comm: Any, msg: RankMessage) -> list[RankMessage]:
+    """Every rank's message, in rank order: the sizes, then the pickled bytes, each non-blocking and polled
+    (so a slow peer never blocks the engine inside MPI)."""
+    payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    size = comm.Get_size()
+    sizes = np.empty(size, dtype=np.int64)
+    polling.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), NEGOTIATION_POLL_CAP)
+    displs = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    data = np.empty(int(sizes.sum()), dtype=np.uint8)
+    polling.wait(comm.Iallgatherv(payload, [data, (sizes, displs)]), NEGOTIATION_POLL_CAP)
+    return [pickle.loads(data[d:d + n].tobytes()) for d, n in zip(displs.tolist(), sizes.tolist())]
+
+
 def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], world_size: int,
            ) -> tuple[list[Response], list[Stalled]]:
     """The full path: from every rank's message, the responses to run now and what is stalled.
@@ -124,18 +141,24 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
     Every rank calls this with the same ``messages`` and so reaches the same answer.
     """
     joined = {r for r, m in enumerate(messages) if m.join_cycle >= 0}
-    table: dict[str, dict[int, tuple[Signature, float]]] = {}
+    # One table per process set: the same name may be in use in several sets at once.
+    table: dict[tuple[int, str], dict[int, tuple[Signature, float]]] = {}
     for rank, msg in enumerate(messages):
         for name, sig, age in msg.reqs:
-            table.setdefault(name, {})[rank] = (sig, age)
+            table.setdefault((sig.ps_id, name), {})[rank] = (sig, age)
 
     responses: list[Response] = []
     stalled: list[Stalled] = []
     join_name: Optional[str] = None
-    for name, entries in table.items():
+    conflicts = _cross_set_conflicts(table, members_of)
+    for key, entries in table.items():
+        ps_id, name = key
         first_sig = entries[min(entries)][0]
-        kind, ps_id = first_sig[SIG_KIND], first_sig[SIG_PSET]
-        if kind == "join":
+        if key in conflicts:
+            responses.append(Response(name, first_sig, error=conflicts[key]))
+            continue
+        kind = first_sig.kind
+        if kind is Kind.JOIN:
             join_name = name
             continue
         members = members_of.get(ps_id)
@@ -148,23 +171,44 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         if not set(members) <= present | stand_ins:
             missing = sorted(set(members) - present - stand_ins)
             stalled.append(Stalled(name, kind, sorted(present), missing,
-                                   max(age for _, age in entries.values())))
+                                   max(age for _, age in entries.values()), first_sig))
             continue
         sigs = {rank: sig for rank, (sig, _) in entries.items()}
         error = describe_mismatch(name, sigs)
-        if error is None and stand_ins and kind not in JOIN_TOLERANT:
+        if error is None and stand_ins and not kind.join_tolerant:
             error = (f"{kind} of {name!r} cannot run while ranks {sorted(stand_ins)} have called join(); "
                      f"only allreduce, allgather, broadcast and barrier can")
-        if error is None and kind == "broadcast" and ps_id == 0 and first_sig[SIG_ROOT] in stand_ins:
-            error = (f"broadcast of {name!r} has root rank {first_sig[SIG_ROOT]}, which has already "
+        if error is None and kind is Kind.BROADCAST and ps_id == 0 and first_sig.root in stand_ins:
+            error = (f"broadcast of {name!r} has root rank {first_sig.root}, which has already "
                      f"called join(); the root must not join before its broadcasts")
         responses.append(Response(name, first_sig, error=error, joined=stand_ins))
 
     if join_name is not None and len(joined) == world_size:
         last = max(joined, key=lambda r: (messages[r].join_cycle, r))
-        sig = table[join_name][min(table[join_name])][0]
+        sig = table[(0, join_name)][min(table[(0, join_name)])][0]
         responses.append(Response(join_name, sig, last_joined=last))
     return responses, stalled
+
+
+def _cross_set_conflicts(table: dict[tuple[int, str], dict[int, tuple[Signature, float]]],
+                         members_of: dict[int, list[int]]) -> dict[tuple[int, str], str]:
+    """Names submitted under several process sets where some rank used the name in one set while it is a
+    member of another set that is waiting for that name from it: the ranks disagree on the process set."""
+    keys_by_name: dict[str, list[tuple[int, str]]] = {}
+    for key in table:
+        keys_by_name.setdefault(key[1], []).append(key)
+    errors: dict[tuple[int, str], str] = {}
+    for name, keys in keys_by_name.items():
+        if len(keys) < 2:
+            continue
+        clashing = {a for a in keys for b in keys if a != b and any(
+            r in members_of.get(b[0], ()) and r not in table[b] for r in table[a])}
+        if clashing:
+            sigs = {rank: sig for key in sorted(clashing) for rank, (sig, _) in table[key].items()}
+            message = describe_mismatch(name, sigs) or f"ranks disagree on the process set of {name!r}"
+            for key in clashing:
+                errors[key] = message
+    return errors
 
 
 def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:
@@ -172,12 +216,12 @@ def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:
     distinct = set(sigs.values())
     if len(distinct) == 1:
         return None
-    kind = sigs[min(sigs)][SIG_KIND]
-    for field, label in enumerate(SIG_LABELS):
-        values = {rank: sig[field] for rank, sig in sigs.items()}
+    kind = sigs[min(sigs)].kind
+    for field, label in FIELD_LABELS.items():
+        values = {rank: getattr(sig, field) for rank, sig in sigs.items()}
         if len(set(values.values())) == 1:
             continue
-        if field == SIG_TENSORS:
+        if field == "tensors":
             label, values = _tensor_difference(kind, values)
         groups: dict[str, list[int]] = {}
         for rank, value in sorted(values.items()):
@@ -189,12 +233,12 @@ def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:
     return f"Mismatched {kind} for tensor {name!r}: ranks submitted different arguments"
 
 
-def _tensor_difference(kind: str, values: dict[int, tuple]) -> tuple[str, dict[int, object]]:
+def _tensor_difference(kind: Kind, values: dict[int, tuple]) -> tuple[str, dict[int, object]]:
     if len({len(v) for v in values.values()}) > 1:
         return "number of tensors", {r: len(v) for r, v in values.items()}
     if len({tuple(t[0] for t in v) for v in values.values()}) > 1:
         return "dtype", {r: _one(tuple(t[0] for t in v)) for r, v in values.items()}
-    label = "shape beyond the first dimension" if kind in ("allgather", "alltoall") else "shape"
+    label = "shape beyond the first dimension" if kind in (Kind.ALLGATHER, Kind.ALLTOALL) else "shape"
     return label, {r: _one(tuple(t[1] for t in v)) for r, v in values.items()}
 
 

@@ -1,0 +1,77 @@
+"""Tensor fusion: grouping one cycle's agreed responses into batches that share MPI calls.
+
+Every rank builds the same batches from the same responses in the same order, so the MPI calls match.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from ..reduce_ops import storage_dtype
+from .requests import Kind, Request, Response
+
+ALIGN = 64  # bytes; TensorFlow and others wrap 64-byte-aligned buffers without copying them
+_ALIGN_FROM = 4096  # below this a copy by the consumer costs less than aligning
+
+
+def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
+    """An uninitialised array whose data starts on an ALIGN-byte boundary (small ones: numpy's own)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _ALIGN_FROM:
+        return np.empty(shape, dtype)
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = -raw.__array_interface__["data"][0] % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+class Item:
+    """One tensor of one response, as this rank takes part in it."""
+
+    __slots__ = ("resp", "req", "index", "src", "dst", "dtype", "shape")
+
+    def __init__(self, resp: Response, req: Optional[Request], index: int) -> None:
+        self.resp, self.req, self.index = resp, req, index
+        dtype, shape = resp.sig.tensors[index]
+        self.dtype: str = dtype
+        self.shape: tuple = shape
+        if req is not None:
+            self.src: np.ndarray = req.inputs[index]
+            self.dst: Optional[np.ndarray] = req.outputs[index]
+        else:  # a joined rank stands in: zeros for allreduce/broadcast, no rows for allgather
+            gather = resp.kind is Kind.ALLGATHER
+            self.src = np.zeros((0,) + tuple(shape) if gather else tuple(shape), dtype=storage_dtype(dtype))
+            self.dst = None if gather else aligned_empty(self.src.shape, self.src.dtype)
+
+
+class Marker:
+    """A response with no tensors (barrier, join, process-set changes, an empty group)."""
+
+    def __init__(self, resp: Response, req: Optional[Request]) -> None:
+        self.resp, self.req = resp, req
+
+
+def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold: int) -> list[list[Any]]:
+    """Group this cycle's responses: compatible tensors of fusable kinds share a batch."""
+    keyed: dict[tuple, list[Any]] = {}
+    order: list[list[Any]] = []
+    for resp, req in work:
+        items = [Item(resp, req, i) for i in range(len(resp.sig.tensors))]
+        if not items:
+            order.append([Marker(resp, req)])
+        elif resp.kind.fusable and fusion_threshold > 0:
+            sig = resp.sig
+            by_dtype = resp.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER)
+            for item in items:
+                key = (resp.kind, resp.ps_id, item.dtype if by_dtype else None, sig.op, sig.prescale,
+                       sig.postscale, sig.root)
+                batch = keyed.get(key)
+                if batch is None:
+                    batch = keyed[key] = []
+                    order.append(batch)
+                batch.append(item)
+        else:
+            order.append(items)
+    return order

@@ -1,0 +1,171 @@
+"""The one module that imports mpi4py: start-up and thread level, datatypes and ops, communicator helpers."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import LaunchError
+from ..reduce_ops import (HALF_DTYPES, Average, ReduceOp, Sum, Min, Max, Product, bf16_to_f32, f32_to_bf16,
+                          numpy_reduction)
+
+_MPI: Any = None
+
+#: Thread levels by name, lowest first; the engine needs at least SERIALIZED (one thread at a time).
+THREAD_LEVELS = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED", "MPI_THREAD_MULTIPLE")
+
+
+def start() -> Any:
+    """Initialise MPI (asking for MPI_THREAD_MULTIPLE) and check the level granted; return the module."""
+    global _MPI
+    if _MPI is None:
+        import mpi4py
+        mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI
+        _MPI = MPI
+    level = _MPI.Query_thread()
+    if level < _MPI.THREAD_SERIALIZED:
+        raise LaunchError(
+            f"the MPI library mpi4py loaded ({library_version()}) granted only {THREAD_LEVELS[level]}; "
+            f"hvdlite's engine thread needs at least MPI_THREAD_SERIALIZED. Use an MPI built with thread "
+            f"support (pip install mpich, or Open MPI built with --enable-mpi-thread-multiple).")
+    return _MPI
+
+
+def module() -> Any:
+    """The mpi4py.MPI module, once start() has run."""
+    return _MPI
+
+
+def library_version() -> str:
+    return _MPI.Get_library_version().strip().splitlines()[0] if _MPI is not None else "unknown"
+
+
+def probe_library() -> Optional[tuple[str, tuple[int, int]]]:
+    """The MPI library's version text and (major, minor) standard, without initialising MPI (for the
+    launcher, which must not start MPI itself); None when mpi4py or its library cannot be loaded."""
+    try:
+        import mpi4py
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+        return MPI.Get_library_version().strip(), MPI.Get_version()
+    except Exception:  # noqa: BLE001 - any failure to load means "no usable MPI here"
+        return None
+
+
+def thread_multiple() -> bool:
+    return _MPI.Query_thread() >= _MPI.THREAD_MULTIPLE
+
+
+# -- communicators -------------------------------------------------------------------------------------
+def world_size() -> int:
+    return _MPI.COMM_WORLD.Get_size()
+
+
+def make_world(comm: Any) -> Any:
+    """The communicator hvdlite runs on: a dup of COMM_WORLD, of a given communicator, or of the listed
+    ranks of COMM_WORLD (only those ranks may call init() with such a list)."""
+    MPI = _MPI
+    if comm is None:
+        return MPI.COMM_WORLD.Dup()
+    if isinstance(comm, MPI.Comm):
+        return comm.Dup()
+    ranks = sorted({int(r) for r in comm})
+    me = MPI.COMM_WORLD.Get_rank()
+    sub = MPI.COMM_WORLD.Split(0 if me in ranks else MPI.UNDEFINED, key=me)
+    if sub == MPI.COMM_NULL:
+        raise LaunchError(f"rank {me} of MPI_COMM_WORLD is not in init(comm={ranks}); only the listed ranks "
+                          f"may call init() with it")
+    return sub
+
+
+def is_communicator(obj: Any) -> bool:
+    return _MPI is not None and isinstance(obj, _MPI.Comm)
+
+
+def communicator_world_ranks(comm: Any, world: Any) -> list[int]:
+    """The ranks of ``world`` that make up the mpi4py communicator ``comm``."""
+    group, world_group = comm.Get_group(), world.Get_group()
+    try:
+        ranks = _MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
+    finally:
+        group.Free()
+        world_group.Free()
+    return sorted(int(r) for r in ranks)
+
+
+def split_shared(comm: Any, key: int) -> Any:
+    """The ranks of ``comm`` that share this node's memory."""
+    return comm.Split_type(_MPI.COMM_TYPE_SHARED, key=key)
+
+
+def split_member(comm: Any, member: bool, key: int) -> Optional[Any]:
+    """A communicator of the ranks that pass ``member=True`` (collective over ``comm``); None elsewhere."""
+    sub = comm.Split(0 if member else _MPI.UNDEFINED, key=key)
+    return None if sub == _MPI.COMM_NULL else sub
+
+
+def abort(code: int = 1) -> None:
+    _MPI.COMM_WORLD.Abort(code)
+
+
+# -- datatypes and ops ---------------------------------------------------------------------------------
+class MPIOps:
+    """MPI datatypes and ops for each dtype, created once per process after MPI is up."""
+
+    def __init__(self) -> None:
+        MPI = _MPI
+        self.MPI = MPI
+        self.BYTE = MPI.BYTE
+        self.IN_PLACE = MPI.IN_PLACE
+        self.BOR = MPI.BOR
+        self.datatypes = {
+            "uint8": MPI.UINT8_T, "int8": MPI.INT8_T, "uint16": MPI.UINT16_T, "int16": MPI.INT16_T,
+            "uint32": MPI.UINT32_T, "int32": MPI.INT32_T, "uint64": MPI.UINT64_T, "int64": MPI.INT64_T,
+            "float32": MPI.FLOAT, "float64": MPI.DOUBLE, "bool": MPI.C_BOOL,
+            "float16": MPI.UINT16_T, "bfloat16": MPI.UINT16_T,
+        }
+        self._builtin = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
+        self._bool = {Sum: MPI.LOR, Max: MPI.LOR, Min: MPI.LAND, Product: MPI.LAND}
+        self._half: dict[tuple[str, ReduceOp], Any] = {}
+        for half in HALF_DTYPES:
+            for op in (Sum, Min, Max, Product):
+                self._half[(half, op)] = MPI.Op.Create(_half_op(half, numpy_reduction(op)), commute=True)
+
+    def datatype(self, dtype: str) -> Any:
+        return self.datatypes[dtype]
+
+    def op(self, dtype: str, op: ReduceOp) -> Any:
+        """The MPI.Op for ``op`` on ``dtype`` (the submit checks have refused combinations without one)."""
+        if dtype == "bool":
+            return self._bool[op]
+        if dtype in HALF_DTYPES:
+            return self._half[(dtype, Sum if op is Average else op)]
+        return self._builtin[op]
+
+    def free(self) -> None:
+        for op in self._half.values():
+            op.Free()
+        self._half.clear()
+
+
+def _half_op(kind: str, ufunc: Callable[..., Any]) -> Callable[[Any, Any, Any], None]:
+    if kind == "float16":
+        def reduce_f16(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+            a = np.frombuffer(inbuf, dtype=np.float16)
+            b = np.frombuffer(inoutbuf, dtype=np.float16)
+            ufunc(a, b, out=b)
+        return reduce_f16
+
+    def reduce_bf16(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        a = np.frombuffer(inbuf, dtype=np.uint16)
+        b = np.frombuffer(inoutbuf, dtype=np.uint16)
+        b[...] = f32_to_bf16(ufunc(bf16_to_f32(a), bf16_to_f32(b)))
+    return reduce_bf16
+
+
+def counts_displacements(counts: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(counts, displacements) arrays for the v-variants of MPI collectives."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return counts, np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
