@@ -81,6 +81,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
         from .api import reset_names
         reset_names()
         log.set_level(config.log_level)
+        log.set_timestamps(not config.log_hide_time)
         import mpi4py
         mpi4py.rc.thread_level = "multiple"
         from mpi4py import MPI
@@ -94,8 +95,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
             _atexit_registered = True
         if config.abort_on_error:
             _install_excepthook()
-        if config.timeline and state.rank == 0:
-            state.timeline.start(config.timeline, config.timeline_mark_cycles)
+        if config.timeline_at_init() and state.rank == 0:
+            state.timeline.start(config.timeline_at_init(), config.timeline_mark_cycles)
     for ps in process_sets or ():
         from .process_set_ops import add_process_set
         add_process_set(ps)
