@@ -6,3 +6,10 @@ from .core import __all__ as _core_all
 
 __version__ = "0.1.0"
 __all__ = list(_core_all) + ["__version__"]
+
+
+def __getattr__(name: str):  # noqa: ANN201 - lazy: `hvdlite.run(fn, ...)` without importing the launcher early
+    if name == "run":
+        import importlib
+        return importlib.import_module(".run", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -55,11 +55,11 @@ def test_flags_and_settings() -> None:
 
 def test_command_for_each_launcher() -> None:
     plan = Plan(num_proc=4, command=["python", "t.py"], hosts=parse_hosts("h1:2,h2:2"),
-                extra_env={"FOO": "1"}, mpi_args=["-v"], network_interface="eth1", is_root=True)
+                extra_env={"FOO": "1"}, mpi_args=["-v"], network_interfaces=["eth1"], is_root=True)
     mpich = Launcher(MPICH, "/bin/mpiexec", "HYDRA 5")
     assert build_command(mpich, plan, {}) == [
-        "/bin/mpiexec", "-n", "4", "-hosts", "h1:2,h2:2", "-iface", "eth1", "-genv", "FOO", "1", "-v",
-        "python", "t.py"]
+        "/bin/mpiexec", "-n", "4", "-hosts", "h1:2,h2:2", "-iface", "eth1", "-genv", "FOO", "1", "-genv",
+        "UCX_NET_DEVICES", "eth1", "-v", "python", "t.py"]
     ompi = Launcher(OPENMPI, "/bin/mpirun", "Open MPI 5")
     env = child_environment({"PATH": "/bin", "HVDLITE_CYCLE_TIME": "2", "OTHER": "x"}, plan, ompi)
     assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
@@ -163,3 +163,171 @@ def test_check_build() -> None:
 def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
     """SIGINT to hvdlite-run (a terminal's Ctrl-C) stops every rank and exits non-zero."""
     assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path)
+
+
+# ------------------------------------------------------------------------------ horovodrun command lines
+def test_no_prefix_matching_and_mpi_is_a_no_op() -> None:
+    """`--mpi` is horovodrun's controller flag, not an abbreviation of --mpi-args swallowing the program."""
+    args = parse_args(["-np", "2", "--mpi", "python", "train.py"])
+    assert (args.use_mpi, args.mpi_args, args.command) == (True, "", ["python", "train.py"])
+    assert parse_args(["-cb"]).check_build is True
+    for abbreviated in (["--fusion-thr", "8"], ["--verb"], ["--mpi-a=-l"]):
+        with pytest.raises(SystemExit) as info:
+            parse_args(["-np", "2", *abbreviated, "python", "t.py"])
+        assert info.value.code == 2
+
+
+def test_real_launch_with_mpi_flag() -> None:
+    proc = run([*RUN, "-np", "2", "--mpi", PYTHON, TOPOLOGY], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_topology(topology(proc.stdout), hosts=1, per_host=2)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gloo"], "hvdlite-run: error: --gloo: hvdlite has no Gloo controller; it runs on MPI (mpi4py) only. "
+                 "Drop --gloo (or give --mpi): hvdlite-run starts the ranks with mpiexec, mpirun or srun"),
+    (["--autotune"], "hvdlite-run: error: --autotune: autotune is not available in hvdlite yet; drop the autotune "
+                     "flags and set --fusion-threshold-mb / --cycle-time-ms yourself"),
+    (["--autotune-log-file", "tune.csv"], "hvdlite-run: error: --autotune-log-file: autotune is not available in "
+                                          "hvdlite yet; drop the autotune flags and set --fusion-threshold-mb / "
+                                          "--cycle-time-ms yourself"),
+])
+def test_refused_flags_say_why(flags: list, message: str) -> None:
+    proc = run([*RUN, "-np", "2", *flags, PYTHON, TOPOLOGY], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == message
+    assert proc.stdout == ""
+
+
+def test_horovod_settings_flags() -> None:
+    args = parse_args(["-np", "2", "--log-level", "trace", "--no-timeline-mark-cycles", "--log-with-timestamp",
+                       "--stall-check", "python", "t.py"])
+    assert tuning_environment(args) == {"HVDLITE_LOG_LEVEL": "TRACE", "HVDLITE_TIMELINE_MARK_CYCLES": "0",
+                                        "HVDLITE_LOG_HIDE_TIME": "0", "HVDLITE_STALL_CHECK_DISABLE": "0"}
+    args = parse_args(["-np", "2", "--log-level", "FATAL", "--log-without-timestamp", "python", "t.py"])
+    assert tuning_environment(args) == {"HVDLITE_LOG_LEVEL": "FATAL", "HVDLITE_LOG_HIDE_TIME": "1"}
+    with pytest.raises(SystemExit):
+        parse_args(["-np", "2", "--log-level", "verbose", "python", "t.py"])
+
+
+def test_flags_without_effect_warn_and_run() -> None:
+    proc = run([*RUN, "-np", "2", "--hierarchical-allreduce", "--no-hierarchical-allgather", "--thread-affinity",
+                "1", "--num-nccl-streams", "2", "--tcp", "--disable-cache", PYTHON, TOPOLOGY], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = [l for l in proc.stderr.splitlines() if l.startswith("hvdlite-run: warning:")]
+    assert warnings == [
+        "hvdlite-run: warning: --hierarchical-allreduce has no effect: hvdlite's allreduce is MPI's own (MPI picks "
+        "the algorithm)",
+        "hvdlite-run: warning: --hierarchical-allgather has no effect: hvdlite's allgather is MPI's own (MPI picks "
+        "the algorithm)",
+        "hvdlite-run: warning: --thread-affinity has no effect: hvdlite's engine thread is a Python thread; bind "
+        "ranks with --binding-args instead",
+        "hvdlite-run: warning: --num-nccl-streams has no effect: hvdlite does not use NCCL",
+        "hvdlite-run: warning: --tcp has no effect: hvdlite does not use NCCL; choose MPI's transport with "
+        "--mpi-args or --network-interfaces"]
+    assert_topology(topology(proc.stdout), hosts=1, per_host=2)
+
+
+def test_network_interfaces_ssh_and_binding_reach_each_launcher() -> None:
+    from hvdlite.run.commands import ssh_arguments
+    args = parse_args(["-np", "4", "--network-interfaces", "eth0,ib0", "--network-interface", "eth2",
+                       "--network-interface", "eth0", "-p", "2222", "-i", "/k/id", "--start-timeout", "40",
+                       "python", "t.py"])
+    assert args.nics == ["eth0", "ib0", "eth2"]
+    ssh = ssh_arguments(args.ssh_port, args.ssh_identity_file, args.start_timeout)
+    assert ssh == ["-p", "2222", "-i", "/k/id", "-o", "ConnectTimeout=40"]
+    plan = Plan(num_proc=4, command=["p"], hosts=parse_hosts("h1:2,h2:2"), network_interfaces=args.nics,
+                ssh_args=ssh, binding_args=["--bind-to", "core"])
+    mpich = Launcher(MPICH, "/bin/mpiexec", "HYDRA 5")
+    env = child_environment({}, plan, mpich)
+    assert env["HYDRA_LAUNCHER_EXTRA_ARGS"] == "-p 2222 -i /k/id -o ConnectTimeout=40"
+    assert build_command(mpich, plan, env) == [
+        "/bin/mpiexec", "-n", "4", "-hosts", "h1:2,h2:2", "-iface", "eth0", "-launcher", "ssh",
+        "-genv", "UCX_NET_DEVICES", "eth0,ib0,eth2", "--bind-to", "core", "p"]
+    ompi = Launcher(OPENMPI, "/bin/mpirun", "Open MPI 5")
+    assert build_command(ompi, plan, {}) == [
+        "/bin/mpirun", "-np", "4", "-H", "h1:2,h2:2", "--bind-to", "core",
+        "--mca", "btl_tcp_if_include", "eth0,ib0,eth2", "--mca", "oob_tcp_if_include", "eth0,ib0,eth2",
+        "--mca", "plm_rsh_args", "-p 2222 -i /k/id -o ConnectTimeout=40", "-x", "HVDLITE_LAUNCHED_BY", "p"]
+
+
+def test_ssh_flags_on_a_local_run() -> None:
+    """-p/-i/--start-timeout: hydra gets its ssh launcher and the options; local ranks still start."""
+    proc = run([*RUN, "-np", "2", "--verbose", "-p", "2222", "-i", "/nonexistent/key", "--start-timeout", "5",
+                PYTHON, TOPOLOGY], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "HYDRA_LAUNCHER_EXTRA_ARGS='-p 2222 -i /nonexistent/key -o ConnectTimeout=5'" in proc.stdout
+    assert " -n 2 -launcher ssh " in proc.stdout
+    assert_topology(topology(proc.stdout), hosts=1, per_host=2)
+
+
+OUTPUT_PROGRAM = ("import os, sys; r = os.environ.get('PMI_RANK'); print('out', r); print('line two', r); "
+                  "print('err', r, file=sys.stderr); sys.stdout.write('no newline ' + r)")
+
+
+def test_output_filename_writes_one_log_per_rank(tmp_path: Path, nproc: int) -> None:
+    out = tmp_path / "logs"
+    proc = run([*RUN, "-np", str(nproc), "--output-filename", str(out), PYTHON, "-c", OUTPUT_PROGRAM], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [f"rank.{r}" for r in range(nproc)]
+    for r in range(nproc):
+        assert sorted(p.name for p in (out / f"rank.{r}").iterdir()) == ["stderr", "stdout"]
+        assert (out / f"rank.{r}" / "stdout").read_text() == f"out {r}\nline two {r}\nno newline {r}"
+        assert (out / f"rank.{r}" / "stderr").read_text() == f"err {r}\n"
+        assert f"line two {r}\n" in proc.stdout and f"err {r}\n" in proc.stderr  # the console still gets it
+
+
+def test_rank_labels_are_padded_as_horovodrun() -> None:
+    from hvdlite.run.rank_output import rank_label
+    assert [rank_label(r, 12) for r in (0, 3, 11)] == ["00", "03", "11"]
+    assert [rank_label(r, 10) for r in (0, 9)] == ["0", "9"]
+    assert rank_label(0, 1) == "0" and rank_label(7, 101) == "007"
+
+
+def test_prefix_output_with_timestamp(tmp_path: Path) -> None:
+    out = tmp_path / "logs"
+    proc = run([*RUN, "-np", "2", "--prefix-output-with-timestamp", "--output-filename", str(out), PYTHON, "-c",
+                OUTPUT_PROGRAM], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stamp = r"\w{3} \w{3} \d\d \d\d:\d\d:\d\d \d{4}"
+    for r in range(2):
+        lines = (out / f"rank.{r}" / "stdout").read_text().split("\n")
+        assert len(lines) == 3
+        for line, text in zip(lines, (f"out {r}", f"line two {r}", f"no newline {r}")):
+            assert re.fullmatch(stamp + rf"\[{r}\]<stdout>:{text}", line), line
+        assert re.fullmatch(stamp + rf"\[{r}\]<stderr>:err {r}\n", (out / f"rank.{r}" / "stderr").read_text())
+        assert re.search(stamp + rf"\[{r}\]<stdout>:line two {r}\n", proc.stdout), proc.stdout
+
+
+def test_config_file(tmp_path: Path) -> None:
+    """horovodrun's YAML: sections map onto the flags; a flag given on the command line wins."""
+    config = tmp_path / "hvd.yaml"
+    config.write_text("controller: mpi\nparams:\n  fusion_threshold_mb: 32\n  cycle_time_ms: 2.5\n"
+                      "  cache_capacity: 512\nautotune:\n  enabled: false\n  log_file: x.csv\n"
+                      "timeline:\n  filename: /tmp/t.json\n  mark_cycles: true\n"
+                      "stall_check:\n  enabled: false\n  warning_time_seconds: 30\n  shutdown_time_seconds: 90\n"
+                      "logging:\n  level: debug\n  with_timestamp: true\nsurprise:\n  x: 1\n")
+    args = parse_args(["-np", "2", "--config-file", str(config), "--cycle-time-ms", "7", "python", "t.py"])
+    assert tuning_environment(args) == {
+        "HVDLITE_FUSION_THRESHOLD": str(32 * 1024 * 1024), "HVDLITE_CYCLE_TIME": "7", "HVDLITE_CACHE_CAPACITY": "512",
+        "HVDLITE_TIMELINE": "/tmp/t.json", "HVDLITE_TIMELINE_MARK_CYCLES": "1", "HVDLITE_LOG_LEVEL": "DEBUG",
+        "HVDLITE_LOG_HIDE_TIME": "0", "HVDLITE_STALL_CHECK_TIME_SECONDS": "30",
+        "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "90", "HVDLITE_STALL_CHECK_DISABLE": "1"}
+    assert args.config_notes == [f"--config-file {config}: unknown section 'surprise' is ignored"]
+    for text, message in (("autotune:\n  enabled: true\n", "--autotune: autotune is not available in hvdlite yet"),
+                          ("controller: gloo\n", "--gloo: hvdlite has no Gloo controller"),
+                          ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms must be a number >= 0, got 'fast'"),
+                          ("logging:\n  level: loud\n", "logging.level must be one of TRACE, DEBUG")):
+        config.write_text(text)
+        proc = run([*RUN, "-np", "2", "--config-file", str(config), PYTHON, TOPOLOGY], timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_config_file_settings_reach_the_ranks(tmp_path: Path) -> None:
+    config = tmp_path / "hvd.yaml"
+    config.write_text("params:\n  cycle_time_ms: 3\nlogging:\n  level: trace\n")
+    proc = run([*RUN, "-np", "2", "--config-file", str(config), PYTHON, TOPOLOGY, "--env",
+                "HVDLITE_CYCLE_TIME,HVDLITE_LOG_LEVEL"], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in topology(proc.stdout):
+        assert r["env"] == {"HVDLITE_CYCLE_TIME": "3", "HVDLITE_LOG_LEVEL": "TRACE"}

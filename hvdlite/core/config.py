@@ -14,7 +14,12 @@ _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
 #: Variables that hvdlite itself sets for its children (the launcher); not knobs, never warned about.
-_INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY"}
+_INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY"}
+
+#: Log levels Horovod accepts (any case); TRACE and FATAL map to hvdlite's TRACE and Python's CRITICAL.
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+#: Value of HOROVOD_TIMELINE meaning "no file at init; hvd.start_timeline() starts one later".
+DYNAMIC_TIMELINE = "DYNAMIC"
 
 
 @dataclasses.dataclass
@@ -35,12 +40,14 @@ class Config:
     stall_shutdown_time_seconds: float = 0.0
     #: Turn the stall inspector off entirely.
     stall_check_disable: bool = False
-    #: Path of a Chrome-trace timeline written by rank 0 ("" for none).
+    #: Path of a Chrome-trace timeline written by rank 0 ("" for none; "DYNAMIC": none until start_timeline()).
     timeline: str = ""
     #: Add a marker to the timeline at every negotiation cycle that ran work.
     timeline_mark_cycles: bool = False
-    #: Level of the ``hvdlite`` logger (DEBUG, INFO, WARNING, ERROR).
+    #: Level of the ``hvdlite`` logger: TRACE, DEBUG, INFO, WARNING, ERROR or FATAL (any case, as Horovod).
     log_level: str = "WARNING"
+    #: Leave the time out of hvdlite's log lines (``hvdlite-run --log-with-timestamp`` turns it on).
+    log_hide_time: bool = True
     #: Seconds an idle engine sleeps before it joins one negotiation round anyway (stall detection).
     idle_heartbeat_seconds: float = 1.0
     #: On an uncaught exception in any thread, print it and abort the whole MPI job promptly.
@@ -100,6 +107,10 @@ class Config:
         config.validate()
         return config
 
+    def timeline_at_init(self) -> str:
+        """The timeline file to open at init(): "" for none, also for DYNAMIC (start_timeline() opens one)."""
+        return "" if self.timeline.strip() == DYNAMIC_TIMELINE else self.timeline
+
     def validate(self) -> None:
         if self.cycle_time < 0:
             raise ValueError(f"cycle_time must be >= 0 ms, got {self.cycle_time}")
@@ -109,6 +120,10 @@ class Config:
             raise ValueError(f"fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
         if self.allreduce_chunk_bytes <= 0:
             raise ValueError(f"allreduce_chunk_bytes must be > 0, got {self.allreduce_chunk_bytes}")
+        level = str(self.log_level).strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)} (any case), got {self.log_level!r}")
+        self.log_level = level
         overlap = str(self.gradient_overlap).strip().lower()
         overlap = "on" if overlap in _TRUE else "off" if overlap in _FALSE else overlap
         if overlap not in ("auto", "on", "off"):

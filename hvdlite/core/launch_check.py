@@ -31,6 +31,17 @@ def expected_world_size() -> tuple[Optional[int], str]:
     return None, ""
 
 
+def launcher_rank() -> tuple[Optional[int], Optional[int]]:
+    """This process's rank and the job's size as its launcher announced them, before MPI starts
+    (hydra/srun PMI, Open MPI, PMIx, a Slurm task); (None, None) outside a launched job."""
+    for rank_name, size_name in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                                 ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        rank = _int(getenv(rank_name))
+        if rank is not None:
+            return rank, _int(getenv(size_name))
+    return None, None
+
+
 def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
     """Raise LaunchError when the launcher started several ranks but MPI came up with size 1 in each.
 
@@ -67,11 +78,9 @@ def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
 
 
 def _library_name() -> str:
-    try:
-        from mpi4py import MPI
-        text = MPI.Get_library_version()
-    except Exception:  # noqa: BLE001 - only used to word the message
-        return ""
+    from .engine import mpi  # only used to word the message
+    probe = mpi.probe_library()
+    text = probe[0] if probe else ""
     return " ".join(text.splitlines()[0].split()) if text.strip() else ""
 
 

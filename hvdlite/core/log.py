@@ -25,11 +25,19 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+#: Horovod's TRACE level, below DEBUG (Horovod logs every message exchange at it).
+TRACE = 5
+logging.addLevelName(TRACE, "TRACE")
+#: Horovod's level names and the logging level each one means.
+_LEVELS = {"TRACE": TRACE, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING,
+           "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+_FORMAT = "[hvdlite rank %(hvd_rank)s] %(levelname)s: %(message)s"
+
 logger = logging.getLogger("hvdlite")
 logger.addFilter(_RankFilter())
 if not logger.handlers:
     _handler = _StderrHandler()
-    _handler.setFormatter(logging.Formatter("[hvdlite rank %(hvd_rank)s] %(levelname)s: %(message)s"))
+    _handler.setFormatter(logging.Formatter(_FORMAT))
     logger.addHandler(_handler)
     logger.propagate = False
 logger.setLevel(logging.WARNING)
@@ -41,6 +49,22 @@ def set_rank(rank: int | str) -> None:
     _rank_label = str(rank)
 
 
+def level_number(name: str) -> int:
+    """The logging level of a Horovod level name (TRACE, DEBUG, INFO, WARNING, ERROR, FATAL; any case)."""
+    key = name.strip().upper()
+    if key not in _LEVELS:
+        raise ValueError(f"unknown log level {name!r}; use one of {', '.join(_LEVELS)}")
+    return _LEVELS[key]
+
+
 def set_level(level: str) -> None:
-    """Set the logger's level from a name such as ``"INFO"``."""
-    logger.setLevel(level.upper())
+    """Set the logger's level from a Horovod level name such as ``"info"`` or ``"TRACE"``."""
+    logger.setLevel(level_number(level))
+
+
+def set_timestamps(show: bool) -> None:
+    """Show (or hide) the time at the start of every hvdlite log line."""
+    fmt = "%(asctime)s " + _FORMAT if show else _FORMAT
+    for handler in logger.handlers:
+        if isinstance(handler, _StderrHandler):
+            handler.setFormatter(logging.Formatter(fmt))

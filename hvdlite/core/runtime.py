@@ -123,6 +123,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
             return
         config = Config.from_env(**settings)
         log.set_level(config.log_level)
+        log.set_timestamps(not config.log_hide_time)
         mpi.start()
         world = mpi.make_world(comm)
         log.set_rank(world.Get_rank())
@@ -137,8 +138,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
             _atexit_registered = True
         if config.abort_on_error:
             _install_excepthook()
-        if config.timeline and state.rank == 0:
-            state.timeline.start(config.timeline, config.timeline_mark_cycles)
+        if config.timeline_at_init() and state.rank == 0:
+            state.timeline.start(config.timeline_at_init(), config.timeline_mark_cycles)
     for ps in process_sets or ():
         state.add_process_set(ps)
 

@@ -1,12 +1,34 @@
-"""hvdlite-run: start one hvdlite process per slot with mpiexec, mpirun or srun (``python -m hvdlite.run``)."""
+"""hvdlite-run: start one hvdlite process per slot with mpiexec, mpirun or srun (``python -m hvdlite.run``).
+
+This package is also Horovod's ``horovod.run`` function: ``hvdlite.run(fn, args=(), kwargs=None, np=2)``
+calls ``hvdlite.run.run`` (see ``func.py``). Horovod exposes a function where hvdlite has its launcher
+package; so that both spellings work, the package module's class is a ``ModuleType`` subclass with
+``__call__`` (Python allows assigning a module's ``__class__`` to such a subclass), instead of renaming
+either one.
+"""
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
+from .func import RankError, run
 from .launchers import Launcher, LauncherError
 
-__all__ = ["Launcher", "LauncherError", "main"]
+__all__ = ["Launcher", "LauncherError", "RankError", "main", "run"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``hvdlite-run``; returns the job's exit code."""
     from .__main__ import main as _main
     return _main(argv)
+
+
+class _CallableModule(types.ModuleType):
+    """``hvdlite.run(fn, ...)`` is ``hvdlite.run.run(fn, ...)``, as ``horovod.run(fn, ...)``."""
+
+    def __call__(self, func: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        return run(func, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -6,8 +6,9 @@ import sys
 from typing import Mapping, Optional, Sequence
 
 from ..core.config import environ
-from .args import env_assignments, parse_args, tuning_environment
-from .commands import Plan, build_command, child_environment, format_command, is_root, split_mpi_args
+from .args import env_assignments, no_effect_warnings, parse_args, tuning_environment
+from .commands import (Plan, build_command, child_environment, format_command, is_root, output_wrapper,
+                       split_mpi_args, ssh_arguments)
 from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
 from .launchers import (MPICH, OPENMPI, SRUN, Launcher, LauncherError, choose_srun_mpi, find_mpi_launcher,
                         find_srun, mpi_library, srun_plugins, srun_version)
@@ -59,9 +60,20 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
 
     extra_env = env_assignments(args.env, dict(env))
     extra_env.update(tuning_environment(args))
-    plan = Plan(num_proc=num_proc, command=list(args.command), hosts=hosts, extra_env=extra_env,
-                mpi_args=split_mpi_args(args.mpi_args), network_interface=args.network_interface,
-                srun_mpi=srun_mpi or "pmi2", in_slurm=allocation is not None, is_root=is_root())
+    warnings += list(getattr(args, "config_notes", [])) + no_effect_warnings(args)
+    ssh_args = ssh_arguments(args.ssh_port, args.ssh_identity_file, args.start_timeout)
+    if ssh_args and launcher.kind == SRUN:
+        warnings.append("-p/--ssh-port, -i/--ssh-identity-file and --start-timeout have no effect under srun "
+                        "(Slurm starts the ranks, not ssh)")
+        ssh_args = []
+    if args.start_timeout is not None and args.start_timeout < 1:
+        raise ValueError(f"--start-timeout must be at least 1 second, got {args.start_timeout}")
+    command = output_wrapper(args.output_filename, args.prefix_output_with_timestamp, sys.executable)
+    plan = Plan(num_proc=num_proc, command=command + list(args.command), hosts=hosts, extra_env=extra_env,
+                mpi_args=split_mpi_args(args.mpi_args), network_interfaces=list(args.nics or []),
+                srun_mpi=srun_mpi or "pmi2", in_slurm=allocation is not None, is_root=is_root(),
+                ssh_args=ssh_args,
+                binding_args=split_mpi_args(args.binding_args) if args.binding_args is not None else None)
     return launcher, plan, warnings
 
 

@@ -13,17 +13,40 @@ TUNING_FLAGS: dict[str, tuple[str, float]] = {
     "timeline_filename": ("timeline", 1),
     "timeline_mark_cycles": ("timeline_mark_cycles", 1),
     "log_level": ("log_level", 1),
+    "log_hide_time": ("log_hide_time", 1),
     "stall_check_warning_time_seconds": ("stall_check_time_seconds", 1),
     "stall_check_shutdown_time_seconds": ("stall_shutdown_time_seconds", 1),
     "no_stall_check": ("stall_check_disable", 1),
 }
 
 LAUNCHERS = ("auto", "mpich", "openmpi", "srun")
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+
+# ------------------------------------------------------------------------------------------- autotune
+#: AUTOTUNE: flip to True (and map the flags to settings in tuning_environment) when autotune lands.
+AUTOTUNE_AVAILABLE = False
+AUTOTUNE_FLAGS = ("autotune", "autotune_log_file", "autotune_warmup_samples", "autotune_steps_per_sample",
+                  "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise")
+AUTOTUNE_REFUSAL = ("{flag}: autotune is not available in hvdlite yet; drop the autotune flags and set "
+                    "--fusion-threshold-mb / --cycle-time-ms yourself")
+
+#: horovodrun flags hvdlite accepts but that change nothing here, and why (a warning says so).
+NO_EFFECT_FLAGS: dict[str, str] = {
+    "hierarchical_allreduce": "hvdlite's allreduce is MPI's own (MPI picks the algorithm)",
+    "hierarchical_allgather": "hvdlite's allgather is MPI's own (MPI picks the algorithm)",
+    "torus_allreduce": "hvdlite's allreduce is MPI's own (MPI picks the algorithm)",
+    "thread_affinity": "hvdlite's engine thread is a Python thread; bind ranks with --binding-args instead",
+    "num_nccl_streams": "hvdlite does not use NCCL",
+    "tcp_flag": "hvdlite does not use NCCL; choose MPI's transport with --mpi-args or --network-interfaces",
+    "mpi_threads_disable": "hvdlite needs MPI_THREAD_MULTIPLE for its engine thread",
+    "gloo_timeout_seconds": "hvdlite has no Gloo controller",
+    "ccl_bgt_affinity": "hvdlite does not use oneCCL",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hvdlite-run",
+        prog="hvdlite-run", allow_abbrev=False,
         description="Start one hvdlite process per slot (GPU) with MPICH's mpiexec, Open MPI's mpirun, or "
                     "srun inside a Slurm allocation.",
         epilog="examples:\n"
@@ -46,15 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mpi-args", dest="mpi_args", default="", metavar='"ARGS"',
                         help='extra arguments for the MPI launcher (mpiexec, mpirun or srun), e.g. '
                              '--mpi-args="-genv FOO 1"')
-    parser.add_argument("--network-interface", dest="network_interface", metavar="NIC",
-                        help="network interface for MPI traffic between hosts (e.g. eth0, ib0)")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
                         help="which launcher to drive (default: srun inside a Slurm allocation, else the "
                              "mpiexec/mpirun that matches the MPI library mpi4py loads)")
     parser.add_argument("--srun-mpi", dest="srun_mpi", metavar="PLUGIN",
                         help="srun --mpi plugin (default: pmi2 for MPICH-based MPI, pmix for Open MPI)")
     parser.add_argument("--verbose", action="store_true", help="print the exact command before running it")
-    parser.add_argument("--check-build", dest="check_build", action="store_true",
+    parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                         help="show which frameworks, MPI library, thread level and launchers are available")
     parser.add_argument("-v", "--version", action="store_true", help="print hvdlite's version and exit")
     tuning = parser.add_argument_group("hvdlite settings passed to every rank (as HVDLITE_* variables)")
@@ -65,24 +86,122 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--timeline-filename", metavar="FILE", help="write a Chrome-trace timeline (rank 0)")
     tuning.add_argument("--timeline-mark-cycles", action="store_true", default=None,
                         help="mark engine cycles in the timeline")
-    tuning.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="hvdlite log level")
+    tuning.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles", action="store_false",
+                        default=None, help="do not mark engine cycles in the timeline")
+    tuning.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="hvdlite log level")
+    stamps = tuning.add_mutually_exclusive_group()
+    stamps.add_argument("--log-with-timestamp", dest="log_hide_time", action="store_false", default=None,
+                        help="start hvdlite's log lines with the time")
+    stamps.add_argument("--log-without-timestamp", "--log-hide-timestamp", dest="log_hide_time",
+                        action="store_true", default=None, help="leave the time out of hvdlite's log lines")
     tuning.add_argument("--stall-check-warning-time-seconds", type=float, metavar="S",
                         help="warn when a tensor waits this long for other ranks")
     tuning.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="S",
                         help="fail when a tensor waits this long for other ranks (0: never)")
     tuning.add_argument("--no-stall-check", action="store_true", default=None, help="turn stall checks off")
+    tuning.add_argument("--stall-check", dest="no_stall_check", action="store_false", default=None,
+                        help=argparse.SUPPRESS)
+    add_horovodrun_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return parser
 
 
+class _NicsAction(argparse.Action):
+    """--network-interface(s): append, splitting on commas, keeping order and dropping repeats."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: Optional[str] = None) -> None:
+        nics = list(getattr(namespace, self.dest, None) or [])
+        for nic in str(values).split(","):
+            if nic.strip() and nic.strip() not in nics:
+                nics.append(nic.strip())
+        setattr(namespace, self.dest, nics)
+
+
+def add_horovodrun_flags(parser: argparse.ArgumentParser) -> None:
+    """The rest of horovodrun's flags, so its command lines run unchanged (see docs in README, Launching)."""
+    group = parser.add_argument_group("horovodrun flags")
+    controller = group.add_mutually_exclusive_group()
+    controller.add_argument("--mpi", dest="use_mpi", action="store_true", help="accepted: hvdlite always uses MPI")
+    controller.add_argument("--gloo", dest="use_gloo", action="store_true", help="refused: hvdlite has no Gloo")
+    group.add_argument("--network-interfaces", "--network-interface", dest="nics", action=_NicsAction,
+                       metavar="NIC[,NIC...]", help="network interfaces for MPI traffic between hosts, e.g. "
+                       "eth0,ib0 (repeatable); all are given to MPI")
+    group.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, metavar="PORT",
+                       help="ssh port of the hosts (mpiexec/mpirun start remote ranks over ssh)")
+    group.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", metavar="FILE",
+                       help="ssh private key for the hosts")
+    group.add_argument("--start-timeout", dest="start_timeout", type=int, metavar="S",
+                       help="seconds ssh may take to reach each host (ssh ConnectTimeout)")
+    group.add_argument("--output-filename", dest="output_filename", metavar="DIR",
+                       help="also write each rank's output to DIR/rank.<rank>/stdout and stderr")
+    group.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", dest="prefix_output_with_timestamp",
+                       action="store_true", help="start every output line with the time, rank and stream")
+    group.add_argument("--disable-cache", dest="disable_cache", action="store_true",
+                       help="accepted: hvdlite-run caches no host checks")
+    group.add_argument("--config-file", dest="config_file", metavar="FILE",
+                       help="horovodrun's YAML settings file; flags on the command line win over it")
+    group.add_argument("--binding-args", dest="binding_args", metavar='"ARGS"',
+                       help='process binding arguments for the MPI launcher, replacing hvdlite-run\'s '
+                            '(Open MPI: --bind-to none), e.g. --binding-args="--bind-to core"')
+    for flag in ("hierarchical-allreduce", "hierarchical-allgather", "torus-allreduce", "mpi-threads-disable"):
+        dest = flag.replace("-", "_")
+        switch = group.add_mutually_exclusive_group()
+        switch.add_argument(f"--{flag}", dest=dest, action="store_true", default=None, help="no effect in hvdlite")
+        switch.add_argument(f"--no-{flag}", dest=dest, action="store_false", default=None, help=argparse.SUPPRESS)
+    group.add_argument("--thread-affinity", dest="thread_affinity", type=int, help="no effect in hvdlite")
+    group.add_argument("--num-nccl-streams", dest="num_nccl_streams", type=int, help="no effect in hvdlite")
+    group.add_argument("--gloo-timeout-seconds", dest="gloo_timeout_seconds", type=int, help="no effect in hvdlite")
+    group.add_argument("--tcp", dest="tcp_flag", action="store_true", default=None, help="no effect in hvdlite")
+    # AUTOTUNE: parsed so the refusal can name the flag; see AUTOTUNE_AVAILABLE.
+    tune = parser.add_argument_group("autotune (not available yet)")
+    tune.add_argument("--autotune", dest="autotune", action="store_true", default=None, help=argparse.SUPPRESS)
+    tune.add_argument("--no-autotune", dest="autotune", action="store_false", default=None, help=argparse.SUPPRESS)
+    for name in AUTOTUNE_FLAGS[1:]:
+        tune.add_argument("--" + name.replace("_", "-"), dest=name, help=argparse.SUPPRESS)
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse hvdlite-run's command line (and --config-file); exit 2 with the reason on a refused flag."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    args.config_notes = []
+    if args.config_file:
+        from .config_file import ConfigFileError, apply_config_file
+        try:
+            args.config_notes = apply_config_file(args, args.config_file)
+        except ConfigFileError as exc:
+            parser.error(str(exc))
+    problem = refusal(args)
+    if problem:
+        parser.error(problem)
     if not (args.check_build or args.version) and not args.command:
         parser.error("give the program to run, e.g.: hvdlite-run -np 2 python train.py")
     return args
+
+
+def refusal(args: argparse.Namespace) -> str:
+    """Why these flags cannot run here ("" when they can)."""
+    if getattr(args, "use_gloo", False):
+        return ("--gloo: hvdlite has no Gloo controller; it runs on MPI (mpi4py) only. Drop --gloo (or give "
+                "--mpi): hvdlite-run starts the ranks with mpiexec, mpirun or srun")
+    if not AUTOTUNE_AVAILABLE:
+        for name in AUTOTUNE_FLAGS:
+            value = getattr(args, name, None)
+            if value is not None and value is not False:
+                return AUTOTUNE_REFUSAL.format(flag="--" + name.replace("_", "-"))
+    return ""
+
+
+def no_effect_warnings(args: argparse.Namespace) -> list[str]:
+    """A warning for each given horovodrun flag that changes nothing in hvdlite."""
+    warnings = []
+    for name, reason in NO_EFFECT_FLAGS.items():
+        if getattr(args, name, None) is not None:
+            warnings.append(f"--{name.replace('_flag', '').replace('_', '-')} has no effect: {reason}")
+    return warnings
 
 
 def tuning_environment(args: argparse.Namespace) -> dict[str, str]:

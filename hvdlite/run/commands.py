@@ -26,10 +26,36 @@ class Plan:
     hosts: Optional[list[Host]] = None
     extra_env: dict[str, str] = dataclasses.field(default_factory=dict)  # -x values and tuning flags
     mpi_args: list[str] = dataclasses.field(default_factory=list)
-    network_interface: Optional[str] = None
+    network_interfaces: list[str] = dataclasses.field(default_factory=list)
     srun_mpi: str = "pmi2"
     in_slurm: bool = False
     is_root: bool = False
+    ssh_args: list[str] = dataclasses.field(default_factory=list)  # -p PORT -i FILE -o ConnectTimeout=S
+    binding_args: Optional[list[str]] = None  # replaces hvdlite-run's own binding flags when given
+
+
+def ssh_arguments(port: Optional[int], identity_file: Optional[str], start_timeout: Optional[int]) -> list[str]:
+    """ssh options for the launcher's remote starts (horovodrun's -p, -i and --start-timeout)."""
+    args: list[str] = []
+    if port is not None:
+        args += ["-p", str(port)]
+    if identity_file:
+        args += ["-i", identity_file]
+    if start_timeout is not None:
+        args += ["-o", f"ConnectTimeout={start_timeout}"]
+    return args
+
+
+def output_wrapper(directory: Optional[str], timestamp: bool, python: str) -> list[str]:
+    """What goes in front of the program for --output-filename / --prefix-output-with-timestamp."""
+    if not directory and not timestamp:
+        return []
+    wrapper = [python, "-m", "hvdlite.run.rank_output"]
+    if directory:
+        wrapper += ["--dir", os.path.abspath(directory)]
+    if timestamp:
+        wrapper.append("--timestamp")
+    return wrapper + ["--"]
 
 
 def split_mpi_args(text: str) -> list[str]:
@@ -44,6 +70,8 @@ def child_environment(base: Mapping[str, str], plan: Plan, launcher: Launcher) -
     if launcher.kind == OPENMPI and plan.is_root:
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    if launcher.kind == MPICH and plan.ssh_args:
+        env["HYDRA_LAUNCHER_EXTRA_ARGS"] = " ".join(shlex.quote(a) for a in plan.ssh_args)
     return env
 
 
@@ -59,19 +87,29 @@ def build_command(launcher: Launcher, plan: Plan, env: Mapping[str, str]) -> lis
 
 
 def mpich_command(path: str, plan: Plan) -> list[str]:
-    """MPICH hydra: ``mpiexec -n N [-hosts h:s,...] [-iface NIC] [-genv VAR VALUE ...] ARGS PROGRAM``.
+    """MPICH hydra: ``mpiexec -n N [-hosts h:s,...] [-iface NIC -genv UCX_NET_DEVICES NICS] [-launcher ssh]
+    [-genv VAR VALUE ...] [BINDING] ARGS PROGRAM``.
 
     Hydra passes the whole environment to every rank, local or remote; the -x values are also given
     with -genv, which adds to that environment (-genvlist would replace it). Without hosts, hydra runs
-    locally, or inside a Slurm allocation on the allocation's nodes.
+    locally, or inside a Slurm allocation on the allocation's nodes. Network interfaces: hydra's own
+    connections take one (-iface, the first); MPICH's data path (UCX) is given all of them in
+    UCX_NET_DEVICES. ssh options (port, key, timeout) reach hydra's ssh launcher in
+    HYDRA_LAUNCHER_EXTRA_ARGS (see child_environment).
     """
     cmd = [path, "-n", str(plan.num_proc)]
     if plan.hosts:
         cmd += ["-hosts", ",".join(str(h) for h in plan.hosts)]
-    if plan.network_interface:
-        cmd += ["-iface", plan.network_interface.split(",")[0]]
-    for name in sorted(plan.extra_env):
-        cmd += ["-genv", name, plan.extra_env[name]]
+    if plan.network_interfaces:
+        cmd += ["-iface", plan.network_interfaces[0]]
+    if plan.ssh_args:
+        cmd += ["-launcher", "ssh"]
+    extra = dict(plan.extra_env)
+    if plan.network_interfaces:
+        extra.setdefault("UCX_NET_DEVICES", ",".join(plan.network_interfaces))
+    for name in sorted(extra):
+        cmd += ["-genv", name, extra[name]]
+    cmd += list(plan.binding_args or [])
     return cmd + list(plan.mpi_args) + list(plan.command)
 
 
@@ -90,10 +128,12 @@ def openmpi_command(path: str, plan: Plan, env: Mapping[str, str]) -> list[str]:
         cmd += ["-H", ",".join(str(h) for h in plan.hosts)]
     elif not plan.in_slurm:
         cmd += ["-H", f"localhost:{plan.num_proc}"]
-    cmd += ["--bind-to", "none", "--map-by", "slot"]
-    if plan.network_interface:
-        cmd += ["--mca", "btl_tcp_if_include", plan.network_interface,
-                "--mca", "oob_tcp_if_include", plan.network_interface]
+    cmd += plan.binding_args if plan.binding_args is not None else ["--bind-to", "none", "--map-by", "slot"]
+    if plan.network_interfaces:
+        nics = ",".join(plan.network_interfaces)
+        cmd += ["--mca", "btl_tcp_if_include", nics, "--mca", "oob_tcp_if_include", nics]
+    if plan.ssh_args:
+        cmd += ["--mca", "plm_rsh_args", " ".join(plan.ssh_args)]
     names = set(plan.extra_env) | {LAUNCHED_BY}
     names |= {name for name in env if name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_BY_DEFAULT}
     for name in sorted(names):
@@ -109,6 +149,7 @@ def srun_command(path: str, plan: Plan) -> list[str]:
     the ranks even when the job was submitted with --export=NONE.
     """
     cmd = [path, "-n", str(plan.num_proc), f"--mpi={plan.srun_mpi}", "--kill-on-bad-exit=1", "--export=ALL"]
+    cmd += list(plan.binding_args or [])
     return cmd + list(plan.mpi_args) + list(plan.command)
 
 

@@ -38,16 +38,12 @@ class MPILibrary:
 
 def mpi_library() -> Optional[MPILibrary]:
     """Ask mpi4py which MPI library it loads, without initializing MPI (None without mpi4py)."""
-    try:
-        import mpi4py
-        mpi4py.rc.initialize = False
-        mpi4py.rc.finalize = False
-        from mpi4py import MPI
-    except Exception:  # noqa: BLE001 - any import failure means: no usable MPI here
+    from hvdlite.core.engine import mpi  # the one module that loads mpi4py
+    probe = mpi.probe_library()
+    if probe is None:
         return None
-    text = MPI.Get_library_version().strip()
+    text, (major, minor) = probe
     first = " ".join(text.splitlines()[0].split()) if text else "unknown MPI"
-    major, minor = MPI.Get_version()
     return MPILibrary(family=library_family(text), version=f"{first} (MPI {major}.{minor})")
 
 
