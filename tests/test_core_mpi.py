@@ -58,6 +58,19 @@ def test_raising_rank_ends_the_job_with_its_traceback_first(nproc: int) -> None:
     assert "shut down" not in proc.stderr and "ShutdownError" not in proc.stderr, proc.stderr
 
 
+def test_raising_thread_ends_the_job_with_its_traceback_first(nproc: int) -> None:
+    import time
+    start = time.monotonic()
+    proc = run_mpi("core_failures.py", nproc, args=["thread_raise"], check=False, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert elapsed < 30, f"the job took {elapsed:.0f} s to end after a thread raised"
+    first = proc.stderr.strip().splitlines()
+    assert first[0].startswith("[hvdlite rank 1] uncaught exception in thread loader"), proc.stderr
+    assert "ValueError: the real error in rank 1's loader thread: bad batch 17" in proc.stderr
+    assert "shut down" not in proc.stderr and "ShutdownError" not in proc.stderr, proc.stderr
+
+
 def test_dying_rank_ends_the_job(nproc: int) -> None:
     proc = run_mpi("core_failures.py", nproc, args=["die"], check=False, timeout=60)
     assert proc.returncode != 0, proc.stdout + proc.stderr

@@ -16,6 +16,15 @@ if mode == "raise":
         raise ValueError("the real error on rank 1: bad batch 17")
     time.sleep(0.5)
     hvd.allreduce(np.ones(1), name="waits.forever")
+elif mode == "thread_raise":
+    if r == 1:
+        import threading
+
+        def load_batches() -> None:
+            raise ValueError("the real error in rank 1's loader thread: bad batch 17")
+
+        threading.Thread(target=load_batches, name="loader").start()
+    hvd.allreduce(np.ones(1), name="waits.forever")  # rank 1's main thread waits too, for nobody
 elif mode == "die":
     if r == 1:
         os._exit(3)
