@@ -20,7 +20,8 @@ from . import polling
 from .execution import Executor
 from .fusion import Item, batches
 from .mpi import MPIOps
-from .negotiation import FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled, allgather_messages, decide
+from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled,
+                          allgather_messages, decide)
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .timeline import Timeline
@@ -53,6 +54,8 @@ class Engine:
         self._last_stall_check = time.monotonic()
         self._last_stall_warning = float("-inf")
         self._last_cycle = 0.0
+        self._job_busy = False  # some rank had work in the last round
+        self._idle_pause = 0.0
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
 
@@ -103,7 +106,13 @@ class Engine:
             self._fail_everything(error)
 
     def _wait_for_work(self) -> bool:
-        """Sleep while there is nothing to do; return when a cycle should run."""
+        """Sleep while there is nothing to do; return when a cycle should run.
+
+        Every cycle is a world-wide round, so a rank with nothing of its own still takes part at once while
+        any rank is busy (the BUSY flag of the last round says so): a process set's ops never wait for
+        idle non-members. Only when the whole job was idle does it back off, doubling its pause from the
+        cycle time up to ``idle_heartbeat_seconds``; a local submission ends the pause at once.
+        """
         cycle_s = self.config.cycle_time / 1000.0
         with self._cv:
             if self._pending:  # left over: pace cycles so waiting for peers does not spin
@@ -111,10 +120,13 @@ class Engine:
                 if delay > 0:
                     self._cv.wait(delay)
                 return True
-            if not self._queue and not self._shutdown_requested:
-                # Idle: wake on a submission, or after the heartbeat to take part in one round anyway,
-                # so that peers waiting on this rank can detect a stall.
-                self._cv.wait(self.config.idle_heartbeat_seconds)
+            if self._queue or self._shutdown_requested:
+                return True
+            if self._job_busy:
+                self._idle_pause = cycle_s
+                return True
+            self._idle_pause = min(self.config.idle_heartbeat_seconds, max(cycle_s, 1e-4, self._idle_pause * 2))
+            self._cv.wait(self._idle_pause)
         return True
 
     def _cycle(self) -> None:
@@ -146,10 +158,13 @@ class Engine:
                 mine |= 1 << req.cache_bit
         if self._stall_check_due():
             flags |= FLAG_FULL
+        if self._pending:
+            flags |= FLAG_BUSY
         vec = cache.encode(flags, cache.member_mask & ~mine)
         result = np.empty_like(vec)
-        self._allreduce_or(vec, result, busy=bool(self._pending))
+        self._allreduce_or(vec, result, busy=bool(self._pending) or self._job_busy)
         all_flags, missing = cache.decode(result)
+        self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
 
         if all_flags & FLAG_FULL:
             responses = self._full_round(shutdown)

@@ -18,6 +18,7 @@ from .requests import FIELD_LABELS, Kind, Response, Signature
 
 FLAG_FULL = 1        # some rank needs the full path this cycle
 FLAG_SHUTDOWN = 2    # some rank is shutting down
+FLAG_BUSY = 4        # some rank has requests pending (idle ranks keep cycling promptly)
 NEGOTIATION_POLL_CAP = 0.001  # seconds between polls of a negotiation message exchange
 
 
