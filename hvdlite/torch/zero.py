@@ -1,0 +1,294 @@
+"""ZeroRedundancyOptimizer: ZeRO stage 1, each rank keeps and steps the optimizer state of 1/N of the model.
+
+Gradients are averaged with one reducescatter per flat bucket (see zero_layout), so each rank receives only
+the rows it owns; the wrapped ``optimizer_class`` steps those rows; an allgather of the updated rows puts the
+new parameters on every rank.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+
+import hvdlite.core as core
+from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core.runtime import gradient_overlap, state
+
+from .compression import Compression
+from .mpi_ops import Average, grouped_allgather_async, grouped_reducescatter_async, synchronize
+from .zero_layout import Bucket, is_elementwise, plan_buckets, shard_state
+
+_instances = itertools.count()
+#: Optimizers whose per-element rows cannot stand for whole parameters (their updates couple elements).
+_NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor", "Muon")
+
+
+class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+    """Shard ``optimizer_class``'s state over ``process_set``: a drop-in for ``DistributedOptimizer``.
+
+    ``ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)`` averages the gradients
+    over the set (no separate gradient wrapper), steps this rank's shard and shares the new parameters.
+    ``optimizer_class`` must update each element from that element's own gradient and state (SGD, Adam,
+    AdamW, Adagrad, RMSprop, ... do; LBFGS and Adafactor do not): shards are flat ranges that may cut a
+    parameter in two. Parameters with ``requires_grad=False`` at construction are never stepped.
+    """
+
+    def __init__(self, params: Any, optimizer_class: type, process_set: ProcessSet = global_process_set,
+                 *, compression: Any = Compression.none, backward_passes_per_step: int = 1,
+                 **defaults: Any) -> None:
+        core.size()  # raises NotInitializedError (saying to call hvd.init()) before init
+        if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
+            raise TypeError(f"ZeroRedundancyOptimizer: optimizer_class must be a torch.optim.Optimizer "
+                            f"subclass (e.g. torch.optim.AdamW), got {optimizer_class!r}")
+        if optimizer_class.__name__ in _NOT_ELEMENTWISE:
+            raise ValueError(f"ZeroRedundancyOptimizer cannot shard {optimizer_class.__name__}: its update "
+                             f"couples the elements of a parameter, and shards are flat ranges; use "
+                             f"DistributedOptimizer for it")
+        if int(backward_passes_per_step) < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        self._ready = False
+        super().__init__(params, defaults)
+        self.optimizer_class = optimizer_class
+        self.process_set = process_set
+        self._compression = compression
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        member = process_set.included()
+        self._n = process_set.size() if member else 1
+        self._rank = process_set.rank() if member else 0
+        self._enabled = member and self._n > 1
+        self._uid = f"zero{next(_instances)}"
+        self._cap = state().config.fusion_threshold or 4 * 1024 * 1024
+        self._buckets: list[Bucket] = []
+        self._bucket_of: dict[int, int] = {}
+        self._delay: dict[int, int] = {}
+        self._ready_params: list[int] = []
+        self._handles: dict[int, tuple[Any, list[int], list[Any]]] = {}
+        self._grads_waiting = False
+        self._consolidated: Optional[dict] = None
+        self._me = weakref.ref(self)
+        for gi, group in enumerate(self.param_groups):
+            self._add_buckets(gi, group["params"])
+        self.optim = optimizer_class(self._local_groups(), **defaults)
+        self._sync_groups(self.optim.param_groups, self.param_groups)
+        on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
+        #: Start each bucket's reducescatter from backward (overlap), or all of them at step().
+        self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None)
+        self._ready = True
+
+    # -- layout -------------------------------------------------------------------------------------
+    def _add_buckets(self, gi: int, params: list[torch.Tensor]) -> list[Bucket]:
+        new = plan_buckets([(gi, list(params))], self._n, self._cap, self._uid, start=len(self._buckets))
+        for bucket in new:
+            bucket.shard = bucket.own([p.detach() for p in bucket.params], self._rank)
+            k = len(self._buckets)
+            self._buckets.append(bucket)
+            self._ready_params.append(0)
+            for p in bucket.params:
+                self._bucket_of[id(p)] = k
+                self._delay[id(p)] = self.backward_passes_per_step
+                if self._enabled:
+                    p.register_post_accumulate_grad_hook(_make_hook(self._me))
+        return new
+
+    def _local_groups(self) -> list[dict]:
+        return [{**{k: v for k, v in g.items() if k != "params"},
+                 "params": [b.shard for b in self._buckets if b.group == gi]}
+                for gi, g in enumerate(self.param_groups)]
+
+    @staticmethod
+    def _sync_groups(source: list[dict], target: list[dict]) -> None:
+        for src, dst in zip(source, target):
+            dst.update({k: v for k, v in src.items() if k != "params"})
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group (as torch.optim.Optimizer.add_param_group); its parameters get buckets of their own."""
+        super().add_param_group(param_group)
+        if not getattr(self, "_ready", False):
+            return  # during __init__: the buckets are planned once every group is known
+        gi = len(self.param_groups) - 1
+        new = self._add_buckets(gi, self.param_groups[gi]["params"])
+        group = {k: v for k, v in self.param_groups[gi].items() if k != "params"}
+        self.optim.add_param_group({**group, "params": [b.shard for b in new]})
+        self._sync_groups(self.optim.param_groups[-1:], self.param_groups[-1:])
+
+    # -- during backward ----------------------------------------------------------------------------
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        k = self._bucket_of.get(id(p))
+        if k is None:
+            return
+        if self._delay[id(p)] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                "Increase backward_passes_per_step to accumulate gradients locally.")
+        self._delay[id(p)] -= 1
+        self._grads_waiting = True
+        if self._delay[id(p)] > 0:
+            return
+        self._ready_params[k] += 1
+        if self.overlap and self._ready_params[k] == len(self._buckets[k].params) and k not in self._handles:
+            self._submit([k])
+
+    def _submit(self, ks: list[int]) -> None:
+        """Start the averaging reducescatter of these buckets' gradients, as one grouped request."""
+        wires, ctxs = [], []
+        for k in ks:
+            bucket = self._buckets[k]
+            wire, ctx = self._compression.compress(bucket.flat([p.grad for p in bucket.params]))
+            wires.append(wire)
+            ctxs.append(ctx)
+        name = self._buckets[ks[0]].name + (f".x{len(ks)}" if len(ks) > 1 else "")
+        handle = grouped_reducescatter_async(wires, name=name, op=Average, process_set=self.process_set)
+        for k in ks:
+            self._handles[k] = (handle, ks, ctxs)
+
+    def _reduce(self) -> None:
+        """Give every shard its averaged gradient (starting the reductions backward has not started)."""
+        if not self._enabled:
+            for bucket in self._buckets:
+                bucket.shard.grad = bucket.own([p.grad for p in bucket.params], 0, dtype=bucket.dtype)
+        else:
+            waiting = [k for k in range(len(self._buckets)) if k not in self._handles]
+            if self.overlap:  # one request per bucket: the names do not depend on what backward started
+                for k in waiting:
+                    self._submit([k])
+            elif waiting:
+                self._submit(waiting)
+            done: set[int] = set()
+            for k, (handle, ks, ctxs) in list(self._handles.items()):
+                if k in done:
+                    continue
+                for j, row, ctx in zip(ks, synchronize(handle), ctxs):
+                    shard = self._buckets[j].shard
+                    shard.grad = self._compression.decompress(row, ctx).reshape(-1).to(shard.dtype)
+                    done.add(j)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._handles.clear()
+        self._grads_waiting = False
+        for key in self._delay:
+            self._delay[key] = self.backward_passes_per_step
+        self._ready_params = [0] * len(self._buckets)
+
+    # -- public API ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Average the gradients into the shards, step this rank's shard, share the new parameters."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._reduce()
+        for bucket in self._buckets:  # parameters may have been changed in place (broadcast, loading)
+            bucket.shard.copy_(bucket.own([p.detach() for p in bucket.params], self._rank))
+        self._sync_groups(self.param_groups, self.optim.param_groups)
+        self.optim.step()
+        self._sync_groups(self.optim.param_groups, self.param_groups)
+        if self._enabled and self._buckets:
+            rows = [b.shard.view(1, b.row) for b in self._buckets]
+            wholes = synchronize(grouped_allgather_async(rows, name=f"{self._uid}.params",
+                                                         process_set=self.process_set))
+        else:
+            wholes = [b.shard for b in self._buckets]
+        for bucket, whole in zip(self._buckets, wholes):
+            for p, value in zip(bucket.params, bucket.split(whole)):
+                p.copy_(value)
+            bucket.shard.grad = None
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._grads_waiting:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step(). This is prohibited as it can cause a race condition.")
+        super().zero_grad(set_to_none)
+        for bucket in self._buckets:
+            bucket.shard.grad = None
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = int(passes)
+        self._reset()
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Collective over the set: gather every shard's state into a whole, ordinary optimizer state dict
+        on global rank ``to`` (read it there with state_dict())."""
+        entries = []  # (bucket index, key, row) of every per-element state tensor
+        for k, bucket in enumerate(self._buckets):
+            local = self.optim.state.get(bucket.shard, {})
+            entries.extend((k, key, value) for key, value in sorted(local.items())
+                           if is_elementwise(key, value, bucket.shard))
+        if self._enabled and entries:
+            wholes = synchronize(grouped_allgather_async([v.reshape(1, -1) for _, _, v in entries],
+                                                         name=f"{self._uid}.consolidate",
+                                                         process_set=self.process_set))
+        else:
+            wholes = [v for _, _, v in entries]
+        self._consolidated = None
+        if core.rank() != to:
+            return
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        per_param: dict[int, dict[str, Any]] = {}
+        for (k, key, _), whole in zip(entries, wholes):
+            for p, value in zip(self._buckets[k].params, self._buckets[k].split(whole)):
+                per_param.setdefault(index[id(p)], {})[key] = value.clone()
+        for bucket in self._buckets:
+            local = self.optim.state.get(bucket.shard, {})
+            for key, value in local.items():
+                if not is_elementwise(key, value, bucket.shard):
+                    for p in bucket.params:
+                        copied = value.clone() if isinstance(value, torch.Tensor) else value
+                        per_param.setdefault(index[id(p)], {})[key] = copied
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "params": [index[id(p)] for p in g["params"]]} for g in self.param_groups]
+        self._consolidated = {"state": dict(sorted(per_param.items())), "param_groups": groups}
+
+    def state_dict(self) -> dict:
+        """The dict gathered by the last consolidate_state_dict(to=this rank)."""
+        if self._consolidated is None:
+            raise RuntimeError(f"rank {core.rank()}: ZeroRedundancyOptimizer.state_dict() has no consolidated "
+                               f"state on this rank; call optimizer.consolidate_state_dict(to={core.rank()}) on "
+                               f"every rank of the set first, then state_dict() on rank {core.rank()}")
+        return self._consolidated
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a consolidated dict (from state_dict(), at any set size) on every rank; each keeps its shard."""
+        saved = state_dict["param_groups"]
+        sizes = [len(g["params"]) for g in self.param_groups]
+        if [len(g["params"]) for g in saved] != sizes:
+            raise ValueError(f"rank {core.rank()}: load_state_dict: the state dict has groups of "
+                             f"{[len(g['params']) for g in saved]} parameters, this optimizer {sizes}; load a "
+                             f"dict saved for the same model and param groups")
+        for handle, _, _ in self._handles.values():  # never leave a collective unwaited
+            synchronize(handle)
+        self._reset()
+        for group, saved_group in zip(self.param_groups, saved):
+            group.update({k: v for k, v in saved_group.items() if k != "params"})
+        ids = {id(p): saved_idx for g, sg in zip(self.param_groups, saved)
+               for p, saved_idx in zip(g["params"], sg["params"])}
+        states = state_dict["state"]
+        local_groups = self._local_groups()
+        local_index = {id(s): i for i, s in enumerate(s for g in local_groups for s in g["params"])}
+        local_state = {}
+        for bucket in self._buckets:
+            found = [states.get(ids[id(p)], states.get(str(ids[id(p)]))) for p in bucket.params]
+            shard = shard_state(bucket, found, self._rank)
+            if shard:
+                local_state[local_index[id(bucket.shard)]] = shard
+        self.optim.load_state_dict({"state": local_state,
+                                    "param_groups": [{**g, "params": [local_index[id(s)] for s in g["params"]]}
+                                                     for g in local_groups]})
+        self._sync_groups(self.optim.param_groups, self.param_groups)
+
+    def __repr__(self) -> str:
+        return (f"ZeroRedundancyOptimizer({self.optimizer_class.__name__}, rank {self._rank} of {self._n}, "
+                f"{len(self._buckets)} buckets)")
+
+
+def _make_hook(me: "weakref.ref[ZeroRedundancyOptimizer]") -> Callable[[torch.Tensor], None]:
+    def hook(param: torch.Tensor) -> None:
+        opt = me()
+        if opt is not None and opt._enabled:
+            opt._on_grad_ready(param)
+    return hook
+

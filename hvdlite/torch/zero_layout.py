@@ -1,0 +1,126 @@
+"""ZeroRedundancyOptimizer's flat buckets: which elements each rank owns, and moving tensors in and out of them.
+
+A bucket is a run of parameters of one param group and dtype, laid end to end and padded to a multiple of
+the set size N; rank r owns the r-th of its N equal rows. A reducescatter of the bucket's gradients viewed
+as (N, S) hands each rank exactly its row, and an allgather of the rows rebuilds the whole bucket.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+
+
+@dataclasses.dataclass
+class Bucket:
+    """One fused unit of reduction: ``params`` occupy ``[offsets[i], offsets[i] + numels[i])`` of the flat
+    bucket of ``rows * row`` elements; the owner of row ``r`` steps elements ``[r * row, (r + 1) * row)``."""
+
+    name: str
+    group: int
+    params: list[torch.Tensor]
+    offsets: list[int]
+    numels: list[int]
+    rows: int
+    row: int
+    shard: Optional[torch.Tensor] = None  # this rank's row of parameter values, stepped by the local optimizer
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.params[0].dtype
+
+    @property
+    def padded(self) -> int:
+        return self.rows * self.row
+
+    def span(self, rank: int) -> tuple[int, int]:
+        return rank * self.row, (rank + 1) * self.row
+
+    def flat(self, tensors: Sequence[Optional[torch.Tensor]]) -> torch.Tensor:
+        """The whole bucket built from one tensor per parameter (None counts as zeros), shaped (rows, row)."""
+        out = torch.zeros(self.padded, dtype=self.dtype, device=self.params[0].device)
+        for t, off, n in zip(tensors, self.offsets, self.numels):
+            if t is not None:
+                out[off:off + n].copy_(t.reshape(-1))
+        return out.view(self.rows, self.row)
+
+    def own(self, tensors: Sequence[Optional[torch.Tensor]], rank: int,
+            dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """Row ``rank`` of the bucket built from one tensor per parameter, without building the rest."""
+        lo, hi = self.span(rank)
+        ref = next((t for t in tensors if t is not None), self.params[0])
+        out = torch.zeros(self.row, dtype=dtype or ref.dtype, device=self.params[0].device)
+        for t, off, n in zip(tensors, self.offsets, self.numels):
+            a, b = max(lo, off), min(hi, off + n)
+            if t is not None and a < b:
+                out[a - lo:b - lo].copy_(t.reshape(-1)[a - off:b - off])
+        return out
+
+    def split(self, whole: torch.Tensor) -> list[torch.Tensor]:
+        """Per-parameter views (parameter shapes) of a whole flat bucket."""
+        flat = whole.reshape(-1)
+        return [flat[off:off + n].view(p.shape) for p, off, n in zip(self.params, self.offsets, self.numels)]
+
+
+def plan_buckets(groups: Iterable[tuple[int, list[torch.Tensor]]], size: int, cap_bytes: int,
+                 uid: str, start: int = 0) -> list[Bucket]:
+    """Cut each group's trainable parameters into buckets of about ``cap_bytes``, in reverse order (the
+    order backward produces gradients), one dtype and device per bucket. Depends only on the parameters'
+    shapes, dtypes and order, so every rank of the set computes the same plan."""
+    buckets: list[Bucket] = []
+    for gi, params in groups:
+        current: list[torch.Tensor] = []
+        nbytes = 0
+
+        def close() -> None:
+            if current:
+                numels = [p.numel() for p in current]
+                offsets = [sum(numels[:i]) for i in range(len(numels))]
+                row = max(1, -(-sum(numels) // size))
+                buckets.append(Bucket(f"{uid}.g{gi}.b{start + len(buckets)}", gi, list(current), offsets, numels,
+                                      size, row))
+            current.clear()
+
+        for p in reversed([p for p in params if p.requires_grad]):
+            if current and (p.dtype != current[0].dtype or p.device != current[0].device
+                            or nbytes + p.numel() * p.element_size() > cap_bytes):
+                close()
+                nbytes = 0
+            current.append(p)
+            nbytes += p.numel() * p.element_size()
+        close()
+    return buckets
+
+
+def is_elementwise(key: str, value: Any, shard: torch.Tensor) -> bool:
+    """Whether a local optimizer's state entry holds one value per shard element (else it is a scalar)."""
+    return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == shard.numel()
+
+
+def shard_state(bucket: Bucket, states: list[Optional[dict]], rank: int) -> dict[str, Any]:
+    """This rank's local optimizer state for ``bucket`` from the per-parameter states of a consolidated dict."""
+    present = [s is not None and len(s) > 0 for s in states]
+    if not any(present):
+        return {}
+    if not all(present):
+        missing = [i for i, ok in enumerate(present) if not ok]
+        raise ValueError(f"load_state_dict: the state dict has optimizer state for some parameters of bucket "
+                         f"{bucket.name} but not for parameters at bucket positions {missing}; the sharded "
+                         f"optimizer steps a bucket as one, so load a dict written by consolidate_state_dict()")
+    out: dict[str, Any] = {}
+    for key in states[0]:
+        values = [s[key] for s in states]  # type: ignore[index]
+        per_element = all(isinstance(v, torch.Tensor) and v.shape == p.shape and (v.dim() > 0 or key != "step")
+                          for v, p in zip(values, bucket.params))
+        if per_element:
+            out[key] = bucket.own(values, rank, dtype=values[0].dtype)
+            continue
+        first = values[0]
+        same = all((torch.equal(v, first) if isinstance(v, torch.Tensor) and isinstance(first, torch.Tensor)
+                    else v == first) for v in values[1:])
+        if not same:
+            raise ValueError(f"load_state_dict: state {key!r} differs between parameters of bucket {bucket.name} "
+                             f"but is neither per-element nor shared; the sharded optimizer cannot hold it")
+        out[key] = first.clone() if isinstance(first, torch.Tensor) else first
+    return out
