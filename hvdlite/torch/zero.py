@@ -14,7 +14,7 @@ import torch
 
 import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.runtime import gradient_overlap, state
+from hvdlite.core.frontend import gradient_overlap, setting
 
 from .compression import Compression
 from .mpi_ops import Average, grouped_allgather_async, grouped_reducescatter_async, synchronize
@@ -59,7 +59,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._rank = process_set.rank() if member else 0
         self._enabled = member and self._n > 1
         self._uid = f"zero{next(_instances)}"
-        self._cap = state().config.fusion_threshold or 4 * 1024 * 1024
+        self._cap = setting("fusion_threshold") or 4 * 1024 * 1024
         self._buckets: list[Bucket] = []
         self._bucket_of: dict[int, int] = {}
         self._delay: dict[int, int] = {}
@@ -73,8 +73,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.optim = optimizer_class(self._local_groups(), **defaults)
         self._sync_groups(self.optim.param_groups, self.param_groups)
         on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
-        #: Start each bucket's reducescatter from backward (overlap), or all of them at step().
-        self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None)
+        #: Start each bucket's reducescatter from backward (overlap), or all of them at step(); decided once
+        #: for the process set.
+        self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None, process_set) \
+            if self._enabled else False
         self._ready = True
 
     # -- layout -------------------------------------------------------------------------------------
