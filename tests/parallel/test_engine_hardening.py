@@ -85,3 +85,23 @@ def test_gradient_overlap_auto_is_one_verdict_for_the_job(reinit, rank: int) -> 
     assert local_overlap_verdict(threads) is (rank == 0)
     assert frontend.gradient_overlap(threads) is False  # the same verdict everywhere: the minimum
     assert frontend.gradient_overlap(None) is True
+
+
+@pytest.mark.mpi(min_size=3)
+def test_process_set_ops_do_not_wait_for_idle_non_members(reinit, rank: int, size: int) -> None:
+    import time
+    # With a 30 s heartbeat, ops that waited for the idle non-member's heartbeat would take minutes.
+    reinit(idle_heartbeat_seconds=30.0)
+    pair = hvd.add_process_set([0, 1])
+    try:
+        if rank in (0, 1):
+            start = time.monotonic()
+            for i in range(10):
+                np.testing.assert_array_equal(hvd.allreduce(np.full(2, float(i)), op=hvd.Sum, name="pair.op",
+                                                            process_set=pair), np.full(2, 2.0 * i))
+            elapsed = time.monotonic() - start
+            assert elapsed < 20, f"10 ops of a 2-rank set took {elapsed:.1f} s while rank {size - 1} idled"
+        else:
+            time.sleep(0.5)  # idle, with nothing of its own to submit
+    finally:
+        hvd.remove_process_set(pair)
