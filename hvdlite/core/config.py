@@ -48,7 +48,8 @@ class Config:
     log_level: str = "WARNING"
     #: Leave the time out of hvdlite's log lines (``hvdlite-run --log-with-timestamp`` turns it on).
     log_hide_time: bool = True
-    #: Seconds an idle engine sleeps before it joins one negotiation round anyway (stall detection).
+    #: Longest pause between rounds while the whole job is idle (then a round runs anyway, for stall
+    #: detection); while any rank is busy, idle ranks take part in every round at once.
     idle_heartbeat_seconds: float = 1.0
     #: On an uncaught exception in any thread, print it and abort the whole MPI job promptly.
     abort_on_error: bool = True
