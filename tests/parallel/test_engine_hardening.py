@@ -105,3 +105,18 @@ def test_process_set_ops_do_not_wait_for_idle_non_members(reinit, rank: int, siz
             time.sleep(0.5)  # idle, with nothing of its own to submit
     finally:
         hvd.remove_process_set(pair)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_stall_verdict_reaches_every_rank_in_the_same_round(reinit, rank: int, size: int, attempt: int) -> None:
+    # Every rank submits a name no other rank submits; their ages differ by the submission skew. Each rank
+    # must get a StallError for its own name (never a ShutdownError), in the same round.
+    reinit(stall_check_time_seconds=0.3, stall_shutdown_time_seconds=1.0, idle_heartbeat_seconds=0.05)
+    import time
+    time.sleep(0.05 * rank)  # skew the submissions, so the names cross the limit at different times
+    with pytest.raises(hvd.StallError) as info:
+        hvd.allreduce(np.ones(2), name=f"only.rank{rank}")
+    others = [r for r in range(size) if r != rank]
+    assert f"allreduce of 'only.rank{rank}' stalled" in str(info.value)
+    assert f"ranks {others} never submitted it; ranks [{rank}] did." in str(info.value)
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.stall"), [float(size)])

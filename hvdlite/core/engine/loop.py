@@ -231,13 +231,15 @@ class Engine:
                            "ranks have not submitted them (they may be stuck, have skipped the op, or "
                            "used a different name):\n%s", cfg.stall_check_time_seconds, "\n".join(lines))
         failed = []
-        if cfg.stall_shutdown_time_seconds > 0:
+        # One verdict for the job, in this round: once any stalled name is past the shutdown time, every
+        # stalled name fails now, so each rank waiting on one gets its StallError in the same cycle (not a
+        # ShutdownError later, after a peer that got its StallError first has moved on and exited).
+        if cfg.stall_shutdown_time_seconds > 0 and worst >= cfg.stall_shutdown_time_seconds:
             for s in stalled:
-                if s.age >= cfg.stall_shutdown_time_seconds:
-                    failed.append(Response(s.name, s.sig, error_kind="stall", error=(
-                        f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s "
-                        f"(stall_shutdown_time_seconds={cfg.stall_shutdown_time_seconds:g}): ranks "
-                        f"{s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.")))
+                failed.append(Response(s.name, s.sig, error_kind="stall", error=(
+                    f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s "
+                    f"(stall_shutdown_time_seconds={cfg.stall_shutdown_time_seconds:g}): ranks "
+                    f"{s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.")))
         return failed
 
     def _execute(self, responses: list[Response]) -> None:
