@@ -71,7 +71,8 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
     prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
     inputs = [p[0] for p in prepared]
     dtypes = [p[1] for p in prepared]
-    check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1))
+    check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
+                    set_size=state().psets.size(ps_id))
     outputs: Optional[list[Optional[np.ndarray]]] = None
     finalize = None
     if inplace:

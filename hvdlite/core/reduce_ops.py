@@ -35,6 +35,7 @@ _DTYPE_NAMES: dict = {}
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
                     "float16", "bfloat16", "float32", "float64", "bool")
 HALF_DTYPES = ("float16", "bfloat16")
+ADASUM_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
@@ -99,11 +100,20 @@ def numpy_reduction(op: ReduceOp) -> Callable[..., Any]:
     return _NP_REDUCE[op]
 
 
-def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: bool = False) -> None:
+def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: bool = False,
+                    set_size: int | None = None) -> None:
     """Refuse, at submit, a reduction that cannot run: one check for every frontend and collective."""
     if op is ReduceOp.ADASUM:
-        raise NotImplementedError(f"{kind} {name!r}: hvd.Adasum is not implemented in hvdlite yet; use "
-                                  f"hvd.Average or hvd.Sum")
+        if kind != "allreduce":
+            raise NotImplementedError(f"{kind} {name!r}: hvd.Adasum is only defined for allreduce; use "
+                                      f"hvd.Sum or hvd.Average")
+        bad = sorted({d for d in dtypes if d not in ADASUM_DTYPES})
+        if bad:
+            raise TypeError(f"{kind} {name!r}: hvd.Adasum needs floating-point tensors "
+                            f"({', '.join(ADASUM_DTYPES)}), got {', '.join(bad)}")
+        if set_size is not None and (set_size & (set_size - 1)):
+            raise ValueError(f"{kind} {name!r}: hvd.Adasum needs a power-of-two number of ranks in the "
+                             f"process set (got {set_size}); use hvd.Average, or run on 2, 4, 8... ranks")
     for dtype in dtypes:
         if dtype == "bool" and op is ReduceOp.AVERAGE:
             raise TypeError(f"{kind} {name!r}: hvd.Average is not defined for bool tensors; use hvd.Sum "

@@ -55,6 +55,7 @@ class State:
         self.engine.stop()
         self.timeline.stop()
         if not self.engine.alive:
+            self.engine.executor.adasum_levels.free()
             self.psets.free()
             self.mpi_ops.free()
             for comm in (self.engine_comm, self.cross_comm, self.local_comm, self.world):

@@ -10,8 +10,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..reduce_ops import Average, ReduceOp, resolve_op, scale_inplace, scaled_copy, storage_dtype
-from . import polling
+from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, bf16_to_f32, f32_to_bf16, resolve_op, scale_inplace,
+                          scaled_copy, storage_dtype)
+from . import adasum, polling
 from .fusion import Item, Marker, aligned_empty
 from .mpi import MPIOps, counts_displacements
 from .requests import Kind
@@ -33,6 +34,7 @@ class Executor:
         self.timeline = timeline
         self._fusion = np.empty(0, dtype=np.uint8)
         self.mpi_calls = 0
+        self.adasum_levels = adasum.LevelComms()
         self._table: dict[Kind, Callable[[list[Any]], list[tuple[Any, Any]]]] = {
             Kind.ALLREDUCE: self._allreduce, Kind.ALLGATHER: self._allgather, Kind.BROADCAST: self._broadcast,
             Kind.REDUCESCATTER: self._reducescatter, Kind.ALLTOALL: self._alltoall,
@@ -56,6 +58,8 @@ class Executor:
         comm = self.comm_of(first.ps_id)
         op = resolve_op(first.sig.op)
         pre, post = first.sig.prescale, first.sig.postscale
+        if op is Adasum:
+            return self._adasum(comm, items, pre, post)
         if op is Average:
             post = post / self.size_of(first.ps_id)
         small: list[Item] = []
@@ -78,6 +82,38 @@ class Executor:
         if small:
             self._reduce_small(comm, small, op, pre, post)
         return [(item, item.dst) for item in items]
+
+    def _adasum(self, comm: Any, items: list[Item], pre: float, post: float) -> list[tuple[Item, Any]]:
+        """Adasum of a batch (one dtype): each tensor is its own vector; half precision works in float32."""
+        dtype = items[0].dtype
+        work = np.float64 if dtype == "float64" else np.float32
+        sizes = [item.src.size for item in items]
+        bounds, start = [], 0
+        for n in sizes:
+            bounds.append((start, start + n))
+            start += n
+        buf = np.empty(start, dtype=work)
+        for item, (lo, hi) in zip(items, bounds):
+            values = bf16_to_f32(item.src.reshape(-1)) if dtype == "bfloat16" else item.src.reshape(-1)
+            np.multiply(values, pre, out=buf[lo:hi], casting="unsafe")
+        for item in items:
+            self.timeline.begin(item.resp.name, "ADASUM_ALLREDUCE")
+        adasum.reduce(comm, self.adasum_levels.levels(comm), buf, bounds, self.ops.op("float64", Sum),
+                      self._count_call)
+        if post != 1.0:
+            buf *= work(post)
+        for item, (lo, hi) in zip(items, bounds):
+            self.timeline.end(item.resp.name)
+            piece = buf[lo:hi]
+            out = f32_to_bf16(piece) if dtype == "bfloat16" else piece.astype(storage_dtype(dtype), copy=False)
+            if item.dst is None:
+                item.dst = out.reshape(item.src.shape)  # a view of this call's own buffer
+            else:
+                np.copyto(item.dst.reshape(-1), out)
+        return [(item, item.dst) for item in items]
+
+    def _count_call(self) -> None:
+        self.mpi_calls += 1
 
     def _reduce_small(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
         """A lone small tensor needs no fusion buffer (and no copies); several share one MPI call."""
