@@ -10,7 +10,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .config import Config
-from .errors import HvdliteError, ShutdownError, StallError, TensorMismatchError
+from .errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
 from .executor import Executor
 from . import polling
 from .log import logger
@@ -57,7 +57,7 @@ class Engine:
             if self.error is not None:
                 raise self.error
             if req.name in self._inflight:
-                raise HvdliteError(
+                raise DuplicateNameError(
                     f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait for "
                     f"it with synchronize() before reusing the name, or give each op its own name")
             self._inflight.add(req.name)

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import polling
 from .messages import SIG_POST, SIG_PRE, SIG_ROOT, SIG_TENSORS, Request, Response
-from .reduce_ops import Average, ReduceOp, resolve_op, scale_inplace, scaled_copy, storage_dtype
+from .reduce_ops import Average, ReduceOp, average_scale, resolve_op, scale_inplace, scaled_copy, storage_dtype
 from .timeline import Timeline
 
 FUSABLE = ("allreduce", "allgather", "broadcast", "reducescatter")
@@ -99,7 +99,7 @@ class Executor:
         op = resolve_op(first.sig[2])
         pre, post = first.sig[SIG_PRE], first.sig[SIG_POST]
         if op is Average:
-            post = post / self.size_of(first.ps_id)
+            post = average_scale(post, self.size_of(first.ps_id))
         small: list[Item] = []
         small_bytes = 0
         limit = min(self.fusion_threshold, self.chunk_bytes)
@@ -310,7 +310,7 @@ class Executor:
         op = resolve_op(first.sig[2])
         pre, post = first.sig[SIG_PRE], first.sig[SIG_POST]
         if op is Average:
-            post = post / nranks
+            post = average_scale(post, nranks)
         dtype = items[0].dtype
         store = storage_dtype(dtype)
         splits = [_split_rows(item.src.shape[0], nranks) for item in items]
