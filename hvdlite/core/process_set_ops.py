@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .api import _auto_name, _submit
-from .process_sets import ProcessSet, normalize_ranks
+from .process_sets import ProcessSet, comm_ranks, normalize_ranks
 from .runtime import state
 
 
@@ -13,6 +13,8 @@ def add_process_set(process_set: Any) -> ProcessSet:
     """Register a process set on every rank (all ranks must call this, in the same order)."""
     st = state()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.mpi_comm is not None and ps.ranks is None:
+        ps.ranks = _agreed_comm_ranks(ps, st)
     ranks = normalize_ranks(ps)
     bad = [r for r in ranks if not 0 <= r < st.size]
     if bad:
@@ -22,6 +24,20 @@ def add_process_set(process_set: Any) -> ProcessSet:
     name = _auto_name("add_process_set", None)
     ps_id = _submit("add_process_set", name, 0, [], [], extra=tuple(ranks)).wait()
     return st.psets.register(ps, int(ps_id))
+
+
+def _agreed_comm_ranks(ps: ProcessSet, st: Any) -> list[int]:
+    """The ranks of a communicator-built set, as its members see them (non-members hold COMM_NULL)."""
+    from .objects import allgather_object
+    views = allgather_object(comm_ranks(ps.mpi_comm, st.world))
+    members = {tuple(v) for v in views if v is not None}
+    if len(members) != 1:
+        detail = "no rank is a member" if not members else \
+            "; ".join(f"rank {r}: {v}" for r, v in enumerate(views) if v is not None)
+        raise ValueError(f"add_process_set(ProcessSet(comm)): the communicators disagree ({detail}); every "
+                         f"member must pass the same communicator (non-members MPI.COMM_NULL), one ProcessSet "
+                         f"per communicator")
+    return list(members.pop())
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
