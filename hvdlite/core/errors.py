@@ -18,6 +18,10 @@ class TensorMismatchError(HvdliteError, ValueError):
     """Ranks submitted the same tensor name with different shapes, dtypes or arguments."""
 
 
+class DuplicateNameError(HvdliteError, ValueError):
+    """A collective was submitted under a name that is already in flight (Horovod raises ValueError)."""
+
+
 class ShutdownError(HvdliteError):
     """hvdlite was shut down (locally, by another rank, or by an engine failure)."""
 

@@ -4,17 +4,28 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional, Sequence
 
 
+def is_comm(obj: Any) -> bool:
+    """Whether ``obj`` looks like an mpi4py communicator (duck-typed: frontends never import mpi4py)."""
+    return hasattr(obj, "Get_group") and hasattr(obj, "Get_size") and hasattr(obj, "Split")
+
+
 class ProcessSet:
-    """A set of ranks. ``ProcessSet([0, 2])`` names ranks of the global communicator.
+    """A set of ranks. ``ProcessSet([0, 2])`` names ranks of the global communicator;
+    ``ProcessSet(comm)`` takes the ranks of an mpi4py communicator (as Horovod's ``ranks_or_comm``).
 
     It becomes usable after ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set(...)``
     registers it on every rank; ``process_set_id`` is then set.
     """
 
-    def __init__(self, ranks: Optional[Iterable[int]] = None) -> None:
-        self.ranks: Optional[list[int]] = None if ranks is None else sorted({int(r) for r in ranks})
-        if self.ranks is not None and not self.ranks:
-            raise ValueError("a process set needs at least one rank")
+    def __init__(self, ranks_or_comm: Any = None) -> None:
+        self.mpi_comm: Any = None
+        self.ranks: Optional[list[int]] = None
+        if is_comm(ranks_or_comm):
+            self.mpi_comm = ranks_or_comm  # its ranks are resolved when the set is registered
+        elif ranks_or_comm is not None:
+            self.ranks = sorted({int(r) for r in ranks_or_comm})
+            if not self.ranks:
+                raise ValueError("a process set needs at least one rank")
         self.process_set_id: Optional[int] = None
         self._my_rank: Optional[int] = None  # this process's rank in the global communicator
 

@@ -123,26 +123,66 @@ def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: boo
                             f"tensors")
 
 
+class Scale(float):
+    """A scale factor that remembers an exact divisor, so Average divides integers exactly.
+
+    ``float(Scale(f, n)) == f / n``; integer tensors are scaled as ``x * f / n`` in float64 (a true
+    division, exact wherever the quotient is), where ``x * (1 / n)`` would truncate 49 * (1/49) to 0.
+    """
+
+    factor: float
+    divisor: int
+
+    def __new__(cls, factor: float, divisor: int = 1) -> "Scale":
+        obj = super().__new__(cls, float(factor) / divisor)
+        obj.factor = float(factor)
+        obj.divisor = int(divisor)
+        return obj
+
+
+def average_scale(postscale: float, nranks: int) -> Scale:
+    """The postscale factor of an Average over ``nranks`` ranks: the user's factor, then / nranks."""
+    return Scale(postscale, nranks)
+
+
+def _f64_scaled(values: np.ndarray, factor: float) -> np.ndarray:
+    """``values * factor`` in float64, Average's divisor applied as a true division."""
+    out = values.astype(np.float64)
+    if isinstance(factor, Scale):
+        if out.size and factor.factor != 1.0:
+            out *= factor.factor
+        if factor.divisor != 1:
+            out /= factor.divisor
+    else:
+        out *= float(factor)
+    return out
+
+
 def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
-    """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place."""
+    """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place, with Horovod's
+    precision: half precision in float32, integers in float64 (truncated toward zero, as a C cast)."""
     if factor == 1.0:
         return
     if dtype == "bfloat16":
         values[...] = f32_to_bf16(bf16_to_f32(values) * np.float32(factor))
     elif dtype == "bool":
         raise TypeError("scale factors are not defined for bool tensors")
+    elif dtype == "float16":
+        np.copyto(values, values.astype(np.float32) * np.float32(factor), casting="unsafe")
     elif values.dtype.kind in "iu":
-        np.copyto(values, np.trunc(values * factor), casting="unsafe")
+        np.copyto(values, np.trunc(_f64_scaled(values, factor)), casting="unsafe")
     else:
-        np.multiply(values, values.dtype.type(factor), out=values)
+        np.multiply(values, values.dtype.type(float(factor)), out=values)
 
 
 def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> None:
     """``dst[...] = src * factor`` with one pass over memory where the dtype allows it."""
     if factor == 1.0:
         np.copyto(dst, src, casting="no")
-    elif dtype in ("float32", "float64", "float16"):
-        np.multiply(src, dst.dtype.type(factor), out=dst)
+    elif dtype in ("float32", "float64"):
+        np.multiply(src, dst.dtype.type(float(factor)), out=dst)
+    elif dtype == "float16":
+        np.copyto(dst, src.astype(np.float32) * np.float32(factor), casting="unsafe")
     else:
         np.copyto(dst, src, casting="no")
         scale_inplace(dst, dtype, factor)

@@ -78,6 +78,8 @@ class State:
     def add_process_set(self, process_set: Any) -> ProcessSet:
         """Register a process set on every rank (all ranks call this, in the same order)."""
         ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+        if ps.mpi_comm is not None and ps.ranks is None:
+            ps.ranks = self._agreed_comm_ranks(ps)
         ranks = normalize_ranks(ps)
         bad = [r for r in ranks if not 0 <= r < self.size]
         if bad:
@@ -87,6 +89,19 @@ class State:
         name = self.names.name("add_process_set", None)
         ps_id = self.submit(Kind.ADD_PROCESS_SET, name, 0, [], [], extra=tuple(ranks)).wait()
         return self.psets.register(ps, int(ps_id))
+
+    def _agreed_comm_ranks(self, ps: ProcessSet) -> list[int]:
+        """The ranks of a communicator-built set, as its members see them (non-members hold COMM_NULL).
+        Exchanged on the world communicator (not the engine's), like the other set-up at registration."""
+        views = self.world.allgather(mpi.communicator_world_ranks(ps.mpi_comm, self.world))
+        members = {tuple(v) for v in views if v is not None}
+        if len(members) != 1:
+            detail = "no rank is a member" if not members else \
+                "; ".join(f"rank {r}: {v}" for r, v in enumerate(views) if v is not None)
+            raise ValueError(f"add_process_set(ProcessSet(comm)): the communicators disagree ({detail}); every "
+                             f"member must pass the same communicator (non-members MPI.COMM_NULL), one "
+                             f"ProcessSet per communicator")
+        return list(members.pop())
 
     def remove_process_set(self, process_set: ProcessSet) -> bool:
         """Unregister a process set on every rank (all ranks call this). True if it was registered."""

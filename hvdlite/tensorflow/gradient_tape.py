@@ -11,7 +11,7 @@ from hvdlite.core import Average
 
 from .compression import Compression
 from .mpi_ops import check_not_xla
-from .reduction import check_gradient_op, reduce_gradients
+from .reduction import check_gradient_op, reduce_gradients, variable_names
 
 
 class _DistributedTape:
@@ -24,9 +24,8 @@ class _DistributedTape:
         """Keep the gradient of ``source`` local: it is not reduced (only scaled, see scale_local_gradients)."""
         self._hvd_local_sources.add(id(source))
 
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
-                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE,
-                 use_generic_names: bool = False) -> Any:
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False,
+                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
         """The local gradients, then averaged (or summed, per ``op``) over the ranks of the process set."""
         grads = super().gradient(target, sources, output_gradients,  # type: ignore[misc]
                                  unconnected_gradients=unconnected_gradients)
@@ -36,8 +35,11 @@ class _DistributedTape:
         flat_grads = tf.nest.flatten(grads)
         local = [id(s) in self._hvd_local_sources for s in flat_sources]
         shared = [g for g, is_local in zip(flat_grads, local) if not is_local]
+        shared_sources = [src for src, is_local in zip(flat_sources, local) if not is_local]
+        names = [f"source.{i}" for i in range(len(shared_sources))] if use_generic_names \
+            else variable_names(shared_sources)
         reduced = iter(reduce_gradients(shared, opts["compression"], opts["sparse_as_dense"], opts["op"],
-                                        opts["gradient_predivide_factor"], opts["process_set"]))
+                                        opts["gradient_predivide_factor"], opts["process_set"], names))
         size = opts["process_set"].size()
         out = []
         for g, is_local in zip(flat_grads, local):

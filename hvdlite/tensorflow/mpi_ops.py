@@ -15,8 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdlite import core
-from hvdlite.core import HvdliteError, ProcessSet, global_process_set
-from hvdlite.core import Adasum, Average, ReduceOp, Sum
+from hvdlite.core import Adasum, Average, HvdliteError, ProcessSet, ReduceOp, Sum, TensorMismatchError, global_process_set
 from hvdlite.core.frontend import process_set_ranks, resolve_op
 
 
@@ -24,6 +23,30 @@ class XLANotSupportedError(HvdliteError, NotImplementedError):
     """A collective was built inside XLA-compiled code, which cannot call back into Python."""
 
     __init__ = Exception.__init__  # lets tf.function's AutoGraph re-raise it as this type, not StagingError
+
+
+class MismatchError(tf.errors.FailedPreconditionError, TensorMismatchError):
+    """Ranks disagree on a collective (shape, dtype, op, root, ranks): TensorFlow's FailedPreconditionError,
+    as Horovod raises, and still an ``hvd.TensorMismatchError``."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class ArgumentError(tf.errors.InvalidArgumentError, ValueError):
+    """A collective's argument is invalid on this rank: TensorFlow's InvalidArgumentError, and a ValueError."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+def _as_tf_error(exc: BaseException) -> BaseException:
+    """The TensorFlow error type a Horovod program catches for ``exc`` (eager mode)."""
+    if isinstance(exc, TensorMismatchError):
+        return MismatchError(str(exc))
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, HvdliteError):
+        return ArgumentError(str(exc))
+    return exc
 
 
 _last_collective: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -73,7 +96,13 @@ def run_collective(kind: str, fn: Callable[..., Sequence[Any]], inputs: Sequence
         return [_fix_dtype(out, d) for out, d in zip(fn(*arrays), np_types)]
 
     if tf.executing_eagerly():
-        outs = body(*[t.numpy() for t in inputs])
+        try:
+            outs = body(*[t.numpy() for t in inputs])
+        except (TensorMismatchError, ValueError, TypeError) as exc:
+            converted = _as_tf_error(exc)
+            if converted is exc:
+                raise
+            raise converted from exc
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective.get(graph)

@@ -1,6 +1,7 @@
 """Horovod's public reductions for TensorFlow (compression, sparse tensors) and the gradient reduction helper."""
 from __future__ import annotations
 
+import hashlib
 from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
@@ -24,9 +25,10 @@ def _check_sparse(op: ReduceOp, prescale_factor: float, postscale_factor: float)
 
 
 def _sparse_allreduce(slices: List[tf.IndexedSlices], op: ReduceOp,
-                      process_set: ProcessSet) -> List[tf.IndexedSlices]:
+                      process_set: ProcessSet, name: Optional[str] = None) -> List[tf.IndexedSlices]:
     """Reduce sparse tensors by gathering every rank's (values, indices): duplicates add up when applied."""
-    gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices], process_set=process_set)
+    gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices], name=name,
+                                 process_set=process_set)
     k = len(slices)
     out = []
     for s, values, indices in zip(slices, gathered[:k], gathered[k:]):
@@ -102,8 +104,13 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: type = Compr
 
 def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none, sparse_as_dense: bool = False,
                      op: Any = Average, gradient_predivide_factor: float = 1.0,
-                     process_set: ProcessSet = global_process_set) -> List[Any]:
-    """Reduce a list of gradients (None entries stay None) in one fused dense op and one sparse op."""
+                     process_set: ProcessSet = global_process_set,
+                     names: Optional[Sequence[str]] = None) -> List[Any]:
+    """Reduce a list of gradients (None entries stay None) in one fused dense op and one sparse op.
+
+    ``names`` (one per gradient, e.g. its variable's name) give the ops stable names, the same at every
+    step, so the response cache hits and the timeline does not grow a new entry per step.
+    """
     reduce_op = resolve_op(op)
     grads = list(grads)
     if sparse_as_dense:
@@ -117,15 +124,35 @@ def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none,
     if not present:
         return grads
     sparse_at = [i for i in present if isinstance(grads[i], tf.IndexedSlices)]
-    reduced = grouped_allreduce([grads[i] for i in present if i not in sparse_at], compression=compression,
+    dense_at = [i for i in present if i not in sparse_at]
+    reduced = grouped_allreduce([grads[i] for i in dense_at], compression=compression,
                                 op=reduce_op, prescale_factor=prescale, postscale_factor=postscale,
-                                process_set=process_set)
+                                process_set=process_set, name=_group_name("grads", names, dense_at))
     out = list(grads)
     for i, r in zip([i for i in present if i not in sparse_at], reduced):
         out[i] = r
     if sparse_at:
-        for i, s in zip(sparse_at, _sparse_allreduce([grads[i] for i in sparse_at], reduce_op, process_set)):
+        for i, s in zip(sparse_at, _sparse_allreduce([grads[i] for i in sparse_at], reduce_op, process_set,
+                                                     _group_name("sparse_grads", names, sparse_at))):
             out[i] = s
+    return out
+
+
+def _group_name(kind: str, names: Optional[Sequence[str]], picked: Sequence[int]) -> Optional[str]:
+    """A name for one grouped reduction of these gradients: stable across steps, short, and unique to the set
+    of variables (two models' gradients get different names)."""
+    if names is None or not picked:
+        return None
+    joined = "\n".join(str(names[i]) for i in picked)
+    return f"{kind}.{len(picked)}.{hashlib.sha1(joined.encode()).hexdigest()[:16]}"
+
+
+def variable_names(variables: Sequence[Any]) -> List[str]:
+    """Stable names for gradient ops: each variable's path (Keras 3) or name, else its position."""
+    out = []
+    for i, v in enumerate(variables):
+        name = getattr(v, "path", None) or getattr(v, "name", None)
+        out.append(str(name) if name else f"source.{i}")
     return out
 
 
@@ -139,5 +166,5 @@ def check_gradient_op(op: Any, gradient_predivide_factor: float) -> ReduceOp:
     return reduce_op
 
 
-__all__ = ["allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "reduce_gradients",
+__all__ = ["variable_names", "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "reduce_gradients",
            "Compressor"]

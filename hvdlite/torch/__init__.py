@@ -8,15 +8,16 @@ from hvdlite.core import (HvdliteError, ProcessSet, add_process_set, ccl_built, 
                           start_timeline, stop_timeline)
 from hvdlite.core import HorovodInternalError
 
-from .collectives import (allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
-                          grouped_reducescatter, reducescatter)
-from .compression import Compression, Compressor
-from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
-from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather_async, allreduce_, allreduce_async,
+from .mpi_ops import (  # first: it imports .collectives at its end
+                      Adasum, Average, Max, Min, Product, Sum, allgather_async, allreduce_, allreduce_async,
                       allreduce_async_, alltoall_async, barrier, broadcast_, broadcast_async, broadcast_async_,
                       grouped_allgather_async, grouped_allreduce_, grouped_allreduce_async,
                       grouped_allreduce_async_, grouped_reducescatter_async, join, poll, reducescatter_async,
                       sparse_allreduce_async, synchronize)
+from .collectives import (allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
+                          grouped_reducescatter, reducescatter)
+from .compression import Compression, Compressor
+from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .zero import ZeroRedundancyOptimizer

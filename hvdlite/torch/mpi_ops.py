@@ -7,7 +7,11 @@ import numpy as np
 import torch
 
 import hvdlite.core as core
-from hvdlite.core import Handle, ProcessSet, global_process_set
+from hvdlite.core import (Handle, ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
+                          ddl_built, global_process_set, gloo_built, gloo_enabled, init, is_homogeneous,
+                          is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+                          nccl_built, rank, remove_process_set, rocm_built, shutdown, size, start_timeline,
+                          stop_timeline)
 from hvdlite.core import ReduceOp
 from hvdlite.core.frontend import resolve_op
 
@@ -232,3 +236,16 @@ def join(device: int = -1) -> int:
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of ``process_set`` reaches the barrier."""
     core.barrier(process_set)
+
+
+def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> ReduceOp:
+    """Horovod's helper: the ReduceOp meant by ``op=`` or the deprecated ``average=``."""
+    return resolve_op(op, average)
+
+
+# horovod.torch.mpi_ops also holds the blocking collectives and their autograd Functions; they live in
+# .collectives (which builds on this module), imported last so that either import order works.
+from .collectives import (HorovodAllgather, HorovodAllreduce, HorovodAlltoall, HorovodBroadcast,  # noqa: E402
+                          HorovodGroupedAllgather, HorovodGroupedAllreduce, HorovodReducescatter, allgather,
+                          allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
+                          grouped_reducescatter, reducescatter)

@@ -305,9 +305,9 @@ _classes: dict[type, type] = {}
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Optional[Iterable] = None,
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
-                         op: Any = Average, gradient_predivide_factor: float = 1.0, groups: Any = None,
-                         sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
-                         *, num_groups: int = 0) -> torch.optim.Optimizer:
+                         op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that step() applies gradients averaged (``op``) over ``process_set``.
 
     Each parameter's allreduce starts from a hook as soon as backward() has accumulated its

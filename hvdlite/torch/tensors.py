@@ -33,13 +33,17 @@ def dtype_hint(tensor: torch.Tensor) -> Optional[str]:
 
 
 def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy array sharing memory with a CPU tensor (bfloat16 seen as int16 bits)."""
+    """A numpy array sharing memory with a CPU tensor (bfloat16 seen as int16 bits).
+
+    Taken through DLPack, not ``Tensor.numpy()``: the latter marks the tensor's storage as not resizable
+    for good, so ``t.resize_()`` would fail after any collective on ``t``.
+    """
     t = tensor.detach()
     if t.is_neg():
         t = t.resolve_neg()
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)
-    return t.numpy()
+    return np.from_dlpack(t)
 
 
 #: Stage CPU tensors through a host copy too, exactly as device tensors are. Off in use; the test suite
@@ -98,7 +102,7 @@ def splits_array(splits: Any) -> Optional[np.ndarray]:
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
-        return splits.detach().cpu().numpy().astype(np.int64).reshape(-1)
+        return np.from_dlpack(splits.detach().cpu()).astype(np.int64).reshape(-1)  # .numpy() would pin it
     return np.asarray(list(splits) if not isinstance(splits, np.ndarray) else splits, dtype=np.int64)
 
 

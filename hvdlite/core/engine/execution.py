@@ -10,8 +10,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, bf16_to_f32, f32_to_bf16, resolve_op, scale_inplace,
-                          scaled_copy, storage_dtype)
+from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16, resolve_op,
+                          scale_inplace, scaled_copy, storage_dtype)
 from . import adasum, polling
 from .fusion import Item, Marker, aligned_empty
 from .mpi import MPIOps, counts_displacements
@@ -61,7 +61,7 @@ class Executor:
         if op is Adasum:
             return self._adasum(comm, items, pre, post)
         if op is Average:
-            post = post / self.size_of(first.ps_id)
+            post = average_scale(post, self.size_of(first.ps_id))
         small: list[Item] = []
         small_bytes = 0
         limit = min(self.fusion_threshold, self.chunk_bytes)
@@ -299,7 +299,7 @@ class Executor:
         op = resolve_op(first.sig.op)
         pre, post = first.sig.prescale, first.sig.postscale
         if op is Average:
-            post = post / nranks
+            post = average_scale(post, nranks)
         dtype = items[0].dtype
         store = storage_dtype(dtype)
         splits = [_split_rows(item.src.shape[0], nranks) for item in items]

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..config import Config
-from ..errors import HvdliteError, ShutdownError, StallError, TensorMismatchError
+from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
 from ..log import logger
 from . import polling
 from .execution import Executor
@@ -66,7 +66,7 @@ class Engine:
                 raise self.error
             key = (req.sig.ps_id, req.name)
             if key in self._inflight:
-                raise HvdliteError(
+                raise DuplicateNameError(
                     f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait for "
                     f"it with synchronize() before reusing the name, or give each op its own name")
             self._inflight.add(key)

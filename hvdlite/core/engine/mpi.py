@@ -84,14 +84,21 @@ def is_communicator(obj: Any) -> bool:
     return _MPI is not None and isinstance(obj, _MPI.Comm)
 
 
-def communicator_world_ranks(comm: Any, world: Any) -> list[int]:
-    """The ranks of ``world`` that make up the mpi4py communicator ``comm``."""
+def communicator_world_ranks(comm: Any, world: Any) -> Optional[list[int]]:
+    """The ranks of ``world`` that make up the mpi4py communicator ``comm`` (None where this rank holds
+    COMM_NULL, i.e. is not a member)."""
+    MPI = _MPI
+    if comm == MPI.COMM_NULL:
+        return None
     group, world_group = comm.Get_group(), world.Get_group()
     try:
-        ranks = _MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
+        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
     finally:
         group.Free()
         world_group.Free()
+    if any(r == MPI.UNDEFINED for r in ranks):
+        raise ValueError("ProcessSet(comm): the communicator holds processes outside hvdlite's world "
+                         "(init(comm=...)); build it from that world")
     return sorted(int(r) for r in ranks)
 
 

@@ -19,7 +19,7 @@ from hvdlite.core.frontend import resolve_op
 
 from ..compression import Compression
 from ..mpi_ops import check_not_xla, dense
-from ..reduction import reduce_gradients
+from ..reduction import reduce_gradients, variable_names
 
 
 class _HvdState:
@@ -60,7 +60,8 @@ class DistributedOptimizerMixin:
         local = [id(v) in self._hvd.local_vars for v in variables]
         shared = iter(reduce_gradients([g for g, is_local in zip(grads, local) if not is_local], s["compression"],
                                        s["sparse_as_dense"], s["op"], s["gradient_predivide_factor"],
-                                       s["process_set"]))
+                                       s["process_set"],
+                                       variable_names([v for v, is_local in zip(variables, local) if not is_local])))
         size = s["process_set"].size()
         out = []
         for g, is_local in zip(grads, local):

@@ -1,0 +1,76 @@
+"""Single-process tests of the scaling arithmetic: Horovod's precision for prescale/postscale and Average."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvdlite.core.reduce_ops import (Scale, average_scale, bf16_to_f32, f32_to_bf16, scale_inplace,
+                                     scaled_copy)
+
+
+@pytest.mark.parametrize("n", [3, 7, 49, 98, 127, 255])
+def test_integer_average_is_exact_where_the_quotient_is(n: int) -> None:
+    sums = np.arange(-5 * n, 6 * n, n, dtype=np.int64)  # multiples of n, negative ones included
+    for dtype in (np.int32, np.int64, np.int16):
+        values = sums.astype(dtype)
+        scale_inplace(values, np.dtype(dtype).name, average_scale(1.0, n))
+        np.testing.assert_array_equal(values, (sums // n).astype(dtype))
+    assert np.trunc(np.float64(49) * (1.0 / 49)) == 0  # what the old sum * (1/n) gave
+
+
+def test_integer_average_truncates_toward_zero_like_a_c_cast() -> None:
+    values = np.array([7, -7, 5, -5], dtype=np.int32)
+    scale_inplace(values, "int32", average_scale(1.0, 2))
+    np.testing.assert_array_equal(values, [3, -3, 2, -2])
+
+
+def test_integer_scaling_happens_in_float64() -> None:
+    values = np.array([3, 10, -10], dtype=np.int32)
+    scale_inplace(values, "int32", 2.5)
+    np.testing.assert_array_equal(values, [7, 25, -25])
+    big = np.array([2**40 + 3], dtype=np.int64)
+    scale_inplace(big, "int64", average_scale(3.0, 3))  # x * 3 / 3, exact in float64
+    assert big[0] == 2**40 + 3
+    user_post = np.array([12], dtype=np.int32)
+    scale_inplace(user_post, "int32", average_scale(0.5, 3))  # postscale 0.5, then Average over 3
+    assert user_post[0] == 2
+
+
+def test_float16_prescale_is_computed_in_float32() -> None:
+    values = np.full(4, 1e-3, dtype=np.float16)
+    scale_inplace(values, "float16", 1e5)
+    assert np.isfinite(values).all()
+    assert values[0] == np.float16(np.float32(np.float16(1e-3)) * np.float32(1e5))
+    dst = np.empty(4, dtype=np.float16)
+    scaled_copy(dst, np.full(4, 1e-3, dtype=np.float16), "float16", 1e5)
+    np.testing.assert_array_equal(dst, values)
+
+
+def test_float16_average_rounds_once_from_float32() -> None:
+    values = np.array([3.0, 1.0, 2049.0], dtype=np.float16)
+    scale_inplace(values, "float16", average_scale(1.0, 3))
+    expected = (np.array([3.0, 1.0, 2049.0], dtype=np.float16).astype(np.float32) * np.float32(1 / 3))
+    np.testing.assert_array_equal(values, expected.astype(np.float16))
+
+
+def test_bfloat16_scaling_in_float32() -> None:
+    bits = f32_to_bf16(np.array([1e-3, 2.0], dtype=np.float32))
+    scale_inplace(bits, "bfloat16", 1e5)
+    got = bf16_to_f32(bits)
+    expected = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(np.array([1e-3, 2.0], np.float32)))
+                                       * np.float32(1e5)))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_scale_is_a_float_equal_to_the_quotient() -> None:
+    s = Scale(2.0, 4)
+    assert float(s) == 0.5 and s.factor == 2.0 and s.divisor == 4
+    assert average_scale(1.0, 1) == 1.0  # one rank: nothing to scale
+    f32 = np.array([3.0], dtype=np.float32)
+    scale_inplace(f32, "float32", average_scale(1.0, 2))
+    assert f32[0] == np.float32(1.5)
+
+
+def test_bool_refuses_scaling() -> None:
+    with pytest.raises(TypeError, match="scale factors are not defined for bool tensors"):
+        scale_inplace(np.array([True]), "bool", 2.0)
