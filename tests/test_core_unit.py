@@ -211,3 +211,26 @@ def test_bfloat16_rounding() -> None:
     np.testing.assert_array_equal(bf16_to_f32(f32_to_bf16(values)),
                                   np.array([1.0, 3.140625, -2.5, 1.0, 65536.0, np.inf], np.float32))
     assert np.isnan(bf16_to_f32(f32_to_bf16(np.array([np.nan], np.float32))))[0]
+
+
+def test_sync_moments_is_two_pass_mean_and_biased_variance() -> None:
+    from hvdlite.core.frontend import sync_moments
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 3, 4)) * 5 + 1e4  # large offset: a one-pass E[x^2]-E[x]^2 loses digits
+    def sum_over(t):
+        return t.sum(axis=(0, 2))
+
+    def expand(t):
+        return t.reshape(1, 3, 1)
+
+    def ranks2(ts):
+        return [2 * t for t in ts]  # as if two ranks held the same batch
+    mean, var, n = sync_moments(x, None, sum_over, ranks2, expand)
+    np.testing.assert_allclose(mean, x.mean(axis=(0, 2)), rtol=1e-15)
+    np.testing.assert_allclose(var, x.var(axis=(0, 2)), rtol=1e-9)
+    np.testing.assert_array_equal(n, [48.0, 48.0, 48.0])
+    mask = (rng.random((6, 3, 4)) > 0.5).astype(float)
+    mean, var, n = sync_moments(x, mask, sum_over, ranks2, expand)
+    for c in range(3):
+        sel = x[:, c][mask[:, c] > 0]
+        np.testing.assert_allclose([mean[c], var[c], n[c]], [sel.mean(), sel.var(), 2 * sel.size], rtol=1e-9)

@@ -10,6 +10,9 @@ public API (``hvdlite.core``'s exports). Every other core module is private to t
 - ``setting(name)``: the value of one setting of the running job (Config field).
 - ``bf16_to_f32`` / ``f32_to_bf16``: bfloat16 bit conversions for frameworks without a numpy bfloat16.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
+- ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
+- ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
+- ``basics()``: the runtime names (init, rank, size, process sets, errors, ops...) every frontend re-exports.
 """
 from __future__ import annotations
 
@@ -17,11 +20,13 @@ from typing import Any, Callable
 
 from .engine.handles import Handle
 from .log import logger
+from .policy import basics, check_sparse, sparse_allgather_async, sync_moments
 from .reduce_ops import bf16_to_f32, check_reduction, f32_to_bf16, resolve_op
 from .runtime import gradient_overlap, state
 
 __all__ = ["resolve_op", "check_reduction", "then", "gradient_overlap", "process_set_ranks", "setting",
-           "bf16_to_f32", "f32_to_bf16", "logger", "Handle"]
+           "bf16_to_f32", "f32_to_bf16", "logger", "Handle", "check_sparse", "sparse_allgather_async",
+           "sync_moments", "basics"]
 
 
 def then(handle: Handle, convert: Callable[[Any], Any]) -> Handle:

@@ -1,0 +1,83 @@
+"""Policy both frontends share, written once: sparse reductions by allgather, and SyncBatchNorm's moments."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, TypeVar
+
+import numpy as np
+
+from .api import grouped_allgather_async
+from .engine.handles import Handle
+from .process_sets import ProcessSet, global_process_set
+from .reduce_ops import ReduceOp, resolve_op
+
+T = TypeVar("T")
+
+
+def check_sparse(op: Any, name: Optional[str], prescale_factor: float = 1.0,
+                 postscale_factor: float = 1.0) -> ReduceOp:
+    """The ops a sparse (indices, values) reduction accepts: Sum and Average, without scale factors."""
+    reduce_op = resolve_op(op)
+    if reduce_op is ReduceOp.ADASUM:
+        raise NotImplementedError(f"sparse allreduce {name!r}: hvd.Adasum does not support sparse tensors; "
+                                  f"pass sparse_as_dense=True to reduce them densely")
+    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"sparse allreduce {name!r}: only hvd.Average and hvd.Sum are defined for sparse "
+                         f"tensors, got {reduce_op!r}")
+    if (prescale_factor, postscale_factor) != (1.0, 1.0):
+        raise NotImplementedError(f"sparse allreduce {name!r}: prescale_factor/postscale_factor are not "
+                                  f"supported for sparse tensors")
+    return reduce_op
+
+
+def sparse_allgather_async(indices: np.ndarray, values: np.ndarray, op: Any, name: Optional[str] = None,
+                           process_set: ProcessSet = global_process_set,
+                           values_dtype_hint: Optional[str] = None) -> Handle:
+    """Combine sparse gradients (rows ``indices`` with ``values``) across ranks, as Horovod does: gather
+    every rank's rows (duplicates are summed by whoever densifies them); Average divides the values by the
+    set's size. The handle's result is ``(indices, values)``."""
+    reduce_op = check_sparse(op, name)
+    handle = grouped_allgather_async([indices, values], name, process_set,
+                                     dtype_hints=[None, values_dtype_hint])
+    if reduce_op is ReduceOp.AVERAGE:
+        n = process_set.size()
+
+        def average(result: list) -> tuple:
+            all_indices, all_values = result
+            if all_values.dtype.kind == "f":
+                return all_indices, all_values / all_values.dtype.type(n)
+            return all_indices, all_values // n
+        return handle.then(average)
+    return handle.then(lambda result: (result[0], result[1]))
+
+
+def sync_moments(x: T, weights: Optional[T], sum_over: Callable[[T], T], grouped_allreduce_sum: Callable[[list], list],
+                 expand: Callable[[T], T]) -> tuple[T, T, T]:
+    """SyncBatchNorm's statistics over every rank of a process set, in two passes (numerically stable):
+    the global mean first, then the mean of squared deviations from it.
+
+    Works on any framework's tensors: ``sum_over`` sums over the batch (and spatial) axes, ``expand`` makes
+    per-channel values broadcast against ``x``, ``grouped_allreduce_sum`` sums a list of tensors across the
+    set (differentiably, so gradients flow through it). ``weights`` (a mask, or None) weights each element.
+    Returns (mean, biased variance, element count per channel).
+    """
+    weighted = x if weights is None else x * weights
+    count = sum_over(x * 0 + 1) if weights is None else sum_over(weights)
+    total, n = grouped_allreduce_sum([sum_over(weighted), count])
+    mean = total / n
+    centred = x - expand(mean)
+    squares = centred * centred if weights is None else centred * centred * weights
+    (var_sum,) = grouped_allreduce_sum([sum_over(squares)])
+    return mean, var_sum / n, n
+
+
+def basics() -> dict[str, Any]:
+    """The runtime names every frontend re-exports (init, rank, size, ..., process sets, errors, ops)."""
+    from . import __all__ as public
+    from .. import core
+    skip = {"Config", "engine_stats"}
+    return {name: getattr(core, name) for name in public if name not in skip
+            and not name.startswith(("allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+                                     "grouped_", "synchronize", "poll", "join", "barrier"))}
+
+
+__all__ = ["check_sparse", "sparse_allgather_async", "sync_moments", "basics"]
