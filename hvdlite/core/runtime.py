@@ -44,12 +44,14 @@ class State:
         node_sizes = self.cross_comm.allgather(self.local_size) if self.local_rank == 0 else None
         self.homogeneous = len(set(self.local_comm.bcast(node_sizes, root=0))) == 1
         self.engine_comm = world.Dup()
+        self.presence_comm = world.Dup()
         self.thread_multiple = mpi.thread_multiple()
         self.mpi_ops = mpi.MPIOps()
         self.names = Names()
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
-        self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets)
+        self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
+                             self.presence_comm)
 
     def close(self) -> None:
         self.engine.stop()
@@ -58,7 +60,7 @@ class State:
             self.engine.executor.adasum_levels.free()
             self.psets.free()
             self.mpi_ops.free()
-            for comm in (self.engine_comm, self.cross_comm, self.local_comm, self.world):
+            for comm in (self.presence_comm, self.engine_comm, self.cross_comm, self.local_comm, self.world):
                 comm.Free()
 
     def submit(self, kind: Kind, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],

@@ -20,6 +20,7 @@ from . import polling
 from .execution import Executor
 from .fusion import Item, batches
 from .mpi import MPIOps
+from .presence import GRACE_S, Presence
 from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled,
                           allgather_messages, decide)
 from .psets import Registry
@@ -31,7 +32,7 @@ class Engine:
     """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
-                 process_sets: Registry) -> None:
+                 process_sets: Registry, presence_comm: Any) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -40,6 +41,7 @@ class Engine:
         self.psets = process_sets
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
+        self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold,
                                  config.allreduce_chunk_bytes, timeline)
         self._cv = threading.Condition()
@@ -92,11 +94,15 @@ class Engine:
 
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
+        polling.set_server(self.presence.serve)
         try:
             while self._wait_for_work():
                 self._cycle()
         except _Stop as stop:
             self._fail_everything(ShutdownError(stop.message))
+        except _Wedged as wedged:
+            logger.error("%s", wedged.message)
+            self._fail_everything(StallError(wedged.message))
         except BaseException as exc:  # noqa: BLE001 - any failure must reach every waiting handle
             detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
             logger.error("the engine failed:\n%s", detail)
@@ -176,8 +182,31 @@ class Engine:
             self._execute(responses)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
-        """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
-        polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005)
+        """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle). Meanwhile
+        answer peers' presence probes; a round that takes longer than the stall shutdown time makes this
+        rank probe its peers and fail with a StallError naming those that do not answer."""
+        cfg = self.config
+        limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
+        since = [time.monotonic()]
+
+        def between() -> None:
+            self.presence.serve()
+            waited = time.monotonic() - since[0]
+            if 0 < limit < waited:
+                absent = self.presence.absent()
+                if absent:
+                    raise _Wedged(self._wedged_message(absent, waited + GRACE_S, limit))
+                since[0] = time.monotonic()  # everyone answered: they are busy, not gone
+
+        polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005, between)
+
+    def _wedged_message(self, absent: list[int], waited: float, limit: float) -> str:
+        names = sorted({name for _, name in self._pending})
+        answered = [r for r in range(self.size) if r not in absent and r != self.rank]
+        return (f"rank {self.rank}: no negotiation round has completed for {waited:.1f} s "
+                f"(stall_shutdown_time_seconds={limit:g}): rank(s) {absent} answer no messages (stopped, "
+                f"or blocked with the GIL held); rank(s) {answered} did. Pending on this rank: "
+                f"{names or 'nothing'}. hvdlite cannot go on with this job: end it and look at rank(s) {absent}.")
 
     def _stall_check_due(self) -> bool:
         cfg = self.config
@@ -332,6 +361,12 @@ class Engine:
         for req in waiting:
             req.handle.set_error(error)
         self.timeline.stop()
+
+
+class _Wedged(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class _Stop(Exception):

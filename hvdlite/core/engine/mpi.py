@@ -113,6 +113,14 @@ def split_member(comm: Any, member: bool, key: int) -> Optional[Any]:
     return None if sub == _MPI.COMM_NULL else sub
 
 
+def status() -> Any:
+    return _MPI.Status()
+
+
+def ANY_SOURCE() -> int:  # noqa: N802 - MPI's name
+    return _MPI.ANY_SOURCE
+
+
 def abort(code: int = 1) -> None:
     _MPI.COMM_WORLD.Abort(code)
 
