@@ -174,7 +174,7 @@ class Generator:
 
     def program(self) -> list[Step]:
         rng, steps = self.rng, []
-        for index in range(int(rng.integers(6, 14))):
+        for index in range(int(rng.integers(4, 11))):
             roll = rng.random()
             if roll < 0.08 and len(self.sets) < 3:
                 ranks = self._new_set()

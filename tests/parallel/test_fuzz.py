@@ -30,7 +30,7 @@ SETTINGS = [
     {"cache_capacity": 0, "cycle_time": 0},
 ]
 REPLAY = os.environ.get("HVDT_FUZZ_SEED")
-PER_BLOCK = int(os.environ.get("HVDT_FUZZ_PROGRAMS", "30"))
+PER_BLOCK = int(os.environ.get("HVDT_FUZZ_PROGRAMS", "20"))
 
 
 def _seeds(block: int) -> list[int]:
