@@ -49,6 +49,8 @@ class Engine:
         self.error: Optional[BaseException] = None
         self.cycles = 0
         self.full_cycles = 0
+        self.bitvector_bytes = 0    # bytes each rank contributed to the per-cycle bit-vector all-reduces
+        self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
         self._join_cycle = -1
         self._last_stall_check = time.monotonic()
         self._last_stall_warning = float("-inf")
@@ -85,7 +87,8 @@ class Engine:
         return self._thread.is_alive()
 
     def stats(self) -> dict[str, int]:
-        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls}
+        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls,
+                "bitvector_bytes": self.bitvector_bytes, "full_path_bytes": self.full_path_bytes}
 
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -148,6 +151,7 @@ class Engine:
             flags |= FLAG_FULL
         vec = cache.encode(flags, cache.member_mask & ~mine)
         result = np.empty_like(vec)
+        self.bitvector_bytes += vec.nbytes
         self._allreduce_or(vec, result, busy=bool(self._pending))
         all_flags, missing = cache.decode(result)
 
@@ -182,7 +186,9 @@ class Engine:
         now = time.monotonic()
         msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
                           shutdown=shutdown, join_cycle=self._join_cycle)
-        messages = allgather_messages(self.comm, msg)
+        sizes: list[int] = []
+        messages = allgather_messages(self.comm, msg, sizes)
+        self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise _Stop(self._shutdown_message(stopping))

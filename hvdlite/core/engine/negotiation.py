@@ -121,13 +121,15 @@ class ResponseCache:
         return out
 
 
-def allgather_messages(comm: Any, msg: RankMessage) -> list[RankMessage]:
+def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list] = None) -> list[RankMessage]:
     """Every rank's message, in rank order: the sizes, then the pickled bytes, each non-blocking and polled
-    (so a slow peer never blocks the engine inside MPI)."""
+    (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size."""
     payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     size = comm.Get_size()
     sizes = np.empty(size, dtype=np.int64)
     polling.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), NEGOTIATION_POLL_CAP)
+    if sizes_out is not None:
+        sizes_out[:] = sizes.tolist()
     displs = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
     data = np.empty(int(sizes.sum()), dtype=np.uint8)
     polling.wait(comm.Iallgatherv(payload, [data, (sizes, displs)]), NEGOTIATION_POLL_CAP)
