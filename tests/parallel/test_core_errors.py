@@ -57,13 +57,36 @@ def test_global_set_cannot_be_added_again(size: int) -> None:
 
 
 @pytest.mark.mpi(min_size=3)
-def test_process_set_mismatch(rank: int, size: int) -> None:
+def test_process_set_mismatch_is_a_stall_naming_both_sets(reinit, rank: int, size: int) -> None:
+    # Ranks 0 and the last agree to use the set {0, last}, but the last passes the global set. Names are per
+    # process set (ranks may legally submit one name in two sets in different orders), so this is a stall,
+    # and the stall error says where the missing rank used the name.
+    reinit(stall_check_time_seconds=0.5, stall_shutdown_time_seconds=1.0)
     last = size - 1
     ps = hvd.add_process_set([0, last])
     try:
         if rank in (0, last):
-            with pytest.raises(hvd.TensorMismatchError, match="the process set differs"):
-                hvd.allreduce(np.ones(2), name="t.ps",
-                              process_set=hvd.global_process_set if rank == last else ps)
+            with pytest.raises(hvd.StallError) as info:
+                hvd.allreduce(np.ones(2), name="t.ps", process_set=hvd.global_process_set if rank == last else ps)
+            text = str(info.value)
+            if rank == 0:
+                assert f"ranks [{last}] never submitted it; ranks [0] did. Rank(s) [{last}] submitted it for " \
+                       f"process set 0 instead: the ranks disagree on its process set." in text, text
+            else:
+                assert f"Rank(s) [0] submitted it for process set {ps.process_set_id} instead" in text, text
     finally:
         hvd.remove_process_set(ps)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_one_name_in_a_set_and_the_global_set_in_different_orders(rank: int, size: int) -> None:
+    # Found by the fuzzer (seed 7): legal, since every process set has its own names.
+    solo = hvd.add_process_set([0])
+    try:
+        if rank == 0:
+            np.testing.assert_array_equal(hvd.allreduce(np.full(2, 5.0), op=hvd.Sum, name="X", process_set=solo),
+                                          np.full(2, 5.0))
+        out = hvd.broadcast(np.full(2, float(rank)), root_rank=0, name="X")
+        np.testing.assert_array_equal(out, np.zeros(2))
+    finally:
+        hvd.remove_process_set(solo)

@@ -32,8 +32,8 @@ later_full = stats["full_cycles"] - full_after_first
 print(f"rank {r} stats {stats}; full rounds after the first step: {later_full}")
 if capacity >= 100:  # every name is cached after the first step: agreement is the bit-vector alone
     assert later_full == 0, stats
-elif capacity == 0:
-    assert stats["full_cycles"] == stats["cycles"], stats
+elif capacity == 0:  # every round in which some rank had work was a full round
+    assert stats["full_cycles"] >= stats["busy_cycles"] > 0, stats
 else:  # names keep evicting each other
     assert later_full > 0, stats
 print(f"OK rank {r}")

@@ -52,11 +52,14 @@ class Engine:
         self.error: Optional[BaseException] = None
         self.cycles = 0
         self.full_cycles = 0
+        self.bitvector_bytes = 0    # bytes each rank contributed to the per-cycle bit-vector all-reduces
+        self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
         self._join_cycle = -1
         self._last_stall_check = time.monotonic()
         self._last_stall_warning = float("-inf")
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
+        self.busy_cycles = 0
         self._idle_pause = 0.0
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
@@ -90,7 +93,9 @@ class Engine:
         return self._thread.is_alive()
 
     def stats(self) -> dict[str, int]:
-        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls}
+        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls,
+                "busy_cycles": self.busy_cycles, "bitvector_bytes": self.bitvector_bytes,
+                "full_path_bytes": self.full_path_bytes}
 
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -168,9 +173,11 @@ class Engine:
             flags |= FLAG_BUSY
         vec = cache.encode(flags, cache.member_mask & ~mine)
         result = np.empty_like(vec)
+        self.bitvector_bytes += vec.nbytes
         self._allreduce_or(vec, result, busy=bool(self._pending) or self._job_busy)
         all_flags, missing = cache.decode(result)
         self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
+        self.busy_cycles += bool(all_flags & FLAG_BUSY)
 
         if all_flags & FLAG_FULL:
             responses = self._full_round(shutdown)
@@ -226,7 +233,9 @@ class Engine:
         now = time.monotonic()
         msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
                           shutdown=shutdown, join_cycle=self._join_cycle)
-        messages = allgather_messages(self.comm, msg)
+        sizes: list[int] = []
+        messages = allgather_messages(self.comm, msg, sizes)
+        self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise _Stop(self._shutdown_message(stopping))
@@ -255,7 +264,8 @@ class Engine:
                 and now - self._last_stall_warning >= cfg.stall_check_time_seconds:
             self._last_stall_warning = now
             lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
-                     f"{s.missing_ranks}, waiting {s.age:.1f} s" for s in stalled]
+                     f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "")
+                     for s in stalled]
             logger.warning("One or more collectives have waited over %g s for other ranks. The missing "
                            "ranks have not submitted them (they may be stuck, have skipped the op, or "
                            "used a different name):\n%s", cfg.stall_check_time_seconds, "\n".join(lines))
@@ -268,7 +278,8 @@ class Engine:
                 failed.append(Response(s.name, s.sig, error_kind="stall", error=(
                     f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s "
                     f"(stall_shutdown_time_seconds={cfg.stall_shutdown_time_seconds:g}): ranks "
-                    f"{s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.")))
+                    f"{s.missing_ranks} never submitted it; ranks {s.ready_ranks} did."
+                    + (f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""))))
         return failed
 
     def _execute(self, responses: list[Response]) -> None:

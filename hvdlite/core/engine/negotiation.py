@@ -39,6 +39,7 @@ class Stalled:
     missing_ranks: list[int]
     age: float
     sig: Optional[Signature] = None
+    note: str = ""  # e.g. the missing ranks used the name in another process set
 
 
 class ResponseCache:
@@ -122,13 +123,15 @@ class ResponseCache:
         return out
 
 
-def allgather_messages(comm: Any, msg: RankMessage) -> list[RankMessage]:
+def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list] = None) -> list[RankMessage]:
     """Every rank's message, in rank order: the sizes, then the pickled bytes, each non-blocking and polled
-    (so a slow peer never blocks the engine inside MPI)."""
+    (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size."""
     payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     size = comm.Get_size()
     sizes = np.empty(size, dtype=np.int64)
     polling.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), NEGOTIATION_POLL_CAP)
+    if sizes_out is not None:
+        sizes_out[:] = sizes.tolist()
     displs = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
     data = np.empty(int(sizes.sum()), dtype=np.uint8)
     polling.wait(comm.Iallgatherv(payload, [data, (sizes, displs)]), NEGOTIATION_POLL_CAP)
@@ -151,13 +154,9 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
     responses: list[Response] = []
     stalled: list[Stalled] = []
     join_name: Optional[str] = None
-    conflicts = _cross_set_conflicts(table, members_of)
     for key, entries in table.items():
         ps_id, name = key
         first_sig = entries[min(entries)][0]
-        if key in conflicts:
-            responses.append(Response(name, first_sig, error=conflicts[key]))
-            continue
         kind = first_sig.kind
         if kind is Kind.JOIN:
             join_name = name
@@ -172,7 +171,8 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         if not set(members) <= present | stand_ins:
             missing = sorted(set(members) - present - stand_ins)
             stalled.append(Stalled(name, kind, sorted(present), missing,
-                                   max(age for _, age in entries.values()), first_sig))
+                                   max(age for _, age in entries.values()), first_sig,
+                                   _elsewhere(table, ps_id, name, missing)))
             continue
         sigs = {rank: sig for rank, (sig, _) in entries.items()}
         error = describe_mismatch(name, sigs)
@@ -191,25 +191,17 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
     return responses, stalled
 
 
-def _cross_set_conflicts(table: dict[tuple[int, str], dict[int, tuple[Signature, float]]],
-                         members_of: dict[int, list[int]]) -> dict[tuple[int, str], str]:
-    """Names submitted under several process sets where some rank used the name in one set while it is a
-    member of another set that is waiting for that name from it: the ranks disagree on the process set."""
-    keys_by_name: dict[str, list[tuple[int, str]]] = {}
-    for key in table:
-        keys_by_name.setdefault(key[1], []).append(key)
-    errors: dict[tuple[int, str], str] = {}
-    for name, keys in keys_by_name.items():
-        if len(keys) < 2:
-            continue
-        clashing = {a for a in keys for b in keys if a != b and any(
-            r in members_of.get(b[0], ()) and r not in table[b] for r in table[a])}
-        if clashing:
-            sigs = {rank: sig for key in sorted(clashing) for rank, (sig, _) in table[key].items()}
-            message = describe_mismatch(name, sigs) or f"ranks disagree on the process set of {name!r}"
-            for key in clashing:
-                errors[key] = message
-    return errors
+def _elsewhere(table: dict[tuple[int, str], dict[int, tuple[Signature, float]]], ps_id: int, name: str,
+               missing: list[int]) -> str:
+    """For a stalled name: which missing ranks have the same name pending under another process set (a
+    disagreement on the set, shown in the stall report rather than refused: order differs legally)."""
+    notes = []
+    for (other_ps, other_name), entries in table.items():
+        if other_name == name and other_ps != ps_id:
+            used = sorted(r for r in entries if r in missing)
+            if used:
+                notes.append(f"rank(s) {used} submitted it for process set {other_ps} instead")
+    return "; ".join(notes)
 
 
 def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:

@@ -1,0 +1,174 @@
+"""Faults from outside the job: kill -9 of one rank, SIGSTOP of one rank, per-rank environments that differ."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+import pytest
+
+from conftest import ROOT, WORKERS, mpiexec_path
+
+WORKER = str(WORKERS / "faults.py")
+
+
+def _env(extra: Optional[dict] = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra or {})
+    return env
+
+
+class Job:
+    """An mpiexec job whose output is read line by line while it runs."""
+
+    def __init__(self, cmd: list, env: dict) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     cwd=ROOT, start_new_session=True)
+        self.lines: list[str] = []
+        self.times: list[float] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line.rstrip("\n"))
+            self.times.append(time.monotonic())
+
+    def wait_for(self, pattern: str, count: int, timeout: float) -> list[re.Match]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [m for m in map(re.compile(pattern).search, list(self.lines)) if m]
+            if len(found) >= count:
+                return found
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        pytest.fail(f"waited {timeout} s for {count} lines matching {pattern!r}:\n" + self.text)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=5)
+
+
+def _pids(job: Job, n: int) -> dict[int, int]:
+    return {int(m.group(1)): int(m.group(2)) for m in job.wait_for(r"PID rank=(\d+) pid=(\d+)", n, 90)}
+
+
+@pytest.fixture(scope="module")
+def killed_job() -> tuple[Job, float]:
+    """A 4-rank job in a loop of 32 MB allreduces; rank 2 gets kill -9 in the middle of one. Returns the job
+    (ended) and the seconds from the kill to the end of mpiexec."""
+    job = Job([mpiexec_path(), "-n", "4", sys.executable, WORKER, "loop"], _env())
+    try:
+        pids = _pids(job, 4)
+        job.wait_for(r"LOOPING rank=", 4, 90)
+        time.sleep(0.3)  # in the middle of a 32 MB allreduce (one takes far longer than this on 2 cores)
+        killed = time.monotonic()
+        os.kill(pids[2], signal.SIGKILL)
+        job.proc.wait(timeout=60)
+        job._reader.join(timeout=5)
+        elapsed = time.monotonic() - killed
+    finally:
+        job.kill()
+    job.pids = pids  # type: ignore[attr-defined]
+    return job, elapsed
+
+
+def test_kill_9_of_one_rank_ends_the_job_within_10_s(killed_job: tuple[Job, float]) -> None:
+    job, elapsed = killed_job
+    assert job.proc.returncode != 0, job.text
+    assert elapsed < 10, f"the job took {elapsed:.1f} s to end after kill -9 of rank 2:\n{job.text}"
+    assert "Killed (signal 9)" in job.text, job.text  # MPICH's hydra reports the signal
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "nothing names rank 2: MPICH's hydra prints 'BAD TERMINATION ... PID <pid> RUNNING AT <host> / EXIT CODE: "
+    "9 ... Killed (signal 9)' with a pid, not a rank, and not even reliably the killed one's (seen: rank 2's "
+    "pid in one run, rank 0's in another); hvdlite prints nothing (the survivors are inside MPI when hydra "
+    "kills them)"))
+def test_kill_9_of_one_rank_is_reported_with_its_rank(killed_job: tuple[Job, float]) -> None:
+    job, _ = killed_job
+    assert re.search(r"\brank 2\b", job.text.split("LOOPING rank=")[-1].split("\n", 1)[-1], re.I), job.text
+
+
+def _mpmd(odd_env: dict, odd_rank: int, n: int = 3) -> subprocess.CompletedProcess:
+    """``n`` ranks; rank ``odd_rank`` alone runs with ``odd_env`` added (MPMD: one block per rank)."""
+    cmd = [mpiexec_path()]
+    for r in range(n):
+        if r:
+            cmd.append(":")
+        cmd += ["-n", "1"]
+        if r == odd_rank:
+            for key, value in odd_env.items():
+                cmd += ["-env", key, value]
+        cmd += [sys.executable, WORKER, "env"]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env(), cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd)} timed out (a hang: the ranks issued different MPI calls?)\n{exc.stdout}"
+                    f"\n{exc.stderr}")
+
+
+ODD_SETTINGS = {
+    "fusion_threshold": ("HOROVOD_FUSION_THRESHOLD", "0", "4194304"),
+    "allreduce_chunk_bytes": ("HVDLITE_ALLREDUCE_CHUNK_BYTES", "4096", "1048576"),
+    "cache_capacity": ("HVDLITE_CACHE_CAPACITY", "2", "1024"),
+}
+
+
+@pytest.mark.parametrize("odd_rank", [0, 2], ids=["odd-rank0", "odd-rank2"])
+@pytest.mark.parametrize("setting", list(ODD_SETTINGS) + ["all"])
+def test_per_rank_environments_that_differ_never_give_a_wrong_value(setting: str, odd_rank: int) -> None:
+    names = list(ODD_SETTINGS) if setting == "all" else [setting]
+    proc = _mpmd({ODD_SETTINGS[s][0]: ODD_SETTINGS[s][1] for s in names}, odd_rank)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for r in range(3):
+        assert f"OK rank {r}" in proc.stdout, out  # every result exact (the worker asserts each one)
+    warned = [r for r in range(3) if f"[hvdlite rank {r}] WARNING: setting" in proc.stderr]
+    expected = [odd_rank] if odd_rank else [1, 2]  # rank 0's values are adopted: the others differ from it
+    assert warned == expected, out
+    for s in names:
+        env_key, odd, default = ODD_SETTINGS[s]
+        mine, root = (default, odd) if odd_rank == 0 else (odd, default)
+        for r in expected:
+            assert (f"[hvdlite rank {r}] WARNING: setting {s} is {mine} on rank {r} but {root} on rank 0; using "
+                    f"rank 0's value on every rank") in proc.stderr, out
+
+
+def test_sigstop_of_one_rank_gives_the_others_a_stall_error_naming_it() -> None:
+    job = Job([mpiexec_path(), "-n", "3", sys.executable, WORKER, "stall"],
+              _env({"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "5", "HVDLITE_STALL_CHECK_TIME_SECONDS": "5"}))
+    try:
+        pids = _pids(job, 3)
+        job.wait_for(r"LOOPING rank=", 3, 90)
+        time.sleep(0.5)
+        os.kill(pids[2], signal.SIGSTOP)
+        stopped = time.monotonic()
+        deadline = stopped + 20
+        while time.monotonic() < deadline and len([x for x in job.lines if x.startswith("RESULT")]) < 2:
+            time.sleep(0.1)
+        results = {int(m.group(1)): (t - stopped, m.group(2)) for line, t in zip(job.lines, job.times)
+                   for m in [re.match(r"RESULT rank=(\d) after=\S+ (.*)", line)] if m}
+    finally:
+        os.kill(pids[2], signal.SIGCONT) if job.proc.poll() is None else None
+        job.kill()
+    assert sorted(results) == [0, 1], f"ranks that got an error within 20 s: {results}\n{job.text}"
+    for r, (after, text) in results.items():
+        assert after < 15, (r, after, text)
+        assert text.startswith("StallError: ") and "rank(s) [2] answer no messages" in text, (r, text)

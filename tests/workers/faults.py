@@ -1,0 +1,56 @@
+"""Fault-injection worker: the test kills, stops or mis-configures one rank from outside.
+
+Modes: ``loop`` (large allreduces until killed; each rank prints its pid first), ``env`` (fusion- and
+chunk-sensitive collectives with exact checks, under per-rank environments), ``stall`` (small allreduces until
+one rank is stopped; the others report what they got and when).
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+import hvdlite as hvd
+
+mode = sys.argv[1]
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+print(f"PID rank={r} pid={os.getpid()}", flush=True)
+hvd.allreduce(np.ones(1), name="warmup")
+
+if mode == "loop":
+    big = np.full(8 << 20, float(r + 1), dtype=np.float32)  # 32 MB: many chunks per allreduce
+    want = float(sum(range(1, n + 1)))
+    for step in range(100000):
+        out = hvd.allreduce(big, op=hvd.Sum, name="big")
+        assert out[0] == want and out[-1] == want, (step, out[0])
+        if step == 0:
+            print(f"LOOPING rank={r}", flush=True)
+elif mode == "env":
+    for step in range(20):
+        shapes = [(3,), (100,), (1000,), (), (7, 5), (40000,)]
+        handles = [hvd.allreduce_async(np.full(s, float(r + 1 + i + step), dtype=np.float32), op=hvd.Sum,
+                                       name=f"t{i}") for i, s in enumerate(shapes)]
+        for i, (s, h) in enumerate(zip(shapes, handles)):
+            got = hvd.synchronize(h)
+            want = np.full(s, float(sum(q + 1 + i + step for q in range(n))), dtype=np.float32)
+            assert got.shape == want.shape and np.array_equal(got, want), (step, i, got, want)
+        g = hvd.grouped_allreduce([np.arange(k, dtype=np.int64) * (r + 1) for k in (1, 50, 3000)], op=hvd.Sum,
+                                  name="grouped")
+        for k, a in zip((1, 50, 3000), g):
+            assert np.array_equal(a, np.arange(k) * (n * (n + 1) // 2)), (step, k)
+        b = hvd.broadcast(np.full(5000, r, dtype=np.int16), root_rank=n - 1, name="bc")
+        assert np.array_equal(b, np.full(5000, n - 1, dtype=np.int16))
+    print(f"OK rank {r}", flush=True)
+elif mode == "stall":
+    print(f"LOOPING rank={r}", flush=True)
+    step = 0
+    start = time.monotonic()
+    try:
+        while True:
+            start = time.monotonic()
+            hvd.allreduce(np.ones(4), name=f"s{step % 4}")
+            step += 1
+    except Exception as exc:  # noqa: BLE001 - report exactly what this rank got
+        print(f"RESULT rank={r} after={time.monotonic() - start:.1f} {type(exc).__name__}: {exc}", flush=True)
+        os._exit(0)
