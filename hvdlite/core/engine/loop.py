@@ -99,7 +99,7 @@ class Engine:
 
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
-        polling.set_server(self.presence.serve)
+        polling.set_watch(self._watch)
         try:
             while self._wait_for_work():
                 self._cycle()
@@ -189,28 +189,29 @@ class Engine:
             self._execute(responses)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
-        """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle). Meanwhile
-        answer peers' presence probes; a round that takes longer than the stall shutdown time makes this
-        rank probe its peers and fail with a StallError naming those that do not answer."""
+        """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
+        polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005)
+
+    def _watch(self, waited: float) -> bool:
+        """Between the polls of every engine wait: answer peers' presence probes; once a wait has lasted
+        longer than the stall shutdown time, probe the peers and fail with a StallError naming those that
+        do not answer (a round or collective never completes without them). True restarts the count."""
+        self.presence.serve()
         cfg = self.config
         limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
-        since = [time.monotonic()]
-
-        def between() -> None:
-            self.presence.serve()
-            waited = time.monotonic() - since[0]
-            if 0 < limit < waited:
-                absent = self.presence.absent()
-                if absent:
-                    raise _Wedged(self._wedged_message(absent, waited + GRACE_S, limit))
-                since[0] = time.monotonic()  # everyone answered: they are busy, not gone
-
-        polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005, between)
+        if not 0 < limit < waited:
+            return False
+        absent = self.presence.absent()
+        if absent:
+            raise _Wedged(self._wedged_message(absent, waited + GRACE_S, limit))
+        return True  # everyone answered: they are busy, not gone
 
     def _wedged_message(self, absent: list[int], waited: float, limit: float) -> str:
-        names = sorted({name for _, name in self._pending})
+        with self._cv:
+            queued = [req.name for req in self._queue]
+        names = sorted({name for _, name in self._pending} | set(queued))
         answered = [r for r in range(self.size) if r not in absent and r != self.rank]
-        return (f"rank {self.rank}: no negotiation round has completed for {waited:.1f} s "
+        return (f"rank {self.rank}: an MPI call of the engine has waited {waited:.1f} s "
                 f"(stall_shutdown_time_seconds={limit:g}): rank(s) {absent} answer no messages (stopped, "
                 f"or blocked with the GIL held); rank(s) {answered} did. Pending on this rank: "
                 f"{names or 'nothing'}. hvdlite cannot go on with this job: end it and look at rank(s) {absent}.")

@@ -9,28 +9,29 @@ from .handles import threads_waiting
 #: MPI polls without sleeping while a user thread waits (a few tens of microseconds).
 SPIN_POLLS = 200
 
-_serve: Optional[Callable[[], None]] = None  # runs between polls of every wait (the engine's probe answers)
+#: Runs between the polls of every wait with the seconds waited so far; returns True to restart that count.
+#: The engine answers presence probes there and gives up on a wait that a vanished peer holds.
+_watch: Optional[Callable[[float], bool]] = None
 
 
-def set_server(serve: Optional[Callable[[], None]]) -> None:
-    """Run ``serve`` between the polls of every wait (the engine answers presence probes, so that a peer
-    whose round is stuck can tell a rank that is busy in a long collective from one that is gone)."""
-    global _serve
-    _serve = serve
+def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
+    global _watch
+    _watch = watch
 
 
-def wait(request: Any, cap: float, between: Optional[Callable[[], None]] = None) -> None:
+def wait(request: Any, cap: float) -> None:
     """Complete ``request``. While a user thread is blocked on a handle its core is idle, so poll
     continuously; otherwise sleep between polls, backing off to ``cap`` seconds, so a training thread
     computing the backward pass keeps its core (and oversubscribed ranks still make progress).
-    ``between`` runs before each sleep (the engine answers presence probes there, or gives up)."""
+    The engine's watch runs before each sleep (see set_watch)."""
     test = request.Test
-    between = between or _serve
+    watch = _watch
+    started = time.monotonic()
     spins = SPIN_POLLS if threads_waiting() else 0
     delay = 0.0
     while not test():
-        if between is not None and spins == 0:
-            between()
+        if watch is not None and spins == 0 and watch(time.monotonic() - started):
+            started = time.monotonic()
         if spins > 0:
             spins -= 1
             continue
