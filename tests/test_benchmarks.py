@@ -125,3 +125,24 @@ def test_plot_regenerates_from_json(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_autotune_smoke(tmp_path: Path) -> None:
+    """The autotune benchmark runs, finishes tuning within its budget and reports every configuration."""
+    out = tmp_path / "autotune.json"
+    proc = run_mpi(BENCH / "autotune.py", 2, timeout=240, args=[
+        "--scale", "0.0005", "--reps", "1", "--rounds", "1", "--warmup-samples", "0", "--steps-per-sample", "2",
+        "--max-samples", "3", "--out", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    tuning = [r for r in records if r.get("kind") == "tuning"]
+    assert len(tuning) == 1 and tuning[0]["finished"] is True
+    configs = {r["config"]: r for r in records if r.get("kind") == "config"}
+    assert {"bad_start", "autotuned", "default_4MB_1ms_1MB"} <= set(configs)
+    assert configs["autotuned"]["settings"] == tuning[0]["chosen"]
+    for record in configs.values():
+        assert_positive(record, "ms", "bytes_per_s")
+    summary = [r for r in records if r.get("kind") == "summary"]
+    assert len(summary) == 1 and summary[0]["best_hand_set"] in configs
+    assert_positive(summary[0], "autotuned_over_best_hand_set")

@@ -186,11 +186,6 @@ def test_real_launch_with_mpi_flag() -> None:
 @pytest.mark.parametrize("flags, message", [
     (["--gloo"], "hvdlite-run: error: --gloo: hvdlite has no Gloo controller; it runs on MPI (mpi4py) only. "
                  "Drop --gloo (or give --mpi): hvdlite-run starts the ranks with mpiexec, mpirun or srun"),
-    (["--autotune"], "hvdlite-run: error: --autotune: autotune is not available in hvdlite yet; drop the autotune "
-                     "flags and set --fusion-threshold-mb / --cycle-time-ms yourself"),
-    (["--autotune-log-file", "tune.csv"], "hvdlite-run: error: --autotune-log-file: autotune is not available in "
-                                          "hvdlite yet; drop the autotune flags and set --fusion-threshold-mb / "
-                                          "--cycle-time-ms yourself"),
 ])
 def test_refused_flags_say_why(flags: list, message: str) -> None:
     proc = run([*RUN, "-np", "2", *flags, PYTHON, TOPOLOGY], timeout=60)
@@ -314,7 +309,15 @@ def test_config_file(tmp_path: Path) -> None:
         "HVDLITE_LOG_HIDE_TIME": "0", "HVDLITE_STALL_CHECK_TIME_SECONDS": "30",
         "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "90", "HVDLITE_STALL_CHECK_DISABLE": "1"}
     assert args.config_notes == [f"--config-file {config}: unknown section 'surprise' is ignored"]
-    for text, message in (("autotune:\n  enabled: true\n", "--autotune: autotune is not available in hvdlite yet"),
+    config.write_text("autotune:\n  enabled: true\n  log_file: tune.csv\n  warmup_samples: 1\n"
+                      "  steps_per_sample: 4\n  bayes_opt_max_samples: 6\n  gaussian_process_noise: 0.3\n")
+    args = parse_args(["-np", "2", "--config-file", str(config), "--autotune-warmup-samples", "2", "python", "t.py"])
+    assert tuning_environment(args) == {
+        "HVDLITE_AUTOTUNE": "1", "HVDLITE_AUTOTUNE_LOG_FILE": "tune.csv", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES": "2",
+        "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE": "4", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6",
+        "HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.3"}
+    for text, message in (("autotune:\n  enabled: true\n  steps_per_sample: many\n",
+                           "autotune.steps_per_sample must be a number >= 0, got 'many'"),
                           ("controller: gloo\n", "--gloo: hvdlite has no Gloo controller"),
                           ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms must be a number >= 0, got 'fast'"),
                           ("logging:\n  level: loud\n", "logging.level must be one of TRACE, DEBUG")):
@@ -331,3 +334,21 @@ def test_config_file_settings_reach_the_ranks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for r in topology(proc.stdout):
         assert r["env"] == {"HVDLITE_CYCLE_TIME": "3", "HVDLITE_LOG_LEVEL": "TRACE"}
+
+
+def test_autotune_flags_reach_the_ranks(tmp_path: Path) -> None:
+    """`hvdlite-run --autotune ...` sets horovodrun's autotune settings as HVDLITE_* variables in every rank."""
+    log = tmp_path / "tune.csv"
+    names = ["HVDLITE_AUTOTUNE", "HVDLITE_AUTOTUNE_LOG_FILE", "HVDLITE_AUTOTUNE_WARMUP_SAMPLES",
+             "HVDLITE_AUTOTUNE_STEPS_PER_SAMPLE", "HVDLITE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+             "HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"]
+    proc = run([*RUN, "-np", "2", "--autotune", "--autotune-log-file", str(log), "--autotune-warmup-samples", "1",
+                "--autotune-steps-per-sample", "5", "--autotune-bayes-opt-max-samples", "7",
+                "--autotune-gaussian-process-noise", "0.25", PYTHON, TOPOLOGY, "--env", ",".join(names)],
+               timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = topology(proc.stdout)
+    assert len(ranks) == 2
+    for r in ranks:
+        assert r["env"] == dict(zip(names, ["1", str(log), "1", "5", "7", "0.25"]))
+    assert log.read_text().splitlines()[0].startswith("phase,sample,fusion_threshold,cycle_time")

@@ -57,11 +57,27 @@ class Config:
     #: "off" starts them all at step()/synchronize(); "auto" overlaps unless the ranks' compute threads
     #: already take every CPU core (then the engine would slow backward down more than overlap gains).
     gradient_overlap: str = "auto"
+    #: Tune fusion_threshold, cycle_time and allreduce_chunk_bytes while training runs (Bayesian optimisation
+    #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.
+    autotune: bool = False
+    #: CSV file rank 0 writes one line per autotune sample to, and the final choice ("" for none).
+    #: Also read from HOROVOD_AUTOTUNE_LOG, Horovod's name.
+    autotune_log_file: str = ""
+    #: Autotune samples measured and discarded first (the job warms up).
+    autotune_warmup_samples: int = 3
+    #: Whole training steps per autotune sample.
+    autotune_steps_per_sample: int = 10
+    #: Autotune samples scored (start settings, test points, Gaussian-process proposals) before the best is kept.
+    autotune_bayes_opt_max_samples: int = 20
+    #: Noise (standard deviation, in units of the scores' spread) the Gaussian process assumes in each score.
+    autotune_gaussian_process_noise: float = 0.8
 
     #: Settings that shape MPI traffic or verdicts every rank must reach alike; rank 0's values are used.
     AGREED = ("cycle_time", "cache_capacity", "fusion_threshold", "allreduce_chunk_bytes",
               "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
-              "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap")
+              "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune")
+    #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
+    ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
 
     def agreed_values(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.AGREED}
@@ -89,12 +105,13 @@ class Config:
         values: dict[str, Any] = {}
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         for name in cls.field_names():
-            for prefix in ("HVDLITE_", "HOROVOD_"):
-                raw = env.get(prefix + name.upper())
+            for key in ("HVDLITE_" + name.upper(), "HOROVOD_" + name.upper(), *cls.ALIASES.get(name, ())):
+                raw = env.get(key)
                 if raw is not None:
-                    values[name] = _parse(prefix + name.upper(), raw, types[name])
+                    values[name] = _parse(key, raw, types[name])
                     break
         known = {"HVDLITE_" + n.upper() for n in cls.field_names()} | _INTERNAL_VARIABLES
+        known |= {key for keys in cls.ALIASES.values() for key in keys if key.startswith("HVDLITE_")}
         for key in sorted(env):
             if key.startswith("HVDLITE_") and key not in known:
                 logger.warning("unknown setting %s is ignored; known settings: %s", key,
@@ -130,6 +147,16 @@ class Config:
         if overlap not in ("auto", "on", "off"):
             raise ValueError(f"gradient_overlap must be auto, on or off, got {self.gradient_overlap!r}")
         self.gradient_overlap = overlap
+        if self.autotune_warmup_samples < 0:
+            raise ValueError(f"autotune_warmup_samples must be >= 0, got {self.autotune_warmup_samples}")
+        if self.autotune_steps_per_sample < 1:
+            raise ValueError(f"autotune_steps_per_sample must be >= 1, got {self.autotune_steps_per_sample}")
+        if self.autotune_bayes_opt_max_samples < 1:
+            raise ValueError(f"autotune_bayes_opt_max_samples must be >= 1, got "
+                             f"{self.autotune_bayes_opt_max_samples}")
+        if not self.autotune_gaussian_process_noise > 0:
+            raise ValueError(f"autotune_gaussian_process_noise must be > 0, got "
+                             f"{self.autotune_gaussian_process_noise}")
 
 
 def _parse(key: str, raw: str, kind: Any) -> Any:

@@ -14,6 +14,7 @@ import numpy as np
 from . import log
 from .config import Config
 from .engine import mpi
+from .engine.autotune import require_library
 from .engine.handles import Handle
 from .engine.loop import Engine
 from .engine.psets import Registry
@@ -140,6 +141,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
         if _state is not None:
             return
         config = Config.from_env(**settings)
+        if config.autotune:
+            require_library()
         log.set_level(config.log_level)
         log.set_timestamps(not config.log_hide_time)
         mpi.start()

@@ -17,14 +17,20 @@ TUNING_FLAGS: dict[str, tuple[str, float]] = {
     "stall_check_warning_time_seconds": ("stall_check_time_seconds", 1),
     "stall_check_shutdown_time_seconds": ("stall_shutdown_time_seconds", 1),
     "no_stall_check": ("stall_check_disable", 1),
+    "autotune": ("autotune", 1),
+    "autotune_log_file": ("autotune_log_file", 1),
+    "autotune_warmup_samples": ("autotune_warmup_samples", 1),
+    "autotune_steps_per_sample": ("autotune_steps_per_sample", 1),
+    "autotune_bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", 1),
+    "autotune_gaussian_process_noise": ("autotune_gaussian_process_noise", 1),
 }
 
 LAUNCHERS = ("auto", "mpich", "openmpi", "srun")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 # ------------------------------------------------------------------------------------------- autotune
-#: AUTOTUNE: flip to True (and map the flags to settings in tuning_environment) when autotune lands.
-AUTOTUNE_AVAILABLE = False
+#: Autotune is available: its flags are TUNING_FLAGS, passed to every rank as HVDLITE_AUTOTUNE* variables.
+AUTOTUNE_AVAILABLE = True
 AUTOTUNE_FLAGS = ("autotune", "autotune_log_file", "autotune_warmup_samples", "autotune_steps_per_sample",
                   "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise")
 AUTOTUNE_REFUSAL = ("{flag}: autotune is not available in hvdlite yet; drop the autotune flags and set "
@@ -153,12 +159,21 @@ def add_horovodrun_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-nccl-streams", dest="num_nccl_streams", type=int, help="no effect in hvdlite")
     group.add_argument("--gloo-timeout-seconds", dest="gloo_timeout_seconds", type=int, help="no effect in hvdlite")
     group.add_argument("--tcp", dest="tcp_flag", action="store_true", default=None, help="no effect in hvdlite")
-    # AUTOTUNE: parsed so the refusal can name the flag; see AUTOTUNE_AVAILABLE.
-    tune = parser.add_argument_group("autotune (not available yet)")
-    tune.add_argument("--autotune", dest="autotune", action="store_true", default=None, help=argparse.SUPPRESS)
+    tune = parser.add_argument_group("autotune (Bayesian optimisation of the engine's settings while training "
+                                     "runs; needs pip install 'hvdlite[autotune]')")
+    tune.add_argument("--autotune", dest="autotune", action="store_true", default=None,
+                      help="tune --fusion-threshold-mb, --cycle-time-ms and the chunk size while training runs")
     tune.add_argument("--no-autotune", dest="autotune", action="store_false", default=None, help=argparse.SUPPRESS)
-    for name in AUTOTUNE_FLAGS[1:]:
-        tune.add_argument("--" + name.replace("_", "-"), dest=name, help=argparse.SUPPRESS)
+    tune.add_argument("--autotune-log-file", dest="autotune_log_file", metavar="FILE",
+                      help="CSV log (rank 0): one line per sample and the final choice")
+    tune.add_argument("--autotune-warmup-samples", dest="autotune_warmup_samples", type=int, metavar="N",
+                      help="samples discarded first (default 3)")
+    tune.add_argument("--autotune-steps-per-sample", dest="autotune_steps_per_sample", type=int, metavar="N",
+                      help="training steps per sample (default 10)")
+    tune.add_argument("--autotune-bayes-opt-max-samples", dest="autotune_bayes_opt_max_samples", type=int,
+                      metavar="N", help="samples scored before the best is kept (default 20)")
+    tune.add_argument("--autotune-gaussian-process-noise", dest="autotune_gaussian_process_noise", type=float,
+                      metavar="X", help="noise the Gaussian process assumes in each score (default 0.8)")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

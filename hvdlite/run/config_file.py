@@ -25,7 +25,8 @@ SECTIONS: dict[str, dict[str, str]] = {
 #: Keys whose meaning is the opposite of the flag they set (stall_check.enabled vs --no-stall-check, ...).
 _INVERTED = {("stall_check", "enabled"), ("logging", "with_timestamp")}
 _NUMBERS = {"fusion_threshold_mb", "cycle_time_ms", "cache_capacity", "stall_check_warning_time_seconds",
-            "stall_check_shutdown_time_seconds"}
+            "stall_check_shutdown_time_seconds", "autotune_warmup_samples", "autotune_steps_per_sample",
+            "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise"}
 
 
 class ConfigFileError(ValueError):

@@ -17,6 +17,7 @@ from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
 from ..log import logger
 from . import polling
+from .autotune import Autotuner
 from .execution import Executor
 from .fusion import Item, batches
 from .mpi import MPIOps
@@ -61,6 +62,7 @@ class Engine:
         self._job_busy = False  # some rank had work in the last round
         self.busy_cycles = 0
         self._idle_pause = 0.0
+        self.autotune = Autotuner(config, self.rank, self.executor)
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
 
@@ -171,6 +173,8 @@ class Engine:
             flags |= FLAG_FULL
         if self._pending:
             flags |= FLAG_BUSY
+        if self.autotune.wants_round():  # rank 0's new settings travel in a full round
+            flags |= FLAG_FULL
         vec = cache.encode(flags, cache.member_mask & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
@@ -186,6 +190,7 @@ class Engine:
             for resp in responses:
                 cache.touch(cache.by_name[(resp.ps_id, resp.name)], self.cycles)
         if responses:
+            self.autotune.observe(responses)
             self._execute(responses)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
@@ -233,13 +238,15 @@ class Engine:
         self.full_cycles += 1
         now = time.monotonic()
         msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
-                          shutdown=shutdown, join_cycle=self._join_cycle)
+                          shutdown=shutdown, join_cycle=self._join_cycle, tune=self.autotune.outgoing())
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise _Stop(self._shutdown_message(stopping))
+        if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
+            self.autotune.adopt(messages[0].tune, self.cycles)
         responses, stalled = decide(messages, self.psets.members_table(), self.size)
         self._last_stall_check = now
         if stalled and not self.config.stall_check_disable:

@@ -29,6 +29,7 @@ class RankMessage:
     reqs: list[tuple[str, Signature, float]]  # (name, signature, age in seconds)
     shutdown: bool = False
     join_cycle: int = -1  # cycle at which this rank joined, -1 if it has not
+    tune: Optional[dict] = None  # rank 0 only: autotune settings every rank adopts after this round
 
 
 @dataclasses.dataclass
