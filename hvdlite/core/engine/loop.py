@@ -16,7 +16,7 @@ import numpy as np
 from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
 from ..log import logger
-from . import polling
+from . import polling, stalls
 from .autotune import Autotuner
 from .execution import Executor
 from .fusion import Item, batches
@@ -215,11 +215,7 @@ class Engine:
         with self._cv:
             queued = [req.name for req in self._queue]
         names = sorted({name for _, name in self._pending} | set(queued))
-        answered = [r for r in range(self.size) if r not in absent and r != self.rank]
-        return (f"rank {self.rank}: an MPI call of the engine has waited {waited:.1f} s "
-                f"(stall_shutdown_time_seconds={limit:g}): rank(s) {absent} answer no messages (stopped, "
-                f"or blocked with the GIL held); rank(s) {answered} did. Pending on this rank: "
-                f"{names or 'nothing'}. hvdlite cannot go on with this job: end it and look at rank(s) {absent}.")
+        return stalls.wedged_message(self.rank, self.size, absent, waited, limit, names)
 
     def _stall_check_due(self) -> bool:
         cfg = self.config
@@ -265,30 +261,10 @@ class Engine:
                 f"every rank must run the same collectives before finishing.")
 
     def _handle_stalls(self, stalled: list[Stalled]) -> list[Response]:
-        cfg = self.config
-        worst = max(s.age for s in stalled)
         now = time.monotonic()
-        if worst >= cfg.stall_check_time_seconds and self.rank == 0 \
-                and now - self._last_stall_warning >= cfg.stall_check_time_seconds:
+        if self.rank == 0 and stalls.warn(stalled, self.config, now - self._last_stall_warning):
             self._last_stall_warning = now
-            lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
-                     f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "")
-                     for s in stalled]
-            logger.warning("One or more collectives have waited over %g s for other ranks. The missing "
-                           "ranks have not submitted them (they may be stuck, have skipped the op, or "
-                           "used a different name):\n%s", cfg.stall_check_time_seconds, "\n".join(lines))
-        failed = []
-        # One verdict for the job, in this round: once any stalled name is past the shutdown time, every
-        # stalled name fails now, so each rank waiting on one gets its StallError in the same cycle (not a
-        # ShutdownError later, after a peer that got its StallError first has moved on and exited).
-        if cfg.stall_shutdown_time_seconds > 0 and worst >= cfg.stall_shutdown_time_seconds:
-            for s in stalled:
-                failed.append(Response(s.name, s.sig, error_kind="stall", error=(
-                    f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s "
-                    f"(stall_shutdown_time_seconds={cfg.stall_shutdown_time_seconds:g}): ranks "
-                    f"{s.missing_ranks} never submitted it; ranks {s.ready_ranks} did."
-                    + (f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""))))
-        return failed
+        return stalls.verdict(stalled, self.config)
 
     def _execute(self, responses: list[Response]) -> None:
         """Run agreed responses in agreed order. Data work is batched (fused) up to the next control op:
