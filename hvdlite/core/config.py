@@ -14,7 +14,8 @@ _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
 #: Variables that hvdlite itself sets for its children (the launcher); not knobs, never warned about.
-_INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY"}
+_INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_ELASTIC_DRIVER", "HVDLITE_ELASTIC_JOB",
+                       "HVDLITE_ELASTIC_RESTART"}
 
 
 @dataclasses.dataclass
@@ -49,6 +50,9 @@ class Config:
     #: "off" starts them all at step()/synchronize(); "auto" overlaps unless the ranks' compute threads
     #: already take every CPU core (then the engine would slow backward down more than overlap gains).
     gradient_overlap: str = "auto"
+    #: Directory on each host where elastic ``State.commit()`` keeps the last committed state (node-local,
+    #: written atomically); "" picks /dev/shm when it is writable, else the temporary directory.
+    elastic_commit_dir: str = ""
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -19,6 +19,7 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather_async, 
                       sparse_allreduce_async, synchronize)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic  # noqa: E402  (hvd.elastic.TorchState, ElasticSampler, run)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
@@ -33,5 +34,5 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "HorovodInternalError", "HvdliteError",
     "Compression", "Compressor", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
-    "broadcast_object", "allgather_object", "SyncBatchNorm",
+    "broadcast_object", "allgather_object", "SyncBatchNorm", "elastic",
 ]
