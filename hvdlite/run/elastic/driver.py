@@ -15,7 +15,8 @@ import uuid
 from typing import Any, Mapping, Optional
 
 from ..commands import build_command, child_environment, format_command
-from ..hosts import Host, HostSpecError, parse_hostfile, parse_hosts, slurm_allocation, total_slots
+from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_hosts, slurm_allocation,
+                     total_slots)
 from ..launchers import SRUN, LauncherError
 from .discovery import Blacklist, DiscoveryError, assign, run_discovery_script, slurm_nodes
 from .server import DriverServer
@@ -207,10 +208,13 @@ class ElasticDriver:
             return 0, "done"
         lost = server.first_lost()
         if lost is not None:
-            seconds = self.blacklist.add(lost.host)
+            # ranks fill the hosts in order: the host as the driver names it (the rank reports its hostname)
+            placement = hosts_by_rank(placed, size)
+            host = placement[lost.rank] if lost.rank < len(placement) else lost.host
+            seconds = self.blacklist.add(host)
             what = "one slot of" if self.blacklist.per_slot else "host"
             span = "for good" if seconds == float("inf") else f"for {seconds:.0f} s"
-            return code, (f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed; {what} {lost.host} "
+            return code, (f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed; {what} {host} "
                           f"blacklisted {span}")
         if any(r.ended == "resize" for r in ranks):
             return code, "hosts changed: the ranks committed and left to resize"
