@@ -68,7 +68,7 @@ class ElasticRun:
                 return found
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 self.kill()
-                pytest.fail(f"the {size} ranks did not all join:\n{self.output}")
+                pytest.fail(f"the {size} ranks did not all join (hvdlite-run: {self.proc.poll()}):\n{self.output}")
             time.sleep(0.05)
 
     def finish(self, timeout: float) -> int:

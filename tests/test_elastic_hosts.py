@@ -1,0 +1,68 @@
+"""Elastic hvdlite-run across three pretend hosts (network namespaces h1..h3, root only): a rank's host dies
+mid-epoch and the job goes on with two from its last commit; when discovery shows the host again the job
+grows back at its next commit."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+from pathlib import Path
+
+import pytest
+
+from cluster.elastic import ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy
+from cluster.fixtures import PYTHON, ROOT, NetnsHosts, netns_hosts
+
+EXAMPLE = str(ROOT / "examples" / "pytorch_digits_elastic.py")
+EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def hosts(request: pytest.FixtureRequest) -> NetnsHosts:
+    return netns_hosts(request, count=3)
+
+
+def launch_on_h1(hosts: NetnsHosts, flags: str, script_args: str = "") -> ElasticRun:
+    mpi_args = shlex.quote(f"-launcher ssh -launcher-exec {hosts.nsrsh}")
+    command = (f". {shlex.quote(str(hosts.directory / 'mpi.env'))}; cd {shlex.quote(str(ROOT))}; "
+               f"exec {PYTHON} -m hvdlite.run {flags} --network-interface hvd0 --mpi-args={mpi_args} "
+               f"{PYTHON} {EXAMPLE} --epochs {EPOCHS} {script_args}")
+    return ElasticRun([hosts.nsrsh, "h1", command])
+
+
+def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
+    listing = tmp_path / "hosts.txt"
+    listing.write_text("h1:1\nh2:1\nh3:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    run = launch_on_h1(hosts, f"-np 3 --min-np 2 --max-np 3 --host-discovery-script {script} "
+                              f"--blacklist-cooldown-range 1 2", "--sleep 0.03")
+    first = run.rank_pids(3)
+    assert [first[r][0] for r in range(3)] == ["h1", "h2", "h3"], run.output
+    killed_at = run.wait_for(r"^commit=(\d+) epoch=0 batch=\d+ size=3$", timeout=400)
+    listing.write_text("h1:1\nh2:1\n")  # h3 goes away: its rank dies, discovery no longer lists it
+    os.kill(first[2][1], signal.SIGKILL)
+    second = run.rank_pids(2)
+    assert [second[r][0] for r in range(2)] == ["h1", "h2"], run.output
+    shrunk = len(run.lines)
+    grown_from = run.wait_for(r"^commit=(\d+) epoch=\d+ batch=\d+ size=2$", timeout=400, start=shrunk)
+    listing.write_text("h1:1\nh2:1\nh3:1\n")  # h3 is back
+    third = run.rank_pids(3)
+    assert [third[r][0] for r in range(3)] == ["h1", "h2", "h3"], run.output
+    assert run.finish(timeout=500) == 0, run.output
+    out = run.output
+    assert re.search(rf"reset 1: rank 2 on host h3 \(pid {first[2][1]}\) failed; host h3 blacklisted for \d+ s",
+                     out), out
+    assert "starting 2 ranks on h1:1,h2:1 (reset 1)" in out, out
+    assert re.search(r"hosts changed \(added: h3; removed: none; now h1:1,h2:1,h3:1\)", out), out
+    assert "reset 2: hosts changed: the ranks committed and left to resize" in out, out
+    assert "starting 3 ranks on h1:1,h2:1,h3:1 (reset 2)" in out, out
+    resumed = [int(n) for n in re.findall(r"rank 0: resumed from commit (\d+), held by rank \d+", out)]
+    assert len(resumed) == 2 and resumed[0] >= int(killed_at.group(1)) and resumed[1] >= int(grown_from.group(1))
+    assert ["reset: size=2 lr=0.0400", "reset: size=3 lr=0.0600"] == re.findall(r"reset: size=\d lr=\S+", out)
+    assert_every_epoch_exact(out, EPOCHS)
+    assert epoch_lines(out)[-1]["size"] == "3", out
+    assert final_accuracy(out) >= 0.9, out
+    assert "job finished on 3 ranks after 2 reset(s)" in out, out
