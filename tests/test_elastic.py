@@ -65,3 +65,21 @@ def test_reset_limit_stops_the_job() -> None:
     assert re.search(r"stopping: the job needed reset 2 but --reset-limit is 1 \(last: rank 1 on host \S+ "
                      rf"\(pid {second[1][1]}\) failed; .*\); exit code {code}$", out, re.MULTILINE), out
     assert "test_accuracy=" not in out.split("reset 1")[-1].split("stopping")[-1]
+
+
+def test_keras_fit_with_elastic_callbacks_survives_a_killed_rank() -> None:
+    run = ElasticRun([PYTHON, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3", PYTHON,
+                      str(ROOT / "tests" / "workers" / "keras_elastic.py"), "--epochs", "4", "--sleep", "0.02"])
+    ranks = run.rank_pids(3)
+    run.wait_for(r"^epoch=1 size=3 commit=\d+$", timeout=400)
+    os.kill(ranks[1][1], signal.SIGKILL)
+    assert run.finish(timeout=400) == 0, run.output
+    out = run.output
+    assert re.search(rf"reset 1: rank 1 on host \S+ \(pid {ranks[1][1]}\) failed", out), out
+    resumed = re.findall(r"rank 0: resumed from commit (\d+), held by rank \d+; 2 ranks now", out)
+    assert len(resumed) == 1 and int(resumed[0]) >= 1, out
+    assert "reset: size=2" in out, out
+    epochs = re.findall(r"^epoch=(\d+) size=(\d) ", out, re.MULTILINE)
+    assert epochs[-1] == ("4", "2") and ("1", "3") in epochs, out  # finished the 4 epochs on 2 ranks
+    assert "final_epoch=4" in out, out
+    assert final_accuracy(out) >= 0.9, out
