@@ -7,12 +7,14 @@ import os
 import re
 import shlex
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from cluster.elastic import ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy
-from cluster.fixtures import PYTHON, ROOT, NetnsHosts, netns_hosts
+from cluster.elastic import JOINED, ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy
+from cluster.fixtures import PYTHON, ROOT, NetnsHosts, base_env, netns_hosts, run
 
 EXAMPLE = str(ROOT / "examples" / "pytorch_digits_elastic.py")
 EPOCHS = 4
@@ -66,3 +68,51 @@ def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
     assert epoch_lines(out)[-1]["size"] == "3", out
     assert final_accuracy(out) >= 0.9, out
     assert "job finished on 3 ranks after 2 reset(s)" in out, out
+
+
+@pytest.mark.timeout(900)
+def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Inside a 2-node allocation, without a discovery script, the nodes are the hosts: a node whose task is
+    killed is left out of the next srun step and the job finishes on the other one."""
+    cluster = netns_hosts(request, slurm=True, count=3)
+    prefix = (f". {cluster.directory / 'mpi.env'}; export SLURM_CONF={cluster.slurm_conf}; cd {ROOT}; ")
+    job_script = tmp_path / "elastic.sbatch"
+    job_script.write_text("#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1\n"
+                          f"exec {PYTHON} -m hvdlite.run --min-np 1 --max-np 2 {PYTHON} {EXAMPLE} --epochs 2 "
+                          "--sleep 0.03\n")
+    output = tmp_path / "job.out"
+    env = base_env()
+
+    def slurm(command: str) -> subprocess.CompletedProcess:
+        return run([cluster.nsrsh, "h1", prefix + command], timeout=60, env=env)
+
+    submit = slurm(f"sbatch --parsable -o {output} {job_script}")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = submit.stdout.strip().split(";")[0].splitlines()[-1]
+    try:
+        deadline = time.monotonic() + 400
+        killed = None
+        while True:
+            text = output.read_text() if output.exists() else ""
+            joined = {int(m.group(1)): (m.group(3), int(m.group(4))) for m in JOINED.finditer(text)
+                      if m.group(2) == "2"}
+            if killed is None and len(joined) == 2 and re.search(r"^commit=\d+ epoch=0 batch=[1-9]\d ", text, re.MULTILINE):
+                killed = joined[1]
+                os.kill(killed[1], signal.SIGKILL)
+            queued = slurm(f"squeue -h -j {job_id} -o %i")
+            if queued.returncode == 0 and job_id not in queued.stdout.split():
+                break  # (a failed squeue, e.g. a controller timeout under load, says nothing)
+            assert time.monotonic() < deadline, f"job {job_id} ran past 400 s:\n{text}"
+            time.sleep(0.25)
+    finally:
+        slurm(f"scancel {job_id}")
+    info = slurm(f"scontrol show job {job_id}").stdout
+    out = output.read_text()
+    assert killed is not None and killed[0] == "h2", out
+    assert "JobState=COMPLETED" in info and "ExitCode=0:0" in info, info + out
+    assert re.search(r"hosts from Slurm job \d+ nodes h1:1,h2:1", out), out
+    assert re.search(rf"reset 1: rank 1 on host h2 \(pid {killed[1]}\) failed; host h2 blacklisted for good", out), out
+    assert "starting 1 ranks on h1:1 (reset 1)" in out, out
+    assert_every_epoch_exact(out, 2)
+    assert epoch_lines(out)[-1]["size"] == "1", out
+    assert final_accuracy(out) >= 0.8, out  # two epochs

@@ -80,7 +80,7 @@ class ElasticDriver:
         self.max_np = args.max_np or max(args.num_proc or 0, self.min_np) or self.min_np
         if args.max_np is None and args.host_discovery_script:
             self.max_np = 1 << 30  # no upper bound given: use every discovered slot
-        self.num_proc = args.num_proc or self.min_np
+        self.num_proc = args.num_proc or self.max_np  # no -np: start on every usable slot up to --max-np
         if not self.min_np <= self.num_proc <= self.max_np:
             raise HostSpecError(f"need --min-np <= -np <= --max-np, got {self.min_np} <= {self.num_proc} <= "
                                 f"{self.max_np}")
