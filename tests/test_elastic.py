@@ -83,3 +83,13 @@ def test_keras_fit_with_elastic_callbacks_survives_a_killed_rank() -> None:
     assert epochs[-1] == ("4", "2") and ("1", "3") in epochs, out  # finished the 4 epochs on 2 ranks
     assert "final_epoch=4" in out, out
     assert final_accuracy(out) >= 0.9, out
+
+
+def test_a_program_that_fails_before_training_is_not_restarted(tmp_path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit(3)\n")
+    run = ElasticRun([PYTHON, "-m", "hvdlite.run", "-np", "2", "--min-np", "1", PYTHON, str(broken)])
+    code = run.finish(timeout=120)
+    assert code == 3, run.output
+    assert "stopping: the job exited 3 before any rank reached hvd.elastic.run" in run.output, run.output
+    assert run.output.count("starting 2 ranks") == 1, run.output

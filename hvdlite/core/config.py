@@ -15,7 +15,7 @@ _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
 #: Variables that hvdlite itself sets for its children (the launcher); not knobs, never warned about.
 _INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_ELASTIC_DRIVER", "HVDLITE_ELASTIC_JOB",
-                       "HVDLITE_ELASTIC_RESTART"}
+                       "HVDLITE_ELASTIC_RESTART", "HVDLITE_ELASTIC_GENERATION"}
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ from ..log import logger
 DRIVER_VARIABLE = "HVDLITE_ELASTIC_DRIVER"
 JOB_VARIABLE = "HVDLITE_ELASTIC_JOB"
 RESTART_VARIABLE = "HVDLITE_ELASTIC_RESTART"
+GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
 CONNECT_TIMEOUT_S = 30.0
 
 
@@ -49,7 +50,11 @@ class DriverLink:
         self._reader = self._sock.makefile("r", encoding="utf-8")
         self.send(op="hello", rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
                   attempt=restart_count())
-        self.generation = self.current_generation()
+        # the generation the driver started this job with: a change before the ranks connected counts too
+        try:
+            self.generation = int(getenv(GENERATION_VARIABLE) or "0")
+        except ValueError:
+            self.generation = self.current_generation()
 
     def send(self, **message: Any) -> None:
         if self._sock is None:

@@ -150,6 +150,10 @@ class ElasticDriver:
                 return 0
             if outcome == "signal":
                 return 128 + self.stop_signal
+            if outcome == "fatal":
+                logger.error("stopping: the job exited %d before any rank reached hvd.elastic.run (the program "
+                             "fails at start-up, or it does not use hvd.elastic.run); not restarting it", code)
+                return code or 1
             self.resets += 1
             limit = self.args.reset_limit
             if limit is not None and self.resets > limit:
@@ -176,6 +180,7 @@ class ElasticDriver:
         env["HVDLITE_ELASTIC_DRIVER"] = f"{'127.0.0.1' if local else socket.gethostname()}:{server.port}"
         env["HVDLITE_ELASTIC_JOB"] = self.job
         env["HVDLITE_ELASTIC_RESTART"] = str(self.resets)
+        env["HVDLITE_ELASTIC_GENERATION"] = str(server.generation)
         cmd = build_command(launcher, plan, env)
         logger.info("starting %d ranks on %s (reset %d)", size, ",".join(map(str, placed)), self.resets)
         if self.args.verbose:
@@ -216,6 +221,8 @@ class ElasticDriver:
             span = "for good" if seconds == float("inf") else f"for {seconds:.0f} s"
             return code, (f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed; {what} {host} "
                           f"blacklisted {span}")
+        if not ranks:
+            return code, "fatal"
         if any(r.ended == "resize" for r in ranks):
             return code, "hosts changed: the ranks committed and left to resize"
         return code, f"the job ended with exit code {code} and no rank reported why"
