@@ -14,7 +14,8 @@ _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
 #: Variables that hvdlite itself sets for its children (the launcher); not knobs, never warned about.
-_INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY"}
+_INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY", "HVDLITE_ELASTIC_DRIVER",
+                       "HVDLITE_ELASTIC_JOB", "HVDLITE_ELASTIC_RESTART", "HVDLITE_ELASTIC_GENERATION"}
 
 #: Log levels Horovod accepts (any case); TRACE and FATAL map to hvdlite's TRACE and Python's CRITICAL.
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -57,6 +58,10 @@ class Config:
     #: "off" starts them all at step()/synchronize(); "auto" overlaps unless the ranks' compute threads
     #: already take every CPU core (then the engine would slow backward down more than overlap gains).
     gradient_overlap: str = "auto"
+    #: Directory on each host where elastic ``State.commit()`` keeps the last committed state (node-local,
+    #: written atomically); "" picks /dev/shm when it is writable, else the temporary directory.
+    elastic_commit_dir: str = ""
+
     #: Tune fusion_threshold, cycle_time and allreduce_chunk_bytes while training runs (Bayesian optimisation
     #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.
     autotune: bool = False

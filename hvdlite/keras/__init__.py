@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 
 from hvdlite.tensorflow.keras import *  # noqa: F401,F403
-from hvdlite.tensorflow.keras import __all__, callbacks  # noqa: F401
+from hvdlite.tensorflow.keras import __all__, callbacks, elastic  # noqa: F401
 
 sys.modules[__name__ + ".callbacks"] = callbacks
+sys.modules[__name__ + ".elastic"] = elastic
 

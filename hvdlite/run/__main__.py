@@ -6,7 +6,7 @@ import sys
 from typing import Mapping, Optional, Sequence
 
 from ..core.config import environ
-from .args import env_assignments, no_effect_warnings, parse_args, tuning_environment
+from .args import env_assignments, is_elastic, no_effect_warnings, parse_args, tuning_environment
 from .commands import (Plan, build_command, child_environment, format_command, is_root, output_wrapper,
                        split_mpi_args, ssh_arguments)
 from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
@@ -89,6 +89,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .check_build import report
         print(report(env), flush=True)
         return 0
+    if is_elastic(args):
+        from .elastic import run_elastic
+        return run_elastic(args, env, plan_launch)
     try:
         launcher, plan, warnings = plan_launch(args, env)
     except (HostSpecError, LauncherError, ValueError) as exc:

@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--stall-check", dest="no_stall_check", action="store_false", default=None,
                         help=argparse.SUPPRESS)
     add_horovodrun_flags(parser)
+    add_elastic_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return parser
 
@@ -253,3 +254,31 @@ def env_assignments(items: Sequence[str], current: dict[str, str]) -> dict[str, 
             else:
                 raise ValueError(f"-x {name}: {name} is not set here; give a value with -x {name}=VALUE")
     return values
+
+
+# ---------------------------------------------------------------------------------------------- elastic
+#: Flags that make hvdlite-run the elastic driver (hvdlite/run/elastic/, docs/elastic.md).
+ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script")
+
+
+def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
+    """horovodrun's elastic flags; any of --min-np/--max-np/--host-discovery-script turns elastic mode on."""
+    group = parser.add_argument_group("elastic training (restarts the job at a new size; see docs/elastic.md)")
+    group.add_argument("--min-np", dest="min_np", type=int, metavar="N",
+                       help="fewest processes to run with; wait (--elastic-timeout) while fewer slots are usable")
+    group.add_argument("--max-np", dest="max_np", type=int, metavar="N", help="most processes to run with")
+    group.add_argument("--host-discovery-script", dest="host_discovery_script", metavar="SCRIPT",
+                       help="executable printing the usable hosts, one 'host:slots' a line; run every second")
+    group.add_argument("--slots-per-host", dest="slots_per_host", type=int, metavar="K",
+                       help="slots of every discovered host (overrides the script's :slots)")
+    group.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=600.0, metavar="S",
+                       help="seconds to wait for --min-np usable slots before giving up (default 600)")
+    group.add_argument("--reset-limit", dest="reset_limit", type=int, metavar="R",
+                       help="stop (non-zero exit) instead of restarting the job a (R+1)-th time")
+    group.add_argument("--blacklist-cooldown-range", dest="blacklist_cooldown_range", type=float, nargs=2,
+                       metavar=("LO", "HI"),
+                       help="a failed host is excluded for a random LO..HI seconds (default: for good)")
+
+
+def is_elastic(args: argparse.Namespace) -> bool:
+    return any(getattr(args, flag, None) is not None for flag in ELASTIC_FLAGS)

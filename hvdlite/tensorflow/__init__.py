@@ -23,6 +23,7 @@ from .mpi_ops import (XLANotSupportedError, allgather, alltoall, barrier, broadc
                       join, local_rank_op, local_size_op, process_set_included_op, rank_op, size_op)
 from .reduction import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 from .sync_batch_norm import SyncBatchNormalization
+from . import elastic  # noqa: E402  (hvd.elastic)
 
 
 def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = False, device_dense: str = "",
@@ -65,6 +66,7 @@ def broadcast_global_variables(root_rank: int) -> None:
 
 
 __all__ = [
+    "elastic",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
     "is_homogeneous", "rank_op", "size_op", "local_rank_op", "local_size_op", "process_set_included_op",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",

@@ -21,6 +21,7 @@ from .functions import allgather_object, broadcast_object, broadcast_optimizer_s
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .zero import ZeroRedundancyOptimizer
+from . import elastic  # noqa: E402  (hvd.elastic.TorchState, ElasticSampler, run)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
@@ -35,5 +36,5 @@ __all__ = [
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "HorovodInternalError", "HvdliteError",
     "Compression", "Compressor", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
-    "broadcast_object", "allgather_object", "SyncBatchNorm", "ZeroRedundancyOptimizer",
+    "broadcast_object", "allgather_object", "SyncBatchNorm", "ZeroRedundancyOptimizer", "elastic",
 ]

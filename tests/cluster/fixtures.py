@@ -134,21 +134,27 @@ class NetnsHosts:
 _netns: dict[str, Any] = {}
 
 
-def netns_hosts(request: pytest.FixtureRequest, slurm: bool = False) -> NetnsHosts:
+def netns_hosts(request: pytest.FixtureRequest, slurm: bool = False, count: int = 2) -> NetnsHosts:
+    """Pretend hosts h1..hN (N = ``count``, at least 2); asking for more hosts than are up recreates them
+    (and stops their Slurm cluster, which the next ``slurm=True`` call starts again)."""
     if "error" in _netns:
         unavailable(_netns["error"])
+    if "hosts" in _netns and len(_netns["hosts"].hosts) < count:
+        _script([str(HERE / "netns.sh"), "down"], timeout=180)
+        del _netns["hosts"]
     if "hosts" not in _netns:
         _preflight(["bash", "ip", "nsenter", "unshare"])
-        request.config.add_cleanup(_netns_down)
+        if not _netns.get("started"):
+            request.config.add_cleanup(_netns_down)
         _netns["started"] = True
-        proc = _script([str(HERE / "netns.sh"), "up", "2"], timeout=120)
+        proc = _script([str(HERE / "netns.sh"), "up", str(max(2, count))], timeout=120)
         if proc.returncode != 0:
             _netns["error"] = f"tests/cluster/netns.sh up failed ({proc.returncode}): {proc.stderr[-2000:]}"
             unavailable(_netns["error"])
         directory = Path(os.environ.get("HVDT_NETNS_DIR") or Path(os.environ.get("TMPDIR") or "/tmp",
                                                                       "hvdlite-netns"))
         _netns["hosts"] = NetnsHosts(directory=directory, prefix=os.environ.get("HVDT_NETNS_PREFIX", "hvdt"),
-                                     hosts=["h1", "h2"])
+                                     hosts=[f"h{k}" for k in range(1, max(2, count) + 1)])
     hosts: NetnsHosts = _netns["hosts"]
     if slurm and hosts.slurm_conf is None:
         try:

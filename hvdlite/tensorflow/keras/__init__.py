@@ -22,6 +22,7 @@ from . import callbacks
 from .optimizer import DistributedOptimizer
 from .saving import load_model
 from .variables import broadcast_global_variables
+from . import elastic  # noqa: E402  (hvd.elastic)
 
 
 def _tensor(value: Any, name: Optional[str]) -> tf.Tensor:
@@ -52,6 +53,7 @@ def reducescatter(value: Any, name: Optional[str] = None, op: Any = Average) -> 
 
 
 __all__ = [
+    "elastic",
     "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size", "cross_size",
     "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
     "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet",

@@ -1,0 +1,14 @@
+"""Elastic training on MPI (``hvd.elastic``): State, ObjectState, run, HostsUpdatedInterrupt.
+
+See docs/elastic.md for the design: the job restarts at its new size, the state comes back from the
+newest commit that any host keeps.
+"""
+from __future__ import annotations
+
+from ..errors import HorovodInternalError
+from .runner import RESIZE_EXIT_CODE, run
+from .sampler import ElasticShards
+from .state import HostsUpdatedInterrupt, ObjectState, State
+
+__all__ = ["State", "ObjectState", "run", "HostsUpdatedInterrupt", "HorovodInternalError", "ElasticShards",
+           "RESIZE_EXIT_CODE"]

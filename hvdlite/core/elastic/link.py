@@ -1,0 +1,106 @@
+"""The rank's side of the connection to the elastic driver (hvdlite-run): hello, host-change queries, reports.
+
+hvdlite-run, when it drives an elastic job, listens on a TCP port and tells every rank where with
+``HVDLITE_ELASTIC_DRIVER=host:port``. Each rank keeps one connection open for its whole life: when the
+rank dies (even by SIGKILL) the kernel closes it, which is how the driver learns which rank and host
+failed first. Messages are JSON objects, one per line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any, Optional
+
+from ..config import getenv
+from ..log import logger
+
+DRIVER_VARIABLE = "HVDLITE_ELASTIC_DRIVER"
+JOB_VARIABLE = "HVDLITE_ELASTIC_JOB"
+RESTART_VARIABLE = "HVDLITE_ELASTIC_RESTART"
+GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
+CONNECT_TIMEOUT_S = 30.0
+
+
+class DriverLink:
+    """One rank's connection to the driver; every method is a no-op when there is no driver."""
+
+    def __init__(self) -> None:
+        self.address = getenv(DRIVER_VARIABLE) or ""
+        self._sock: Optional[socket.socket] = None
+        self._reader: Any = None
+        self.generation = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+    def connect(self, rank: int, size: int) -> None:
+        """Say hello (rank, size, host, pid) and learn the current host generation."""
+        if not self.enabled or self._sock is not None:
+            return
+        host, _, port = self.address.rpartition(":")
+        try:
+            self._sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            raise ConnectionError(f"rank {rank}: cannot reach the elastic driver at {self.address} "
+                                  f"({exc}); is hvdlite-run still running there, and is the port reachable "
+                                  f"from this host?") from None
+        self._sock.settimeout(None)
+        self._reader = self._sock.makefile("r", encoding="utf-8")
+        self.send(op="hello", rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
+                  attempt=restart_count())
+        # the generation the driver started this job with: a change before the ranks connected counts too
+        try:
+            self.generation = int(getenv(GENERATION_VARIABLE) or "0")
+        except ValueError:
+            self.generation = self.current_generation()
+
+    def send(self, **message: Any) -> None:
+        if self._sock is None:
+            return
+        try:
+            self._sock.sendall((json.dumps(message) + "\n").encode())
+        except OSError as exc:
+            logger.warning("lost the connection to the elastic driver (%s)", exc)
+
+    def current_generation(self) -> int:
+        """The driver's host generation: it goes up each time the usable hosts change."""
+        if self._sock is None:
+            return 0
+        self.send(op="generation")
+        line = self._reader.readline()
+        if not line:
+            raise ConnectionError(f"the elastic driver at {self.address} closed the connection")
+        return int(json.loads(line)["generation"])
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+
+_link: Optional[DriverLink] = None
+
+
+def link() -> DriverLink:
+    """This process's driver link (created on first use)."""
+    global _link
+    if _link is None:
+        _link = DriverLink()
+    return _link
+
+
+def job_id() -> str:
+    """Id of the elastic run (same across its restarts), or "" outside an elastic hvdlite-run."""
+    return getenv(JOB_VARIABLE) or ""
+
+
+def restart_count() -> int:
+    """How many times the driver has restarted the job (0 in the first one)."""
+    try:
+        return int(getenv(RESTART_VARIABLE) or "0")
+    except ValueError:
+        return 0

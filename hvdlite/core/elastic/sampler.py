@@ -1,0 +1,79 @@
+"""Which samples of an epoch each rank takes in an elastic job, so a resumed epoch repeats and skips nothing."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class ElasticShards:
+    """The framework-free part of ``ElasticSampler``.
+
+    An epoch's order is a permutation seeded by ``seed + epoch``. The samples the job has processed in
+    this epoch (``record_batch``) are left out; the rest is padded to a multiple of the world size (as
+    DistributedSampler does; no padding is needed when it divides evenly) and dealt out round-robin.
+    ``record_batch(i, b)`` marks batch ``i`` of *every* rank as processed: in synchronous data-parallel
+    training all ranks take batch ``i`` in the same step, so the record needs no communication and is
+    the same on every rank, hence in every host's commit.
+    """
+
+    elastic_resettable = True
+
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0) -> None:
+        self.num_samples = int(num_samples)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.epoch = 0
+        self.processed: set[int] = set()
+        self.indices: list[int] = []
+        self._remaining: list[int] = []
+        self.num_replicas = 1
+        self.rank = 0
+        self.reset()
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        return np.random.RandomState(self.seed + self.epoch).permutation(self.num_samples).tolist()
+
+    def reset(self) -> None:
+        """Deal the epoch's unprocessed samples out to the current world (called after every restart)."""
+        from .. import runtime
+        self.num_replicas, self.rank = runtime.size(), runtime.rank()
+        remaining = [i for i in self._order() if i not in self.processed]
+        pad = -len(remaining) % self.num_replicas
+        if remaining and pad:
+            remaining += (remaining * (pad // len(remaining) + 1))[:pad]
+        self._remaining = remaining
+        self.indices = remaining[self.rank::self.num_replicas]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch``; setting the epoch already in progress keeps what it has processed, so a
+        loop that calls set_epoch(state.epoch) after a restart resumes mid-epoch."""
+        if int(epoch) != self.epoch:
+            self.epoch = int(epoch)
+            self.processed = set()
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Mark batch ``batch_idx`` (of ``batch_size`` per rank) of every rank as processed."""
+        lo, hi = batch_idx * batch_size, (batch_idx + 1) * batch_size
+        for r in range(self.num_replicas):
+            self.processed.update(self._remaining[r::self.num_replicas][lo:hi])
+
+    def batch_indices(self, batch_idx: int, batch_size: int) -> list[list[int]]:
+        """The samples of batch ``batch_idx`` on each rank (for checks and logs)."""
+        lo, hi = batch_idx * batch_size, (batch_idx + 1) * batch_size
+        return [self._remaining[r::self.num_replicas][lo:hi] for r in range(self.num_replicas)]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "processed": sorted(self.processed), "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        self.processed = set(state["processed"])
+        self.seed = int(state.get("seed", self.seed))
+        self.reset()

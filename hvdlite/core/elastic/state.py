@@ -1,0 +1,186 @@
+"""Elastic training state: commit() keeps it on the rank's own host, sync() agrees on the newest commit."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterable, Optional
+
+from ..log import logger
+from . import link as driver
+from .store import CommitStore
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised on every rank at the same commit when the driver's hosts changed; the job then resizes.
+
+    ``skip_sync`` is kept for Horovod compatibility (after a restart hvdlite always syncs).
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the hosts of this elastic job changed: the state is committed and the job "
+                         "restarts at its new size")
+        self.skip_sync = skip_sync
+
+
+def _runtime() -> Any:
+    from .. import runtime
+    return runtime
+
+
+class State:
+    """Base class of the elastic states: subclasses say what a snapshot is (``_snapshot``/``_apply``).
+
+    commit() = save() + write the snapshot to this host's commit store + check_host_updates().
+    restore() puts back the last save(); sync() (run by ``elastic.run`` at every start) makes all ranks
+    agree on the newest commit any of them holds and takes it from that rank.
+    """
+
+    def __init__(self, bcast_object: Optional[Callable[..., Any]] = None,
+                 get_rank: Optional[Callable[[], int]] = None) -> None:
+        from ..objects import allgather_object, broadcast_object
+        self._bcast_object = bcast_object or broadcast_object
+        self._allgather_object = allgather_object
+        self._get_rank = get_rank or _runtime().rank
+        self._reset_callbacks: list[Callable[[], None]] = []
+        self._saved: Any = None
+        self.commit_counter = 0
+
+    # -- what a snapshot is (subclasses) ---------------------------------------------------------------
+    def _snapshot(self) -> Any:
+        raise NotImplementedError
+
+    def _apply(self, snapshot: Any) -> None:
+        raise NotImplementedError
+
+    # -- Horovod's State API -----------------------------------------------------------------------------
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Functions run (in order) after every restart of the job, once the state is synced."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def reset(self) -> None:
+        """Hook for subclasses: adapt to a new world size (called before the reset callbacks)."""
+
+    def save(self) -> None:
+        """Keep a copy of the current state in memory (restore() returns to it)."""
+        self._saved = copy.deepcopy(self._snapshot())
+
+    def restore(self) -> None:
+        """Return to the last save()/commit()."""
+        if self._saved is not None:
+            self._apply(copy.deepcopy(self._saved))
+
+    def commit(self) -> None:
+        """Save the state, keep it on this host (atomically), then check for host changes.
+
+        Every rank must call commit() at the same step (it ends with a collective decision).
+        """
+        self.save()
+        self.commit_counter += 1
+        store = self._store()
+        if store is not None and _runtime().local_rank() == 0:
+            store.write(self.commit_counter, self._saved)
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt on every rank, at this same call, if the driver's hosts changed.
+
+        Rank 0 asks the driver and broadcasts the answer, so all ranks take the same decision.
+        """
+        lk = driver.link()
+        if not lk.enabled:
+            return
+        generation = lk.current_generation() if self._get_rank() == 0 else 0
+        generation = self._bcast_object(generation, 0, name="hvdlite.elastic.generation")
+        if generation != lk.generation:
+            logger.info("hosts changed (driver generation %d -> %d) at commit %d", lk.generation, generation,
+                        self.commit_counter)
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    def sync(self) -> None:
+        """Agree on the newest commit any rank's host holds and load it everywhere (broadcast from the
+        lowest rank that holds it); with no commit anywhere, take rank 0's current state."""
+        rank = self._get_rank()
+        store = self._store()
+        mine = store.counter() if store is not None else 0
+        counters = self._allgather_object(mine, name="hvdlite.elastic.counters")
+        newest = max(counters)
+        if newest > 0:
+            root = counters.index(newest)
+            payload = store.payload() if rank == root and store is not None else None
+            snapshot = self._bcast_object(payload, root, name="hvdlite.elastic.sync")
+            self._apply(copy.deepcopy(snapshot))
+            self.commit_counter = newest
+            message = f"resumed from commit {newest}, held by rank {root}; {len(counters)} ranks now"
+        else:
+            snapshot = self._bcast_object(self._snapshot() if rank == 0 else None, 0, name="hvdlite.elastic.sync")
+            if rank != 0:
+                self._apply(copy.deepcopy(snapshot))
+            self.commit_counter = 0
+            message = f"no commit to resume from: started from rank 0's state; {len(counters)} ranks"
+        self.save()
+        logger.info(message)
+        if rank == 0:
+            driver.link().send(op="log", text=message, commit=self.commit_counter)
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _store(self) -> Optional[CommitStore]:
+        job = driver.job_id()
+        if not job:
+            return None
+        return CommitStore(_runtime().state().config.elastic_commit_dir, job)
+
+    def finish(self) -> None:
+        """The run is over: drop this host's commit."""
+        store = self._store()
+        if store is not None and _runtime().local_rank() == 0:
+            store.remove()
+
+
+class ObjectState(State):
+    """State made of named Python values, reachable as attributes (``state.epoch``).
+
+    A value with ``state_dict()``/``load_state_dict()`` (a torch model or optimizer, an ElasticSampler,
+    the Keras adapters) is snapshotted through them and restored in place; any other value is copied.
+    """
+
+    def __init__(self, bcast_object: Optional[Callable[..., Any]] = None,
+                 get_rank: Optional[Callable[[], int]] = None, **kwargs: Any) -> None:
+        super().__init__(bcast_object, get_rank)
+        self._names = list(kwargs)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    def _add(self, **kwargs: Any) -> None:
+        for name, value in kwargs.items():
+            if name not in self._names:
+                self._names.append(name)
+            setattr(self, name, value)
+
+    def _snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self._names:
+            value = getattr(self, name)
+            out[name] = ("stateful", value.state_dict()) if _stateful(value) else ("value", value)
+        return out
+
+    def _apply(self, snapshot: dict[str, Any]) -> None:
+        for name, (kind, value) in snapshot.items():
+            current = getattr(self, name, None)
+            if kind == "stateful" and _stateful(current):
+                current.load_state_dict(value)
+            else:
+                setattr(self, name, value)
+
+    def reset(self) -> None:
+        for name in self._names:
+            value = getattr(self, name)
+            if getattr(value, "elastic_resettable", False):
+                value.reset()
+
+
+def _stateful(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))

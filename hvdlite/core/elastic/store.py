@@ -1,0 +1,76 @@
+"""Node-local storage of the last committed elastic state: one file per host, replaced atomically."""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from ..log import logger
+
+
+def base_dir(configured: str) -> Path:
+    """The directory commits go under: the configured one, else /dev/shm if writable, else the temp dir."""
+    if configured:
+        return Path(configured)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return Path(tempfile.gettempdir())
+
+
+class CommitStore:
+    """``<dir>/hvdlite-elastic-<job>/<hostname>/commit.pkl``: the newest commit this host holds.
+
+    The host name is part of the path so that hosts which happen to share a file system (or the pretend
+    hosts of the tests) still keep separate copies, as real hosts with local disks would.
+    """
+
+    def __init__(self, configured_dir: str, job: str) -> None:
+        self.job_dir = base_dir(configured_dir) / f"hvdlite-elastic-{job}"
+        self.dir = self.job_dir / socket.gethostname()
+        self.path = self.dir / "commit.pkl"
+
+    def write(self, counter: int, payload: Any) -> None:
+        """Write (counter, payload) so that a reader sees the old or the new commit, never a torn one."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".commit-", dir=self.dir)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                pickle.dump({"counter": counter, "payload": payload}, handle, protocol=pickle.HIGHEST_PROTOCOL)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def counter(self) -> int:
+        """Counter of the commit this host holds (0 when none)."""
+        data = self._read()
+        return int(data["counter"]) if data else 0
+
+    def payload(self) -> Any:
+        data = self._read()
+        return data["payload"] if data else None
+
+    def _read(self) -> Optional[dict]:
+        try:
+            with open(self.path, "rb") as handle:
+                return pickle.load(handle)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - a damaged commit counts as none; another host has one
+            logger.warning("ignoring unreadable elastic commit %s: %s", self.path, exc)
+            return None
+
+    def remove(self) -> None:
+        """Delete this host's copy (the run finished)."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            self.job_dir.rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,107 @@
+"""Where an elastic job may run now: discovered hosts (script, -H list, Slurm nodes) minus blacklisted ones."""
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from typing import Mapping, Optional, Sequence
+
+from ..hosts import Host, HostSpecError, _merge
+
+
+class DiscoveryError(RuntimeError):
+    """The host discovery script failed or printed something that is not ``host[:slots]`` lines."""
+
+
+def run_discovery_script(script: str, slots_per_host: Optional[int], env: Mapping[str, str],
+                         timeout: float = 60) -> list[Host]:
+    """Run the script (as horovodrun does, through the shell) and read one ``host[:slots]`` a line."""
+    try:
+        proc = subprocess.run(script, shell=True, capture_output=True, text=True, timeout=timeout, env=dict(env),
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise DiscoveryError(f"host discovery script {script!r} ran longer than {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise DiscoveryError(f"host discovery script {script!r} exited {proc.returncode}: "
+                             f"{proc.stderr.strip()[-500:]}")
+    return parse_discovered(proc.stdout, slots_per_host, script)
+
+
+def parse_discovered(text: str, slots_per_host: Optional[int], where: str) -> list[Host]:
+    hosts: list[Host] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, slots = line.rpartition(":")
+        if not sep:
+            name, slots = line, str(slots_per_host or 1)
+        elif slots_per_host is not None:
+            slots = str(slots_per_host)  # --slots-per-host overrides, as in horovodrun
+        try:
+            count = int(slots)
+        except ValueError:
+            raise DiscoveryError(f"{where}, line {number}: {raw!r} is not host:slots") from None
+        if not name or count < 1:
+            raise DiscoveryError(f"{where}, line {number}: {raw!r} is not host:slots with slots >= 1")
+        hosts.append(Host(name, count))
+    return _merge(hosts)
+
+
+def slurm_nodes(env: Mapping[str, str]) -> list[str]:
+    """The allocation's node names (``scontrol show hostnames $SLURM_JOB_NODELIST``)."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    if not nodelist:
+        raise HostSpecError("inside Slurm but SLURM_JOB_NODELIST is not set")
+    try:
+        proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                              timeout=60, env=dict(env), stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HostSpecError(f"cannot expand the Slurm node list {nodelist!r}: {exc}") from None
+    names = proc.stdout.split()
+    if proc.returncode != 0 or not names:
+        raise HostSpecError(f"scontrol show hostnames {nodelist!r} failed: {proc.stderr.strip()}")
+    return names
+
+
+class Blacklist:
+    """Hosts excluded after a failure: for a random time in the cooldown range, or for good without one.
+
+    ``per_slot`` (a single local host, which cannot be excluded): each failure takes one slot instead.
+    """
+
+    def __init__(self, cooldown: Optional[Sequence[float]] = None, per_slot: bool = False) -> None:
+        self.cooldown = tuple(cooldown) if cooldown else None
+        self.per_slot = per_slot
+        self._until: list[tuple[str, float]] = []
+
+    def add(self, host: str) -> float:
+        """Exclude ``host``; return for how many seconds (inf: for good)."""
+        seconds = random.uniform(*self.cooldown) if self.cooldown else float("inf")
+        self._until.append((host, time.monotonic() + seconds))
+        return seconds
+
+    def _active(self) -> list[str]:
+        now = time.monotonic()
+        self._until = [(h, t) for h, t in self._until if t > now]
+        return [h for h, _ in self._until]
+
+    def apply(self, hosts: Sequence[Host]) -> list[Host]:
+        active = self._active()
+        if self.per_slot:
+            out = [Host(h.name, h.slots - active.count(h.name)) for h in hosts]
+            return [h for h in out if h.slots > 0]
+        return [h for h in hosts if h.name not in active]
+
+
+def assign(hosts: Sequence[Host], num_proc: int) -> list[Host]:
+    """The first ``num_proc`` slots, host by host (what the job runs on)."""
+    out: list[Host] = []
+    left = num_proc
+    for host in hosts:
+        if left <= 0:
+            break
+        take = min(host.slots, left)
+        out.append(Host(host.name, take))
+        left -= take
+    return out

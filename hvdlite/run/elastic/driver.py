@@ -1,0 +1,276 @@
+"""The elastic driver: run the job as a loop of MPI jobs on the healthy hosts, restarting after a failure
+or a host change, until the job finishes or the reset limit is reached."""
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any, Mapping, Optional
+
+from ..commands import build_command, child_environment, format_command
+from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_hosts, slurm_allocation,
+                     total_slots)
+from ..launchers import SRUN, LauncherError
+from .discovery import Blacklist, DiscoveryError, assign, run_discovery_script, slurm_nodes
+from .server import DriverServer
+
+#: Seconds between discovery runs while a job trains (horovodrun polls about once a second).
+DISCOVERY_INTERVAL_S = 1.0
+#: Seconds the launcher gets to end the job by itself after a rank was lost, before it is stopped.
+LOST_RANK_GRACE_S = 5.0
+STOP_GRACE_S = 10.0
+
+logger = logging.getLogger("hvdlite.run.elastic")
+if not logger.handlers:
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("hvdlite-run: elastic: %(message)s"))
+    logger.addHandler(_handler)
+    logger.propagate = False
+logger.setLevel(logging.INFO)
+
+
+class HostSource:
+    """Where hosts come from: the discovery script, -H/--hostfile, the Slurm allocation, or this machine."""
+
+    def __init__(self, args: argparse.Namespace, env: Mapping[str, str], max_np: int) -> None:
+        self.env = env
+        self.script = args.host_discovery_script
+        self.slots_per_host = args.slots_per_host
+        self.fixed: Optional[list[Host]] = None
+        self.slurm = False
+        if self.script:
+            self.kind = f"discovery script {self.script}"
+        elif args.hosts or args.hostfile:
+            self.fixed = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
+            self.kind = "hosts " + ",".join(map(str, self.fixed))
+        elif slurm_allocation(env) is not None:
+            allocation = slurm_allocation(env)
+            names = slurm_nodes(env)
+            per_node = self.slots_per_host or max(1, (allocation.tasks or len(names)) // len(names))
+            self.fixed = [Host(name, per_node) for name in names]
+            self.slurm = True
+            self.kind = f"Slurm job {allocation.job_id} nodes " + ",".join(map(str, self.fixed))
+        else:
+            self.fixed = [Host("localhost", self.slots_per_host or max_np)]
+            self.kind = f"this machine ({self.fixed[0].slots} slots)"
+        # one fixed host (this machine, or -H with one host) cannot be excluded: a failure costs a slot
+        self.single_host = self.fixed is not None and len(self.fixed) == 1
+
+    def discover(self) -> list[Host]:
+        if self.script:
+            return run_discovery_script(self.script, self.slots_per_host, self.env)
+        return list(self.fixed or [])
+
+
+class ElasticDriver:
+    """One elastic run: hosts, blacklist, resets, and the TCP endpoint the ranks talk to."""
+
+    def __init__(self, args: argparse.Namespace, env: Mapping[str, str], plan_launch: Any) -> None:
+        self.args = args
+        self.env = dict(env)
+        self.plan_launch = plan_launch
+        self.min_np = args.min_np or args.num_proc or 1
+        self.max_np = args.max_np or max(args.num_proc or 0, self.min_np) or self.min_np
+        if args.max_np is None and args.host_discovery_script:
+            self.max_np = 1 << 30  # no upper bound given: use every discovered slot
+        self.num_proc = args.num_proc or self.max_np  # no -np: start on every usable slot up to --max-np
+        if not self.min_np <= self.num_proc <= self.max_np:
+            raise HostSpecError(f"need --min-np <= -np <= --max-np, got {self.min_np} <= {self.num_proc} <= "
+                                f"{self.max_np}")
+        self.source = HostSource(args, env, self.max_np)
+        self.blacklist = Blacklist(args.blacklist_cooldown_range, per_slot=self.source.single_host)
+        self.job = uuid.uuid4().hex[:12]
+        self.resets = 0
+        self.stop_signal = 0
+
+    # -- hosts --------------------------------------------------------------------------------------------
+    def usable_hosts(self) -> list[Host]:
+        return self.blacklist.apply(self.source.discover())
+
+    def wait_for_hosts(self) -> Optional[list[Host]]:
+        """Usable hosts with at least --min-np slots, waiting up to --elastic-timeout for them."""
+        deadline = time.monotonic() + self.args.elastic_timeout
+        said = False
+        while True:
+            try:
+                hosts = self.usable_hosts()
+            except DiscoveryError as exc:
+                logger.warning("%s", exc)
+                hosts = []
+            if total_slots(hosts) >= self.min_np:
+                return hosts
+            if not said:
+                logger.info("waiting up to %.0f s for %d slots (--min-np); usable now: %s",
+                            self.args.elastic_timeout, self.min_np, ",".join(map(str, hosts)) or "none")
+                said = True
+            if time.monotonic() > deadline or self.stop_signal:
+                return None
+            time.sleep(DISCOVERY_INTERVAL_S)
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        server = DriverServer(lambda text: logger.info("%s", text))
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._loop(server)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            server.close()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = signum
+
+    def _loop(self, server: DriverServer) -> int:
+        logger.info("job %s: hosts from %s; --min-np %d --max-np %d", self.job, self.source.kind, self.min_np,
+                    self.max_np)
+        size = self.num_proc
+        while True:
+            hosts = self.wait_for_hosts()
+            if hosts is None:
+                if self.stop_signal:
+                    return 128 + self.stop_signal
+                logger.error("stopping: fewer than %d slots (--min-np) were usable for %.0f s "
+                             "(--elastic-timeout); blacklisted hosts wait out their cooldown",
+                             self.min_np, self.args.elastic_timeout)
+                return 1
+            size = min(size if self.resets == 0 else self.max_np, total_slots(hosts), self.max_np)
+            placed = assign(hosts, size)
+            server.new_attempt(self.resets)
+            code, outcome = self._run_job(server, hosts, placed, size)
+            if outcome == "done":
+                logger.info("job finished on %d ranks after %d reset(s)", size, self.resets)
+                return 0
+            if outcome == "signal":
+                return 128 + self.stop_signal
+            if outcome == "fatal":
+                logger.error("stopping: the job exited %d before any rank reached hvd.elastic.run (the program "
+                             "fails at start-up, or it does not use hvd.elastic.run); not restarting it", code)
+                return code or 1
+            self.resets += 1
+            limit = self.args.reset_limit
+            if limit is not None and self.resets > limit:
+                logger.error("stopping: the job needed reset %d but --reset-limit is %d (last: %s); exit code %d",
+                             self.resets, limit, outcome, code or 1)
+                return code or 1
+            logger.info("reset %d%s: %s; starting again", self.resets, f" of {limit}" if limit is not None else "",
+                        outcome)
+
+    def _run_job(self, server: DriverServer, hosts: list[Host], placed: list[Host], size: int) -> tuple[int, str]:
+        args = copy.copy(self.args)
+        args.num_proc = size
+        if self.source.slurm:
+            args.hosts = args.hostfile = None
+            names = ",".join(h.name for h in placed)
+            args.mpi_args = f"{args.mpi_args} --nodelist={names} -N {len(placed)}".strip()
+        else:
+            args.hosts, args.hostfile = ",".join(map(str, placed)), None
+        launcher, plan, warnings = self.plan_launch(args, self.env)
+        for warning in warnings:
+            logger.warning("%s", warning)
+        env = child_environment(self.env, plan, launcher)
+        local = not self.source.slurm and all(h.name in ("localhost", "127.0.0.1") for h in placed)
+        env["HVDLITE_ELASTIC_DRIVER"] = f"{'127.0.0.1' if local else socket.gethostname()}:{server.port}"
+        env["HVDLITE_ELASTIC_JOB"] = self.job
+        env["HVDLITE_ELASTIC_RESTART"] = str(self.resets)
+        env["HVDLITE_ELASTIC_GENERATION"] = str(server.generation)
+        cmd = build_command(launcher, plan, env)
+        logger.info("starting %d ranks on %s (reset %d)", size, ",".join(map(str, placed)), self.resets)
+        if self.args.verbose:
+            logger.info("running: %s", format_command(cmd, {k: v for k, v in env.items() if self.env.get(k) != v}))
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        srun = launcher.kind == SRUN
+        lost_at = 0.0
+        changed = False
+        next_check = time.monotonic() + DISCOVERY_INTERVAL_S
+        while proc.poll() is None:
+            time.sleep(0.1)
+            now = time.monotonic()
+            if self.stop_signal:
+                self._stop(proc, srun)
+                return proc.returncode, "signal"
+            if not lost_at and server.first_lost() is not None:
+                lost_at = now
+            if lost_at and now - lost_at > LOST_RANK_GRACE_S:
+                self._stop(proc, srun)
+            if not changed and not lost_at and now >= next_check:
+                next_check = now + DISCOVERY_INTERVAL_S
+                changed = self._hosts_changed(server, hosts)
+        code = proc.returncode
+        _kill_group(proc.pid)
+        ranks = server.snapshot()
+        if ranks and len(ranks) == size and all(r.ended == "done" for r in ranks):
+            return 0, "done"
+        if not ranks and code == 0:
+            logger.warning("no rank used hvd.elastic.run; the job exited 0: done")
+            return 0, "done"
+        lost = server.first_lost()
+        if lost is not None:
+            # ranks fill the hosts in order: the host as the driver names it (the rank reports its hostname)
+            placement = hosts_by_rank(placed, size)
+            host = placement[lost.rank] if lost.rank < len(placement) else lost.host
+            seconds = self.blacklist.add(host)
+            what = "one slot of" if self.blacklist.per_slot else "host"
+            span = "for good" if seconds == float("inf") else f"for {seconds:.0f} s"
+            return code, (f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed; {what} {host} "
+                          f"blacklisted {span}")
+        if not ranks:
+            return code, "fatal"
+        if any(r.ended == "resize" for r in ranks):
+            return code, "hosts changed: the ranks committed and left to resize"
+        return code, f"the job ended with exit code {code} and no rank reported why"
+
+    def _hosts_changed(self, server: DriverServer, started_on: list[Host]) -> bool:
+        try:
+            now = self.usable_hosts()
+        except DiscoveryError as exc:
+            logger.warning("%s", exc)
+            return False
+        if sorted(map(str, now)) == sorted(map(str, started_on)):
+            return False
+        added = sorted({h.name for h in now} - {h.name for h in started_on})
+        removed = sorted({h.name for h in started_on} - {h.name for h in now})
+        generation = server.bump_generation()
+        logger.info("hosts changed (added: %s; removed: %s; now %s): generation %d, the ranks resize at their "
+                    "next commit", ",".join(added) or "none", ",".join(removed) or "none",
+                    ",".join(map(str, now)) or "none", generation)
+        return True
+
+    def _stop(self, proc: subprocess.Popen, srun: bool) -> None:
+        try:
+            proc.send_signal(signal.SIGTERM if srun else signal.SIGINT)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.wait()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_elastic(args: argparse.Namespace, env: Mapping[str, str], plan_launch: Any) -> int:
+    """Entry point from hvdlite-run's main when an elastic flag is given."""
+    try:
+        driver = ElasticDriver(args, env, plan_launch)
+    except (HostSpecError, LauncherError, DiscoveryError, ValueError) as exc:
+        print(f"hvdlite-run: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return driver.run()
+    except (HostSpecError, LauncherError) as exc:
+        logger.error("%s", exc)
+        return 2

@@ -1,0 +1,141 @@
+"""The elastic driver's TCP endpoint: ranks say hello, ask for the host generation, report resize/done.
+
+A rank's connection closing without "done" or "resize" means the rank died; the first such rank of a
+job is the one that failed (the launcher kills the others after it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import selectors
+import socket
+import threading
+import time
+from typing import Any, Callable, Optional
+
+
+@dataclasses.dataclass
+class RankInfo:
+    rank: int
+    host: str
+    pid: int
+    attempt: int
+    ended: str = ""  # "", "done", "resize", "lost"
+    ended_at: float = 0.0
+
+
+class DriverServer:
+    """Accepts rank connections in a background thread; the driver reads what happened per attempt."""
+
+    def __init__(self, log: Callable[[str], None], bind: str = "0.0.0.0") -> None:
+        self._log = log
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((bind, 0))
+        self._sock.listen(256)
+        self._sock.setblocking(False)
+        self.port = self._sock.getsockname()[1]
+        self._lock = threading.Lock()
+        self.generation = 0
+        self.attempt = 0
+        self.ranks: dict[int, RankInfo] = {}
+        self._conns: dict[socket.socket, dict[str, Any]] = {}
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._sock, selectors.EVENT_READ)
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, name="hvdlite-elastic-driver", daemon=True)
+        self._thread.start()
+
+    def new_attempt(self, attempt: int) -> None:
+        with self._lock:
+            self.attempt = attempt
+            self.ranks = {}
+
+    def bump_generation(self) -> int:
+        with self._lock:
+            self.generation += 1
+            return self.generation
+
+    def snapshot(self) -> list[RankInfo]:
+        with self._lock:
+            return [dataclasses.replace(info) for info in self.ranks.values()]
+
+    def first_lost(self) -> Optional[RankInfo]:
+        lost = [info for info in self.snapshot() if info.ended == "lost"]
+        return min(lost, key=lambda info: info.ended_at) if lost else None
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=5)
+        self._sock.close()
+
+    # -- the serving thread ------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._stop:
+            for key, _ in self._selector.select(timeout=0.2):
+                if key.fileobj is self._sock:
+                    try:
+                        conn, _addr = self._sock.accept()
+                    except OSError:
+                        continue
+                    conn.setblocking(False)
+                    self._conns[conn] = {"buffer": b"", "info": None}
+                    self._selector.register(conn, selectors.EVENT_READ)
+                else:
+                    self._read(key.fileobj)  # type: ignore[arg-type]
+
+    def _read(self, conn: socket.socket) -> None:
+        state = self._conns[conn]
+        try:
+            data = conn.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._closed(conn, state)
+            return
+        state["buffer"] += data
+        while b"\n" in state["buffer"]:
+            line, state["buffer"] = state["buffer"].split(b"\n", 1)
+            try:
+                self._handle(conn, state, json.loads(line))
+            except (ValueError, KeyError, OSError) as exc:
+                self._log(f"ignoring a bad message from a rank: {exc}")
+
+    def _handle(self, conn: socket.socket, state: dict[str, Any], msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op == "hello":
+            info = RankInfo(rank=int(msg["rank"]), host=str(msg["host"]), pid=int(msg["pid"]),
+                            attempt=int(msg.get("attempt", -1)))
+            state["info"] = info
+            with self._lock:
+                current = info.attempt == self.attempt
+                if current:
+                    self.ranks[info.rank] = info
+            if current:
+                self._log(f"rank {info.rank} of {msg.get('size')} joined from host {info.host} (pid {info.pid})")
+        elif op == "generation":
+            with self._lock:
+                generation = self.generation
+            conn.setblocking(True)
+            conn.sendall((json.dumps({"generation": generation}) + "\n").encode())
+            conn.setblocking(False)
+        elif op in ("done", "resize"):
+            info = state["info"]
+            if info is not None:
+                with self._lock:
+                    info.ended, info.ended_at = op, time.monotonic()
+        elif op == "log":
+            info = state["info"]
+            if info is not None and info.attempt == self.attempt:
+                self._log(f"rank {info.rank}: {msg.get('text')}")
+
+    def _closed(self, conn: socket.socket, state: dict[str, Any]) -> None:
+        self._selector.unregister(conn)
+        del self._conns[conn]
+        conn.close()
+        info = state["info"]
+        if info is not None and not info.ended:
+            with self._lock:
+                info.ended, info.ended_at = "lost", time.monotonic()

@@ -1,0 +1,70 @@
+"""hvdlite.torch.elastic: Horovod's elastic API for PyTorch (TorchState, ElasticSampler, run) on the core's."""
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.utils.data
+
+from hvdlite.core.elastic import ElasticShards, HostsUpdatedInterrupt, ObjectState, State, run
+
+__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "HostsUpdatedInterrupt"]
+
+
+class TorchState(ObjectState):
+    """The model, the optimizer and any other values (``epoch=0, batch=0``, an ElasticSampler...).
+
+    Model and optimizer are snapshotted with state_dict() and restored in place with load_state_dict(),
+    so the objects the training loop holds stay valid across restore() and restarts.
+    """
+
+    def __init__(self, model: Optional[torch.nn.Module] = None, optimizer: Optional[torch.optim.Optimizer] = None,
+                 **kwargs: Any) -> None:
+        values = {k: v for k, v in (("model", model), ("optimizer", optimizer)) if v is not None}
+        super().__init__(**values, **kwargs)
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Shards a dataset over the current ranks and resumes a restarted epoch where its last commit was.
+
+    Call ``record_batch(batch_idx, batch_size)`` after each batch and keep the sampler in the elastic
+    state (``TorchState(..., train_sampler=sampler)``) so what was processed is committed with the model.
+    """
+
+    elastic_resettable = True
+
+    def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
+        self.dataset = dataset
+        self._shards = ElasticShards(len(dataset), shuffle=shuffle, seed=seed)
+
+    @property
+    def epoch(self) -> int:
+        return self._shards.epoch
+
+    @property
+    def processed_indices(self) -> set[int]:
+        return self._shards.processed
+
+    def set_epoch(self, epoch: int) -> None:
+        self._shards.set_epoch(epoch)
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        self._shards.record_batch(batch_idx, batch_size)
+
+    def batch_indices(self, batch_idx: int, batch_size: int) -> list[list[int]]:
+        return self._shards.batch_indices(batch_idx, batch_size)
+
+    def reset(self) -> None:
+        self._shards.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._shards.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._shards.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._shards.indices))
+
+    def __len__(self) -> int:
+        return len(self._shards)

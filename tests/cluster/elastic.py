@@ -1,0 +1,109 @@
+"""Drive an elastic hvdlite-run from a test: stream its output, kill ranks when the training gets somewhere."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from typing import Optional, Sequence
+
+import pytest
+
+from .fixtures import ROOT, base_env
+
+JOINED = re.compile(r"rank (\d+) of (\d+) joined from host (\S+) \(pid (\d+)\)")
+
+
+class ElasticRun:
+    """An hvdlite-run process whose merged stdout/stderr is collected line by line in a thread."""
+
+    def __init__(self, cmd: Sequence[str], env: Optional[dict[str, str]] = None) -> None:
+        self.cmd = list(cmd)
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=env or base_env(), cwd=ROOT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float, start: int = 0) -> re.Match:
+        """The first line from index ``start`` on matching ``pattern``, waiting up to ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        while True:
+            for line in self.lines[start:]:
+                match = regex.search(line)
+                if match:
+                    return match
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                pytest.fail(f"hvdlite-run ended ({self.proc.returncode}) before printing /{pattern}/:\n{self.output}")
+            if time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"no /{pattern}/ within {timeout} s:\n{self.output}")
+            time.sleep(0.05)
+
+    def rank_pids(self, size: int, timeout: float = 240) -> dict[int, tuple[str, int]]:
+        """(host, pid) of every rank of the newest job of ``size`` ranks, from the driver's log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found: dict[int, tuple[str, int]] = {}
+            for line in self.lines:
+                match = JOINED.search(line)
+                if match and int(match.group(2)) == size:
+                    found[int(match.group(1))] = (match.group(3), int(match.group(4)))
+                if "starting" in line and "ranks on" in line:
+                    found = {}
+            if len(found) == size:
+                return found
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.kill()
+                pytest.fail(f"the {size} ranks did not all join (hvdlite-run: {self.proc.poll()}):\n{self.output}")
+            time.sleep(0.05)
+
+    def finish(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"hvdlite-run ran past {timeout} s:\n{self.output}")
+        self._reader.join(timeout=10)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def epoch_lines(output: str) -> list[dict[str, str]]:
+    """Rank 0's ``epoch=...`` lines of examples/pytorch_digits_elastic.py, as dicts."""
+    return [dict(item.split("=", 1) for item in line.split())
+            for line in output.splitlines() if line.startswith("epoch=")]
+
+
+def final_accuracy(output: str) -> float:
+    found = re.findall(r"^test_accuracy=([0-9.]+)$", output, re.MULTILINE)
+    assert len(found) == 1, output
+    return float(found[0])
+
+
+def assert_every_epoch_exact(output: str, epochs: int, train_size: int = 1440) -> None:
+    """Each epoch processed every training sample exactly once (the last print of each epoch counts)."""
+    last: dict[str, dict[str, str]] = {}
+    for line in epoch_lines(output):
+        last[line["epoch"]] = line
+    assert sorted(last, key=int) == [str(e) for e in range(1, epochs + 1)], output
+    for epoch, line in last.items():
+        assert (int(line["samples"]), int(line["unique"]), int(line["of"])) == (train_size,) * 3, (epoch, output)

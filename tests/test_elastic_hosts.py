@@ -1,0 +1,118 @@
+"""Elastic hvdlite-run across three pretend hosts (network namespaces h1..h3, root only): a rank's host dies
+mid-epoch and the job goes on with two from its last commit; when discovery shows the host again the job
+grows back at its next commit."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.elastic import JOINED, ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy
+from cluster.fixtures import PYTHON, ROOT, NetnsHosts, base_env, netns_hosts, run
+
+EXAMPLE = str(ROOT / "examples" / "pytorch_digits_elastic.py")
+EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def hosts(request: pytest.FixtureRequest) -> NetnsHosts:
+    return netns_hosts(request, count=3)
+
+
+def launch_on_h1(hosts: NetnsHosts, flags: str, script_args: str = "") -> ElasticRun:
+    mpi_args = shlex.quote(f"-launcher ssh -launcher-exec {hosts.nsrsh}")
+    command = (f". {shlex.quote(str(hosts.directory / 'mpi.env'))}; cd {shlex.quote(str(ROOT))}; "
+               f"exec {PYTHON} -m hvdlite.run {flags} --network-interface hvd0 --mpi-args={mpi_args} "
+               f"{PYTHON} {EXAMPLE} --epochs {EPOCHS} {script_args}")
+    return ElasticRun([hosts.nsrsh, "h1", command])
+
+
+def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
+    listing = tmp_path / "hosts.txt"
+    listing.write_text("h1:1\nh2:1\nh3:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    run = launch_on_h1(hosts, f"-np 3 --min-np 2 --max-np 3 --host-discovery-script {script} "
+                              f"--blacklist-cooldown-range 1 2", "--sleep 0.03")
+    first = run.rank_pids(3)
+    assert [first[r][0] for r in range(3)] == ["h1", "h2", "h3"], run.output
+    killed_at = run.wait_for(r"^commit=(\d+) epoch=0 batch=\d+ size=3$", timeout=400)
+    listing.write_text("h1:1\nh2:1\n")  # h3 goes away: its rank dies, discovery no longer lists it
+    os.kill(first[2][1], signal.SIGKILL)
+    second = run.rank_pids(2)
+    assert [second[r][0] for r in range(2)] == ["h1", "h2"], run.output
+    shrunk = len(run.lines)
+    grown_from = run.wait_for(r"^commit=(\d+) epoch=\d+ batch=\d+ size=2$", timeout=400, start=shrunk)
+    listing.write_text("h1:1\nh2:1\nh3:1\n")  # h3 is back
+    third = run.rank_pids(3)
+    assert [third[r][0] for r in range(3)] == ["h1", "h2", "h3"], run.output
+    assert run.finish(timeout=500) == 0, run.output
+    out = run.output
+    assert re.search(rf"reset 1: rank 2 on host h3 \(pid {first[2][1]}\) failed; host h3 blacklisted for \d+ s",
+                     out), out
+    assert "starting 2 ranks on h1:1,h2:1 (reset 1)" in out, out
+    assert re.search(r"hosts changed \(added: h3; removed: none; now h1:1,h2:1,h3:1\)", out), out
+    assert "reset 2: hosts changed: the ranks committed and left to resize" in out, out
+    assert "starting 3 ranks on h1:1,h2:1,h3:1 (reset 2)" in out, out
+    resumed = [int(n) for n in re.findall(r"rank 0: resumed from commit (\d+), held by rank \d+", out)]
+    assert len(resumed) == 2 and resumed[0] >= int(killed_at.group(1)) and resumed[1] >= int(grown_from.group(1))
+    assert ["reset: size=2 lr=0.0400", "reset: size=3 lr=0.0600"] == re.findall(r"reset: size=\d lr=\S+", out)
+    assert_every_epoch_exact(out, EPOCHS)
+    assert epoch_lines(out)[-1]["size"] == "3", out
+    assert final_accuracy(out) >= 0.9, out
+    assert "job finished on 3 ranks after 2 reset(s)" in out, out
+
+
+@pytest.mark.timeout(900)
+def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Inside a 2-node allocation, without a discovery script, the nodes are the hosts: a node whose task is
+    killed is left out of the next srun step and the job finishes on the other one."""
+    cluster = netns_hosts(request, slurm=True, count=3)
+    prefix = (f". {cluster.directory / 'mpi.env'}; export SLURM_CONF={cluster.slurm_conf}; cd {ROOT}; ")
+    job_script = tmp_path / "elastic.sbatch"
+    job_script.write_text("#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1\n"
+                          f"exec {PYTHON} -m hvdlite.run --min-np 1 --max-np 2 {PYTHON} {EXAMPLE} --epochs 2 "
+                          "--sleep 0.03\n")
+    output = tmp_path / "job.out"
+    env = base_env()
+
+    def slurm(command: str) -> subprocess.CompletedProcess:
+        return run([cluster.nsrsh, "h1", prefix + command], timeout=60, env=env)
+
+    submit = slurm(f"sbatch --parsable -o {output} {job_script}")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = submit.stdout.strip().split(";")[0].splitlines()[-1]
+    try:
+        deadline = time.monotonic() + 400
+        killed = None
+        while True:
+            text = output.read_text() if output.exists() else ""
+            joined = {int(m.group(1)): (m.group(3), int(m.group(4))) for m in JOINED.finditer(text)
+                      if m.group(2) == "2"}
+            if killed is None and len(joined) == 2 and re.search(r"^commit=\d+ epoch=0 batch=[1-9]\d ", text, re.MULTILINE):
+                killed = joined[1]
+                os.kill(killed[1], signal.SIGKILL)
+            queued = slurm(f"squeue -h -j {job_id} -o %i")
+            if queued.returncode == 0 and job_id not in queued.stdout.split():
+                break  # (a failed squeue, e.g. a controller timeout under load, says nothing)
+            assert time.monotonic() < deadline, f"job {job_id} ran past 400 s:\n{text}"
+            time.sleep(0.25)
+    finally:
+        slurm(f"scancel {job_id}")
+    info = slurm(f"scontrol show job {job_id}").stdout
+    out = output.read_text()
+    assert killed is not None and killed[0] == "h2", out
+    assert "JobState=COMPLETED" in info and "ExitCode=0:0" in info, info + out
+    assert re.search(r"hosts from Slurm job \d+ nodes h1:1,h2:1", out), out
+    assert re.search(rf"reset 1: rank 1 on host h2 \(pid {killed[1]}\) failed; host h2 blacklisted for good", out), out
+    assert "starting 1 ranks on h1:1 (reset 1)" in out, out
+    assert_every_epoch_exact(out, 2)
+    assert epoch_lines(out)[-1]["size"] == "1", out
+    assert final_accuracy(out) >= 0.8, out  # two epochs

@@ -1,0 +1,66 @@
+"""Keras 3 fit with hvd.elastic.KerasState and the elastic callbacks on digits (tests/test_elastic.py).
+
+Rank 0 prints ``epoch=E size=S`` after each epoch, ``reset: size=S`` after a restart and
+``test_accuracy=<float>`` at the end."""
+import argparse
+import time
+
+import keras
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import hvdlite.keras as hvd
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=4)
+parser.add_argument("--sleep", type=float, default=0.0)
+args = parser.parse_args()
+LR, BATCH = 0.02, 16
+
+hvd.init()
+keras.utils.set_random_seed(7)
+digits = load_digits()
+x = (digits.data / 16.0).astype("float32")
+x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=357, random_state=7,
+                                                    stratify=digits.target)
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=LR * hvd.size(), momentum=0.9))
+model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=optimizer,
+              metrics=["accuracy"])
+state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+
+
+def on_reset():
+    model.optimizer.learning_rate = LR * hvd.size()
+    if hvd.rank() == 0:
+        print(f"reset: size={hvd.size()}", flush=True)
+
+
+state.register_reset_callbacks([on_reset])
+
+
+class Progress(keras.callbacks.Callback):
+    def on_batch_end(self, batch, logs=None):
+        time.sleep(args.sleep)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if hvd.rank() == 0:
+            print(f"epoch={state.epoch} size={hvd.size()} commit={state.commit_counter}", flush=True)
+
+
+@hvd.elastic.run
+def train(state):
+    mine = slice(hvd.rank(), None, hvd.size())
+    callbacks = [hvd.elastic.UpdateEpochStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
+                 hvd.elastic.CommitStateCallback(state, batches_per_commit=5), Progress()]
+    model.fit(x_train[mine], y_train[mine], batch_size=BATCH, epochs=args.epochs - state.epoch, shuffle=True,
+              callbacks=callbacks, verbose=0)
+
+
+train(state)
+_, accuracy = model.evaluate(x_test, y_test, verbose=0)
+if hvd.rank() == 0:
+    print(f"final_epoch={state.epoch}", flush=True)
+    print(f"test_accuracy={accuracy:.4f}", flush=True)
+hvd.shutdown()
