@@ -15,7 +15,7 @@ from .tensors import chain, from_host, hints, splits_array, to_host, write_into
 #: horovod.torch.mpi_ops re-exports the runtime (init, rank, size, ..., process sets, errors, reduce ops).
 BASICS = basics()
 globals().update(BASICS)
-Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM
+Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM  # (also in BASICS) used below
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
