@@ -29,6 +29,12 @@ def test_digits_trains_to_95_percent_checkpoints_and_resumes(tmp_path) -> None:
     assert (ckpt / "checkpoint-11.pt").exists()
 
 
+def test_digits_with_adasum_converges() -> None:
+    """--use-adasum: DistributedOptimizer(op=hvd.Adasum) with the unscaled learning rate (Horovod's guidance)."""
+    proc = run_mpi(DIGITS, 2, args=["--use-adasum", "--epochs", "6"], timeout=240)
+    assert final_accuracy(proc.stdout) >= 0.9, proc.stdout
+
+
 def test_synthetic_benchmark_prints_throughput() -> None:
     proc = run_mpi(BENCHMARK, 2, args=["--batch-size", "2", "--image-size", "32", "--num-warmup-batches", "1",
                                        "--num-batches-per-iter", "1", "--num-iters", "2", "--fp16-allreduce"],

@@ -15,9 +15,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core.frontend import resolve_op
 
 from .compression import Compression
-from .mpi_ops import (Average, Sum, _op, allgather_async, alltoall_async, broadcast_async, grouped_allgather_async,
+from .mpi_ops import (Average, Sum, allgather_async, alltoall_async, broadcast_async, grouped_allgather_async,
                       grouped_allreduce_async, grouped_reducescatter_async, synchronize)
 
 
@@ -34,7 +35,7 @@ class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, average: Optional[bool], name: Optional[str], op: Any,
                 prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> torch.Tensor:
-        ctx.op, ctx.scales, ctx.process_set = _op(op, average, "allreduce"), (prescale_factor,
+        ctx.op, ctx.scales, ctx.process_set = resolve_op(op, average), (prescale_factor,
                                                                                 postscale_factor), process_set
         return synchronize(grouped_allreduce_async([tensor], average, name, op, prescale_factor,
                                                    postscale_factor, process_set))[0]
@@ -51,7 +52,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, average: Optional[bool], name: Optional[str], op: Any, prescale_factor: float,
                 postscale_factor: float, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple:
-        ctx.op, ctx.scales, ctx.process_set = _op(op, average, "grouped_allreduce"), (prescale_factor,
+        ctx.op, ctx.scales, ctx.process_set = resolve_op(op, average), (prescale_factor,
                                                                                         postscale_factor), process_set
         return tuple(synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
                                                          postscale_factor, process_set)))
@@ -142,7 +143,7 @@ class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: Optional[str], op: Any, process_set: ProcessSet, prescale_factor: float,
                 postscale_factor: float, *tensors: torch.Tensor) -> tuple:
-        ctx.op = _op(op, None, "reducescatter")
+        ctx.op = resolve_op(op)
         ctx.scale, ctx.process_set = prescale_factor * postscale_factor, process_set
         return tuple(synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
                                                              postscale_factor)))

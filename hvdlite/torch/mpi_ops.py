@@ -7,31 +7,20 @@ import numpy as np
 import torch
 
 import hvdlite.core as core
-from hvdlite.core import (Handle, ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built,
-                          ddl_built, global_process_set, gloo_built, gloo_enabled, init, is_homogeneous,
-                          is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-                          nccl_built, rank, remove_process_set, rocm_built, shutdown, size, start_timeline,
-                          stop_timeline)
-from hvdlite.core import ReduceOp
-from hvdlite.core.frontend import resolve_op
+from hvdlite.core import Handle, ProcessSet, ReduceOp, global_process_set
+from hvdlite.core.frontend import basics, check_sparse, resolve_op, sparse_allgather_async
 
 from .tensors import chain, from_host, hints, splits_array, to_host, write_into
 
-Average, Sum, Adasum, Min, Max, Product = (ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN,
-                                           ReduceOp.MAX, ReduceOp.PRODUCT)
+#: horovod.torch.mpi_ops re-exports the runtime (init, rank, size, ..., process sets, errors, reduce ops).
+BASICS = basics()
+globals().update(BASICS)
+Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM  # (also in BASICS) used below
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
     """Horovod names its ops "<kind>.<name>"; unnamed ops get "<kind>.noname.<n>" from the core."""
     return None if name is None else f"{kind}.{name}"
-
-
-def _op(op: Any, average: Optional[bool], what: str) -> ReduceOp:
-    reduce_op = resolve_op(op, average)
-    if reduce_op is ReduceOp.ADASUM:
-        raise NotImplementedError(f"{what}: hvd.Adasum is not implemented in hvdlite yet; use hvd.Average "
-                                  f"or hvd.Sum")
-    return reduce_op
 
 
 # -- allreduce ----------------------------------------------------------------------------------------
@@ -41,7 +30,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensors`` as one unit; synchronize() returns new reduced tensors."""
     tensors = list(tensors)
-    reduce_op = _op(op, average, "grouped_allreduce")
+    reduce_op = resolve_op(op, average)
     hosts = [to_host(t, "grouped_allreduce")[0] for t in tensors]
     handle = core.grouped_allreduce_async(hosts, None, _name("allreduce", name), reduce_op, prescale_factor,
                                           postscale_factor, process_set, dtype_hints=hints(tensors))
@@ -54,7 +43,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensors`` in place; synchronize() returns the same tensors, now reduced."""
     tensors = list(tensors)
-    reduce_op = _op(op, average, "grouped_allreduce_")
+    reduce_op = resolve_op(op, average)
     staged = [to_host(t, "grouped_allreduce_") for t in tensors]
     handle = core.grouped_allreduce_async([s[0] for s in staged], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
@@ -117,21 +106,28 @@ class SparseHandle:
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
                            process_set: ProcessSet = global_process_set) -> SparseHandle:
-    """Combine a sparse COO tensor across ranks by gathering every rank's indices and values."""
-    reduce_op = _op(op, None, "sparse_allreduce_async")
-    if reduce_op not in (Average, Sum):
-        raise ValueError(f"sparse_allreduce_async: only hvd.Average and hvd.Sum are defined for sparse tensors, "
-                         f"got {reduce_op!r}")
+    """Combine a sparse COO tensor across ranks by gathering every rank's indices and values
+    (hvdlite.core.frontend.sparse_allgather_async: the policy both frontends share)."""
+    full_name = _name("sparse", name)
+    reduce_op = check_sparse(op, full_name)
     sparse = tensor.coalesce()
     indices = sparse.indices().t().contiguous()
     values = sparse.values().contiguous()
-    handle = grouped_allgather_async([indices, values], _name("sparse", name), process_set)
+    # torch's Average is a true division (integer values give floating-point ones); bfloat16 values travel
+    # as float32, whose division matches torch's and whose round trip is exact
+    if values.dtype == torch.bfloat16 or (reduce_op is Average and not values.dtype.is_floating_point):
+        wire = values.to(torch.float32 if values.dtype == torch.bfloat16 else torch.get_default_dtype())
+    else:
+        wire = values
+    handle = sparse_allgather_async(to_host(indices, "sparse_allreduce_async")[0],
+                                    to_host(wire, "sparse_allreduce_async")[0], reduce_op, full_name, process_set)
 
     def finish() -> torch.Tensor:
-        all_indices, all_values = synchronize(handle)
-        if reduce_op is Average:
-            all_values = all_values / process_set.size()
-        return torch.sparse_coo_tensor(all_indices.t(), all_values, sparse.size(),
+        all_indices, all_values = handle.wait()
+        gathered = from_host(all_values, wire)
+        if values.dtype == torch.bfloat16:
+            gathered = gathered.to(torch.bfloat16)
+        return torch.sparse_coo_tensor(from_host(all_indices, indices).t(), gathered, sparse.size(),
                                        check_invariants=False).coalesce()
     return SparseHandle(handle, finish)
 
@@ -193,7 +189,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start reducing each tensor and keeping this rank's share of its first dimension."""
     tensors = list(tensors)
-    reduce_op = _op(op, None, "reducescatter")
+    reduce_op = resolve_op(op)
     hosts = [to_host(t, "grouped_reducescatter")[0] for t in tensors]
     handle = core.grouped_reducescatter_async(hosts, _name("reducescatter", name), reduce_op, process_set,
                                               prescale_factor, postscale_factor, dtype_hints=hints(tensors))
@@ -249,3 +245,13 @@ from .collectives import (HorovodAllgather, HorovodAllreduce, HorovodAlltoall, H
                           HorovodGroupedAllgather, HorovodGroupedAllreduce, HorovodReducescatter, allgather,
                           allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
                           grouped_reducescatter, reducescatter)
+
+__all__ = sorted(BASICS) + [
+    "handle_average_backwards_compatibility", "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_",
+    "sparse_allreduce_async", "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_async", "broadcast_", "broadcast_async_", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "join",
+    "barrier", "poll", "synchronize", "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+    "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodAlltoall", "HorovodReducescatter",
+]

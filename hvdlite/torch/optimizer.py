@@ -10,10 +10,10 @@ import torch
 
 import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.frontend import gradient_overlap
+from hvdlite.core.frontend import check_reduction, gradient_overlap, resolve_op
 
 from .compression import Compression
-from .mpi_ops import Adasum, Average, _op, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .mpi_ops import Adasum, Average, grouped_allreduce_async_, sparse_allreduce_async, synchronize
 
 Unit = Union[torch.Tensor, tuple]  # one parameter, or a group of parameters reduced together
 
@@ -38,7 +38,7 @@ class _DistributedOptimizer:
         self.backward_passes_per_step = int(backward_passes_per_step)
         if self.backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        self.op = _op(op, None, "DistributedOptimizer") if process_set.size() > 1 else op
+        self.op = resolve_op(op)
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
@@ -300,7 +300,7 @@ def _make_groups(groups: Any, param_groups: list[dict]) -> dict[torch.Tensor, Un
     return {p: unit for unit in units for p in unit}
 
 
-_classes: dict[type, type] = {}
+_classes: dict[tuple[type, type], type] = {}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Optional[Iterable] = None,
@@ -324,18 +324,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum and process_set.size() > 1:
-        raise NotImplementedError("DistributedOptimizer(op=hvd.Adasum) is not implemented in hvdlite yet; use "
-                                  "op=hvd.Average (the default) or hvd.Sum")
+    adasum = resolve_op(op) is Adasum and process_set.included() and process_set.size() > 1
+    if adasum:
+        dtypes = {str(p.dtype).replace("torch.", "") for g in optimizer.param_groups for p in g["params"]}
+        check_reduction("allreduce", "DistributedOptimizer(op=hvd.Adasum)", Adasum, sorted(dtypes),
+                        set_size=process_set.size())
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning)
         groups = num_groups if groups is None else groups
     base = type(optimizer)
-    cls = _classes.get(base)
+    mixin: type = _DistributedOptimizer
+    if adasum:  # Horovod's delta scheme: local steps, parameter deltas combined with Adasum
+        from .adasum_optimizer import DistributedAdasumOptimizer
+        mixin = DistributedAdasumOptimizer
+    cls = _classes.get((mixin, base))
     if cls is None:
-        cls = type(base.__name__, (_DistributedOptimizer, base),
+        cls = type(base.__name__, (mixin, base),
                    {"__module__": base.__module__, "__qualname__": base.__qualname__})
-        _classes[base] = cls
+        _classes[(mixin, base)] = cls
     opt = cls.__new__(cls)
     attrs = dict(optimizer.__dict__)
     attrs.pop("step", None)  # an LR scheduler's per-instance step wrapper is bound to the old object

@@ -6,18 +6,20 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core.frontend import sync_moments
 
-from .collectives import allreduce
+from .collectives import grouped_allreduce
 from .mpi_ops import Sum
 
 
 class SyncBatchNorm(_BatchNorm):
     """Batch normalisation over the union of every rank's batch (N-dimensional, input ``(N, C, ...)``).
 
-    In training the mean and variance are computed across all ranks of ``process_set`` with two
-    differentiable allreduces, so gradients are exactly those of batch norm on the combined batch;
-    running statistics are updated identically on every rank. In eval mode it is a plain batch norm
-    with the running statistics. Unlike Horovod's, CPU tensors are supported.
+    In training the mean and variance are computed across all ranks of ``process_set`` by the
+    algorithm both frontends share (``hvdlite.core.frontend.sync_moments``: the global mean, then the
+    mean squared deviation from it) with differentiable allreduces, so gradients are exactly those of
+    batch norm on the combined batch; running statistics are updated identically on every rank.
+    In eval mode it is a plain batch norm with the running statistics. Unlike Horovod's, CPU tensors are supported.
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
@@ -45,24 +47,21 @@ class SyncBatchNorm(_BatchNorm):
         return self._sync_forward(input, factor)
 
     def _sync_forward(self, input: torch.Tensor, factor: float) -> torch.Tensor:
-        channels = input.shape[1]
         dims = [0] + list(range(2, input.dim()))
-        shape = [1, channels] + [1] * (input.dim() - 2)
+        shape = [1, input.shape[1]] + [1] * (input.dim() - 2)
         x = input.to(torch.promote_types(input.dtype, torch.float32))
-        count = torch.full((1,), float(input.numel() // max(channels, 1)), dtype=x.dtype, device=x.device)
-        sums = allreduce(torch.cat([x.sum(dims), count]), op=Sum, process_set=self.process_set)
-        total = sums[channels]
-        mean = sums[:channels] / total
-        centred = x - mean.view(shape)
-        var = allreduce((centred * centred).sum(dims), op=Sum, process_set=self.process_set) / total
-        out = centred * torch.rsqrt(var + self.eps).view(shape)
+
+        def summed(tensors: list) -> list:  # differentiable: gradients flow back through the allreduce
+            return grouped_allreduce(tensors, op=Sum, process_set=self.process_set)
+        mean, var, count = sync_moments(x, None, lambda t: t.sum(dims), summed, lambda t: t.view(shape))
+        out = (x - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
         if self.weight is not None:
             out = out * self.weight.view(shape)
         if self.bias is not None:
             out = out + self.bias.view(shape)
         if self.track_running_stats and self.running_mean is not None:
             with torch.no_grad():
-                n = float(total)
+                n = float(count[0]) if count.numel() else 0.0
                 unbiased = var.detach() * (n / (n - 1) if n > 1 else 1.0)
                 self.running_mean.mul_(1 - factor).add_(mean.detach().to(self.running_mean.dtype), alpha=factor)
                 self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype), alpha=factor)
