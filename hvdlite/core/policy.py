@@ -8,7 +8,7 @@ import numpy as np
 from .api import grouped_allgather_async
 from .engine.handles import Handle
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import ReduceOp, resolve_op
+from .reduce_ops import ReduceOp, bf16_to_f32, f32_to_bf16, resolve_op
 
 T = TypeVar("T")
 
@@ -43,9 +43,11 @@ def sparse_allgather_async(indices: np.ndarray, values: np.ndarray, op: Any, nam
 
         def average(result: list) -> tuple:
             all_indices, all_values = result
+            if values_dtype_hint == "bfloat16":  # uint16 bits: divide the values, not the bits
+                return all_indices, f32_to_bf16(bf16_to_f32(all_values) / np.float32(n))
             if all_values.dtype.kind == "f":
                 return all_indices, all_values / all_values.dtype.type(n)
-            return all_indices, all_values // n
+            return all_indices, all_values / n  # true division, as Horovod: integer values become floats
         return handle.then(average)
     return handle.then(lambda result: (result[0], result[1]))
 
@@ -61,7 +63,7 @@ def sync_moments(x: T, weights: Optional[T], sum_over: Callable[[T], T], grouped
     Returns (mean, biased variance, element count per channel).
     """
     weighted = x if weights is None else x * weights
-    count = sum_over(x * 0 + 1) if weights is None else sum_over(weights)
+    count = sum_over(x ** 0) if weights is None else sum_over(weights)  # x ** 0 is 1 even for inf and nan
     total, n = grouped_allreduce_sum([sum_over(weighted), count])
     mean = total / n
     centred = x - expand(mean)
