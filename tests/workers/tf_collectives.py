@@ -276,10 +276,11 @@ for mode, wrap in MODES.items():
     close(mine, full[offset:offset + r + 2], f"{mode} SyncBatchNormalization output", rtol=1e-4, atol=1e-4)
     close(sync_bn.moving_mean, plain_bn.moving_mean.numpy(), f"{mode} moving mean", rtol=1e-4, atol=1e-4)
     close(sync_bn.moving_variance, plain_bn.moving_variance.numpy(), f"{mode} moving var", rtol=1e-4, atol=1e-4)
-raises(ValueError, lambda: hvd.SyncBatchNormalization(fused=True), "fused")
+assert hvd.SyncBatchNormalization(fused=True).name.startswith("sync_batch_normalization")  # fused is ignored
 
 # -- errors ----------------------------------------------------------------------------------------------
-raises(NotImplementedError, lambda: hvd.allreduce(tf.constant([1.0]), op=hvd.Adasum), "Adasum")
+if n & (n - 1):  # Adasum needs a power-of-two set (tests/parallel/test_tf_adasum.py covers the rest)
+    raises(ValueError, lambda: hvd.allreduce(tf.constant([1.0]), op=hvd.Adasum), "power-of-two")
 for what, fn in [("allreduce", lambda t: hvd.allreduce(t)), ("allgather", lambda t: hvd.allgather(t)),
                  ("broadcast", lambda t: hvd.broadcast(t, 0))]:
     text = raises(hvd.XLANotSupportedError, lambda: tf.function(fn, jit_compile=True)(tf.constant([1.0])),
