@@ -4,6 +4,7 @@ Each rank trains on its own shard of the training set; hvdlite averages the grad
 identical weights. Launch with any number of processes (1 works too):
 
     mpiexec -n 2 python examples/keras_digits.py
+    mpiexec -n 2 python examples/keras_digits.py --use-adasum   # Adasum: needs 1, 2, 4, 8... processes
 
 (``TF_CPP_MIN_LOG_LEVEL=2`` in the environment quiets TensorFlow's start-up messages.)
 
@@ -27,6 +28,8 @@ parser.add_argument("--batch-size", type=int, default=32, help="per rank")
 parser.add_argument("--lr", type=float, default=0.002, help="learning rate of one process; scaled by size")
 parser.add_argument("--warmup-epochs", type=int, default=3)
 parser.add_argument("--checkpoint-dir", default="checkpoints")
+parser.add_argument("--use-adasum", action="store_true",
+                    help="combine gradients with hvd.Adasum instead of averaging (power-of-two process counts)")
 args = parser.parse_args()
 
 hvd.init()
@@ -55,8 +58,10 @@ model = keras.Sequential([
 ])
 
 # Horovod's recipe: scale the learning rate by the number of ranks, warm it up, wrap the optimizer.
-scaled_lr = args.lr * hvd.size()
-optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(scaled_lr))
+# With Adasum the learning rate is not scaled (Horovod's examples: lr_scaler = 1 on CPU).
+scaled_lr = args.lr * (1 if args.use_adasum else hvd.size())
+optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(scaled_lr),
+                                     op=hvd.Adasum if args.use_adasum else hvd.Average)
 model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
 callbacks = [

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvdlite.core import (Adasum, Average, HorovodInternalError, HvdliteError, Max, Min, ProcessSet, Product,
-                          Sum, add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                          global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
-                          local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                          remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
-from hvdlite.core import ReduceOp
-from hvdlite.core.frontend import resolve_op
+from hvdlite.core import Average, ProcessSet, global_process_set
+from hvdlite.core.frontend import basics
+
+globals().update(basics())  # init, rank, size, ..., process sets, ops (Average, Sum, Adasum, ...), errors
 
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
@@ -22,6 +19,7 @@ from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTa
 from .mpi_ops import (XLANotSupportedError, allgather, alltoall, barrier, broadcast, broadcast_, grouped_allgather,
                       join, local_rank_op, local_size_op, process_set_included_op, rank_op, size_op)
 from .reduction import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
+from .session import BroadcastGlobalVariablesHook, broadcast_global_variables
 from .sync_batch_norm import SyncBatchNormalization
 from . import elastic  # noqa: E402  (hvd.elastic)
 
@@ -32,15 +30,14 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 optimizer so it averages gradients over all ranks before applying them.
+    """Wrap a Keras 3 optimizer so it averages (``op=hvd.Sum``: sums; ``op=hvd.Adasum``: combines with Adasum)
+    gradients over all ranks before applying them.
 
-    This is ``hvdlite.tensorflow.keras.DistributedOptimizer``; TF1 ``tf.compat.v1.train.Optimizer``
-    objects are not supported (TensorFlow 2.16+ has no graph sessions to drive them).
+    This is ``hvdlite.tensorflow.keras.DistributedOptimizer``; TF1 ``tf.compat.v1.train.Optimizer`` objects
+    are not supported (use DistributedGradientTape, or BroadcastGlobalVariablesHook with your own reduction).
     """
     import keras
 
-    if resolve_op(op) is Adasum:
-        raise ValueError("op=hvd.Adasum is not supported with Keras optimizers")
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"hvdlite.tensorflow.DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3); "
                          f"got {type(optimizer).__module__}.{type(optimizer).__name__}. For a custom training loop "
@@ -53,16 +50,6 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
                               backward_passes_per_step=backward_passes_per_step,
                               average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
                               groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
-
-
-def broadcast_global_variables(root_rank: int) -> None:
-    """Broadcast the variables of every live Keras model (and its optimizer) from ``root_rank``.
-
-    TensorFlow 2 has no global variable collection; see hvdlite.tensorflow.keras.broadcast_global_variables.
-    """
-    from .keras.variables import broadcast_global_variables as _broadcast_all
-
-    _broadcast_all(root_rank)
 
 
 __all__ = [
@@ -78,5 +65,6 @@ __all__ = [
     "Compression", "SyncBatchNormalization",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "start_timeline", "stop_timeline",
-    "HvdliteError", "HorovodInternalError", "XLANotSupportedError",
+    "HvdliteError", "HorovodInternalError", "XLANotSupportedError", "BroadcastGlobalVariablesHook",
 ]
+__all__ += sorted(set(basics()) - set(__all__))  # every runtime name basics() re-exports

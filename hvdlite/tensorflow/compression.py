@@ -1,4 +1,4 @@
-"""Gradient compression for the TensorFlow frontend: ``Compression.none`` and ``Compression.fp16``."""
+"""Gradient compression for the TensorFlow frontend: ``Compression.none``, ``.fp16`` and ``.bf16``."""
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple
@@ -44,8 +44,24 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
 
+class BF16Compressor(Compressor):
+    """Sends floating-point tensors as bfloat16 (float32's range, fewer mantissa bits) and casts the result
+    back to their dtype; the same as hvdlite.torch's ``Compression.bf16``."""
+
+    @staticmethod
+    def compress(tensor: tf.Tensor, ctx: Any = None) -> Tuple[tf.Tensor, Optional[tf.DType]]:
+        if tensor.dtype.is_floating and tensor.dtype != tf.bfloat16:
+            return tf.cast(tensor, tf.bfloat16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: tf.Tensor, ctx: Optional[tf.DType]) -> tf.Tensor:
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
 class Compression:
-    """The compression algorithms an allreduce may use (Horovod's names)."""
+    """The compression algorithms an allreduce may use (Horovod's names, plus ``bf16`` as in hvdlite.torch)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor

@@ -8,7 +8,7 @@ import tensorflow as tf
 from hvdlite import core
 from hvdlite.core import ProcessSet, global_process_set
 
-from .mpi_ops import broadcast_
+from .mpi_ops import broadcast_, broadcast_group
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: ProcessSet = global_process_set,
@@ -21,10 +21,13 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: P
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
-    values = broadcast_(variables, root_rank, process_set=process_set)
     if tf.executing_eagerly():
+        broadcast_(variables, root_rank, process_set=process_set)
         return None
-    return tf.group(*values)
+    # in a graph (tf.function or a tf.compat.v1 session), the returned op runs the assignments themselves
+    values = broadcast_group(variables, root_rank, process_set=process_set)
+    return tf.group(*[v.assign(val, read_value=False) if isinstance(v, tf.Variable) else v.assign(val)
+                      for v, val in zip(variables, values)])
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Optional[str] = None,

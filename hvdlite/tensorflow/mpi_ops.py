@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdlite import core
-from hvdlite.core import Adasum, Average, HvdliteError, ProcessSet, ReduceOp, Sum, TensorMismatchError, global_process_set
+from hvdlite.core import Average, HvdliteError, ProcessSet, ReduceOp, Sum, TensorMismatchError, global_process_set
 from hvdlite.core.frontend import process_set_ranks, resolve_op
 
 
@@ -136,10 +136,8 @@ def dense(t: Any) -> Any:
 
 
 def _reduce_op(op: Any) -> ReduceOp:
-    reduce_op = resolve_op(op)
-    if reduce_op is Adasum:
-        raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average or hvd.Sum")
-    return reduce_op
+    """The ReduceOp for ``op`` (hvd.Adasum included: the core checks its dtype and set size at submit)."""
+    return resolve_op(op)
 
 
 # -- allreduce --------------------------------------------------------------------------------------

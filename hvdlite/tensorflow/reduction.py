@@ -7,35 +7,44 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core import Adasum, Average, ReduceOp, Sum
-from hvdlite.core.frontend import resolve_op
+from hvdlite.core import Average, ReduceOp
+from hvdlite.core.frontend import check_sparse, resolve_op, sparse_allgather_async
 
 from .compression import Compression, Compressor
-from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather
-
-
-def _check_sparse(op: ReduceOp, prescale_factor: float, postscale_factor: float) -> None:
-    if op is Adasum:
-        raise NotImplementedError("hvd.Adasum does not support sparse tensors (tf.IndexedSlices); pass "
-                                  "sparse_as_dense=True")
-    if op not in (Sum, Average):
-        raise NotImplementedError(f"only hvd.Sum and hvd.Average are supported for tf.IndexedSlices, got {op!r}")
-    if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise NotImplementedError("prescale_factor/postscale_factor are not supported for tf.IndexedSlices")
+from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather, run_collective
 
 
 def _sparse_allreduce(slices: List[tf.IndexedSlices], op: ReduceOp,
                       process_set: ProcessSet, name: Optional[str] = None) -> List[tf.IndexedSlices]:
-    """Reduce sparse tensors by gathering every rank's (values, indices): duplicates add up when applied."""
-    gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices], name=name,
-                                 process_set=process_set)
+    """Reduce sparse tensors as Horovod does, by gathering every rank's (indices, values): duplicates add up
+    when applied. Eagerly this is the core's shared ``sparse_allgather_async`` (one handle per tensor, all in
+    flight together); in a graph it is a grouped allgather op, which also carries gradients."""
+    for s in slices:
+        check_sparse(op, name)
+    if not tf.executing_eagerly():
+        gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices], name=name,
+                                     process_set=process_set)
+        k = len(slices)
+        out = []
+        for s, values, indices in zip(slices, gathered[:k], gathered[k:]):
+            if op is Average:
+                values = values / tf.cast(process_set.size(), values.dtype)
+            out.append(tf.IndexedSlices(values, indices, dense_shape=s.dense_shape))
+        return out
     k = len(slices)
-    out = []
-    for s, values, indices in zip(slices, gathered[:k], gathered[k:]):
-        if op is Average:
-            values = values / tf.cast(process_set.size(), values.dtype)
-        out.append(tf.IndexedSlices(values, indices, dense_shape=s.dense_shape))
-    return out
+
+    def gather(*arrays: Any) -> List[Any]:
+        handles = [sparse_allgather_async(arrays[k + i], arrays[i], op,
+                                          name=None if name is None else f"{name}.{i}", process_set=process_set,
+                                          values_dtype_hint="bfloat16" if s.values.dtype == tf.bfloat16 else None)
+                   for i, s in enumerate(slices)]
+        results = [h.wait() for h in handles]
+        return [r[1] for r in results] + [r[0] for r in results]
+
+    outs = run_collective("sparse_allreduce", gather, [s.values for s in slices] + [s.indices for s in slices],
+                          [s.values.dtype for s in slices] + [s.indices.dtype for s in slices])
+    return [tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
+            for s, values, indices in zip(slices, outs[:k], outs[k:])]
 
 
 def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, device_dense: str = "",
@@ -48,13 +57,11 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
     if not tensors:
         return tensors
     reduce_op = resolve_op(op, average)
-    if reduce_op is Adasum:
-        raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use hvd.Average or hvd.Sum")
     result: List[Any] = [None] * len(tensors)
     sparse_at = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if sparse_at:
-        _check_sparse(reduce_op, prescale_factor, postscale_factor)
+        check_sparse(reduce_op, name, prescale_factor, postscale_factor)
         for i, s in zip(sparse_at, _sparse_allreduce([tensors[i] for i in sparse_at], reduce_op, process_set)):
             result[i] = s
     if dense_at:
@@ -159,8 +166,6 @@ def variable_names(variables: Sequence[Any]) -> List[str]:
 def check_gradient_op(op: Any, gradient_predivide_factor: float) -> ReduceOp:
     """Validate the reduce op of a distributed tape or optimizer (Horovod's rules)."""
     reduce_op = resolve_op(op)
-    if reduce_op is Adasum:
-        raise NotImplementedError("hvd.Adasum is not implemented in hvdlite yet; use op=hvd.Average or hvd.Sum")
     if gradient_predivide_factor != 1.0 and reduce_op is not Average:
         raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
     return reduce_op

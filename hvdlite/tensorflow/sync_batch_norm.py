@@ -1,52 +1,72 @@
 """SyncBatchNormalization: a Keras 3 BatchNormalization whose training statistics cover every rank's batch."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import keras
 import tensorflow as tf
 
-from hvdlite import core
-from hvdlite.core import Sum
+from hvdlite.core import ProcessSet, Sum, global_process_set
+from hvdlite.core.frontend import logger, sync_moments
 
-from .mpi_ops import _allreduce
+from .mpi_ops import _grouped_allreduce
+
+#: Keyword arguments of Keras 2's BatchNormalization that Keras 3 dropped, with the value that means "off".
+_DROPPED = {"virtual_batch_size": None, "adjustment": None}
 
 
 @keras.saving.register_keras_serializable(package="hvdlite")
 class SyncBatchNormalization(keras.layers.BatchNormalization):
-    """Batch normalization with mean and variance computed over the union of all ranks' batches.
+    """Batch normalization with mean and variance computed over the union of the batches of every rank of
+    ``process_set`` (default: all ranks).
 
-    Each rank sends (sum, sum of squares, count) in one allreduce, so ranks may hold batches of different
-    sizes. Gradients flow through the allreduce. Outside training it uses the moving statistics, as usual.
+    The statistics come from hvdlite's one SyncBatchNorm algorithm (the same as hvdlite.torch): the global
+    mean first, then the mean of squared deviations from it (two allreduces, numerically stable), so ranks
+    may hold batches of different sizes. Gradients flow through both allreduces. Outside training it uses
+    the moving statistics, as usual.
+
+    ``fused`` (Horovod's default False) is accepted with any value and ignored: Keras 3 has no fused kernel.
     """
 
-    def __init__(self, fused: Optional[bool] = False, **kwargs: Any) -> None:
-        if fused in (True, None):
-            raise ValueError("SyncBatchNormalization does not support fused=True (Keras 3 has no fused kernel)")
+    def __init__(self, fused: Optional[bool] = False, process_set: ProcessSet = global_process_set,
+                 **kwargs: Any) -> None:
+        if fused is not False:
+            logger.debug("SyncBatchNormalization: fused=%r ignored (Keras 3 has no fused batch norm kernel)", fused)
+        for key, off in _DROPPED.items():
+            if key not in kwargs:
+                continue
+            value = kwargs.pop(key)
+            if value is not off:
+                raise ValueError(f"SyncBatchNormalization: {key}={value!r} is not supported: Keras 3 dropped "
+                                 f"{key!r} from BatchNormalization; remove the argument")
+            logger.debug("SyncBatchNormalization: %s=%r ignored (Keras 3 dropped it)", key, value)
         if kwargs.pop("synchronized", False):
             raise ValueError("SyncBatchNormalization synchronizes through hvdlite; do not pass synchronized=True "
                              "(that is tf.distribute's mechanism)")
+        kwargs.setdefault("name", "sync_batch_normalization")  # Horovod's default name
         super().__init__(**kwargs)
+        self.process_set = process_set
 
     def _moments(self, inputs: tf.Tensor, mask: Any) -> Tuple[tf.Tensor, tf.Tensor]:
-        if not core.is_initialized() or core.size() == 1:
+        ps = self.process_set
+        if not ps.included() or ps.size() == 1:
             return super()._moments(inputs, mask)
         axes = list(self._reduction_axes)
         x = tf.convert_to_tensor(inputs)
         original = x.dtype
         if original in (tf.float16, tf.bfloat16):
             x = tf.cast(x, tf.float32)
-        if mask is None:
-            weights = tf.ones_like(x)
-        else:
+        weights = None
+        if mask is not None:
             weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), x.dtype), tf.shape(x))
-        local_sum = tf.reduce_sum(x * weights, axis=axes)
-        local_squares = tf.reduce_sum(tf.square(x) * weights, axis=axes)
-        local_count = tf.reduce_sum(weights, axis=axes)
-        total = _allreduce(tf.stack([local_sum, local_squares, local_count]), op=Sum)
-        count = tf.maximum(total[2], tf.constant(1e-12, x.dtype))
-        mean = total[0] / count
-        variance = tf.maximum(total[1] / count - tf.square(mean), 0.0)
+        per_channel = [1] * x.shape.rank
+        per_channel[self.axis] = -1
+
+        def allreduce_sum(tensors: List[tf.Tensor]) -> List[tf.Tensor]:
+            return _grouped_allreduce(tensors, op=Sum, process_set=ps)
+
+        mean, variance, _ = sync_moments(x, weights, lambda t: tf.reduce_sum(t, axis=axes), allreduce_sum,
+                                         lambda t: tf.reshape(t, per_channel))
         if original != x.dtype:
             mean, variance = tf.cast(mean, original), tf.cast(variance, original)
         return mean, variance

@@ -220,7 +220,7 @@ plain = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
 assert type(plain) is keras.optimizers.AdamW and plain.get_config() == config
 via_tf = hvd_tf.DistributedOptimizer(keras.optimizers.SGD(0.1))
 assert isinstance(via_tf, DistributedOptimizerMixin) and isinstance(via_tf, keras.optimizers.SGD)
-raises(ValueError, lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd_tf.Max), "only supports hvd.Average and hvd.Sum")
+raises(ValueError, lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd_tf.Max), "only supports hvd.Average, hvd.Sum and hvd.Adasum")
 raises(ValueError, lambda: hvd_tf.DistributedOptimizer(object()), "keras.optimizers.Optimizer")
 
 # -- saving: BestModelCheckpoint on rank 0 only; .keras round trip with hvd.load_model ------------------

@@ -8,18 +8,17 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from hvdlite.core import (Average, HorovodInternalError, HvdliteError, ProcessSet, Sum, add_process_set,
-                          ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set, gloo_built,
-                          gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-                          mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built, shutdown, size,
-                          start_timeline, stop_timeline)
+from hvdlite.core import Average
+from hvdlite.core.frontend import basics
+
+globals().update(basics())  # init, rank, size, ..., process sets, ops (Average, Sum, Adasum, ...), errors
 
 from .. import mpi_ops as _ops
 from .. import reduction as _reduction
 from ..compression import Compression
 from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from .saving import load_model
 from .variables import broadcast_global_variables
 from . import elastic  # noqa: E402  (hvd.elastic)
@@ -58,6 +57,7 @@ __all__ = [
     "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
     "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Compression", "callbacks",
-    "DistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter",
     "load_model", "SyncBatchNormalization", "HvdliteError", "HorovodInternalError",
 ]
+__all__ += sorted(set(basics()) - set(__all__))  # every runtime name basics() re-exports

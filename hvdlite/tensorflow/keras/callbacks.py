@@ -6,6 +6,7 @@ from typing import Any, Callable, Optional, Union
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from hvdlite import core
 from hvdlite.core import Average
@@ -30,17 +31,36 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     With a built model (e.g. one that starts with ``keras.Input``) this happens in ``on_train_begin``, after
     building the optimizer's state, so every rank takes its first step from the same weights. A model that
-    only gets built by its first batch is broadcast after that batch, as Horovod does.
+    only gets built by its first batch is broadcast after that batch, as Horovod does. Variables given as
+    ``local_variables`` (one variable or a list) or passed to ``register_local_var`` are left alone.
     """
 
-    def __init__(self, root_rank: int, device: str = "") -> None:
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
+        self.local_variables: list = []
+        if local_variables is None:
+            local_variables = []
+        elif _is_variable(local_variables):
+            local_variables = [local_variables]
+        local_variables = list(local_variables)
+        if not all(_is_variable(v) for v in local_variables):
+            raise ValueError("All local variables must be of tf.Variable type (or Keras variables).")
+        for v in local_variables:
+            self.register_local_var(v)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var`` out of the broadcast: each rank keeps its own value."""
+        self.local_variables.append(var)
 
     def _broadcast(self) -> None:
-        broadcast_variables(model_and_optimizer_variables(self.model), self.root_rank)
+        local = {id(v) for v in self.local_variables}
+        local |= {id(getattr(v, "value", None)) for v in self.local_variables if isinstance(v, keras.Variable)}
+        variables = [v for v in model_and_optimizer_variables(self.model)
+                     if id(v) not in local and id(getattr(v, "value", None)) not in local]
+        broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
@@ -50,6 +70,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if not self.broadcast_done:
             self._broadcast()
+
+
+def _is_variable(value: Any) -> bool:
+    return isinstance(value, (tf.Variable, keras.Variable))
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -191,17 +215,30 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """Keep the best model seen so far (by ``monitor``); only rank 0 writes the file.
 
-    Horovod fills in ``filepath`` later (from its Spark estimator); here it is an optional keyword that
-    defaults to ``best_model.keras`` (``best_model.weights.h5`` with ``save_weights_only=True``).
+    Horovod's signature has no ``filepath``: its Spark estimator sets ``callback.filepath`` before training.
+    Set that attribute the same way, or pass the hvdlite keyword ``filepath=`` (after Horovod's arguments).
+    A ``.keras`` (or ``.h5``) path saves the model, a ``.weights.h5`` path with ``save_weights_only=True``
+    its weights. Training with no path set raises ValueError.
     """
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, save_weights_only: bool = False,
-                 mode: str = "auto", save_freq: Union[str, int] = "epoch", filepath: Optional[str] = None) -> None:
-        if filepath is None:
-            filepath = "best_model.weights.h5" if save_weights_only else "best_model.keras"
-        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose if core.rank() == 0 else 0,
-                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
-                         save_freq=save_freq)
+                 mode: str = "auto", save_freq: Union[str, int] = "epoch", *, filepath: Optional[str] = None) -> None:
+        placeholder = "best_model.weights.h5" if save_weights_only else "best_model.keras"
+        super().__init__(filepath=placeholder if filepath is None else filepath, monitor=monitor,
+                         verbose=verbose if core.rank() == 0 else 0, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+        self.filepath = filepath if filepath is None else self.filepath
+
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        if self.filepath is None:
+            raise ValueError("BestModelCheckpoint has no file to write: set callback.filepath = 'best.keras' (as "
+                             "Horovod's Spark estimator does) or pass filepath= before calling fit()")
+        self.filepath = str(self.filepath)
+        ok = (".weights.h5",) if self.save_weights_only else (".keras", ".h5")
+        if not self.filepath.endswith(ok):
+            raise ValueError(f"BestModelCheckpoint: filepath {self.filepath!r} must end in {' or '.join(ok)} "
+                             f"(save_weights_only={self.save_weights_only})")
+        super().on_train_begin(logs)
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if core.rank() == 0:

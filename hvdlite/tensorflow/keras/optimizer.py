@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core import Average, Sum
+from hvdlite.core import Adasum, Average, Sum
 from hvdlite.core.frontend import resolve_op
 
 from ..compression import Compression
@@ -144,13 +144,14 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     """Wrap a Keras 3 optimizer (SGD, Adam, AdamW, ...) so it averages gradients over ranks before applying.
 
     Returns a new optimizer of a subclass of ``type(optimizer)`` built from ``optimizer.get_config()``.
-    ``op`` is hvd.Average (default) or hvd.Sum. With ``backward_passes_per_step=N`` gradients are summed
+    ``op`` is hvd.Average (default), hvd.Sum or hvd.Adasum (the gradients are combined with Adasum, which
+    needs a power-of-two number of ranks; do not scale the learning rate by the number of ranks). With ``backward_passes_per_step=N`` gradients are summed
     locally (averaged if ``average_aggregated_gradients``) and reduced and applied every N-th step; the
     other steps only advance ``optimizer.iterations``. ``groups``, ``device_*`` are accepted and ignored.
     """
     reduce_op = resolve_op(op)
-    if reduce_op not in (Average, Sum):
-        raise ValueError(f"op currently only supports hvd.Average and hvd.Sum, got {reduce_op!r}")
+    if reduce_op not in (Average, Sum, Adasum):
+        raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")
     if gradient_predivide_factor != 1.0 and reduce_op is not Average:
         raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
     if int(backward_passes_per_step) < 1:
@@ -170,6 +171,32 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     if name is not None:
         config["name"] = name
     return distributed_class(base, settings).from_config(config)
+
+
+def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
+                                device_sparse: str = "", compression: type = Compression.none,
+                                sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                                op: Any = Average, backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, groups: Any = None,
+                                process_set: ProcessSet = global_process_set, local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> Any:
+    """A DistributedOptimizer whose ``local_layers`` (a Keras layer or a list of them) keep their own
+    gradients: those are not reduced, only divided by the set size if ``scale_local_gradients``."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    layers = list(local_layers)
+    for layer in layers:
+        if not isinstance(layer, keras.layers.Layer):
+            raise ValueError(f"local_layers must be Keras layers (keras.layers.Layer), got {type(layer).__name__}")
+    wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                   gradient_predivide_factor, op, backward_passes_per_step,
+                                   average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
+    for layer in layers:
+        for weight in layer.trainable_weights:
+            wrapped.register_local_var(weight)
+    return wrapped
 
 
 def copy_optimizer_state(source: Any, target: Any, trainable_variables: Sequence[Any]) -> None:

@@ -5,17 +5,24 @@ from typing import Any, Optional, Sequence
 
 import keras
 
+from hvdlite.core.frontend import logger
+
 from ..compression import Compression
 from .optimizer import DistributedOptimizer, DistributedOptimizerMixin, copy_optimizer_state
 
 
 def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
-               custom_objects: Optional[dict] = None, compression: type = Compression.none) -> Any:
+               custom_objects: Optional[dict] = None, compression: type = Compression.none,
+               legacy_opts: bool = False) -> Any:
     """Load a ``.keras`` (or ``.h5``) model; its optimizer comes back as a DistributedOptimizer.
 
     The optimizer keeps the state that was saved with it (step count, slot variables). Optimizer classes
     in ``custom_optimizers`` and objects in ``custom_objects`` are made known to Keras for loading.
+    ``legacy_opts`` (Horovod: wrap ``tf.keras.optimizers.legacy`` classes) is accepted and ignored: Keras 3 has
+    no legacy optimizers, so the saved optimizer's own class is used.
     """
+    if legacy_opts:
+        logger.debug("load_model: legacy_opts=True ignored (Keras 3 has no legacy optimizers)")
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or ():
         objects.setdefault(cls.__name__, cls)
