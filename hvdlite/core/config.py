@@ -49,6 +49,9 @@ class Config:
     #: "off" starts them all at step()/synchronize(); "auto" overlaps unless the ranks' compute threads
     #: already take every CPU core (then the engine would slow backward down more than overlap gains).
     gradient_overlap: str = "auto"
+    #: Testing/debug switch: frontends stage CPU tensors through a host copy too, as they do device (CUDA)
+    #: tensors, so that the staging path runs on machines without a GPU. Off in use.
+    stage_host_copies: bool = False
 
     @classmethod
     def field_names(cls) -> list[str]:
