@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,26 @@ def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+def make_child_venv(path: Path, timeout: float = 120) -> Path:
+    """A venv at ``path`` (without pip) that sees every package this Python sees, and returns its python.
+
+    ``--system-site-packages`` would give it only the base interpreter's packages: when the tests run in
+    a virtualenv, that misses the test venv's (mpi4py, numpy, hvdlite). So the child gets a .pth file that
+    adds this Python's site-packages directories as site dirs (their own .pth files, such as an editable
+    install's, take effect too), after the child's own site-packages, whose packages come first.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, capture_output=True,
+                   timeout=timeout)
+    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    parents = [d for d in site.getsitepackages() + user if os.path.isdir(d)]
+    python = path / "bin" / "python"
+    child_site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                                check=True, capture_output=True, text=True, timeout=timeout).stdout.strip()
+    Path(child_site, "_hvdlite_tests_parent_site.pth").write_text(
+        f"import site; list(map(site.addsitedir, {parents!r}))\n")
+    return python
 
 
 @pytest.fixture(params=[2, 3], ids=["np2", "np3"])

@@ -66,6 +66,19 @@ def test_gradient_overlap_setting_and_auto_decision() -> None:
             hvd.shutdown()
 
 
+def test_stage_host_copies_setting() -> None:
+    from hvdlite.core.runtime import stage_host_copies
+    assert Config().stage_host_copies is False and stage_host_copies() is False  # before init(): off
+    assert Config.from_env({"HVDLITE_STAGE_HOST_COPIES": "1"}).stage_host_copies is True
+    assert Config.from_env({"HOROVOD_STAGE_HOST_COPIES": "yes"}).stage_host_copies is True
+    for setting in (True, False):
+        hvd.init(stage_host_copies=setting)
+        try:
+            assert stage_host_copies() is setting
+        finally:
+            hvd.shutdown()
+
+
 def test_unknown_hvdlite_variable_warns(capfd) -> None:
     Config.from_env({"HVDLITE_FUSION_TRESHOLD": "1"})
     err = capfd.readouterr().err

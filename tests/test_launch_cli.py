@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import make_child_venv
 from cluster.fixtures import (PYTHON, WORKERS, assert_ctrl_c_stops_every_rank, assert_topology, base_env,
                               run, topology)
 from hvdlite.run.args import TUNING_FLAGS, env_assignments, parse_args, tuning_environment
@@ -132,13 +133,11 @@ def test_too_many_slots_is_refused() -> None:
 
 def test_no_launcher_found(tmp_path: Path) -> None:
     """With no mpiexec/mpirun next to Python or on PATH, hvdlite-run says so and how to fix it."""
-    venv = tmp_path / "venv"
-    subprocess.run([PYTHON, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
-                   timeout=120)
+    python = make_child_venv(tmp_path / "venv")
     env = base_env(PATH="/usr/bin:/bin")
     env.pop("SLURM_JOB_ID", None)
     env.pop("SLURM_JOBID", None)
-    proc = run([str(venv / "bin" / "python"), "-m", "hvdlite.run", "-np", "2", "python", "x.py"], env=env,
+    proc = run([str(python), "-m", "hvdlite.run", "-np", "2", "python", "x.py"], env=env,
                timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no MPI launcher found" in proc.stderr and "pip install mpich" in proc.stderr

@@ -26,7 +26,8 @@ def _cases() -> list:
         sizes = [int(s) for s in re.findall(r"\d+", _setting(text, "MPI_SIZES", "(2, 3)"))]
         timeout = float(_setting(text, "SPAWN_TIMEOUT", "600"))
         for n in sizes:
-            cases.append(pytest.param(path.name, n, timeout, id=f"{path.stem}-np{n}"))
+            cases.append(pytest.param(path.name, n, timeout, id=f"{path.stem}-np{n}",
+                                      marks=pytest.mark.timeout(timeout + 60)))
     return cases
 
 

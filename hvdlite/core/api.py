@@ -8,7 +8,7 @@ import numpy as np
 from .engine.handles import Handle
 from .engine.requests import Kind
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import ReduceOp, check_reduction, dtype_name, resolve_op
+from .reduce_ops import check_reduction, dtype_name, resolve_op
 from .runtime import state
 
 

@@ -61,6 +61,9 @@ class Config:
     #: Directory on each host where elastic ``State.commit()`` keeps the last committed state (node-local,
     #: written atomically); "" picks /dev/shm when it is writable, else the temporary directory.
     elastic_commit_dir: str = ""
+    #: Testing/debug switch: frontends stage CPU tensors through a host copy too, as they do device (CUDA)
+    #: tensors, so that the staging path runs on machines without a GPU. Off in use.
+    stage_host_copies: bool = False
 
     #: Tune fusion_threshold, cycle_time and allreduce_chunk_bytes while training runs (Bayesian optimisation
     #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.

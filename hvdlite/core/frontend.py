@@ -1,5 +1,6 @@
 """The documented interface between the core and the framework frontends: what they may use beyond the
-public API (``hvdlite.core``'s exports). Every other core module is private to the core.
+public API (``hvdlite.core``'s exports and the public ``hvdlite.core.elastic`` package). Every other core
+module is private to the core.
 
 - ``resolve_op(op, average=None)`` / ``check_reduction(kind, name, op, dtypes, scaled)``: op resolution and
   the shared submit checks, so both frontends accept and refuse the same things.
@@ -8,6 +9,7 @@ public API (``hvdlite.core``'s exports). Every other core module is private to t
   ``gradient_overlap`` setting; see Config).
 - ``process_set_ranks(ps_id)``: the members of a registered process set, by id.
 - ``setting(name)``: the value of one setting of the running job (Config field).
+- ``stage_host_copies()``: whether CPU tensors take the device tensors' host-staging path (a test switch).
 - ``bf16_to_f32`` / ``f32_to_bf16``: bfloat16 bit conversions for frameworks without a numpy bfloat16.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
@@ -22,11 +24,11 @@ from .engine.handles import Handle
 from .log import logger
 from .policy import basics, check_sparse, sparse_allgather_async, sync_moments
 from .reduce_ops import bf16_to_f32, check_reduction, f32_to_bf16, resolve_op
-from .runtime import gradient_overlap, state
+from .runtime import gradient_overlap, stage_host_copies, state
 
 __all__ = ["resolve_op", "check_reduction", "then", "gradient_overlap", "process_set_ranks", "setting",
            "bf16_to_f32", "f32_to_bf16", "logger", "Handle", "check_sparse", "sparse_allgather_async",
-           "sync_moments", "basics"]
+           "sync_moments", "basics", "stage_host_copies"]
 
 
 def then(handle: Handle, convert: Callable[[Any], Any]) -> Handle:

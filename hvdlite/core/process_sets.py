@@ -1,7 +1,7 @@
 """Process sets: subsets of ranks that run collectives among themselves."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 
 def is_comm(obj: Any) -> bool:

@@ -267,6 +267,13 @@ def gradient_overlap(compute_threads: Optional[int], process_set: Optional[Proce
     return bool(handle.wait()[0][0])
 
 
+def stage_host_copies() -> bool:
+    """Whether frontends stage CPU tensors through a host copy like device tensors (a testing switch, see
+    Config.stage_host_copies); False before init()."""
+    current = _state
+    return current is not None and current.config.stage_host_copies
+
+
 def state() -> State:
     """The live runtime state, or an error that says to call init() first."""
     current = _state

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hvdlite.core.frontend import basics
 
-from .mpi_ops import (  # first: it imports .collectives at its end
+from .async_ops import (
                       allgather_async, allreduce_, allreduce_async, allreduce_async_, alltoall_async, barrier,
                       broadcast_, broadcast_async, broadcast_async_, grouped_allgather_async, grouped_allreduce_,
                       grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter_async, join, poll,
@@ -12,7 +12,7 @@ from .collectives import (allgather, allreduce, alltoall, broadcast, grouped_all
                           grouped_reducescatter, reducescatter)
 from .compression import Compression, Compressor
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
-from .optimizer import DistributedOptimizer
+from .wrap import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .zero import ZeroRedundancyOptimizer
 from . import elastic  # noqa: E402  (hvd.elastic.TorchState, ElasticSampler, run)
@@ -31,3 +31,5 @@ __all__ = sorted(_BASICS) + [
     "Compression", "Compressor", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "SyncBatchNorm", "ZeroRedundancyOptimizer", "elastic",
 ]
+
+from . import mpi_ops  # noqa: E402,F401  (hvd.mpi_ops, as horovod.torch.mpi_ops)

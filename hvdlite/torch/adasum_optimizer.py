@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .mpi_ops import Adasum, grouped_allreduce_async_, synchronize
+from .async_ops import Adasum, grouped_allreduce_async_, synchronize
 from .optimizer import Unit, _DistributedOptimizer
 
 

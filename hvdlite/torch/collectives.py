@@ -18,7 +18,7 @@ from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core.frontend import resolve_op
 
 from .compression import Compression
-from .mpi_ops import (Average, Sum, allgather_async, alltoall_async, broadcast_async, grouped_allgather_async,
+from .async_ops import (Average, Sum, allgather_async, alltoall_async, broadcast_async, grouped_allgather_async,
                       grouped_allreduce_async, grouped_reducescatter_async, synchronize)
 
 

@@ -8,7 +8,7 @@ import torch
 import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
 
-from .mpi_ops import broadcast_async_, synchronize
+from .async_ops import broadcast_async_, synchronize
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = global_process_set) -> None:

@@ -9,7 +9,7 @@ from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core.frontend import sync_moments
 
 from .collectives import grouped_allreduce
-from .mpi_ops import Sum
+from .async_ops import Sum
 
 
 class SyncBatchNorm(_BatchNorm):

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from hvdlite.core import Handle
+from hvdlite.core.frontend import stage_host_copies
 
 #: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits).
 SUPPORTED_DTYPES = tuple(d for d in (
@@ -46,13 +47,9 @@ def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
     return np.from_dlpack(t)
 
 
-#: Stage CPU tensors through a host copy too, exactly as device tensors are. Off in use; the test suite
-#: turns it on so that the staging path runs on machines without a GPU.
-STAGE_EVERY_TENSOR = False
-
-
 def _staged(tensor: torch.Tensor) -> bool:
-    return tensor.device.type != "cpu" or STAGE_EVERY_TENSOR
+    """Device tensors go through a host copy; CPU ones too under the stage_host_copies setting (tests)."""
+    return tensor.device.type != "cpu" or stage_host_copies()
 
 
 def to_host(tensor: torch.Tensor, what: str) -> tuple[np.ndarray, bool]:

@@ -17,7 +17,7 @@ from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core.frontend import gradient_overlap, setting
 
 from .compression import Compression
-from .mpi_ops import Average, grouped_allgather_async, grouped_reducescatter_async, synchronize
+from .async_ops import Average, grouped_allgather_async, grouped_reducescatter_async, synchronize
 from .zero_layout import Bucket, is_elementwise, plan_buckets, shard_state
 
 _instances = itertools.count()

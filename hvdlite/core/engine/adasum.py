@@ -9,7 +9,7 @@ with the whole result. A fused batch treats each tensor as its own vector (its o
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 

@@ -1,0 +1,248 @@
+"""horovod.torch's asynchronous and in-place collectives on torch tensors, built on hvdlite.core."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+import hvdlite.core as core
+from hvdlite.core import Handle, ProcessSet, ReduceOp, global_process_set
+from hvdlite.core.frontend import basics, check_sparse, resolve_op, sparse_allgather_async
+
+from .tensors import chain, from_host, hints, splits_array, to_host, write_into
+
+#: horovod.torch.mpi_ops re-exports the runtime (init, rank, size, ..., process sets, errors, reduce ops).
+BASICS = basics()
+globals().update(BASICS)
+Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM  # (also in BASICS) used below
+
+
+def _name(kind: str, name: Optional[str]) -> Optional[str]:
+    """Horovod names its ops "<kind>.<name>"; unnamed ops get "<kind>.noname.<n>" from the core."""
+    return None if name is None else f"{kind}.{name}"
+
+
+# -- allreduce ----------------------------------------------------------------------------------------
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                            name: Optional[str] = None, op: Any = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing ``tensors`` as one unit; synchronize() returns new reduced tensors."""
+    tensors = list(tensors)
+    reduce_op = resolve_op(op, average)
+    hosts = [to_host(t, "grouped_allreduce")[0] for t in tensors]
+    handle = core.grouped_allreduce_async(hosts, None, _name("allreduce", name), reduce_op, prescale_factor,
+                                          postscale_factor, process_set, dtype_hints=hints(tensors))
+    return chain(handle, lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Any = None, prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing ``tensors`` in place; synchronize() returns the same tensors, now reduced."""
+    tensors = list(tensors)
+    reduce_op = resolve_op(op, average)
+    staged = [to_host(t, "grouped_allreduce_") for t in tensors]
+    handle = core.grouped_allreduce_async([s[0] for s in staged], None, _name("allreduce", name), reduce_op,
+                                          prescale_factor, postscale_factor, process_set, inplace=True,
+                                          dtype_hints=hints(tensors))
+    return chain(handle, lambda results: [write_into(t, r, s[1])
+                                          for t, r, s in zip(tensors, results, staged)])
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                    op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor."""
+    return _first(grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
+                                          process_set))
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
+    return _first(grouped_allreduce_async_([tensor], average, name, op, prescale_factor, postscale_factor,
+                                           process_set))
+
+
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set))
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                       name: Optional[str] = None, op: Any = None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+def _first(handle: Handle) -> Handle:
+    return chain(handle, lambda results: results[0])
+
+
+# -- sparse -------------------------------------------------------------------------------------------
+class SparseHandle:
+    """What sparse_allreduce_async returns: call it (or pass it to synchronize) for the result."""
+
+    def __init__(self, handle: Handle, finish: Callable[[], torch.Tensor]) -> None:
+        self.handle = handle
+        self._finish = finish
+
+    def done(self) -> bool:
+        return self.handle.done()
+
+    def wait(self) -> torch.Tensor:
+        return self._finish()
+
+    __call__ = wait
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
+                           process_set: ProcessSet = global_process_set) -> SparseHandle:
+    """Combine a sparse COO tensor across ranks by gathering every rank's indices and values
+    (hvdlite.core.frontend.sparse_allgather_async: the policy both frontends share)."""
+    full_name = _name("sparse", name)
+    reduce_op = check_sparse(op, full_name)
+    sparse = tensor.coalesce()
+    indices = sparse.indices().t().contiguous()
+    values = sparse.values().contiguous()
+    # torch's Average is a true division (integer values give floating-point ones); bfloat16 values travel
+    # as float32, whose division matches torch's and whose round trip is exact
+    if values.dtype == torch.bfloat16 or (reduce_op is Average and not values.dtype.is_floating_point):
+        wire = values.to(torch.float32 if values.dtype == torch.bfloat16 else torch.get_default_dtype())
+    else:
+        wire = values
+    handle = sparse_allgather_async(to_host(indices, "sparse_allreduce_async")[0],
+                                    to_host(wire, "sparse_allreduce_async")[0], reduce_op, full_name, process_set)
+
+    def finish() -> torch.Tensor:
+        all_indices, all_values = handle.wait()
+        gathered = from_host(all_values, wire)
+        if values.dtype == torch.bfloat16:
+            gathered = gathered.to(torch.bfloat16)
+        return torch.sparse_coo_tensor(from_host(all_indices, indices).t(), gathered, sparse.size(),
+                                       check_invariants=False).coalesce()
+    return SparseHandle(handle, finish)
+
+
+# -- allgather ----------------------------------------------------------------------------------------
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start concatenating each tensor's rows from every rank (first dimensions may differ)."""
+    tensors = list(tensors)
+    hosts = [to_host(t, "grouped_allgather")[0] for t in tensors]
+    handle = core.grouped_allgather_async(hosts, _name("allgather", name), process_set,
+                                          dtype_hints=hints(tensors))
+    return chain(handle, lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    return _first(grouped_allgather_async([tensor], name, process_set))
+
+
+# -- broadcast ----------------------------------------------------------------------------------------
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start copying ``tensor`` from ``root_rank``; synchronize() returns a new tensor."""
+    host, _ = to_host(tensor, "broadcast")
+    handle = core.broadcast_async(host, root_rank, _name("broadcast", name), process_set,
+                                  dtype_hint=hints([tensor])[0])
+    return chain(handle, lambda result: from_host(result, tensor))
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Start overwriting ``tensor`` with root_rank's value; synchronize() returns ``tensor``."""
+    host, shared = to_host(tensor, "broadcast_")
+    handle = core.broadcast_async(host, root_rank, _name("broadcast", name), process_set, inplace=True,
+                                  dtype_hint=hints([tensor])[0])
+    return chain(handle, lambda result: write_into(tensor, result, shared))
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# -- alltoall and reducescatter -----------------------------------------------------------------------
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    """Send ``splits[i]`` rows to rank i; synchronize() returns (received tensor, received splits)."""
+    host, _ = to_host(tensor, "alltoall")
+    split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    handle = core.alltoall_async(host, splits_array(splits), _name("alltoall", name), process_set,
+                                 dtype_hint=hints([tensor])[0])
+    return chain(handle, lambda result: (from_host(result[0], tensor),
+                                         torch.from_numpy(np.asarray(result[1])).to(split_dtype)))
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                                op: Any = Average, process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start reducing each tensor and keeping this rank's share of its first dimension."""
+    tensors = list(tensors)
+    reduce_op = resolve_op(op)
+    hosts = [to_host(t, "grouped_reducescatter")[0] for t in tensors]
+    handle = core.grouped_reducescatter_async(hosts, _name("reducescatter", name), reduce_op, process_set,
+                                              prescale_factor, postscale_factor, dtype_hints=hints(tensors))
+    return chain(handle, lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Any = Average,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    return _first(grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
+                                              postscale_factor))
+
+
+# -- handles and synchronisation ----------------------------------------------------------------------
+def poll(handle: Any) -> bool:
+    """True when the collective behind ``handle`` has finished (synchronize() will not block)."""
+    if not hasattr(handle, "done"):
+        raise TypeError(f"poll() takes a handle returned by an *_async function, got {type(handle).__name__}")
+    return bool(handle.done())
+
+
+def synchronize(handle: Any) -> Any:
+    """Wait for an asynchronous collective and return its output (or raise its error)."""
+    if isinstance(handle, (Handle, SparseHandle)):
+        return handle.wait()
+    if callable(handle):
+        return handle()
+    raise TypeError(f"synchronize() takes a handle returned by an *_async function, got "
+                    f"{type(handle).__name__}")
+
+
+def join(device: int = -1) -> int:
+    """This rank has run out of data: until every rank joins, it contributes zeros to its peers'
+    allreduces (and nothing to allgathers). Blocks until all ranks joined; returns the last to join.
+    ``device`` is accepted for Horovod compatibility; zeros are always made in host memory.
+    """
+    return core.join(device)
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of ``process_set`` reaches the barrier."""
+    core.barrier(process_set)
+
+
+def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> ReduceOp:
+    """Horovod's helper: the ReduceOp meant by ``op=`` or the deprecated ``average=``."""
+    return resolve_op(op, average)
+
+
+__all__ = sorted(BASICS) + [
+    "handle_average_backwards_compatibility", "allreduce_async", "allreduce_", "allreduce_async_",
+    "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "sparse_allreduce_async",
+    "allgather_async", "grouped_allgather_async", "broadcast_async", "broadcast_", "broadcast_async_",
+    "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "join", "barrier", "poll",
+    "synchronize",
+]

@@ -1,0 +1,209 @@
+"""The package's layering, checked from the source with ast (no import, single process, fast).
+
+- frontends (hvdlite/torch, hvdlite/tensorflow, hvdlite/keras) import from the core only ``hvdlite.core``
+  (its public names) and ``hvdlite.core.frontend`` (the documented frontend interface);
+- no import cycle among hvdlite modules (imports inside functions count: see CYCLES_COUNT_LAZY_IMPORTS);
+- every module is under 400 lines;
+- exactly one module imports mpi4py.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Iterator
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hvdlite"
+#: The only module allowed to import mpi4py.
+MPI_MODULE = "hvdlite.core.engine.mpi"
+#: The core modules a frontend may import.
+#: The public core, its documented frontend interface, and the public elastic package (``hvd.elastic``).
+FRONTEND_MAY_IMPORT = {"hvdlite.core", "hvdlite.core.frontend", "hvdlite.core.elastic"}
+FRONTENDS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras")
+MAX_LINES = 400
+#: Whether an import inside a function counts as an edge of the import graph for the cycle check. A lazy
+#: import that closes a loop (runtime -> api -> runtime) hides a cycle from Python, not from the reader.
+CYCLES_COUNT_LAZY_IMPORTS = True
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package is named by its __init__.py)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` names (relative levels resolved against ``module``)."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    if not _is_package(module):
+        base = base[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str, lazy: bool) -> list[tuple[str, int]]:
+    """(imported module, line) for the imports in ``module``, deduplicated; ``from pkg import name`` gives
+    ``pkg.name`` when that is a module of the package, else ``pkg``. ``lazy`` includes the imports inside
+    functions; imports under ``if TYPE_CHECKING:`` never count (they do not run)."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+    found: dict[tuple[str, int], None] = {}
+    for node in _statements(tree.body, lazy):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found[alias.name, node.lineno] = None
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, node)
+            for alias in node.names:
+                child = f"{source}.{alias.name}"
+                found[(child if child in MODULES else source), node.lineno] = None
+    return list(found)
+
+
+def _statements(body: list[ast.stmt], lazy: bool) -> Iterator[ast.stmt]:
+    """Every statement of ``body``, recursively, except ``if TYPE_CHECKING:`` blocks and, unless ``lazy``,
+    function bodies."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from _statements(node.orelse, lazy)
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and not lazy:
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            children = getattr(node, field, None)
+            if isinstance(children, list):
+                yield from _statements([c for c in children if isinstance(c, (ast.stmt, ast.excepthandler))],
+                                       lazy)
+        for case in getattr(node, "cases", []):  # match statements
+            yield from _statements(case.body, lazy)
+
+
+def _package_dependency(imported: str) -> str | None:
+    """The hvdlite module an import loads, or None for outside modules."""
+    while imported and imported not in MODULES:
+        imported = imported.rpartition(".")[0]
+    return imported or None
+
+
+def test_frontends_import_only_the_core_package_and_its_frontend_interface() -> None:
+    leaks = []
+    for module in MODULES:
+        if not module.startswith(FRONTENDS):
+            continue
+        for imported, line in _imports(module, lazy=True):
+            if (imported == "hvdlite.core" or imported.startswith("hvdlite.core.")) \
+                    and imported not in FRONTEND_MAY_IMPORT:
+                leaks.append(f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} imports {imported}")
+    assert not leaks, ("frontends may import only " + " and ".join(sorted(FRONTEND_MAY_IMPORT)) +
+                       " from the core; add what they need to hvdlite.core.frontend:\n" + "\n".join(leaks))
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module in MODULES:
+        for imported, _ in _imports(module, lazy=CYCLES_COUNT_LAZY_IMPORTS):
+            target = _package_dependency(imported)
+            if target and target != module:
+                graph[module].add(target)
+                # importing a.b.c runs a and a.b first
+                parent = target.rpartition(".")[0]
+                while parent and parent != module and not module.startswith(parent + "."):
+                    graph[module].add(parent)
+                    parent = parent.rpartition(".")[0]
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
+    """One shortest cycle per strongly connected component of more than one module (Tarjan), with the
+    component's modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(set(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [(_path_through(graph, sorted(c)[0], c), sorted(c)) for c in components]
+
+
+def _path_through(graph: dict[str, set[str]], start: str, component: set[str]) -> list[str]:
+    """A shortest cycle from ``start`` back to itself inside ``component`` (breadth first)."""
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return path[::-1] + [start]
+                if w not in previous:
+                    previous[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle through {start}")  # unreachable for a strongly connected component
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles among hvdlite modules:\n" + "\n".join(
+        f"{' -> '.join(path)} (modules in this loop: {', '.join(members)})" for path, members in cycles)
+
+
+def test_every_module_is_under_400_lines() -> None:
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in MODULES.values()
+            if (n := len(p.read_text().splitlines())) >= MAX_LINES}
+    assert not long, f"modules of {MAX_LINES} lines or more (split them): {long}"
+
+
+def test_only_the_mpi_module_imports_mpi4py() -> None:
+    importers = sorted({m for m in MODULES for imported, _ in _imports(m, lazy=True)
+                        if imported == "mpi4py" or imported.startswith("mpi4py.")})
+    assert importers == [MPI_MODULE], (f"only {MPI_MODULE} may import mpi4py; importers: {importers}")
+
+
+def test_the_checks_see_the_package() -> None:
+    """Guards the checks above against passing vacuously (a moved package, a broken walk)."""
+    assert {"hvdlite", "hvdlite.core", "hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras"} <= set(MODULES)
+    graph = _graph()
+    assert "hvdlite.core" in graph["hvdlite"] and sum(map(len, graph.values())) > 50
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [(["a", "b", "c", "a"], ["a", "b", "c"])]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
