@@ -5,31 +5,24 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conftest import run_mpi
 
 
-def test_raising_rank_ends_the_job_with_its_traceback_first(nproc: int) -> None:
+@pytest.mark.parametrize("mode,where,error", [
+    ("raise", "", "ValueError: the real error on rank 1: bad batch 17"),
+    ("thread_raise", " in thread loader", "ValueError: the real error in rank 1's loader thread: bad batch 17"),
+], ids=["main-thread", "other-thread"])
+def test_raising_rank_ends_the_job_with_its_traceback_first(nproc: int, mode: str, where: str, error: str) -> None:
     start = time.monotonic()
-    proc = run_mpi("core_failures.py", nproc, args=["raise"], check=False, timeout=60)
+    proc = run_mpi("core_failures.py", nproc, args=[mode], check=False, timeout=60)
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert elapsed < 30, f"the job took {elapsed:.0f} s to end after a rank raised"
     first = proc.stderr.strip().splitlines()
-    assert first[0].startswith("[hvdlite rank 1] uncaught exception"), proc.stderr
-    assert "ValueError: the real error on rank 1: bad batch 17" in proc.stderr
-    assert "shut down" not in proc.stderr and "ShutdownError" not in proc.stderr, proc.stderr
-
-
-def test_raising_thread_ends_the_job_with_its_traceback_first(nproc: int) -> None:
-    import time
-    start = time.monotonic()
-    proc = run_mpi("core_failures.py", nproc, args=["thread_raise"], check=False, timeout=60)
-    elapsed = time.monotonic() - start
-    assert proc.returncode != 0
-    assert elapsed < 30, f"the job took {elapsed:.0f} s to end after a thread raised"
-    first = proc.stderr.strip().splitlines()
-    assert first[0].startswith("[hvdlite rank 1] uncaught exception in thread loader"), proc.stderr
-    assert "ValueError: the real error in rank 1's loader thread: bad batch 17" in proc.stderr
+    assert first[0].startswith(f"[hvdlite rank 1] uncaught exception{where}; aborting"), proc.stderr
+    assert error in proc.stderr
     assert "shut down" not in proc.stderr and "ShutdownError" not in proc.stderr, proc.stderr
 
 

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import torch
 
 from .async_ops import Adasum, grouped_allreduce_async_, synchronize
-from .optimizer import Unit, _DistributedOptimizer
+from .optimizer import _DistributedOptimizer
 
 
 class _Delta:
@@ -73,21 +73,7 @@ class DistributedAdasumOptimizer(_DistributedOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._refresh()
-        waiting: list[Unit] = []
-        seen: set[int] = set()
-        for p in self._requires_update:
-            unit = self._unit_of[p]
-            if id(unit) not in seen:
-                seen.add(id(unit))
-                if unit not in self._handles:
-                    waiting.append(unit)
-        if self.overlap:
-            for unit in waiting:
-                self._handles[unit] = self._submit(unit)
-        elif waiting:  # one local step and one grouped submission for all of them
-            params = [q for u in waiting for q in (u if isinstance(u, tuple) else (u,)) if q.requires_grad]
-            self._handles[waiting[0]] = self._submit_params(params)
+        self._submit_waiting()  # without overlap: one local step and one grouped submission for all of them
         try:
             with torch.no_grad():
                 for entries in self._handles.values():

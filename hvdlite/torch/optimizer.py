@@ -137,28 +137,32 @@ class _DistributedOptimizer:
         else:
             p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    def _submit_waiting(self) -> None:
+        """Submit every unit whose reduction has not started yet: one by one when overlapping, else in one
+        grouped submission (per-tensor requests would cost more than they overlap)."""
+        self._refresh()
+        seen: set[int] = set()
+        waiting: list[Unit] = []
+        for p in self._requires_update:
+            unit = self._unit_of[p]
+            if id(unit) not in seen:
+                seen.add(id(unit))
+                if unit not in self._handles:
+                    waiting.append(unit)
+        if self.overlap:
+            for unit in waiting:
+                self._handles[unit] = self._submit(unit)
+        elif waiting:
+            params = [q for u in waiting for q in (u if isinstance(u, tuple) else (u,)) if q.requires_grad]
+            self._handles[waiting[0]] = self._submit_params(params)
+
     # -- public API ---------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Finish every gradient allreduce of this step (starting those not started yet)."""
         if not self._enabled:
             self._synchronized = True
             return
-        self._refresh()
-        seen: set[int] = set()
-        waiting: list[Unit] = []
-        for p in self._requires_update:
-            unit = self._unit_of[p]
-            if id(unit) in seen:
-                continue
-            seen.add(id(unit))
-            if unit not in self._handles:
-                waiting.append(unit)
-        if self.overlap:
-            for unit in waiting:
-                self._handles[unit] = self._submit(unit)
-        elif waiting:  # one grouped submission: per-tensor requests would cost more than they overlap
-            params = [q for u in waiting for q in (u if isinstance(u, tuple) else (u,)) if q.requires_grad]
-            self._handles[waiting[0]] = self._submit_params(params)
+        self._submit_waiting()
         with torch.no_grad():
             for entries in self._handles.values():
                 for entry in entries:

@@ -75,8 +75,22 @@ def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: flo
                      int(root), tensors, extra)
 
 
+class _SignatureFields:
+    """Named access to the signature fields the engine reads most (shared by Request and Response)."""
+
+    sig: Signature
+
+    @property
+    def kind(self) -> Kind:
+        return self.sig.kind
+
+    @property
+    def ps_id(self) -> int:
+        return self.sig.ps_id
+
+
 @dataclasses.dataclass(eq=False)
-class Request:
+class Request(_SignatureFields):
     """One named collective submitted on this rank, waiting for the engine."""
 
     name: str
@@ -97,17 +111,9 @@ class Request:
         self.results = [None] * len(self.inputs)
         self.remaining = len(self.inputs)
 
-    @property
-    def kind(self) -> Kind:
-        return self.sig.kind
-
-    @property
-    def ps_id(self) -> int:
-        return self.sig.ps_id
-
 
 @dataclasses.dataclass
-class Response:
+class Response(_SignatureFields):
     """A decision every rank reached identically: run ``name`` now, or fail it with ``error``."""
 
     name: str
@@ -116,11 +122,3 @@ class Response:
     error_kind: str = "mismatch"
     joined: frozenset = frozenset()
     last_joined: int = -1
-
-    @property
-    def kind(self) -> Kind:
-        return self.sig.kind
-
-    @property
-    def ps_id(self) -> int:
-        return self.sig.ps_id
