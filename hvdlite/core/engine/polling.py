@@ -8,6 +8,8 @@ from .handles import threads_waiting
 
 #: MPI polls without sleeping while a user thread waits (a few tens of microseconds).
 SPIN_POLLS = 200
+#: While spinning, yield the core every this many polls (as MPI libraries do when oversubscribed).
+YIELD_EVERY = 8
 
 #: Runs between the polls of every wait with the seconds waited so far; returns True to restart that count.
 #: The engine answers presence probes there and gives up on a wait that a vanished peer holds.
@@ -34,6 +36,8 @@ def wait(request: Any, cap: float) -> None:
             started = time.monotonic()
         if spins > 0:
             spins -= 1
+            if spins % YIELD_EVERY == 0:
+                time.sleep(0)  # give the core away if another process wants it (oversubscribed ranks)
             continue
         if threads_waiting():
             spins, delay = SPIN_POLLS, 0.0
