@@ -10,12 +10,19 @@ import time
 
 import numpy as np
 
+
+def say(line: str) -> None:
+    """One whole line per write: with PYTHONUNBUFFERED, print() writes the text and the newline separately,
+    and the launcher may interleave two ranks' lines between them."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
 import hvdlite as hvd
 
 mode = sys.argv[1]
 hvd.init()
 r, n = hvd.rank(), hvd.size()
-print(f"PID rank={r} pid={os.getpid()}", flush=True)
+say(f"PID rank={r} pid={os.getpid()}")
 hvd.allreduce(np.ones(1), name="warmup")
 
 if mode == "loop":
@@ -25,7 +32,7 @@ if mode == "loop":
         out = hvd.allreduce(big, op=hvd.Sum, name="big")
         assert out[0] == want and out[-1] == want, (step, out[0])
         if step == 0:
-            print(f"LOOPING rank={r}", flush=True)
+            say(f"LOOPING rank={r}")
 elif mode == "env":
     for step in range(20):
         shapes = [(3,), (100,), (1000,), (), (7, 5), (40000,)]
@@ -41,9 +48,9 @@ elif mode == "env":
             assert np.array_equal(a, np.arange(k) * (n * (n + 1) // 2)), (step, k)
         b = hvd.broadcast(np.full(5000, r, dtype=np.int16), root_rank=n - 1, name="bc")
         assert np.array_equal(b, np.full(5000, n - 1, dtype=np.int16))
-    print(f"OK rank {r}", flush=True)
+    say(f"OK rank {r}")
 elif mode == "stall":
-    print(f"LOOPING rank={r}", flush=True)
+    say(f"LOOPING rank={r}")
     step = 0
     start = time.monotonic()
     try:
@@ -52,5 +59,5 @@ elif mode == "stall":
             hvd.allreduce(np.ones(4), name=f"s{step % 4}")
             step += 1
     except Exception as exc:  # noqa: BLE001 - report exactly what this rank got
-        print(f"RESULT rank={r} after={time.monotonic() - start:.1f} {type(exc).__name__}: {exc}", flush=True)
+        say(f"RESULT rank={r} after={time.monotonic() - start:.1f} {type(exc).__name__}: {exc}")
         os._exit(0)
