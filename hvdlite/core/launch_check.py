@@ -46,7 +46,7 @@ def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
     """Raise LaunchError when the launcher started several ranks but MPI came up with size 1 in each.
 
     ``mpi_size`` is the size of MPI_COMM_WORLD; ``mpi_library`` (MPI_Get_library_version's text, asked
-    from mpi4py when not given) makes the suggested fix specific.
+    through core.engine.mpi when not given) makes the suggested fix specific.
     """
     if mpi_size != 1:
         return
