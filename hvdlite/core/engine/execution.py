@@ -218,8 +218,7 @@ class Executor:
         self._wait(comm.Iallgather(rows, all_rows))
         row_bytes = np.array([math.prod(item.shape) * storage_dtype(item.dtype).itemsize
                               for item in items], dtype=np.int64)
-        per_rank = (all_rows * row_bytes).sum(axis=1)
-        displs = np.concatenate(([0], np.cumsum(per_rank)[:-1]))
+        per_rank, displs = counts_displacements((all_rows * row_bytes).sum(axis=1))
         if len(items) == 1:
             send = items[0].src.reshape(-1).view(np.uint8)
         else:

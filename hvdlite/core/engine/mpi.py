@@ -32,11 +32,6 @@ def start() -> Any:
     return _MPI
 
 
-def module() -> Any:
-    """The mpi4py.MPI module, once start() has run."""
-    return _MPI
-
-
 def library_version() -> str:
     return _MPI.Get_library_version().strip().splitlines()[0] if _MPI is not None else "unknown"
 
@@ -78,10 +73,6 @@ def make_world(comm: Any) -> Any:
         raise LaunchError(f"rank {me} of MPI_COMM_WORLD is not in init(comm={ranks}); only the listed ranks "
                           f"may call init() with it")
     return sub
-
-
-def is_communicator(obj: Any) -> bool:
-    return _MPI is not None and isinstance(obj, _MPI.Comm)
 
 
 def communicator_world_ranks(comm: Any, world: Any) -> Optional[list[int]]:

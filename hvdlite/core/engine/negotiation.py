@@ -14,6 +14,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from . import polling
+from .mpi import counts_displacements
 from .requests import FIELD_LABELS, Kind, Response, Signature
 
 FLAG_FULL = 1        # some rank needs the full path this cycle
@@ -133,7 +134,7 @@ def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list] = 
     polling.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), NEGOTIATION_POLL_CAP)
     if sizes_out is not None:
         sizes_out[:] = sizes.tolist()
-    displs = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    sizes, displs = counts_displacements(sizes)
     data = np.empty(int(sizes.sum()), dtype=np.uint8)
     polling.wait(comm.Iallgatherv(payload, [data, (sizes, displs)]), NEGOTIATION_POLL_CAP)
     return [pickle.loads(data[d:d + n].tobytes()) for d, n in zip(displs.tolist(), sizes.tolist())]
