@@ -210,13 +210,15 @@ def test_response_cache_bits_and_eviction() -> None:
         cache.put(name, sig(), [0, 1], tick)
     assert [cache.lookup(n, sig()) for n in "abc"] == [0, 1, 2]
     assert cache.lookup("a", sig((9,))) == -1  # a changed signature is not a hit
-    cache.touch(0, 10)
+    assert [r.name for r in cache.ready(0b110, 10)] == ["a"]  # "a" ran at tick 10: now the most recent
     cache.put("d", sig(), [0], 11)  # evicts the least recently used: "b"
     assert cache.lookup("b", sig()) == -1 and cache.lookup("d", sig()) == 1
     assert cache.member_mask == 0b101  # rank 1 is not in d's process set
     flags, missing = cache.decode(cache.encode(3, 0b110))
     assert (flags, missing) == (3, 0b110)
-    assert [n for n, _ in cache.ready(0b100)] == ["a", "d"]
+    ready = cache.ready(0b100, 12)
+    assert [r.name for r in ready] == ["a", "d"]
+    assert ready[0] is cache.ready(0b100, 13)[0]  # the same response object every time the bit is ready
 
 
 def test_bfloat16_rounding() -> None:

@@ -34,7 +34,7 @@ def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
 
 def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[np.ndarray, str]:
     """A C-contiguous array in its storage dtype (bfloat16 as uint16 bits), plus the dtype name."""
-    a = np.asarray(array)
+    a = array if type(array) is np.ndarray else np.asarray(array)
     dtype = dtype_name(a, dtype_hint)
     if dtype == "bfloat16" and a.dtype != np.uint16:
         a = a.view(np.uint16)
@@ -67,19 +67,22 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
     name = _auto_name("allreduce", name, process_set)
     reduce_op = resolve_op(op, average)
     ps_id = _pset_id(process_set, "allreduce", name)
-    hints = list(dtype_hints or [None] * len(arrays))
-    prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
-    inputs = [p[0] for p in prepared]
-    dtypes = [p[1] for p in prepared]
+    hints = dtype_hints or (None,) * len(arrays)
+    inputs, dtypes = [], []
+    for array, hint in zip(arrays, hints):
+        prepared, dtype = _prepare(array, hint)
+        inputs.append(prepared)
+        dtypes.append(dtype)
     check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
                     set_size=state().psets.size(ps_id))
     outputs: Optional[list[Optional[np.ndarray]]] = None
     finalize = None
     if inplace:
         outputs = list(inputs)
-        originals = [np.asarray(a) for a in arrays]
-        if any(p is not o for p, o in zip(inputs, originals)):
-            finalize = _write_back(originals, inputs)
+        if any(p is not a for p, a in zip(inputs, arrays)):
+            originals = [np.asarray(a) for a in arrays]
+            if any(p is not o for p, o in zip(inputs, originals)):
+                finalize = _write_back(originals, inputs)
     return _submit(Kind.ALLREDUCE, name, ps_id, inputs, dtypes, outputs=outputs, op=reduce_op,
                    prescale=prescale_factor, postscale=postscale_factor, finalize=finalize)
 

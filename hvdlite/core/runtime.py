@@ -70,8 +70,9 @@ class State:
                extra: Any = None, shape_of: Callable[[np.ndarray], tuple] = lambda a: tuple(a.shape),
                finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
         """Hand one named request to the engine; the handle completes when every member has run it."""
-        sig = make_signature(kind, ps_id, op, prescale, postscale, root,
-                             tuple((d, shape_of(a)) for a, d in zip(inputs, dtypes)), extra)
+        shapes = ((dtypes[0], shape_of(inputs[0])),) if len(inputs) == 1 else \
+            tuple([(d, shape_of(a)) for a, d in zip(inputs, dtypes)])
+        sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra)
         handle = Handle(name, finalize)
         req = Request(name, sig, handle, inputs, outputs if outputs is not None else [None] * len(inputs),
                       dtypes, op=op, splits=splits)

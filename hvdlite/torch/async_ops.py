@@ -10,7 +10,7 @@ import hvdlite.core as core
 from hvdlite.core import Handle, ProcessSet, ReduceOp, global_process_set
 from hvdlite.core.frontend import basics, check_sparse, resolve_op, sparse_allgather_async
 
-from .tensors import chain, from_host, hints, splits_array, to_host, write_into
+from .tensors import chain, dtype_hint, from_host, hints, splits_array, to_host, write_into
 
 #: horovod.torch.mpi_ops re-exports the runtime (init, rank, size, ..., process sets, errors, reduce ops).
 BASICS = basics()
@@ -48,6 +48,8 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
     handle = core.grouped_allreduce_async([s[0] for s in staged], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
                                           dtype_hints=hints(tensors))
+    if all(s[1] for s in staged):  # the engine wrote the tensors' own memory: nothing to copy back
+        return handle.returning(tensors)
     return chain(handle, lambda results: [write_into(t, r, s[1])
                                           for t, r, s in zip(tensors, results, staged)])
 
@@ -64,8 +66,13 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    return _first(grouped_allreduce_async_([tensor], average, name, op, prescale_factor, postscale_factor,
-                                           process_set))
+    host, shared = to_host(tensor, "allreduce_")  # the per-gradient path: kept short
+    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), resolve_op(op, average),
+                                          prescale_factor, postscale_factor, process_set, inplace=True,
+                                          dtype_hints=(dtype_hint(tensor),))
+    if shared:
+        return handle.returning(tensor)
+    return chain(handle, lambda results: write_into(tensor, results[0], False))
 
 
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,

@@ -1,6 +1,7 @@
 """Moving torch tensors to the numpy arrays the core works on, and back: zero-copy on CPU where possible."""
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -34,22 +35,63 @@ def dtype_hint(tensor: torch.Tensor) -> Optional[str]:
 
 
 def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy array sharing memory with a CPU tensor (bfloat16 seen as int16 bits).
+    """A numpy array sharing memory with a CPU tensor (bfloat16 seen as int16 bits); the array keeps
+    the tensor alive, so a collective may outlive every other reference to its input.
 
-    Taken through DLPack, not ``Tensor.numpy()``: the latter marks the tensor's storage as not resizable
-    for good, so ``t.resize_()`` would fail after any collective on ``t``.
+    Not ``Tensor.numpy()``: that marks the tensor's storage as not resizable for good, so ``t.resize_()``
+    would fail after any collective on ``t``. The view is built from the tensor's address; the layout is
+    remembered per tensor (see _LAYOUTS), so a gradient reduced every step costs a lookup.
     """
-    t = tensor.detach()
-    if t.is_neg():
-        t = t.resolve_neg()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return np.from_dlpack(t)
+    entry = _LAYOUTS.get(id(tensor))
+    if entry is None or entry[0]() is not tensor or entry[1] != tensor.data_ptr() \
+            or entry[2] != tensor.shape or entry[3] != tensor.stride():
+        t = tensor.detach()
+        if t.is_neg() or t.is_conj() or t.numel() == 0:
+            return np.from_dlpack(t.resolve_neg().resolve_conj())
+        entry = _remember(tensor)
+    holder = _Interface()
+    holder.__array_interface__ = entry[4]
+    holder.tensor = tensor
+    return np.asarray(holder)
+
+
+class _Interface:
+    """What np.asarray views: it carries the layout and holds the tensor whose memory the array uses."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+
+#: id(tensor) -> (weak reference, address, shape, strides, __array_interface__ dict). Plain data: an entry
+#: never keeps its tensor alive; it goes when the tensor dies, and is rebuilt when the tensor's memory or
+#: layout changed (resize_, set_, as_strided_).
+_LAYOUTS: dict[int, tuple[Any, int, Any, Any, dict]] = {}
+
+
+def _remember(tensor: torch.Tensor) -> tuple[Any, int, Any, Any, dict]:
+    dtype = np.dtype(np.int16) if tensor.dtype == torch.bfloat16 else _NUMPY_DTYPES[tensor.dtype]
+    interface = {
+        "data": (tensor.data_ptr(), False), "shape": tuple(tensor.shape), "typestr": dtype.str,
+        "strides": None if tensor.is_contiguous() else tuple(s * dtype.itemsize for s in tensor.stride()),
+        "version": 3}
+    key = id(tensor)
+    entry = (weakref.ref(tensor, lambda dead: _forget(key, dead)), tensor.data_ptr(), tensor.shape,
+             tensor.stride(), interface)
+    _LAYOUTS[key] = entry
+    return entry
+
+
+def _forget(key: int, dead: Any) -> None:
+    entry = _LAYOUTS.get(key)
+    if entry is not None and entry[0] is dead:
+        del _LAYOUTS[key]
+
+
+_NUMPY_DTYPES = {d: np.dtype(str(d).replace("torch.", "")) for d in SUPPORTED_DTYPES if d != torch.bfloat16}
 
 
 def _staged(tensor: torch.Tensor) -> bool:
     """Device tensors go through a host copy; CPU ones too under the stage_host_copies setting (tests)."""
-    return tensor.device.type != "cpu" or stage_host_copies()
+    return not tensor.is_cpu or stage_host_copies()
 
 
 def to_host(tensor: torch.Tensor, what: str) -> tuple[np.ndarray, bool]:

@@ -13,10 +13,13 @@ def threads_waiting() -> bool:
     return _waiters > 0
 
 
+_UNSET = object()
+
+
 class Handle:
     """The pending result of one collective. ``poll()`` / ``synchronize()`` take it."""
 
-    __slots__ = ("name", "_lock", "_done", "_result", "_error", "_finalize", "__weakref__")
+    __slots__ = ("name", "_lock", "_done", "_result", "_error", "_finalize", "_value", "__weakref__")
 
     def __init__(self, name: str, finalize: Optional[Callable[[Any], Any]] = None) -> None:
         self.name = name
@@ -26,6 +29,7 @@ class Handle:
         self._result: Any = None
         self._error: Optional[BaseException] = None
         self._finalize = finalize
+        self._value: Any = _UNSET  # set by returning(): what wait() returns once the op succeeded
 
     def set_result(self, result: Any) -> None:
         if not self._done:
@@ -60,10 +64,19 @@ class Handle:
         if self._finalize is not None:
             self._result = self._finalize(self._result)
             self._finalize = None
-        return self._result
+        return self._result if self._value is _UNSET else self._value
+
+    def returning(self, value: Any) -> "Handle":
+        """Make ``wait()`` return ``value`` once the op succeeded (an in-place op returns its own input:
+        no conversion to build); a conversion already set still runs first. Returns self."""
+        self._value = value
+        return self
 
     def then(self, convert: Callable[[Any], Any]) -> "Handle":
         """Make ``wait()`` return ``convert(result)`` (after any conversion already set); returns self."""
+        if self._value is not _UNSET:
+            value, self._value, earlier = self._value, _UNSET, self._finalize
+            self._finalize = (lambda result: (earlier(result), value)[1]) if earlier else (lambda result: value)
         inner = self._finalize
         self._finalize = (lambda result: convert(inner(result))) if inner else convert
         return self

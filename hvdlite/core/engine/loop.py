@@ -49,6 +49,9 @@ class Engine:
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
         self._pending: dict[tuple[int, str], Request] = {}
+        self._mine = 0            # cache bits of the pending requests (see _cached_bits)
+        self._uncached = 0        # pending requests without a cache bit: they need a full round
+        self._bits_version = -1   # the cache version _mine was computed for
         self._shutdown_requested = False
         self.error: Optional[BaseException] = None
         self.cycles = 0
@@ -159,16 +162,10 @@ class Engine:
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
-        mine = 0
         cache = self.cache
-        for req in self._pending.values():
-            if req.cache_version != cache.version:
-                req.cache_bit = cache.lookup(req.name, req.sig)
-                req.cache_version = cache.version
-            if req.cache_bit < 0:
-                flags |= FLAG_FULL
-            else:
-                mine |= 1 << req.cache_bit
+        mine = self._cached_bits(new)
+        if self._uncached:
+            flags |= FLAG_FULL
         if self._stall_check_due():
             flags |= FLAG_FULL
         if self._pending:
@@ -186,12 +183,28 @@ class Engine:
         if all_flags & FLAG_FULL:
             responses = self._full_round(shutdown)
         else:
-            responses = [Response(name, sig) for name, sig in cache.ready(missing)]
-            for resp in responses:
-                cache.touch(cache.by_name[(resp.ps_id, resp.name)], self.cycles)
+            responses = cache.ready(missing, self.cycles)
         if responses:
             self.autotune.observe(responses)
             self._execute(responses)
+
+    def _cached_bits(self, new: list[Request]) -> int:
+        """The cache bits of this rank's pending requests (and, in ``_uncached``, how many have none).
+        Kept up to date as requests come and go; recomputed only when cache bits changed meaning."""
+        cache = self.cache
+        version = cache.version
+        if version != self._bits_version:
+            self._bits_version = version
+            self._mine, self._uncached = 0, 0
+            new = list(self._pending.values())
+        for req in new:
+            req.cache_bit = cache.lookup(req.name, req.sig)
+            req.cache_version = version
+            if req.cache_bit < 0:
+                self._uncached += 1
+            else:
+                self._mine |= 1 << req.cache_bit
+        return self._mine
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
@@ -270,28 +283,31 @@ class Engine:
         """Run agreed responses in agreed order. Data work is batched (fused) up to the next control op:
         a process-set change runs only after the data work agreed before it has finished."""
         work: list[tuple[Response, Optional[Request]]] = []
+        pending, psets, tracing = self._pending, self.psets, self.timeline.enabled
         for resp in responses:
-            req = self._pending.get((resp.ps_id, resp.name))
+            req = pending.get(resp.key)
             if resp.error is not None:
                 if req is not None:
                     kind = StallError if resp.error_kind == "stall" else TensorMismatchError
                     self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
                 continue
-            if resp.kind.control:
+            sig = resp.sig
+            if sig.kind.control:
                 self._run_work(work)
                 work = []
-                result = self.psets.apply(resp.kind, resp.sig.extra, self.comm)
-                if resp.kind is Kind.REMOVE_PROCESS_SET:
-                    self.cache.remove_process_set(resp.sig.extra)
+                result = psets.apply(sig.kind, sig.extra, self.comm)
+                if sig.kind is Kind.REMOVE_PROCESS_SET:
+                    self.cache.remove_process_set(sig.extra)
                 if req is not None:
                     self._finish(req, result=result)
                 continue
-            if not self.psets.is_member(resp.ps_id):
-                continue
-            if req is None and self.rank not in resp.joined and resp.kind is not Kind.JOIN:
-                raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
-                                   f"is not pending here")
-            if req is not None and self.timeline.enabled:
+            if req is None:
+                if not psets.is_member(sig.ps_id):
+                    continue
+                if self.rank not in resp.joined and sig.kind is not Kind.JOIN:
+                    raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
+                                       f"is not pending here")
+            elif tracing:
                 self.timeline.end(req.name)
                 self.timeline.begin(req.name, "QUEUE")
             work.append((resp, req))
@@ -336,11 +352,14 @@ class Engine:
         """Hand a result back. The name is freed before the handle completes, so the caller may reuse
         it at once (the next training step submits the same names)."""
         key = (req.sig.ps_id, req.name)
-        self._pending.pop(key, None)
+        if self._pending.pop(key, None) is not None and req.cache_version == self._bits_version:
+            if req.cache_bit < 0:
+                self._uncached -= 1
+            else:
+                self._mine ^= 1 << req.cache_bit
         if self.timeline.enabled:
             self.timeline.end(req.name)
-        with self._cv:
-            self._inflight.discard(key)
+        self._inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
         if error is not None:
             req.handle.set_error(error)
         else:

@@ -55,6 +55,7 @@ class ResponseCache:
         self.by_name: dict[str, int] = {}
         self.names: list[Optional[str]] = [None] * capacity
         self.sigs: list[Optional[Signature]] = [None] * capacity
+        self.responses: list[Optional[Response]] = [None] * capacity  # reused each time the bit is ready
         self.last_used = [0] * capacity
         self.member_mask = 0  # bits whose process set includes this rank
         self.valid_mask = 0   # bits in use
@@ -80,6 +81,7 @@ class ResponseCache:
             self.by_name[key] = bit
             self.names[bit] = name
         self.sigs[bit] = sig
+        self.responses[bit] = Response(name, sig)
         self.last_used[bit] = tick
         self.version += 1
         self.valid_mask |= 1 << bit
@@ -88,15 +90,13 @@ class ResponseCache:
         else:
             self.member_mask &= ~(1 << bit)
 
-    def touch(self, bit: int, tick: int) -> None:
-        self.last_used[bit] = tick
-
     def remove_process_set(self, ps_id: int) -> None:
         for bit, sig in enumerate(self.sigs):
             if sig is not None and sig.ps_id == ps_id:
                 del self.by_name[(ps_id, self.names[bit])]
                 self.names[bit] = None
                 self.sigs[bit] = None
+                self.responses[bit] = None
                 self.member_mask &= ~(1 << bit)
                 self.valid_mask &= ~(1 << bit)
         self.version += 1
@@ -113,15 +113,17 @@ class ResponseCache:
         missing = int.from_bytes(vec[1:].tobytes(), "little") if self.words else 0
         return int(vec[0]), missing
 
-    def ready(self, missing_anywhere: int) -> list[tuple[str, Signature]]:
-        """Entries no rank is missing, in bit order."""
+    def ready(self, missing_anywhere: int, tick: int) -> list[Response]:
+        """The responses of the entries no rank is missing, in bit order, each marked used at ``tick``."""
         out = []
         bits = self.valid_mask & ~missing_anywhere
+        responses, last_used = self.responses, self.last_used
         while bits:
             low = bits & -bits
             bit = low.bit_length() - 1
             bits ^= low
-            out.append((self.names[bit], self.sigs[bit]))  # type: ignore[arg-type]
+            last_used[bit] = tick
+            out.append(responses[bit])
         return out
 
 

@@ -1,7 +1,6 @@
 """The request protocol: collective kinds with their properties, signatures, requests and responses."""
 from __future__ import annotations
 
-import dataclasses
 import enum
 import time
 from typing import Any, NamedTuple, Optional
@@ -71,13 +70,18 @@ FIELD_LABELS = {
 
 def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: float, postscale: float,
                    root: int, tensors: tuple, extra: Any = None) -> Signature:
-    return Signature(kind, ps_id, None if op is None else op.value, float(prescale), float(postscale),
-                     int(root), tensors, extra)
+    return _new_signature(Signature, (kind, ps_id, None if op is None else _OP_VALUES[op], float(prescale),
+                                      float(postscale), int(root), tensors, extra))
+
+
+_new_signature = tuple.__new__  # NamedTuple's own __new__ is Python code: this is on the per-op path
+_OP_VALUES = {op: op.value for op in ReduceOp}
 
 
 class _SignatureFields:
     """Named access to the signature fields the engine reads most (shared by Request and Response)."""
 
+    __slots__ = ()
     sig: Signature
 
     @property
@@ -89,36 +93,46 @@ class _SignatureFields:
         return self.sig.ps_id
 
 
-@dataclasses.dataclass(eq=False)
 class Request(_SignatureFields):
-    """One named collective submitted on this rank, waiting for the engine."""
+    """One named collective submitted on this rank, waiting for the engine (a plain slotted record:
+    one is made per tensor operation, so its construction is on the per-op path)."""
 
-    name: str
-    sig: Signature
-    handle: Handle
-    inputs: list[np.ndarray]
-    outputs: list[Optional[np.ndarray]]
-    dtypes: list[str]
-    op: Optional[ReduceOp] = None
-    splits: Optional[np.ndarray] = None
-    submitted: float = dataclasses.field(default_factory=time.monotonic)
-    cache_bit: int = -1
-    cache_version: int = -1
-    results: list = dataclasses.field(default_factory=list)
-    remaining: int = 0
+    __slots__ = ("name", "sig", "handle", "inputs", "outputs", "dtypes", "op", "splits", "submitted",
+                 "cache_bit", "cache_version", "results", "remaining")
 
-    def __post_init__(self) -> None:
-        self.results = [None] * len(self.inputs)
-        self.remaining = len(self.inputs)
+    def __init__(self, name: str, sig: Signature, handle: Handle, inputs: list[np.ndarray],
+                 outputs: list[Optional[np.ndarray]], dtypes: list[str], op: Optional[ReduceOp] = None,
+                 splits: Optional[np.ndarray] = None) -> None:
+        self.name = name
+        self.sig = sig
+        self.handle = handle
+        self.inputs = inputs
+        self.outputs = outputs
+        self.dtypes = dtypes
+        self.op = op
+        self.splits = splits
+        self.submitted = time.monotonic()
+        self.cache_bit = -1
+        self.cache_version = -1
+        self.results: list = [None] * len(inputs)
+        self.remaining = len(inputs)
 
 
-@dataclasses.dataclass
 class Response(_SignatureFields):
-    """A decision every rank reached identically: run ``name`` now, or fail it with ``error``."""
+    """A decision every rank reached identically: run ``name`` now, or fail it with ``error``.
+    Successful cached decisions are reused every cycle (the response cache keeps one per name)."""
 
-    name: str
-    sig: Signature
-    error: Optional[str] = None
-    error_kind: str = "mismatch"
-    joined: frozenset = frozenset()
-    last_joined: int = -1
+    __slots__ = ("name", "sig", "error", "error_kind", "joined", "last_joined", "key")
+
+    def __init__(self, name: str, sig: Signature, error: Optional[str] = None, error_kind: str = "mismatch",
+                 joined: frozenset = frozenset(), last_joined: int = -1) -> None:
+        self.name = name
+        self.sig = sig
+        self.error = error
+        self.error_kind = error_kind
+        self.joined = joined
+        self.last_joined = last_joined
+        self.key = (sig.ps_id, name)  # the engine's pending-table key: (process set, name)
+
+    def __repr__(self) -> str:
+        return f"Response({self.name!r}, {self.sig!r}, error={self.error!r})"
