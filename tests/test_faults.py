@@ -70,10 +70,10 @@ def _pids(job: Job, n: int) -> dict[int, int]:
     return {int(m.group(1)): int(m.group(2)) for m in job.wait_for(r"PID rank=(\d+) pid=(\d+)", n, 90)}
 
 
-def _kill_rank_2(cmd: list) -> tuple[Job, float]:
+def _kill_rank_2(cmd: list, env: Optional[dict] = None) -> tuple[Job, float]:
     """Run ``cmd`` (a 4-rank job of the worker's loop of 32 MB allreduces), kill -9 rank 2's program in the
     middle of one; return the job (ended) and the seconds from the kill to the end of the launcher."""
-    job = Job(cmd, _env())
+    job = Job(cmd, _env(env))
     try:
         pids = _pids(job, 4)
         job.wait_for(r"LOOPING rank=", 4, 90)
@@ -92,6 +92,12 @@ def _kill_rank_2(cmd: list) -> tuple[Job, float]:
 def _after_looping(job: Job) -> str:
     """What the job printed after the last rank said it was looping (the reaction to the kill)."""
     return job.text.split("LOOPING rank=")[-1].split("\n", 1)[-1]
+
+
+def killed_reports(job: Job) -> list[tuple[str, str, str, str]]:
+    """(rank, pid, signal number, signal name) of each sentinel line after the kill."""
+    return re.findall(r"hvdlite-run: rank (\d+) \(pid (\d+) on host \S+\) was killed by signal (\d+) \((\w+)\); "
+                      r"the launcher stops the other ranks because of it", _after_looping(job))
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +127,7 @@ def test_kill_9_of_one_rank_under_hvdlite_run_names_the_rank_and_ends_the_job_wi
     pid = job.pids[2]  # type: ignore[attr-defined]
     assert job.proc.returncode != 0, job.text
     assert elapsed < 10, f"the job took {elapsed:.1f} s to end after kill -9 of rank 2:\n{job.text}"
-    reports = re.findall(r"hvdlite-run: rank (\d+) \(pid (\d+) on host \S+\) was killed by signal (\d+) "
-                         r"\((\w+)\); the launcher stops the other ranks because of it", _after_looping(job))
+    reports = killed_reports(job)
     assert reports == [("2", str(pid), "9", "SIGKILL")], job.text  # rank 2 alone, with its program's pid
     alive = wait_gone(list(job.pids.values()), 5)  # type: ignore[attr-defined]
     assert not alive, f"the programs of pids {alive} still run:\n{job.text}"
