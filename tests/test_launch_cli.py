@@ -1,6 +1,7 @@
 """hvdlite-run on this machine: flags, command building for each launcher, real runs, errors, Ctrl-C."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -294,6 +295,20 @@ def test_output_filename_writes_one_log_per_rank(tmp_path: Path, nproc: int) -> 
         assert (out / f"rank.{r}" / "stdout").read_text() == f"out {r}\nline two {r}\nno newline {r}"
         assert (out / f"rank.{r}" / "stderr").read_text() == f"err {r}\n"
         assert f"line two {r}\n" in proc.stdout and f"err {r}\n" in proc.stderr  # the console still gets it
+
+
+def test_output_filename_logs_the_sentinel_line_of_a_killed_rank(tmp_path: Path) -> None:
+    """The sentinel runs inside the --output-filename wrapper: its line about a killed rank lands in that
+    rank's stderr file as well as on the console."""
+    out = tmp_path / "logs"
+    program = "import os; print(os.getpid(), flush=True); os.environ['PMI_RANK'] == '1' and os.kill(os.getpid(), 9)"
+    proc = run([*RUN, "-np", "2", "--output-filename", str(out), PYTHON, "-c", program], timeout=120)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    pid = (out / "rank.1" / "stdout").read_text().strip()
+    line = f"hvdlite-run: rank 1 (pid {pid} on host {os.uname().nodename}) was killed by signal 9 (SIGKILL); "
+    assert (out / "rank.1" / "stderr").read_text().startswith(line), (out / "rank.1" / "stderr").read_text()
+    assert line in proc.stderr, proc.stderr
+    assert (out / "rank.0" / "stderr").read_text() == ""
 
 
 def test_rank_labels_are_padded_as_horovodrun() -> None:
