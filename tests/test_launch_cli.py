@@ -1,8 +1,10 @@
 """hvdlite-run on this machine: flags, command building for each launcher, real runs, errors, Ctrl-C."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -161,7 +163,31 @@ def test_check_build() -> None:
 
 def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
     """SIGINT to hvdlite-run (a terminal's Ctrl-C) stops every rank and exits non-zero."""
-    assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path)
+    out = assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path)
+    assert "was killed by signal" not in out, out  # the sentinels forwarded the stop: no rank was "killed"
+
+
+def test_sigterm_stops_every_rank(tmp_path: Path) -> None:
+    """SIGTERM to hvdlite-run (kill, a batch system's stop) stops every rank, sentinels and programs alike,
+    and exits non-zero; no rank is reported as killed, since the job was asked to stop."""
+    out = assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path, sig=signal.SIGTERM)
+    assert "was killed by signal" not in out, out
+
+
+def test_exit_code_passes_through_the_sentinel_and_is_reported_with_the_rank() -> None:
+    """A rank's own exit code is the job's exit code under the sentinel, with one line naming that rank;
+    with --no-launch-sentinel (or HVDLITE_LAUNCH_SENTINEL=0) the program runs directly: no sentinel line."""
+    proc = run([*RUN, "-np", "2", PYTHON, TOPOLOGY, "--exit-code", "5", "--exit-rank", "1"], timeout=120)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert re.findall(r"hvdlite-run: rank (\d) \(pid \d+ on host \S+\) exited with code (\d+)", proc.stderr) == \
+        [("1", "5")], proc.stderr
+    for flags, env in ((["--no-launch-sentinel"], base_env()), ([], base_env(HVDLITE_LAUNCH_SENTINEL="0"))):
+        proc = run([*RUN, "-np", "2", *flags, "--verbose", PYTHON, TOPOLOGY, "--exit-code", "5", "--exit-rank", "1"],
+                   timeout=120, env=env)
+        assert proc.returncode == 5, proc.stdout + proc.stderr
+        assert "exited with code" not in proc.stderr and "sentinel.py" not in proc.stdout, proc.stdout + proc.stderr
+    proc = run([*RUN, "-np", "1", "--verbose", PYTHON, TOPOLOGY], timeout=120)
+    assert proc.returncode == 0 and "sentinel.py -- " in proc.stdout, proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------------------ horovodrun command lines
@@ -269,6 +295,20 @@ def test_output_filename_writes_one_log_per_rank(tmp_path: Path, nproc: int) -> 
         assert (out / f"rank.{r}" / "stdout").read_text() == f"out {r}\nline two {r}\nno newline {r}"
         assert (out / f"rank.{r}" / "stderr").read_text() == f"err {r}\n"
         assert f"line two {r}\n" in proc.stdout and f"err {r}\n" in proc.stderr  # the console still gets it
+
+
+def test_output_filename_logs_the_sentinel_line_of_a_killed_rank(tmp_path: Path) -> None:
+    """The sentinel runs inside the --output-filename wrapper: its line about a killed rank lands in that
+    rank's stderr file as well as on the console."""
+    out = tmp_path / "logs"
+    program = "import os; print(os.getpid(), flush=True); os.environ['PMI_RANK'] == '1' and os.kill(os.getpid(), 9)"
+    proc = run([*RUN, "-np", "2", "--output-filename", str(out), PYTHON, "-c", program], timeout=120)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    pid = (out / "rank.1" / "stdout").read_text().strip()
+    line = f"hvdlite-run: rank 1 (pid {pid} on host {os.uname().nodename}) was killed by signal 9 (SIGKILL); "
+    assert (out / "rank.1" / "stderr").read_text().startswith(line), (out / "rank.1" / "stderr").read_text()
+    assert line in proc.stderr, proc.stderr
+    assert (out / "rank.0" / "stderr").read_text() == ""
 
 
 def test_rank_labels_are_padded_as_horovodrun() -> None:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import make_child_venv
+from test_faults import _kill_rank_2, killed_reports
 from cluster.fixtures import (WORKERS, NetnsHosts, SlurmCluster, unavailable, assert_topology, base_env,
                               netns_hosts, run, slurm_cluster, topology)
 
@@ -46,6 +47,25 @@ def test_hvdlite_run_drives_open_mpi_as_root(ompi_python: str, nproc: int) -> No
     ranks = topology(proc.stdout)
     assert_topology(ranks, hosts=1, per_host=nproc)
     assert all(r["env"] == {"HVDT_X": "1"} for r in ranks)
+
+
+@pytest.mark.parametrize("sentinel", [True, False], ids=["sentinel", "no-sentinel"])
+def test_kill_9_of_one_open_mpi_rank(ompi_python: str, sentinel: bool) -> None:
+    """kill -9 of rank 2's program in a 4-rank allreduce under hvdlite-run with Open MPI ends the job within
+    10 s. Open MPI's prterun names the rank itself; with the sentinel the rank's line comes first and prterun
+    reports the sentinel's exit code 137 instead."""
+    flags = [] if sentinel else ["--no-launch-sentinel"]
+    job, elapsed = _kill_rank_2([ompi_python, "-m", "hvdlite.run", "-np", "4", *flags, ompi_python,
+                                 str(WORKERS / "faults.py"), "loop"])
+    assert job.proc.returncode != 0, job.text
+    assert elapsed < 10, f"the job took {elapsed:.1f} s to end after kill -9 of rank 2:\n{job.text}"
+    pid = job.pids[2]  # type: ignore[attr-defined]
+    if sentinel:
+        assert killed_reports(job) == [("2", str(pid), "9", "SIGKILL")], job.text
+        assert re.search(r"Process name: \[\S+,2\]\s+Exit code:\s+137", job.text), job.text
+    else:
+        assert killed_reports(job) == [], job.text
+        assert re.search(rf"process rank 2 with PID {pid} on node \S+ exited on\s+signal 9", job.text), job.text
 
 
 @pytest.fixture(scope="session")

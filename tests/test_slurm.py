@@ -5,11 +5,13 @@ import re
 from pathlib import Path
 
 import pytest
+from test_faults import _kill_rank_2, killed_reports
 
 from cluster.fixtures import (PYTHON, ROOT, WORKERS, SlurmCluster, assert_ctrl_c_stops_every_rank, assert_topology,
                               run, sbatch_wait, slurm_cluster, topology)
 
 TOPOLOGY = str(WORKERS / "launch_topology.py")
+FAULTS = str(WORKERS / "faults.py")
 DIGITS = ROOT / "examples" / "pytorch_digits.py"
 
 
@@ -82,3 +84,26 @@ def test_ctrl_c_stops_every_srun_rank(slurm: SlurmCluster, tmp_path: Path) -> No
         assert_ctrl_c_stops_every_rank([PYTHON, "-m", "hvdlite.run"], env, tmp_path)
     finally:
         run(["scancel", job.group(1)], env=slurm.env, timeout=60)
+
+
+@pytest.mark.parametrize("sentinel", [True, False], ids=["sentinel", "no-sentinel"])
+def test_kill_9_of_one_srun_rank(slurm: SlurmCluster, sentinel: bool) -> None:
+    """kill -9 of rank 2's program in a 4-rank allreduce under hvdlite-run's srun ends the step within 10 s;
+    srun itself names the task; with the sentinel, hvdlite-run's line names rank 2 and its pid too."""
+    alloc = run(["salloc", "-n", "4", "--no-shell"], env=slurm.env, timeout=60)
+    job_id = re.search(r"Granted job allocation (\d+)", alloc.stderr)
+    assert alloc.returncode == 0 and job_id, alloc.stderr
+    env = {**slurm.env, "SLURM_JOB_ID": job_id.group(1), "SLURM_NTASKS": "4"}
+    flags = [] if sentinel else ["--no-launch-sentinel"]
+    try:
+        job, elapsed = _kill_rank_2([PYTHON, "-m", "hvdlite.run", "-np", "4", *flags, PYTHON, FAULTS, "loop"], env)
+    finally:
+        run(["scancel", job_id.group(1)], env=slurm.env, timeout=60)
+    assert job.proc.returncode != 0, job.text
+    assert elapsed < 10, f"the step took {elapsed:.1f} s to end after kill -9 of rank 2:\n{job.text}"
+    if sentinel:  # the sentinel exits 128+9 after its line; the others were stopped (SIGTERM), not "killed"
+        assert killed_reports(job) == [("2", str(job.pids[2]), "9", "SIGKILL")], job.text
+        assert re.search(r"^srun: error: \S+: task 2: Exited with exit code 137$", job.text, re.M), job.text
+    else:
+        assert killed_reports(job) == [], job.text
+        assert re.search(r"^srun: error: \S+: task 2: Killed$", job.text, re.M), job.text

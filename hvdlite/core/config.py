@@ -64,6 +64,9 @@ class Config:
     #: Testing/debug switch: frontends stage CPU tensors through a host copy too, as they do device (CUDA)
     #: tensors, so that the staging path runs on machines without a GPU. Off in use.
     stage_host_copies: bool = False
+    #: hvdlite-run starts each rank's program under a small sentinel (hvdlite/run/sentinel.py) that names
+    #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.
+    launch_sentinel: bool = True
 
     #: Tune fusion_threshold, cycle_time and allreduce_chunk_bytes while training runs (Bayesian optimisation
     #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.
@@ -105,6 +108,15 @@ class Config:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def setting(cls, name: str, env: Mapping[str, str]) -> Any:
+        """One setting as ``env`` gives it (its default when unset), without from_env's other checks."""
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        for key in ("HVDLITE_" + name.upper(), "HOROVOD_" + name.upper(), *cls.ALIASES.get(name, ())):
+            if env.get(key) is not None:
+                return _parse(key, env[key], field.type)
+        return field.default
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Config":

@@ -5,10 +5,10 @@ import argparse
 import sys
 from typing import Mapping, Optional, Sequence
 
-from ..core.config import environ
+from ..core.config import Config, environ
 from .args import env_assignments, is_elastic, no_effect_warnings, parse_args, tuning_environment
 from .commands import (Plan, build_command, child_environment, format_command, is_root, output_wrapper,
-                       split_mpi_args, ssh_arguments)
+                       sentinel_wrapper, split_mpi_args, ssh_arguments)
 from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
 from .launchers import (MPICH, OPENMPI, SRUN, Launcher, LauncherError, choose_srun_mpi, find_mpi_launcher,
                         find_srun, mpi_library, srun_plugins, srun_version)
@@ -69,6 +69,9 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
     if args.start_timeout is not None and args.start_timeout < 1:
         raise ValueError(f"--start-timeout must be at least 1 second, got {args.start_timeout}")
     command = output_wrapper(args.output_filename, args.prefix_output_with_timestamp, sys.executable)
+    sentinel = getattr(args, "launch_sentinel", None)
+    sentinel = Config.setting("launch_sentinel", env) if sentinel is None else sentinel
+    command += sentinel_wrapper(sentinel, sys.executable)  # after the output wrapper: its line is logged too
     plan = Plan(num_proc=num_proc, command=command + list(args.command), hosts=hosts, extra_env=extra_env,
                 mpi_args=split_mpi_args(args.mpi_args), network_interfaces=list(args.nics or []),
                 srun_mpi=srun_mpi or "pmi2", in_slurm=allocation is not None, is_root=is_root(),

@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--srun-mpi", dest="srun_mpi", metavar="PLUGIN",
                         help="srun --mpi plugin (default: pmi2 for MPICH-based MPI, pmix for Open MPI)")
     parser.add_argument("--verbose", action="store_true", help="print the exact command before running it")
+    sentinel = parser.add_mutually_exclusive_group()
+    sentinel.add_argument("--launch-sentinel", dest="launch_sentinel", action="store_true", default=None,
+                          help="start each rank under a small sentinel process that names the rank when a "
+                               "signal kills it (default; env HVDLITE_LAUNCH_SENTINEL)")
+    sentinel.add_argument("--no-launch-sentinel", dest="launch_sentinel", action="store_false", default=None,
+                          help="start the ranks' programs directly (the launcher then names no dead rank)")
     parser.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                         help="show which frameworks, MPI library, thread level and launchers are available")
     parser.add_argument("-v", "--version", action="store_true", help="print hvdlite's version and exit")

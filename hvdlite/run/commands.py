@@ -58,6 +58,15 @@ def output_wrapper(directory: Optional[str], timestamp: bool, python: str) -> li
     return wrapper + ["--"]
 
 
+#: The per-rank sentinel, run by path so that it does not import the hvdlite package (see its docstring).
+SENTINEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sentinel.py")
+
+
+def sentinel_wrapper(enabled: bool, python: str) -> list[str]:
+    """What goes in front of the program so that a rank killed by a signal is named (launch_sentinel)."""
+    return [python, "-S", SENTINEL, "--"] if enabled else []
+
+
 def split_mpi_args(text: str) -> list[str]:
     return shlex.split(text) if text else []
 

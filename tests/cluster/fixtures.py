@@ -267,9 +267,11 @@ def sbatch_wait(args: Sequence[str], output: Path, timeout: float, env: dict[str
                      exit_code=int(code.group(1)) if code else -1, output=text)
 
 
-def assert_ctrl_c_stops_every_rank(cmd: Sequence[str], env: dict[str, str], pid_dir: Path) -> None:
+def assert_ctrl_c_stops_every_rank(cmd: Sequence[str], env: dict[str, str], pid_dir: Path,
+                                   sig: int = signal.SIGINT) -> str:
     """Start a launcher running tests/workers/launch_sleep.py (each rank writes ``pid_dir/<rank>.pid``),
-    send it SIGINT once two ranks run, and check it exits non-zero with every rank gone."""
+    send it ``sig`` (SIGINT: a terminal's Ctrl-C) once two ranks run, and check it exits non-zero with every
+    rank gone; return the launcher's output."""
     proc = subprocess.Popen([*cmd, PYTHON, str(WORKERS / "launch_sleep.py"), str(pid_dir)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -279,7 +281,7 @@ def assert_ctrl_c_stops_every_rank(cmd: Sequence[str], env: dict[str, str], pid_
             assert time.monotonic() < deadline, "ranks did not start within 120 s"
             time.sleep(0.1)
         pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -287,4 +289,5 @@ def assert_ctrl_c_stops_every_rank(cmd: Sequence[str], env: dict[str, str], pid_
             proc.communicate()
     assert proc.returncode != 0, out + err
     alive = wait_gone(pids, 30)
-    assert not alive, f"ranks {alive} still run after Ctrl-C"
+    assert not alive, f"ranks {alive} still run after {signal.Signals(sig).name}"
+    return out + err
