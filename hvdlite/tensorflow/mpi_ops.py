@@ -17,36 +17,14 @@ import tensorflow as tf
 from hvdlite import core
 from hvdlite.core import Average, HvdliteError, ProcessSet, ReduceOp, Sum, TensorMismatchError, global_process_set
 from hvdlite.core.frontend import process_set_ranks, resolve_op
+from hvdlite.tensorflow import status_op
+from hvdlite.tensorflow.status_op import as_tf_error
 
 
 class XLANotSupportedError(HvdliteError, NotImplementedError):
     """A collective was built inside XLA-compiled code, which cannot call back into Python."""
 
     __init__ = Exception.__init__  # lets tf.function's AutoGraph re-raise it as this type, not StagingError
-
-
-class MismatchError(tf.errors.FailedPreconditionError, TensorMismatchError):
-    """Ranks disagree on a collective (shape, dtype, op, root, ranks): TensorFlow's FailedPreconditionError,
-    as Horovod raises, and still an ``hvd.TensorMismatchError``."""
-
-    def __init__(self, message: str) -> None:
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
-
-
-class ArgumentError(tf.errors.InvalidArgumentError, ValueError):
-    """A collective's argument is invalid on this rank: TensorFlow's InvalidArgumentError, and a ValueError."""
-
-    def __init__(self, message: str) -> None:
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
-
-
-def _as_tf_error(exc: BaseException) -> BaseException:
-    """The TensorFlow error type a Horovod program catches for ``exc`` (eager mode)."""
-    if isinstance(exc, TensorMismatchError):
-        return MismatchError(str(exc))
-    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, HvdliteError):
-        return ArgumentError(str(exc))
-    return exc
 
 
 _last_collective: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -99,7 +77,7 @@ def run_collective(kind: str, fn: Callable[..., Sequence[Any]], inputs: Sequence
         try:
             outs = body(*[t.numpy() for t in inputs])
         except (TensorMismatchError, ValueError, TypeError) as exc:
-            converted = _as_tf_error(exc)
+            converted = as_tf_error(exc)
             if converted is exc:
                 raise
             raise converted from exc
@@ -107,9 +85,9 @@ def run_collective(kind: str, fn: Callable[..., Sequence[Any]], inputs: Sequence
     graph = tf.compat.v1.get_default_graph()
     previous = _last_collective.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
-        outs = tf.numpy_function(body, list(inputs), list(out_dtypes), stateful=True,
-                                 name="Hvdlite" + kind.title().replace("_", ""))
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        # ends in an HvdliteCheckStatus op when it can: later collectives never start after a failed one
+        outs = status_op.numpy_function(body, list(inputs), list(out_dtypes),
+                                        name="Hvdlite" + kind.title().replace("_", ""))
     if outs:
         _last_collective[graph] = outs[0].op
     return outs
