@@ -210,15 +210,36 @@ def test_response_cache_bits_and_eviction() -> None:
         cache.put(name, sig(), [0, 1], tick)
     assert [cache.lookup(n, sig()) for n in "abc"] == [0, 1, 2]
     assert cache.lookup("a", sig((9,))) == -1  # a changed signature is not a hit
-    assert [r.name for r in cache.ready(0b110, 10)] == ["a"]  # "a" ran at tick 10: now the most recent
+
+    def bitset(*bits: int) -> np.ndarray:
+        out = cache.bits()
+        out[list(bits)] = True
+        return out
+
+    assert [r.name for r in cache.ready(bitset(1, 2), 10)] == ["a"]  # "a" ran at tick 10: now the most recent
     cache.put("d", sig(), [0], 11)  # evicts the least recently used: "b"
     assert cache.lookup("b", sig()) == -1 and cache.lookup("d", sig()) == 1
-    assert cache.member_mask == 0b101  # rank 1 is not in d's process set
-    flags, missing = cache.decode(cache.encode(3, 0b110))
-    assert (flags, missing) == (3, 0b110)
-    ready = cache.ready(0b100, 12)
+    assert np.flatnonzero(cache.member).tolist() == [0, 2]  # rank 1 is not in d's process set
+    flags, missing = cache.decode(cache.encode(3, bitset(1, 2)))
+    assert flags == 3 and np.flatnonzero(missing).tolist() == [1, 2]
+    ready = cache.ready(bitset(2), 12)
     assert [r.name for r in ready] == ["a", "d"]
-    assert ready[0] is cache.ready(0b100, 13)[0]  # the same response object every time the bit is ready
+    assert ready[0] is cache.ready(bitset(2), 13)[0]  # the same response object every time the bit is ready
+
+
+def test_response_cache_bit_vector_spans_several_words() -> None:
+    cache = ResponseCache(capacity=130, my_rank=0)
+    for bit in range(130):
+        cache.put(f"t{bit}", sig(), [0], bit)
+    missing = cache.bits()
+    missing[[0, 63, 64, 129]] = True
+    vec = cache.encode(5, missing)
+    assert vec.dtype == np.uint64 and vec.size == 1 + 3
+    assert int(vec[1]) == (1 << 0) | (1 << 63) and int(vec[2]) == 1 and int(vec[3]) == 1 << 1
+    flags, decoded = cache.decode(vec)
+    assert flags == 5 and np.flatnonzero(decoded).tolist() == [0, 63, 64, 129]
+    ready = [r.name for r in cache.ready(decoded, 200)]
+    assert len(ready) == 126 and "t0" not in ready and "t1" in ready and "t128" in ready
 
 
 def test_bfloat16_rounding() -> None:

@@ -43,6 +43,17 @@ def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[np.ndarray, 
     return a, dtype
 
 
+def _prepare_all(arrays: Sequence[Any], hints: Optional[Sequence[Optional[str]]],
+                 ) -> tuple[tuple[np.ndarray, ...], tuple[str, ...]]:
+    """_prepare for each array: (arrays, dtype names) as tuples, which the garbage collector stops
+    tracking once they hold only arrays and strings (they live as long as the request)."""
+    if len(arrays) == 1:
+        prepared, dtype = _prepare(arrays[0], hints[0] if hints else None)
+        return (prepared,), (dtype,)
+    pairs = [_prepare(a, h) for a, h in zip(arrays, hints or (None,) * len(arrays))]
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
 def _submit(kind: Kind, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
             **options: Any) -> Handle:
     return state().submit(kind, name, ps_id, inputs, dtypes, **options)
@@ -67,18 +78,13 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
     name = _auto_name("allreduce", name, process_set)
     reduce_op = resolve_op(op, average)
     ps_id = _pset_id(process_set, "allreduce", name)
-    hints = dtype_hints or (None,) * len(arrays)
-    inputs, dtypes = [], []
-    for array, hint in zip(arrays, hints):
-        prepared, dtype = _prepare(array, hint)
-        inputs.append(prepared)
-        dtypes.append(dtype)
+    inputs, dtypes = _prepare_all(arrays, dtype_hints)
     check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
                     set_size=state().psets.size(ps_id))
-    outputs: Optional[list[Optional[np.ndarray]]] = None
+    outputs: Optional[tuple[np.ndarray, ...]] = None
     finalize = None
     if inplace:
-        outputs = list(inputs)
+        outputs = inputs
         if any(p is not a for p, a in zip(inputs, arrays)):
             originals = [np.asarray(a) for a in arrays]
             if any(p is not o for p, o in zip(inputs, originals)):

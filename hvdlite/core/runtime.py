@@ -18,7 +18,7 @@ from .engine.autotune import require_library
 from .engine.handles import Handle
 from .engine.loop import Engine
 from .engine.psets import Registry
-from .engine.requests import Kind, Request, make_signature
+from .engine.requests import Kind, Request, make_signature, tensor_layout
 from .engine.timeline import Timeline
 from .errors import NotInitializedError
 from .launch_check import check_launch
@@ -70,14 +70,13 @@ class State:
                extra: Any = None, shape_of: Callable[[np.ndarray], tuple] = lambda a: tuple(a.shape),
                finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
         """Hand one named request to the engine; the handle completes when every member has run it."""
-        shapes = ((dtypes[0], shape_of(inputs[0])),) if len(inputs) == 1 else \
+        shapes = tensor_layout(dtypes[0], shape_of(inputs[0])) if len(inputs) == 1 else \
             tuple([(d, shape_of(a)) for a, d in zip(inputs, dtypes)])
         sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra)
-        handle = Handle(name, finalize)
-        req = Request(name, sig, handle, inputs, outputs if outputs is not None else [None] * len(inputs),
-                      dtypes, op=op, splits=splits)
+        req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), dtypes,
+                      op=op, splits=splits, finalize=finalize)
         self.engine.submit(req)
-        return handle
+        return req
 
     def add_process_set(self, process_set: Any) -> ProcessSet:
         """Register a process set on every rank (all ranks call this, in the same order)."""

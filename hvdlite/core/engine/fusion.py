@@ -58,20 +58,16 @@ def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold: in
     keyed: dict[tuple, list[Any]] = {}
     order: list[list[Any]] = []
     for resp, req in work:
-        items = [Item(resp, req, i) for i in range(len(resp.sig.tensors))]
-        if not items:
+        keys = resp.batch_keys
+        if not keys:
             order.append([Marker(resp, req)])
-        elif resp.kind.fusable and fusion_threshold > 0:
-            sig = resp.sig
-            by_dtype = resp.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER)
-            for item in items:
-                key = (resp.kind, resp.ps_id, item.dtype if by_dtype else None, sig.op, sig.prescale,
-                       sig.postscale, sig.root)
+        elif fusion_threshold > 0 and resp.sig.kind.fusable:
+            for index, key in enumerate(keys):
                 batch = keyed.get(key)
                 if batch is None:
                     batch = keyed[key] = []
                     order.append(batch)
-                batch.append(item)
+                batch.append(Item(resp, req, index))
         else:
-            order.append(items)
+            order.append([Item(resp, req, i) for i in range(len(keys))])
     return order

@@ -4,27 +4,31 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
-_waiters = 0  # user threads blocked in wait(); while > 0 the engine may poll MPI without sleeping
-_waiters_lock = threading.Lock()
+_blocked = 0  # user threads blocked in wait(); while > 0 the engine may poll MPI without sleeping
+_blocked_lock = threading.Lock()
 
 
 def threads_waiting() -> bool:
     """True while some user thread is blocked on a handle (its core is idle, so polling is free)."""
-    return _waiters > 0
+    return _blocked > 0
 
 
 _UNSET = object()
 
 
 class Handle:
-    """The pending result of one collective. ``poll()`` / ``synchronize()`` take it."""
+    """The pending result of one collective. ``poll()`` / ``synchronize()`` take it.
 
-    __slots__ = ("name", "_lock", "_done", "_result", "_error", "_finalize", "_value", "__weakref__")
+    A thread that must block makes its own lock (most handles of a training step are done before anyone
+    waits, so most never need one): it registers the lock, then re-checks ``done``; completion sets
+    ``done``, then releases every registered lock. Either order of the two wakes the waiter.
+    """
+
+    __slots__ = ("name", "_waiters", "_done", "_result", "_error", "_finalize", "_value", "__weakref__")
 
     def __init__(self, name: str, finalize: Optional[Callable[[Any], Any]] = None) -> None:
         self.name = name
-        self._lock = threading.Lock()  # held until the result is in: cheaper than an Event
-        self._lock.acquire()
+        self._waiters: Optional[list] = None
         self._done = False
         self._result: Any = None
         self._error: Optional[BaseException] = None
@@ -34,31 +38,41 @@ class Handle:
     def set_result(self, result: Any) -> None:
         if not self._done:
             self._result = result
-            self._done = True
-            self._lock.release()
+            self._complete()
 
     def set_error(self, error: BaseException) -> None:
         if not self._done:
             self._error = error
-            self._done = True
-            self._lock.release()
+            self._complete()
+
+    def _complete(self) -> None:
+        self._done = True
+        waiters = self._waiters
+        if waiters:
+            for lock in list(waiters):
+                lock.release()
 
     def done(self) -> bool:
         return self._done
 
     def wait(self) -> Any:
         """Block until the collective finished; return its result or raise its error."""
-        global _waiters
+        global _blocked
         if not self._done:
-            with _waiters_lock:
-                _waiters += 1
+            lock = threading.Lock()
+            lock.acquire()
+            with _blocked_lock:
+                _blocked += 1
+                if self._waiters is None:
+                    self._waiters = []
+                self._waiters.append(lock)
             try:
-                while not self._lock.acquire(timeout=0.5):
+                while not self._done and not lock.acquire(timeout=0.5):
                     pass
-                self._lock.release()  # let any other waiter through too
             finally:
-                with _waiters_lock:
-                    _waiters -= 1
+                with _blocked_lock:
+                    _blocked -= 1
+                    self._waiters.remove(lock)
         if self._error is not None:
             raise self._error
         if self._finalize is not None:

@@ -49,7 +49,7 @@ class Engine:
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
         self._pending: dict[tuple[int, str], Request] = {}
-        self._mine = 0            # cache bits of the pending requests (see _cached_bits)
+        self._mine = self.cache.bits()  # cache bits of the pending requests (see _cached_bits)
         self._uncached = 0        # pending requests without a cache bit: they need a full round
         self._bits_version = -1   # the cache version _mine was computed for
         self._shutdown_requested = False
@@ -172,7 +172,7 @@ class Engine:
             flags |= FLAG_BUSY
         if self.autotune.wants_round():  # rank 0's new settings travel in a full round
             flags |= FLAG_FULL
-        vec = cache.encode(flags, cache.member_mask & ~mine)
+        vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
         self._allreduce_or(vec, result, busy=bool(self._pending) or self._job_busy)
@@ -188,14 +188,15 @@ class Engine:
             self.autotune.observe(responses)
             self._execute(responses)
 
-    def _cached_bits(self, new: list[Request]) -> int:
+    def _cached_bits(self, new: list[Request]) -> np.ndarray:
         """The cache bits of this rank's pending requests (and, in ``_uncached``, how many have none).
         Kept up to date as requests come and go; recomputed only when cache bits changed meaning."""
         cache = self.cache
         version = cache.version
         if version != self._bits_version:
             self._bits_version = version
-            self._mine, self._uncached = 0, 0
+            self._mine[:] = False
+            self._uncached = 0
             new = list(self._pending.values())
         for req in new:
             req.cache_bit = cache.lookup(req.name, req.sig)
@@ -203,7 +204,7 @@ class Engine:
             if req.cache_bit < 0:
                 self._uncached += 1
             else:
-                self._mine |= 1 << req.cache_bit
+                self._mine[req.cache_bit] = True
         return self._mine
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
@@ -329,10 +330,13 @@ class Engine:
                 if req is None:
                     continue
                 if req.kind.multi_tensor and isinstance(item, Item):
-                    req.results[item.index] = result
+                    results = req.results
+                    if results is None:
+                        results = req.results = [None] * len(req.inputs)
+                    results[item.index] = result
                     req.remaining -= 1
                     if req.remaining == 0:
-                        self._finish(req, result=req.results)
+                        self._finish(req, result=results)
                 else:
                     self._finish(req, result=result)
 
@@ -356,7 +360,7 @@ class Engine:
             if req.cache_bit < 0:
                 self._uncached -= 1
             else:
-                self._mine ^= 1 << req.cache_bit
+                self._mine[req.cache_bit] = False
         if self.timeline.enabled:
             self.timeline.end(req.name)
         self._inflight.discard(key)  # one atomic set operation: submit() reads it under the lock

@@ -46,20 +46,28 @@ class Stalled:
 
 class ResponseCache:
     """Names agreed before, each holding one bit. Identical on every rank by construction: it is
-    only changed from decisions that every rank reached the same way, in the same order."""
+    only changed from decisions that every rank reached the same way, in the same order.
+
+    Bit sets are numpy bool arrays of ``64 * words`` entries (``bits()``), packed into uint64 words only
+    for the all-reduce, so per-cycle work is a few whole-array operations whatever the number of names.
+    """
 
     def __init__(self, capacity: int, my_rank: int) -> None:
         self.capacity = capacity
         self.my_rank = my_rank
         self.words = (capacity + 63) // 64
-        self.by_name: dict[str, int] = {}
+        self.by_name: dict[tuple[int, str], int] = {}
         self.names: list[Optional[str]] = [None] * capacity
         self.sigs: list[Optional[Signature]] = [None] * capacity
         self.responses: list[Optional[Response]] = [None] * capacity  # reused each time the bit is ready
         self.last_used = [0] * capacity
-        self.member_mask = 0  # bits whose process set includes this rank
-        self.valid_mask = 0   # bits in use
+        self.member = self.bits()  # bits whose process set includes this rank
+        self.valid = self.bits()   # bits in use
         self.version = 0      # bumped when a bit changes meaning
+
+    def bits(self) -> np.ndarray:
+        """An empty bit set."""
+        return np.zeros(64 * self.words, dtype=bool)
 
     def lookup(self, name: str, sig: Signature) -> int:
         bit = self.by_name.get((sig.ps_id, name), -1)
@@ -84,11 +92,8 @@ class ResponseCache:
         self.responses[bit] = Response(name, sig)
         self.last_used[bit] = tick
         self.version += 1
-        self.valid_mask |= 1 << bit
-        if self.my_rank in members:
-            self.member_mask |= 1 << bit
-        else:
-            self.member_mask &= ~(1 << bit)
+        self.valid[bit] = True
+        self.member[bit] = self.my_rank in members
 
     def remove_process_set(self, ps_id: int) -> None:
         for bit, sig in enumerate(self.sigs):
@@ -97,31 +102,26 @@ class ResponseCache:
                 self.names[bit] = None
                 self.sigs[bit] = None
                 self.responses[bit] = None
-                self.member_mask &= ~(1 << bit)
-                self.valid_mask &= ~(1 << bit)
+                self.member[bit] = False
+                self.valid[bit] = False
         self.version += 1
 
     # -- bit-vector encoding ------------------------------------------------------------------
-    def encode(self, flags: int, missing: int) -> np.ndarray:
-        vec = np.zeros(1 + self.words, dtype=np.uint64)
+    def encode(self, flags: int, missing: np.ndarray) -> np.ndarray:
+        """The all-reduce vector: the flags word, then the ``missing`` bit set packed into words."""
+        vec = np.empty(1 + self.words, dtype=np.uint64)
         vec[0] = flags
-        if self.words:
-            vec[1:] = np.frombuffer(missing.to_bytes(self.words * 8, "little"), dtype=np.uint64)
+        vec[1:] = np.packbits(missing, bitorder="little").view(np.uint64)
         return vec
 
-    def decode(self, vec: np.ndarray) -> tuple[int, int]:
-        missing = int.from_bytes(vec[1:].tobytes(), "little") if self.words else 0
-        return int(vec[0]), missing
+    def decode(self, vec: np.ndarray) -> tuple[int, np.ndarray]:
+        return int(vec[0]), np.unpackbits(vec[1:].view(np.uint8), bitorder="little").view(bool)
 
-    def ready(self, missing_anywhere: int, tick: int) -> list[Response]:
+    def ready(self, missing_anywhere: np.ndarray, tick: int) -> list[Response]:
         """The responses of the entries no rank is missing, in bit order, each marked used at ``tick``."""
-        out = []
-        bits = self.valid_mask & ~missing_anywhere
         responses, last_used = self.responses, self.last_used
-        while bits:
-            low = bits & -bits
-            bit = low.bit_length() - 1
-            bits ^= low
+        out = []
+        for bit in np.flatnonzero(self.valid & ~missing_anywhere).tolist():
             last_used[bit] = tick
             out.append(responses[bit])
         return out

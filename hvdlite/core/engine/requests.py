@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -70,8 +70,32 @@ FIELD_LABELS = {
 
 def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: float, postscale: float,
                    root: int, tensors: tuple, extra: Any = None) -> Signature:
-    return _new_signature(Signature, (kind, ps_id, None if op is None else _OP_VALUES[op], float(prescale),
-                                      float(postscale), int(root), tensors, extra))
+    """The signature, shared with every equal one made before (a training step makes the same ones
+    again and again: sharing them keeps the per-op objects few)."""
+    sig = _new_signature(Signature, (kind, ps_id, None if op is None else _OP_VALUES[op], float(prescale),
+                                     float(postscale), int(root), tensors, extra))
+    if len(_SIGNATURES) >= _INTERN_LIMIT:
+        _SIGNATURES.clear()
+    try:
+        return _SIGNATURES.setdefault(sig, sig)
+    except TypeError:  # an unhashable extra argument: not shared
+        return sig
+
+
+def tensor_layout(dtype: str, shape: tuple) -> tuple:
+    """``((dtype, shape),)``, the signature's tensors for one tensor, shared like signatures."""
+    key = (dtype, shape)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(_LAYOUTS) >= _INTERN_LIMIT:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = (key,)
+    return layout
+
+
+_INTERN_LIMIT = 1 << 16  # distinct signatures remembered; past it the tables start again
+_SIGNATURES: dict = {}
+_LAYOUTS: dict = {}
 
 
 _new_signature = tuple.__new__  # NamedTuple's own __new__ is Python code: this is on the per-op path
@@ -93,19 +117,19 @@ class _SignatureFields:
         return self.sig.ps_id
 
 
-class Request(_SignatureFields):
-    """One named collective submitted on this rank, waiting for the engine (a plain slotted record:
-    one is made per tensor operation, so its construction is on the per-op path)."""
+class Request(Handle, _SignatureFields):
+    """One named collective submitted on this rank, waiting for the engine. It is also the handle the
+    caller waits on: one object per tensor operation, built on the per-op path (few allocations, none
+    that only the garbage collector could free)."""
 
-    __slots__ = ("name", "sig", "handle", "inputs", "outputs", "dtypes", "op", "splits", "submitted",
-                 "cache_bit", "cache_version", "results", "remaining")
+    __slots__ = ("sig", "inputs", "outputs", "dtypes", "op", "splits", "submitted", "cache_bit",
+                 "cache_version", "results", "remaining")
 
-    def __init__(self, name: str, sig: Signature, handle: Handle, inputs: list[np.ndarray],
-                 outputs: list[Optional[np.ndarray]], dtypes: list[str], op: Optional[ReduceOp] = None,
-                 splits: Optional[np.ndarray] = None) -> None:
-        self.name = name
+    def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
+                 outputs: Sequence[Optional[np.ndarray]], dtypes: Sequence[str], op: Optional[ReduceOp] = None,
+                 splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None) -> None:
+        Handle.__init__(self, name, finalize)
         self.sig = sig
-        self.handle = handle
         self.inputs = inputs
         self.outputs = outputs
         self.dtypes = dtypes
@@ -114,15 +138,19 @@ class Request(_SignatureFields):
         self.submitted = time.monotonic()
         self.cache_bit = -1
         self.cache_version = -1
-        self.results: list = [None] * len(inputs)
+        self.results: Optional[list] = None  # multi-tensor results, made when the first one arrives
         self.remaining = len(inputs)
+
+    @property
+    def handle(self) -> Handle:
+        return self
 
 
 class Response(_SignatureFields):
     """A decision every rank reached identically: run ``name`` now, or fail it with ``error``.
     Successful cached decisions are reused every cycle (the response cache keeps one per name)."""
 
-    __slots__ = ("name", "sig", "error", "error_kind", "joined", "last_joined", "key")
+    __slots__ = ("name", "sig", "error", "error_kind", "joined", "last_joined", "key", "batch_keys")
 
     def __init__(self, name: str, sig: Signature, error: Optional[str] = None, error_kind: str = "mismatch",
                  joined: frozenset = frozenset(), last_joined: int = -1) -> None:
@@ -133,6 +161,10 @@ class Response(_SignatureFields):
         self.joined = joined
         self.last_joined = last_joined
         self.key = (sig.ps_id, name)  # the engine's pending-table key: (process set, name)
+        # fusion: tensors with equal keys may share a batch (reductions also need the same dtype)
+        by_dtype = sig.kind is Kind.ALLREDUCE or sig.kind is Kind.REDUCESCATTER
+        common = (sig.kind, sig.ps_id, sig.op, sig.prescale, sig.postscale, sig.root)
+        self.batch_keys = tuple((common, dtype if by_dtype else None) for dtype, _ in sig.tensors)
 
     def __repr__(self) -> str:
         return f"Response({self.name!r}, {self.sig!r}, error={self.error!r})"
