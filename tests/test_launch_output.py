@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Callable
+import subprocess
 
 import pytest
 
@@ -123,7 +123,7 @@ def slurm(request: pytest.FixtureRequest) -> SlurmCluster:
     return slurm_cluster(request)
 
 
-def salloc_run(slurm: SlurmCluster, nproc: int, flags: list[str], program: str) -> Callable:
+def salloc_run(slurm: SlurmCluster, nproc: int, flags: list[str], program: str) -> subprocess.CompletedProcess:
     return run(["salloc", "-n", str(nproc), PYTHON, "-m", "hvdlite.run", "--verbose", *flags, PYTHON, "-c", program],
                env=slurm.env, timeout=240)
 
