@@ -84,15 +84,19 @@ def plot_small(ax: Any, records: list[dict[str, Any]]) -> None:
         return
     labels, values, colors = [], [], []
     for key, color in (("latency_mpi4py", "#7f7f7f"), ("latency_mpi4py_pickle", "#bcbd22"),
-                       ("latency_hvdlite", "#d62728")):
+                       ("latency_hvdlite", "#d62728"), ("latency_hvdlite_torch", "#ff9896"),
+                       ("latency_module", "#9467bd")):
         if key in rows:
-            labels.append(key.replace("latency_", "latency: ") + " (us)")
+            module = f" [{rows[key]['module']}]" if "module" in rows[key] else ""
+            labels.append(key.replace("latency_", "latency: ") + module + " (us)")
             values.append(rows[key]["us"])
             colors.append(color)
     for key, color in (("inflight_mpi_loop", "#7f7f7f"), ("inflight_unfused", "#ff7f0e"),
-                       ("inflight_fused", "#d62728")):
+                       ("inflight_fused", "#d62728"), ("inflight_hvdlite_torch", "#ff9896"),
+                       ("inflight_module", "#9467bd")):
         if key in rows:
-            labels.append(f"{rows[key]['count']} in flight: {key.replace('inflight_', '')} (us per op)")
+            module = f" [{rows[key]['module']}]" if "module" in rows[key] else ""
+            labels.append(f"{rows[key]['count']} in flight: {key.replace('inflight_', '')}{module} (us per op)")
             values.append(rows[key]["ms"] * 1e3 / rows[key]["count"])
             colors.append(color)
     bars = ax.barh(labels, values, color=colors)
@@ -148,7 +152,32 @@ def markdown_tables(grad: list[dict[str, Any]], train: list[dict[str, Any]],
                 when = f" ({r['when']})" if "when" in r else ""
                 out.append(f"| {r['method']}{when} | {r['cpu_percent']:.3f}% of a core | |")
         out.append("")
+    summary = next((r for r in small if r.get("kind") == "summary"), None)
+    if summary:
+        out.append(summary_table(summary))
     return "\n".join(out)
+
+
+def summary_table(s: dict[str, Any]) -> str:
+    """small_ops' summary line as the issue's table: hvdlite.torch, the module and raw mpi4py, with ratios."""
+    module = s.get("module") or "module (not measured)"
+
+    def fig(value: Any, unit: str) -> str:
+        return "" if value is None else f"{value:.1f} {unit}"
+
+    def ratio(value: Any) -> str:
+        return "" if value is None else f"{value:.2f}x"
+
+    rows = [f"**small_ops, hvdlite.torch vs {module}** ({s['ranks']} ranks, {s['elems']} floats):\n",
+            f"| measure | hvdlite.torch | {module} | raw mpi4py | hvdlite.torch / module | hvdlite.torch / raw | "
+            "module / raw |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for measure, label, unit in (("latency", "one allreduce_, synchronous", "us"),
+                                 ("inflight", f"{s['count']} allreduce_async_ in flight, then synchronize", "ms")):
+        rows.append(f"| {label} | {fig(s[f'{measure}_hvdlite_torch_{unit}'], unit)} | "
+                    f"{fig(s[f'{measure}_module_{unit}'], unit)} | {fig(s[f'{measure}_mpi4py_{unit}'], unit)} | "
+                    f"{ratio(s[f'{measure}_hvdlite_torch_over_module'])} | "
+                    f"{ratio(s[f'{measure}_hvdlite_torch_over_mpi4py'])} | {ratio(s[f'{measure}_module_over_mpi4py'])} |")
+    return "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:

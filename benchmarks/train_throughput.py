@@ -16,6 +16,8 @@ Models: a ResNet-50 (plain torch / keras.applications) on 64x64 images, and a sm
 (4 layers, width 256, sequence 64). Each rank uses --threads threads (default: cores // NP, at least 1),
 and so does the single-process baseline. Reported per method: samples/s over all ranks (median round),
 scaling efficiency = throughput(NP) / (NP x throughput(1)), and for torch the ratio hvdlite / ddp.
+A framework this Python cannot import (TensorFlow in the Horovod virtualenv) is skipped with a message on
+stderr and a ``kind: skipped`` line; mpiexec is the one beside this Python when there is one.
 """
 from __future__ import annotations
 
@@ -72,6 +74,13 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     records: list[dict[str, Any]] = []
     status = 0
     for framework in [f for f in args.frameworks.split(",") if f]:
+        missing = _missing_framework(framework)
+        if missing:
+            message = (f"skipping the {framework} runs: {missing} is not importable by {sys.executable} "
+                       f"(run them with a Python that has it, e.g. --frameworks {framework} from the system Python)")
+            print(message, file=sys.stderr, flush=True)
+            output.emit({"bench": "train_throughput", "framework": framework, "kind": "skipped", "reason": message})
+            continue
         cmd = [_mpiexec(), "-n", str(args.np), sys.executable, str(HERE), *argv, "--worker", framework]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_common.ROOT), env.get("PYTHONPATH")]))
@@ -96,8 +105,21 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     return status
 
 
+def _missing_framework(framework: str) -> str:
+    """The module a framework's worker needs that this Python cannot import ('' when all are there)."""
+    import importlib.util
+    for module in {"torch": ("torch",), "keras": ("tensorflow", "keras")}.get(framework, ()):
+        if importlib.util.find_spec(module) is None:
+            return module
+    return ""
+
+
 def _mpiexec() -> str:
+    """The mpiexec beside this Python (a virtualenv's own MPI) if there is one, else the first on PATH."""
     import shutil
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
     found = shutil.which("mpiexec") or shutil.which("mpirun")
     if not found:
         raise SystemExit("no mpiexec on PATH (pip install mpich)")

@@ -60,30 +60,78 @@ def test_grad_sync_smoke(tmp_path: Path) -> None:
         assert methods["hvdlite_grouped"]["engine_cycles_per_rep"] >= 1
 
 
-def test_small_ops_smoke(tmp_path: Path) -> None:
+LATENCY_KEYS = ("latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite", "latency_hvdlite_torch")
+INFLIGHT_KEYS = ("inflight_fused", "inflight_unfused", "inflight_hvdlite_torch", "inflight_mpi_loop",
+                 "inflight_mpi_one")
+
+
+def run_small_ops(tmp_path: Path, *extra: str) -> list[dict]:
     out = tmp_path / "small_ops.json"
     proc = run_mpi(BENCH / "small_ops.py", 2, timeout=180, args=[
-        "--iters", "20", "--reps", "2", "--inflight", "40", "--sessions", "1", "--idle-seconds", "0.3",
-        "--out", str(out)])
+        "--iters", "20", "--reps", "2", "--inflight", "40", "--idle-seconds", "0.3", *extra, "--out", str(out)])
     records = json_lines(proc.stdout)
     assert records == json_lines(out.read_text())
     assert records[0]["kind"] == "machine" and records[-1]["kind"] == "done"
+    return records
+
+
+def test_small_ops_smoke(tmp_path: Path) -> None:
+    records = run_small_ops(tmp_path, "--sessions", "1")
     methods = by_method(records)
-    assert set(methods) == {"idle_cpu_baseline", "latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite",
-                            "inflight_fused", "inflight_unfused", "inflight_mpi_loop", "inflight_mpi_one",
-                            "idle_cpu_hvdlite"}
-    for key in ("latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite"):
+    assert set(methods) == {*LATENCY_KEYS, *INFLIGHT_KEYS, "idle_cpu_baseline", "idle_cpu_hvdlite"}
+    for key in LATENCY_KEYS:
         assert_positive(methods[key], "us", "ratio_to_mpi4py")
-    for key in ("inflight_fused", "inflight_unfused", "inflight_mpi_loop", "inflight_mpi_one"):
-        assert methods[key]["count"] == 40
-        assert_positive(methods[key], "ms", "ops_per_s", "speedup_vs_unfused")
+        assert "ratio_to_module" not in methods[key]
+    for key in INFLIGHT_KEYS:
+        assert methods[key]["count"] == 40 and methods[key]["reps"] == 2
+        assert_positive(methods[key], "ms", "ops_per_s", "speedup_vs_unfused", "ratio_to_mpi_loop")
     # Fusion really happened: fewer MPI data calls per round than tensors; unfused, one per tensor.
     assert methods["inflight_fused"]["mpi_calls_per_round"] < 40
+    assert methods["inflight_hvdlite_torch"]["mpi_calls_per_round"] < 40
     assert methods["inflight_unfused"]["mpi_calls_per_round"] == 40
     idle = [r for r in records if r.get("method") == "idle_cpu_hvdlite"]
-    assert [r["when"] for r in idle] == ["after_init", "after_work"]
+    assert [r["when"] for r in idle] == ["after_init", "after_work", "after_torch_work"]
     for r in idle:
-        assert r["cpu_percent"] >= 0 and r["seconds"] == 0.3
+        assert r["cpu_percent"] >= 0 and r["seconds"] == 0.3 and "engine_cycles_per_s" in r
+    summary = [r for r in records if r.get("kind") == "summary"]
+    assert len(summary) == 1 and summary[0]["module"] is None
+    s = summary[0]
+    assert s["latency_hvdlite_torch_us"] == methods["latency_hvdlite_torch"]["us"]
+    assert s["latency_mpi4py_us"] == methods["latency_mpi4py"]["us"]
+    assert s["inflight_hvdlite_torch_ms"] == methods["inflight_hvdlite_torch"]["ms"]
+    assert s["inflight_mpi4py_ms"] == methods["inflight_mpi_loop"]["ms"]
+    for measure in ("latency", "inflight"):
+        assert s[f"{measure}_module_{'us' if measure == 'latency' else 'ms'}"] is None
+        assert s[f"{measure}_hvdlite_torch_over_module"] is None and s[f"{measure}_module_over_mpi4py"] is None
+        assert_positive(s, f"{measure}_hvdlite_torch_over_mpi4py")
+
+
+def test_small_ops_with_module_smoke(tmp_path: Path) -> None:
+    """--hvd-module (hvdlite.torch standing in for horovod.torch) in two alternating sessions: re-init works."""
+    records = run_small_ops(tmp_path, "--sessions", "2", "--hvd-module", "hvdlite.torch")
+    assert records[0]["module"] == "hvdlite.torch"
+    methods = by_method(records)
+    assert set(methods) == {*LATENCY_KEYS, *INFLIGHT_KEYS, "latency_module", "inflight_module",
+                            "idle_cpu_baseline", "idle_cpu_hvdlite", "idle_cpu_module"}
+    assert methods["latency_module"]["module"] == methods["inflight_module"]["module"] == "hvdlite.torch"
+    # Two sessions of 2 rounds each; the raw latency also runs in both module sessions.
+    assert methods["latency_hvdlite_torch"]["reps"] == methods["latency_module"]["reps"] == 4
+    assert methods["latency_mpi4py"]["reps"] == 8
+    assert methods["inflight_module"]["reps"] == methods["inflight_hvdlite_torch"]["reps"] == 4
+    lat, fl = methods["latency_hvdlite_torch"], methods["inflight_hvdlite_torch"]
+    assert_positive(methods["latency_module"], "us", "ratio_to_mpi4py")
+    assert_positive(methods["inflight_module"], "ms", "ops_per_s", "ratio_to_mpi_loop")
+    assert lat["ratio_to_module"] == pytest.approx(lat["us"] / methods["latency_module"]["us"])
+    assert fl["ratio_to_module"] == pytest.approx(fl["ms"] / methods["inflight_module"]["ms"])
+    idle = [r for r in records if r.get("method") == "idle_cpu_module"]
+    assert [r["when"] for r in idle] == ["after_init", "after_work"]
+    assert all(r["module"] == "hvdlite.torch" and r["cpu_percent"] >= 0 for r in idle)
+    (s,) = [r for r in records if r.get("kind") == "summary"]
+    assert s["module"] == "hvdlite.torch"
+    assert s["latency_hvdlite_torch_over_module"] == pytest.approx(lat["ratio_to_module"])
+    assert s["inflight_hvdlite_torch_over_module"] == pytest.approx(fl["ratio_to_module"])
+    assert s["latency_module_over_mpi4py"] == pytest.approx(methods["latency_module"]["ratio_to_mpi4py"])
+    assert s["inflight_module_over_mpi4py"] == pytest.approx(methods["inflight_module"]["ratio_to_mpi_loop"])
 
 
 def test_train_throughput_smoke(tmp_path: Path) -> None:
@@ -146,3 +194,20 @@ def test_autotune_smoke(tmp_path: Path) -> None:
     summary = [r for r in records if r.get("kind") == "summary"]
     assert len(summary) == 1 and summary[0]["best_hand_set"] in configs
     assert_positive(summary[0], "autotuned_over_best_hand_set")
+
+
+def test_run_all_smoke_without_horovod(tmp_path: Path) -> None:
+    """run_all.sh --smoke with no Horovod venv: says it skips Horovod and writes every results file."""
+    proc = subprocess.run(["bash", str(BENCH / "run_all.sh"), "--smoke", "--results", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no Horovod venv given: skipping Horovod" in proc.stderr
+    small = json_lines((tmp_path / "small_ops.json").read_text())
+    assert "latency_module" not in by_method(small) and "latency_hvdlite_torch" in by_method(small)
+    grad = json_lines((tmp_path / "grad_sync.json").read_text())
+    assert "hvd_module_async" not in by_method(grad, model="resnet50") and grad[-1]["kind"] == "done"
+    train = json_lines((tmp_path / "train_throughput.json").read_text())
+    assert {r["framework"] for r in train if r.get("kind") == "done"} == {"torch", "keras"}
+    assert not [r for r in train if r.get("kind") in ("error", "skipped")], train
+    assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "**small_ops, hvdlite.torch vs module (not measured)**" in proc.stdout
