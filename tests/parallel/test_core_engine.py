@@ -108,7 +108,10 @@ def test_stall_shutdown_fails_the_stalled_op(reinit: Callable[..., None]) -> Non
         with pytest.raises(hvd.StallError, match=re.escape(f"ranks [{N - 1}] never submitted")):
             hvd.allreduce(np.ones(2), name="never")
     else:
-        time.sleep(2.0)  # past the others' stall shutdown, so only "never" stalls
+        # past the others' stall shutdown (so "never" stalls), and well before their barrier could stall too
+        # (it is submitted only after "never" failed, at 1.0 s or later): a barrier submitted here before
+        # or after the others' verdict completes either way
+        time.sleep(1.5)
     hvd.barrier()
 
 

@@ -105,6 +105,7 @@ class Engine:
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
         polling.set_watch(self._watch)
+        polling.fine_timer_slack()
         try:
             while self._wait_for_work():
                 self._cycle()
@@ -124,10 +125,12 @@ class Engine:
     def _wait_for_work(self) -> bool:
         """Sleep while there is nothing to do; return when a cycle should run.
 
-        Every cycle is a world-wide round, so a rank with nothing of its own still takes part at once while
-        any rank is busy (the BUSY flag of the last round says so): a process set's ops never wait for
-        idle non-members. Only when the whole job was idle does it back off, doubling its pause from the
-        cycle time up to ``idle_heartbeat_seconds``; a local submission ends the pause at once.
+        Every cycle is a world-wide round, so while some process set leaves ranks out, a rank with nothing
+        of its own still takes part at once while any rank is busy (the BUSY flag of the last round says
+        so): a set's ops never wait for idle non-members. With only sets of every rank, each op needs every
+        rank's own submission anyway, so an idle rank waits for its own (no empty round after each op).
+        Otherwise it backs off, doubling its pause from the cycle time up to ``idle_heartbeat_seconds``;
+        a local submission ends the pause at once.
         """
         cycle_s = self.config.cycle_time / 1000.0
         with self._cv:
@@ -140,7 +143,8 @@ class Engine:
                 return True
             if self._job_busy:
                 self._idle_pause = cycle_s
-                return True
+                if self.psets.has_partial_sets():
+                    return True
             self._idle_pause = min(self.config.idle_heartbeat_seconds, max(cycle_s, 1e-4, self._idle_pause * 2))
             self._cv.wait(self._idle_pause)
         return True

@@ -27,6 +27,10 @@ class Registry:
     def members(self, ps_id: int) -> list[int]:
         return self.ranks.get(ps_id, [])
 
+    def has_partial_sets(self) -> bool:
+        """True when some registered set leaves out some rank (its ops need non-members in every round)."""
+        return any(len(ranks) < self.world_size for ranks in self.ranks.values())
+
     def is_member(self, ps_id: int) -> bool:
         return self.world_rank in self.ranks.get(ps_id, ())
 
