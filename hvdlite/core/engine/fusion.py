@@ -56,6 +56,7 @@ class Marker:
 def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold: int) -> list[list[Any]]:
     """Group this cycle's responses: compatible tensors of fusable kinds share a batch."""
     keyed: dict[tuple, list[Any]] = {}
+    filled: dict[tuple, int] = {}  # agreed bytes in each open batch of a capped kind
     order: list[list[Any]] = []
     for resp, req in work:
         items = [Item(resp, req, i) for i in range(len(resp.sig.tensors))]
@@ -64,14 +65,25 @@ def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold: in
         elif resp.kind.fusable and fusion_threshold > 0:
             sig = resp.sig
             by_dtype = resp.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER)
+            capped = resp.kind in (Kind.ALLGATHER, Kind.REDUCESCATTER)  # these copy a whole batch at once
             for item in items:
                 key = (resp.kind, resp.ps_id, item.dtype if by_dtype else None, sig.op, sig.prescale,
                        sig.postscale, sig.root)
+                nbytes = _agreed_bytes(item) if capped else 0
                 batch = keyed.get(key)
-                if batch is None:
+                if batch is None or (capped and batch and filled[key] + nbytes > fusion_threshold):
                     batch = keyed[key] = []
+                    filled[key] = 0
                     order.append(batch)
                 batch.append(item)
+                filled[key] = filled.get(key, 0) + nbytes
         else:
             order.append(items)
     return order
+
+
+def _agreed_bytes(item: Item) -> int:
+    """Bytes of ``item`` every rank agrees on: the whole tensor for reducescatter, one row (row counts may
+    differ between ranks) for allgather. Allgather and reducescatter batches are cut at the fusion
+    threshold by this measure, so their staging copies stay bounded and every rank cuts at the same place."""
+    return math.prod(item.shape) * storage_dtype(item.dtype).itemsize
