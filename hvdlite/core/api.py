@@ -8,7 +8,7 @@ import numpy as np
 from .engine.handles import Handle
 from .engine.requests import Kind
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import check_reduction, dtype_name, resolve_op
+from .reduce_ops import check_reduction, dtype_name, resolve_op, storage_dtype
 from .runtime import state
 
 
@@ -66,7 +66,8 @@ def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], hints: list[Op
         return None, None
     given = [np.asarray(o) for o in outputs]
     prepared = [_prepare(o, h) for o, h in zip(given, hints)]
-    if len(given) != len(dtypes) or [p[1] for p in prepared] != dtypes:
+    if len(given) != len(dtypes) or [p[1] for p in prepared] != dtypes or any(
+            g.dtype.itemsize != storage_dtype(d).itemsize for g, d in zip(given, dtypes)):
         raise TypeError(f"{kind} {name!r}: outputs must be one array per input with the input's dtype; got "
                         f"{[p[1] for p in prepared]} for inputs {dtypes}")
     views = [p[0] for p in prepared]

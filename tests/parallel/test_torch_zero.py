@@ -298,6 +298,8 @@ def test_collectives_write_into_given_outputs(rank: int, size: int) -> None:
                                                          outputs=[mine]))
     assert got[0] is mine
     assert torch.equal(mine[0], torch.arange(rank * 6, rank * 6 + 6, dtype=torch.float32) * sum(range(1, size + 1)))
+    with pytest.raises(TypeError, match="outputs must be one array per input with the input's dtype"):
+        hvd.grouped_allgather_async([torch.zeros(1, 5, dtype=torch.bfloat16)], outputs=[torch.zeros(size, 5)])
     buf = torch.zeros(size, 5, dtype=torch.bfloat16)
     buf[rank] = rank + 1
     second = torch.zeros(2 * size, 3, dtype=torch.float64)
