@@ -8,7 +8,7 @@ import numpy as np
 from .engine.handles import Handle
 from .engine.requests import Kind
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import check_reduction, dtype_name, resolve_op
+from .reduce_ops import check_reduction, dtype_name, resolve_op, storage_dtype
 from .runtime import state
 
 
@@ -67,6 +67,29 @@ def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray])
                 np.copyto(orig, res.reshape(orig.shape).view(orig.dtype), casting="unsafe")
         return list(originals)
     return finalize
+
+
+def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], hints: list[Optional[str]],
+          dtypes: list[str]) -> tuple[Optional[list], Any]:
+    """Caller-given outputs of allgather/reducescatter: the engine writes each result straight into its
+    output where it fits (C-contiguous, the result's shape), else it is copied there; wait() returns them."""
+    if outputs is None:
+        return None, None
+    given = [np.asarray(o) for o in outputs]
+    prepared = [_prepare(o, h) for o, h in zip(given, hints)]
+    if len(given) != len(dtypes) or [p[1] for p in prepared] != dtypes or any(
+            g.dtype.itemsize != storage_dtype(d).itemsize for g, d in zip(given, dtypes)):
+        raise TypeError(f"{kind} {name!r}: outputs must be one array per input with the input's dtype; got "
+                        f"{[p[1] for p in prepared]} for inputs {dtypes}")
+    views = [p[0] for p in prepared]
+    direct = [v if np.may_share_memory(v, g) else None for v, g in zip(views, given)]  # else a copy
+
+    def finalize(results: list[np.ndarray]) -> list[np.ndarray]:
+        for g, d, r in zip(given, direct, results):
+            if r is not d:
+                np.copyto(g, r.reshape(g.shape).view(g.dtype), casting="unsafe")
+        return given
+    return direct, finalize
 
 
 # -- allreduce ----------------------------------------------------------------------------------------
@@ -152,15 +175,18 @@ def grouped_allreduce_async_(arrays: Sequence[np.ndarray], average: Optional[boo
 # -- allgather ----------------------------------------------------------------------------------------
 def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set,
-                            dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
-    """Concatenate each array's rows from every rank (the first dimension may differ per rank)."""
+                            dtype_hints: Optional[Sequence[Optional[str]]] = None,
+                            outputs: Optional[Sequence[Any]] = None) -> Handle:
+    """Concatenate each array's rows from every rank (the first dimension may differ per rank); into
+    ``outputs`` (one array of the gathered shape per input; an input may be its own rows of it) if given."""
     name = _auto_name("allgather", name, process_set)
     ps_id = _pset_id(process_set, "allgather", name)
     hints = list(dtype_hints or [None] * len(arrays))
     prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
     inputs = [p[0].reshape(1) if p[0].ndim == 0 else p[0] for p in prepared]
+    direct, finalize = _into("allgather", name, outputs, hints, [p[1] for p in prepared])
     return _submit(Kind.ALLGATHER, name, ps_id, inputs, [p[1] for p in prepared],
-                   shape_of=lambda a: tuple(a.shape[1:]))
+                   shape_of=lambda a: tuple(a.shape[1:]), outputs=direct, finalize=finalize)
 
 
 def allgather_async(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set,
@@ -246,8 +272,10 @@ def alltoall(array: Any, splits: Any = None, name: Optional[str] = None,
 def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = None, op: Any = None,
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0,
-                                dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
-    """Reduce, then give rank r its share of the first dimension (earlier ranks take the remainder)."""
+                                dtype_hints: Optional[Sequence[Optional[str]]] = None,
+                                outputs: Optional[Sequence[Any]] = None) -> Handle:
+    """Reduce, then give rank r its share of the first dimension (earlier ranks take the remainder); into
+    ``outputs`` (one array of this rank's share per input, not overlapping the inputs) if given."""
     name = _auto_name("reducescatter", name, process_set)
     reduce_op = resolve_op(op)
     ps_id = _pset_id(process_set, "reducescatter", name)
@@ -260,8 +288,10 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
             raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
     if len({d for _, d in prepared}) > 1:
         raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
+    direct, finalize = _into("reducescatter", name, outputs, hints, [p[1] for p in prepared])
     return _submit(Kind.REDUCESCATTER, name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
-                   op=reduce_op, prescale=prescale_factor, postscale=postscale_factor)
+                   op=reduce_op, prescale=prescale_factor, postscale=postscale_factor, outputs=direct,
+                   finalize=finalize)
 
 
 def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,

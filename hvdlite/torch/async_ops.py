@@ -140,14 +140,28 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
 
 
 # -- allgather ----------------------------------------------------------------------------------------
+def _into(outputs: Optional[Sequence[torch.Tensor]], what: str) -> tuple[Optional[list], Any]:
+    """Host arrays for caller-given outputs, and the conversion that returns those tensors, filled."""
+    if outputs is None:
+        return None, None
+    outputs = list(outputs)
+    staged = [to_host(t, what) for t in outputs]
+    return [s[0] for s in staged], lambda results: [write_into(t, r, s[1])
+                                                    for t, r, s in zip(outputs, results, staged)]
+
+
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                            process_set: ProcessSet = global_process_set) -> Handle:
-    """Start concatenating each tensor's rows from every rank (first dimensions may differ)."""
+                            process_set: ProcessSet = global_process_set, *,
+                            outputs: Optional[Sequence[torch.Tensor]] = None) -> Handle:
+    """Start concatenating each tensor's rows from every rank (first dimensions may differ). hvdlite
+    extension: ``outputs`` (one tensor of the gathered shape per input, which may hold the input as its
+    own rows) receive the results without new allocations; synchronize() returns them."""
     tensors = list(tensors)
     hosts = [to_host(t, "grouped_allgather")[0] for t in tensors]
+    into, filled = _into(outputs, "grouped_allgather")
     handle = core.grouped_allgather_async(hosts, _name("allgather", name), process_set,
-                                          dtype_hints=hints(tensors))
-    return chain(handle, lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
+                                          dtype_hints=hints(tensors), outputs=into)
+    return chain(handle, filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
@@ -193,14 +207,18 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                                 op: Any = Average, process_set: ProcessSet = global_process_set,
-                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
-    """Start reducing each tensor and keeping this rank's share of its first dimension."""
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                                outputs: Optional[Sequence[torch.Tensor]] = None) -> Handle:
+    """Start reducing each tensor and keeping this rank's share of its first dimension. hvdlite extension:
+    ``outputs`` (one tensor of this rank's share per input, apart from the inputs) receive the results."""
     tensors = list(tensors)
     reduce_op = resolve_op(op)
     hosts = [to_host(t, "grouped_reducescatter")[0] for t in tensors]
+    into, filled = _into(outputs, "grouped_reducescatter")
     handle = core.grouped_reducescatter_async(hosts, _name("reducescatter", name), reduce_op, process_set,
-                                              prescale_factor, postscale_factor, dtype_hints=hints(tensors))
-    return chain(handle, lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
+                                              prescale_factor, postscale_factor, dtype_hints=hints(tensors),
+                                              outputs=into)
+    return chain(handle, filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
 
 
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Any = Average,

@@ -2,7 +2,8 @@
 
 Gradients are averaged with one reducescatter per flat bucket (see zero_layout), so each rank receives only
 the rows it owns; the wrapped ``optimizer_class`` steps those rows; an allgather of the updated rows puts the
-new parameters on every rank.
+new parameters on every rank. Parameters and gradients are views of each bucket's flat buffers, and both
+collectives write into buffers kept across steps, so a step allocates no whole-model temporaries.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._uid = f"zero{next(_instances)}"
         self._cap = setting("fusion_threshold") or 4 * 1024 * 1024
         self._buckets: list[Bucket] = []
-        self._bucket_of: dict[int, int] = {}
+        self._bucket_of: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
         self._delay: dict[int, int] = {}
         self._ready_params: list[int] = []
         self._handles: dict[int, tuple[Any, list[int], list[Any]]] = {}
@@ -83,12 +84,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _add_buckets(self, gi: int, params: list[torch.Tensor]) -> list[Bucket]:
         new = plan_buckets([(gi, list(params))], self._n, self._cap, self._uid, start=len(self._buckets))
         for bucket in new:
-            bucket.shard = bucket.own([p.detach() for p in bucket.params], self._rank)
+            with torch.no_grad():
+                bucket.adopt(self._rank)
             k = len(self._buckets)
             self._buckets.append(bucket)
             self._ready_params.append(0)
-            for p in bucket.params:
-                self._bucket_of[id(p)] = k
+            for i, p in enumerate(bucket.params):
+                self._bucket_of[id(p)] = (k, i)
                 self._delay[id(p)] = self.backward_passes_per_step
                 if self._enabled:
                     p.register_post_accumulate_grad_hook(_make_hook(self._me))
@@ -117,13 +119,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     # -- during backward ----------------------------------------------------------------------------
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        k = self._bucket_of.get(id(p))
-        if k is None:
+        where = self._bucket_of.get(id(p))
+        if where is None:
             return
+        k, i = where
         if self._delay[id(p)] <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call to step(). "
                 "Increase backward_passes_per_step to accumulate gradients locally.")
+        with torch.no_grad():
+            self._buckets[k].collect(i)  # frees autograd's gradient now; later passes accumulate in place
         self._delay[id(p)] -= 1
         self._grads_waiting = True
         if self._delay[id(p)] > 0:
@@ -134,22 +139,28 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def _submit(self, ks: list[int]) -> None:
         """Start the averaging reducescatter of these buckets' gradients, as one grouped request."""
-        wires, ctxs = [], []
+        wires, ctxs, direct = [], [], True
         for k in ks:
             bucket = self._buckets[k]
-            wire, ctx = self._compression.compress(bucket.flat([p.grad for p in bucket.params]))
+            bucket.collect()
+            whole = bucket.grads.view(bucket.rows, bucket.row)
+            wire, ctx = self._compression.compress(whole)
+            direct = direct and wire is whole  # uncompressed: reduce into the kept shard_grad rows
             wires.append(wire)
             ctxs.append(ctx)
+        outputs = [self._buckets[k].averaged().view(1, -1) for k in ks] if direct else None
         name = self._buckets[ks[0]].name + (f".x{len(ks)}" if len(ks) > 1 else "")
-        handle = grouped_reducescatter_async(wires, name=name, op=Average, process_set=self.process_set)
+        handle = grouped_reducescatter_async(wires, name=name, op=Average, process_set=self.process_set,
+                                             outputs=outputs)
         for k in ks:
-            self._handles[k] = (handle, ks, ctxs)
+            self._handles[k] = (handle, ks, None if direct else ctxs)
 
     def _reduce(self) -> None:
         """Give every shard its averaged gradient (starting the reductions backward has not started)."""
         if not self._enabled:
             for bucket in self._buckets:
-                bucket.shard.grad = bucket.own([p.grad for p in bucket.params], 0, dtype=bucket.dtype)
+                bucket.collect()
+                bucket.shard.grad = bucket.grads  # one row: the whole bucket
         else:
             waiting = [k for k in range(len(self._buckets)) if k not in self._handles]
             if self.overlap:  # one request per bucket: the names do not depend on what backward started
@@ -161,9 +172,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             for k, (handle, ks, ctxs) in list(self._handles.items()):
                 if k in done:
                     continue
-                for j, row, ctx in zip(ks, synchronize(handle), ctxs):
-                    shard = self._buckets[j].shard
-                    shard.grad = self._compression.decompress(row, ctx).reshape(-1).to(shard.dtype)
+                rows = synchronize(handle)
+                for i, j in enumerate(ks):
+                    bucket = self._buckets[j]
+                    if ctxs is not None:
+                        bucket.averaged().copy_(self._compression.decompress(rows[i], ctxs[i]).reshape(-1))
+                    bucket.shard.grad = bucket.averaged()
                     done.add(j)
         self._reset()
 
@@ -182,21 +196,17 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for bucket in self._buckets:  # a parameter whose .data was replaced goes back into its bucket
+            bucket.adopt(self._rank)
         self._reduce()
-        for bucket in self._buckets:  # parameters may have been changed in place (broadcast, loading)
-            bucket.shard.copy_(bucket.own([p.detach() for p in bucket.params], self._rank))
         self._sync_groups(self.param_groups, self.optim.param_groups)
-        self.optim.step()
+        self.optim.step()  # updates this rank's rows of the parameters in place
         self._sync_groups(self.optim.param_groups, self.param_groups)
-        if self._enabled and self._buckets:
-            rows = [b.shard.view(1, b.row) for b in self._buckets]
-            wholes = synchronize(grouped_allgather_async(rows, name=f"{self._uid}.params",
-                                                         process_set=self.process_set))
-        else:
-            wholes = [b.shard for b in self._buckets]
-        for bucket, whole in zip(self._buckets, wholes):
-            for p, value in zip(bucket.params, bucket.split(whole)):
-                p.copy_(value)
+        if self._enabled and self._buckets:  # every rank's updated rows, into the parameters' buffers
+            synchronize(grouped_allgather_async([b.shard.view(1, b.row) for b in self._buckets],
+                                                name=f"{self._uid}.params", process_set=self.process_set,
+                                                outputs=[b.values.view(b.rows, b.row) for b in self._buckets]))
+        for bucket in self._buckets:
             bucket.shard.grad = None
         return loss
 
@@ -204,9 +214,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if self._grads_waiting:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step(). This is prohibited as it can cause a race condition.")
-        super().zero_grad(set_to_none)
+        super().zero_grad(set_to_none)  # gradients are views of the buckets: set_to_none releases those too
         for bucket in self._buckets:
             bucket.shard.grad = None
+            if set_to_none:
+                bucket.grads = None
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = int(passes)

@@ -24,7 +24,10 @@ class Bucket:
     numels: list[int]
     rows: int
     row: int
-    shard: Optional[torch.Tensor] = None  # this rank's row of parameter values, stepped by the local optimizer
+    shard: Optional[torch.Tensor] = None  # this rank's row of ``values``, stepped by the local optimizer
+    values: Optional[torch.Tensor] = None  # the flat bucket the parameters are views of
+    grads: Optional[torch.Tensor] = None  # the flat bucket the gradients are views of (None after set_to_none)
+    shard_grad: Optional[torch.Tensor] = None  # this rank's averaged row of ``grads``, kept across steps
 
     @property
     def dtype(self) -> torch.dtype:
@@ -37,13 +40,42 @@ class Bucket:
     def span(self, rank: int) -> tuple[int, int]:
         return rank * self.row, (rank + 1) * self.row
 
-    def flat(self, tensors: Sequence[Optional[torch.Tensor]]) -> torch.Tensor:
-        """The whole bucket built from one tensor per parameter (None counts as zeros), shaped (rows, row)."""
-        out = torch.zeros(self.padded, dtype=self.dtype, device=self.params[0].device)
-        for t, off, n in zip(tensors, self.offsets, self.numels):
-            if t is not None:
-                out[off:off + n].copy_(t.reshape(-1))
-        return out.view(self.rows, self.row)
+    def adopt(self, rank: int) -> None:
+        """Move the parameters into one flat buffer (each becomes a view of it) and take row ``rank`` as the
+        shard: the local optimizer then updates this rank's parameters in place, and an allgather into the
+        buffer updates the rest. Parameters whose data was replaced since are moved back in."""
+        if self.values is None:
+            self.values = torch.zeros(self.padded, dtype=self.dtype, device=self.params[0].device)
+            self.shard = self.values.view(self.rows, self.row)[rank]
+        for p, view in zip(self.params, self.split(self.values)):
+            if p.data_ptr() != view.data_ptr() or p.shape != view.shape:
+                view.copy_(p.detach())
+                p.data = view
+
+    def collect(self, i: Optional[int] = None) -> None:
+        """Put the gradient of parameter ``i`` (default: every one; None counts as zeros) into the flat
+        gradient buffer, and make ``.grad`` a view of it (a gradient that is one already is left alone)."""
+        first = self.params[0].grad
+        if self.grads is None and len(self.params) == 1 and first is not None and first.numel() == self.padded \
+                and first.is_contiguous() and first.dtype == self.dtype and first.device == self.params[0].device:
+            self.grads = first.detach().view(-1)  # one unpadded parameter: its gradient is the bucket already
+        if self.grads is None:
+            self.grads = torch.empty(self.padded, dtype=self.dtype, device=self.params[0].device)
+            self.grads[self.offsets[-1] + self.numels[-1]:].zero_()  # padding
+        for j in range(len(self.params)) if i is None else (i,):
+            p, off, n = self.params[j], self.offsets[j], self.numels[j]
+            g, view = p.grad, self.grads[off:off + n]
+            if g is None:
+                view.zero_()
+            elif g.data_ptr() != view.data_ptr() or g.shape != p.shape:
+                view.copy_(g.reshape(-1))
+                p.grad = view.view(p.shape)
+
+    def averaged(self) -> torch.Tensor:
+        """The buffer this rank's averaged gradient row goes to (allocated once)."""
+        if self.shard_grad is None:
+            self.shard_grad = torch.empty(self.row, dtype=self.dtype, device=self.params[0].device)
+        return self.shard_grad
 
     def own(self, tensors: Sequence[Optional[torch.Tensor]], rank: int,
             dtype: Optional[torch.dtype] = None) -> torch.Tensor:

@@ -230,3 +230,86 @@ def test_lr_scheduler_reaches_the_shards(rank: int, size: int) -> None:
 def test_optimizers_that_couple_elements_are_refused() -> None:
     with pytest.raises(ValueError, match="cannot shard LBFGS: its update couples the elements"):
         hvd.ZeroRedundancyOptimizer(make_model().parameters(), torch.optim.LBFGS)
+
+
+def test_gradients_are_views_of_kept_buckets(rank: int, size: int) -> None:
+    """set_to_none=False keeps the flat gradient buffers across steps; an unused parameter (grad None) counts
+    as a zero gradient; set_to_none=True releases the buffers, as torch releases .grad."""
+    cls, kwargs = torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}
+    models = [make_model(), make_model()]
+    for m in models:
+        m.register_parameter("unused", torch.nn.Parameter(torch.arange(5.0)))
+    opt = hvd.ZeroRedundancyOptimizer(models[0].parameters(), cls, **kwargs)
+    ref_opt = cls(models[1].parameters(), **kwargs)
+    xs, ys = data(size)
+    kept = None
+    for x, y in zip(xs[:, 0], ys[:, 0]):
+        mine = slice(rank * BATCH, (rank + 1) * BATCH)
+        for o, m, part in ((opt, models[0], mine), (ref_opt, models[1], slice(None))):
+            o.zero_grad(set_to_none=False)
+            torch.nn.functional.mse_loss(m(x[part]), y[part]).backward()
+            o.step()
+        buffers = [b.grads.data_ptr() for b in opt._buckets]
+        assert kept is None or buffers == kept, "zero_grad(set_to_none=False) must keep the gradient buffers"
+        kept = buffers
+        for p in models[0].parameters():
+            k, i = opt._bucket_of[id(p)]
+            bucket = opt._buckets[k]
+            assert p.data_ptr() == bucket.values.data_ptr() + bucket.offsets[i] * p.element_size()
+            if p is models[0].unused:
+                assert p.grad is None  # never computed: left None, reduced as zeros
+            else:
+                assert p.grad.data_ptr() == bucket.grads.data_ptr() + bucket.offsets[i] * p.element_size()
+    assert torch.equal(models[0].unused.detach(), torch.arange(5.0))
+    assert_matches(models[0], models[1])
+    opt.zero_grad()
+    assert all(p.grad is None for p in models[0].parameters()) and all(b.grads is None for b in opt._buckets)
+
+
+def test_replaced_gradients_and_parameter_data(rank: int, size: int) -> None:
+    """Gradients assigned by the user (not views) and parameters whose .data is replaced are moved into
+    the buckets at step()."""
+    cls, kwargs = OPTIMIZERS["adamw"]
+    model, ref = make_model(), make_model()
+    opt = hvd.ZeroRedundancyOptimizer(groups(model), cls, **kwargs)
+    ref_opt = cls(groups(ref), **kwargs)
+    xs, ys = data(size)
+    for step, (x, y) in enumerate(zip(xs[:, 0], ys[:, 0])):
+        part = slice(rank * BATCH, (rank + 1) * BATCH)
+        grads = torch.autograd.grad(torch.nn.functional.mse_loss(model(x[part]), y[part]), list(model.parameters()))
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        if step == 3:
+            model[2].weight.data = model[2].weight.data.clone()
+        opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    assert_matches(model, ref)
+
+
+def test_collectives_write_into_given_outputs(rank: int, size: int) -> None:
+    whole = torch.arange(size * 6, dtype=torch.float32).view(size, 6) * (rank + 1)
+    with pytest.raises(TypeError, match="outputs must be one array per input with the input's dtype"):
+        hvd.grouped_reducescatter_async([whole], outputs=[torch.empty(1, 6, dtype=torch.float64)])
+    mine = torch.empty(1, 6, dtype=torch.float32)
+    got = hvd.synchronize(hvd.grouped_reducescatter_async([whole], name="zero.out.rs", op=hvd.Sum,
+                                                         outputs=[mine]))
+    assert got[0] is mine
+    assert torch.equal(mine[0], torch.arange(rank * 6, rank * 6 + 6, dtype=torch.float32) * sum(range(1, size + 1)))
+    with pytest.raises(TypeError, match="outputs must be one array per input with the input's dtype"):
+        hvd.grouped_allgather_async([torch.zeros(1, 5, dtype=torch.bfloat16)], outputs=[torch.zeros(size, 5)])
+    buf = torch.zeros(size, 5, dtype=torch.bfloat16)
+    buf[rank] = rank + 1
+    second = torch.zeros(2 * size, 3, dtype=torch.float64)
+    row = torch.full((2, 3), float(rank), dtype=torch.float64)
+    got = hvd.synchronize(hvd.grouped_allgather_async([buf[rank:rank + 1], row], name="zero.out.ag",
+                                                      outputs=[buf, second]))
+    assert got[0] is buf and got[1] is second
+    assert torch.equal(buf, torch.arange(1, size + 1, dtype=torch.bfloat16).view(-1, 1).expand(size, 5))
+    assert torch.equal(second, torch.arange(size, dtype=torch.float64).repeat_interleave(2).view(-1, 1).expand(-1, 3))
+    single = torch.zeros(size, 4, dtype=torch.float32)
+    single[rank] = float(rank)
+    hvd.synchronize(hvd.grouped_allgather_async([single[rank:rank + 1]], name="zero.out.ag1", outputs=[single]))
+    assert torch.equal(single, torch.arange(size, dtype=torch.float32).view(-1, 1).expand(size, 4))

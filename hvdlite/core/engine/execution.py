@@ -219,17 +219,24 @@ class Executor:
         row_bytes = np.array([math.prod(item.shape) * storage_dtype(item.dtype).itemsize
                               for item in items], dtype=np.int64)
         per_rank, displs = counts_displacements((all_rows * row_bytes).sum(axis=1))
+        whole = [(int(all_rows[:, i].sum()),) + tuple(item.shape) for i, item in enumerate(items)]
         if len(items) == 1:
             send = items[0].src.reshape(-1).view(np.uint8)
         else:
             send = np.concatenate([item.src.reshape(-1).view(np.uint8) for item in items])
-        recv = aligned_empty((int(per_rank.sum()),), np.uint8)
-        self._wait(comm.Iallgatherv([send, BYTE], [recv, (per_rank, displs), BYTE]))
+        item = items[0]
+        into = len(items) == 1 and _fits(item.dst, whole[0], item.dtype)
+        recv = item.dst.reshape(-1).view(np.uint8) if into else aligned_empty((int(per_rank.sum()),), np.uint8)
+        me = comm.Get_rank()
+        if into and _at(send, recv, int(displs[me])):  # the caller's row already sits in its output
+            send = self.ops.IN_PLACE
+        elif into and np.shares_memory(send, recv):
+            send = send.copy()
+        self._wait(comm.Iallgatherv(send if send is self.ops.IN_PLACE else [send, BYTE],
+                                    [recv, (per_rank, displs), BYTE]))
         if len(items) == 1:  # the received bytes are already the output, in rank order
-            item = items[0]
             self.timeline.end(item.resp.name)
-            out = recv.view(storage_dtype(item.dtype)).reshape((int(all_rows[:, 0].sum()),) + tuple(item.shape))
-            return [(item, out)]
+            return [(item, item.dst if into else recv.view(storage_dtype(item.dtype)).reshape(whole[0]))]
         results = []
         for i, item in enumerate(items):
             store = storage_dtype(item.dtype)
@@ -237,7 +244,7 @@ class Executor:
             for r in range(nranks):
                 start = int(displs[r] + (all_rows[r, :i] * row_bytes[:i]).sum())
                 pieces.append(recv[start:start + int(all_rows[r, i] * row_bytes[i])])
-            out = aligned_empty((int(all_rows[:, i].sum()),) + tuple(item.shape), store)
+            out = item.dst if _fits(item.dst, whole[i], item.dtype) else aligned_empty(whole[i], store)
             flat = out.reshape(-1).view(np.uint8)
             offset = 0
             for piece in pieces:
@@ -304,24 +311,34 @@ class Executor:
         splits = [_split_rows(item.src.shape[0], nranks) for item in items]
         row_elems = [math.prod(item.src.shape[1:]) for item in items]
         counts = [sum(s[r] * e for s, e in zip(splits, row_elems)) for r in range(nranks)]
-        send = np.empty(sum(counts), dtype=store)
-        offset = 0
-        for r in range(nranks):
-            for item, s, e in zip(items, splits, row_elems):
-                lo = sum(s[:r]) * e
-                n = s[r] * e
-                scaled_copy(send[offset:offset + n], item.src.reshape(-1)[lo:lo + n], dtype, pre)
-                offset += n
-        recv = np.empty(counts[me], dtype=store)
+        if len(items) == 1 and pre == 1:  # already in rank order: reduce straight from the input
+            send = items[0].src.reshape(-1)
+        else:
+            send = np.empty(sum(counts), dtype=store)
+            offset = 0
+            for r in range(nranks):
+                for item, s, e in zip(items, splits, row_elems):
+                    lo = sum(s[:r]) * e
+                    n = s[r] * e
+                    scaled_copy(send[offset:offset + n], item.src.reshape(-1)[lo:lo + n], dtype, pre)
+                    offset += n
+        dst = items[0].dst
+        into = len(items) == 1 and _fits(dst, (splits[0][me],) + tuple(items[0].src.shape[1:]), dtype) \
+            and not np.shares_memory(dst, send)
+        recv = dst.reshape(-1) if into else np.empty(counts[me], dtype=store)
         for item in items:
             self.timeline.begin(item.resp.name, "MPI_REDUCESCATTER")
         self._wait(comm.Ireduce_scatter([send, self.ops.datatype(dtype)], [recv, self.ops.datatype(dtype)],
                                         counts, self.ops.op(dtype, op)))
         scale_inplace(recv, dtype, post)
+        if into:
+            self.timeline.end(items[0].resp.name)
+            return [(items[0], dst)]
         results, offset = [], 0
         for item, s, e in zip(items, splits, row_elems):
             n = s[me] * e
-            out = aligned_empty((s[me],) + tuple(item.src.shape[1:]), store)
+            shape = (s[me],) + tuple(item.src.shape[1:])
+            out = item.dst if _fits(item.dst, shape, dtype) else aligned_empty(shape, store)
             out.reshape(-1)[...] = recv[offset:offset + n]
             results.append((item, out))
             offset += n
@@ -359,6 +376,17 @@ class Executor:
 
     def _join(self, items: list[Any]) -> list[tuple[Any, Any]]:
         return [(items[0], items[0].resp.last_joined)]
+
+
+def _fits(dst: Optional[np.ndarray], shape: tuple, dtype: str) -> bool:
+    """Whether a caller-given output (allgather/reducescatter ``outputs``) can take the result directly."""
+    return dst is not None and dst.shape == shape and dst.dtype == storage_dtype(dtype) and dst.flags.c_contiguous
+
+
+def _at(part: np.ndarray, whole: np.ndarray, offset: int) -> bool:
+    """Whether the bytes of ``part`` are exactly ``whole[offset:offset + part.nbytes]``."""
+    return (part.__array_interface__["data"][0] == whole.__array_interface__["data"][0] + offset
+            and offset + part.nbytes <= whole.nbytes)
 
 
 def _split_rows(n: int, parts: int) -> list[int]:

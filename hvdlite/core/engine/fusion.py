@@ -56,18 +56,33 @@ class Marker:
 def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold: int) -> list[list[Any]]:
     """Group this cycle's responses: compatible tensors of fusable kinds share a batch."""
     keyed: dict[tuple, list[Any]] = {}
+    filled: dict[tuple, int] = {}  # agreed bytes in each open batch of a capped kind
     order: list[list[Any]] = []
     for resp, req in work:
         keys = resp.batch_keys
+        kind = resp.sig.kind
         if not keys:
             order.append([Marker(resp, req)])
-        elif fusion_threshold > 0 and resp.sig.kind.fusable:
+        elif fusion_threshold > 0 and kind.fusable:
+            capped = kind is Kind.ALLGATHER or kind is Kind.REDUCESCATTER  # these copy a whole batch at once
             for index, key in enumerate(keys):
+                item = Item(resp, req, index)
+                nbytes = _agreed_bytes(item) if capped else 0
                 batch = keyed.get(key)
-                if batch is None:
+                if batch is None or (capped and batch and filled[key] + nbytes > fusion_threshold):
                     batch = keyed[key] = []
+                    filled[key] = 0
                     order.append(batch)
-                batch.append(Item(resp, req, index))
+                batch.append(item)
+                if capped:
+                    filled[key] += nbytes
         else:
             order.append([Item(resp, req, i) for i in range(len(keys))])
     return order
+
+
+def _agreed_bytes(item: Item) -> int:
+    """Bytes of ``item`` every rank agrees on: the whole tensor for reducescatter, one row (row counts may
+    differ between ranks) for allgather. Allgather and reducescatter batches are cut at the fusion
+    threshold by this measure, so their staging copies stay bounded and every rank cuts at the same place."""
+    return math.prod(item.shape) * storage_dtype(item.dtype).itemsize

@@ -109,11 +109,11 @@ class Engine:
         try:
             while self._wait_for_work():
                 self._cycle()
-        except _Stop as stop:
-            self._fail_everything(ShutdownError(stop.message))
         except _Wedged as wedged:
             logger.error("%s", wedged.message)
             self._fail_everything(StallError(wedged.message))
+        except _Stop as stop:
+            self._fail_everything(ShutdownError(stop.message))
         except BaseException as exc:  # noqa: BLE001 - any failure must reach every waiting handle
             detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
             logger.error("the engine failed:\n%s", detail)
@@ -385,16 +385,16 @@ class Engine:
         self.timeline.stop()
 
 
-class _Wedged(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
 class _Stop(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    """Ends the engine loop: the job is shutting down (a rank called shutdown() or exited)."""
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class _Wedged(_Stop):
+    """Ends the engine loop: a wait outlasted the stall shutdown time and some peers do not answer."""
 
 
 __all__ = ["Engine"]
