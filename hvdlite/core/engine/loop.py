@@ -22,7 +22,7 @@ from .execution import Executor
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
-from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, RankMessage, ResponseCache, Stalled,
+from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, RankMessage, ResponseCache, Stalled,
                           allgather_messages, decide)
 from .psets import Registry
 from .requests import Kind, Request, Response
@@ -49,9 +49,7 @@ class Engine:
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
         self._pending: dict[tuple[int, str], Request] = {}
-        self._mine = self.cache.bits()  # cache bits of the pending requests (see _cached_bits)
-        self._uncached = 0        # pending requests without a cache bit: they need a full round
-        self._bits_version = -1   # the cache version _mine was computed for
+        self._bits = PendingBits(self.cache)  # the cache bits of the pending requests
         self._shutdown_requested = False
         self.error: Optional[BaseException] = None
         self.cycles = 0
@@ -167,8 +165,8 @@ class Engine:
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
         cache = self.cache
-        mine = self._cached_bits(new)
-        if self._uncached:
+        mine = self._bits.add(new, self._pending)
+        if self._bits.uncached:
             flags |= FLAG_FULL
         if self._stall_check_due():
             flags |= FLAG_FULL
@@ -191,25 +189,6 @@ class Engine:
         if responses:
             self.autotune.observe(responses)
             self._execute(responses)
-
-    def _cached_bits(self, new: list[Request]) -> np.ndarray:
-        """The cache bits of this rank's pending requests (and, in ``_uncached``, how many have none).
-        Kept up to date as requests come and go; recomputed only when cache bits changed meaning."""
-        cache = self.cache
-        version = cache.version
-        if version != self._bits_version:
-            self._bits_version = version
-            self._mine[:] = False
-            self._uncached = 0
-            new = list(self._pending.values())
-        for req in new:
-            req.cache_bit = cache.lookup(req.name, req.sig)
-            req.cache_version = version
-            if req.cache_bit < 0:
-                self._uncached += 1
-            else:
-                self._mine[req.cache_bit] = True
-        return self._mine
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
@@ -360,11 +339,8 @@ class Engine:
         """Hand a result back. The name is freed before the handle completes, so the caller may reuse
         it at once (the next training step submits the same names)."""
         key = (req.sig.ps_id, req.name)
-        if self._pending.pop(key, None) is not None and req.cache_version == self._bits_version:
-            if req.cache_bit < 0:
-                self._uncached -= 1
-            else:
-                self._mine[req.cache_bit] = False
+        if self._pending.pop(key, None) is not None:
+            self._bits.remove(req)
         if self.timeline.enabled:
             self.timeline.end(req.name)
         self._inflight.discard(key)  # one atomic set operation: submit() reads it under the lock

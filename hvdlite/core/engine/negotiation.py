@@ -127,6 +127,42 @@ class ResponseCache:
         return out
 
 
+class PendingBits:
+    """The cache bits of this rank's pending requests, kept up to date as requests come and go (and
+    recomputed only when cache bits changed meaning), plus how many pending requests have no bit."""
+
+    def __init__(self, cache: ResponseCache) -> None:
+        self.cache = cache
+        self.mine = cache.bits()
+        self.uncached = 0  # pending requests without a cache bit: they need a full round
+        self.version = -1  # the cache version ``mine`` was computed for
+
+    def add(self, new: list[Any], pending: dict[Any, Any]) -> np.ndarray:
+        """Count ``new`` requests (all of ``pending`` if the cache changed); returns the bit set."""
+        cache = self.cache
+        if cache.version != self.version:
+            self.version = cache.version
+            self.mine[:] = False
+            self.uncached = 0
+            new = list(pending.values())
+        for req in new:
+            req.cache_bit = cache.lookup(req.name, req.sig)
+            req.cache_version = self.version
+            if req.cache_bit < 0:
+                self.uncached += 1
+            else:
+                self.mine[req.cache_bit] = True
+        return self.mine
+
+    def remove(self, req: Any) -> None:
+        """A pending request finished."""
+        if req.cache_version == self.version:
+            if req.cache_bit < 0:
+                self.uncached -= 1
+            else:
+                self.mine[req.cache_bit] = False
+
+
 def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list] = None) -> list[RankMessage]:
     """Every rank's message, in rank order: the sizes, then the pickled bytes, each non-blocking and polled
     (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size."""
