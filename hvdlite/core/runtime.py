@@ -13,7 +13,7 @@ import numpy as np
 
 from . import log
 from .config import Config
-from .engine import mpi
+from .engine import mpi, polling
 from .engine.autotune import require_library
 from .engine.handles import Handle
 from .engine.loop import Engine
@@ -51,6 +51,8 @@ class State:
         self.names = Names()
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
+        mine, machine = cpu_cores()
+        polling.share_cores(self.local_size if mine == machine else 1, mine)
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
                              self.presence_comm)
 

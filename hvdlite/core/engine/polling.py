@@ -9,7 +9,9 @@ from .handles import threads_waiting
 
 #: MPI polls without sleeping while a user thread waits (a few tens of microseconds).
 SPIN_POLLS = 200
-#: While spinning, yield the core every this many polls (as MPI libraries do when oversubscribed).
+#: While spinning, yield the core every this many polls (as MPI libraries do when oversubscribed). Each
+#: yield lets the process scheduler run, which slows a large transfer's progress: ranks that have a core
+#: each yield rarely (share_cores sets it).
 YIELD_EVERY = 8
 #: Polls (yielding the core between them) before the first sleep even when no user thread waits: an
 #: exchange with an active peer ends within microseconds, and the shortest sleep costs tens of them.
@@ -20,9 +22,21 @@ EAGER_POLLS = 16
 _watch: Optional[Callable[[float], bool]] = None
 
 
+def share_cores(ranks: int, cores: int) -> None:
+    """Set how often spinning yields: often when this node runs more ranks than it has cores for
+    (oversubscribed ranks progress only when the others give the core away), rarely otherwise."""
+    global YIELD_EVERY, EAGER_POLLS, _FINE_SLACK
+    crowded = ranks > cores
+    YIELD_EVERY = 8 if crowded else 256
+    EAGER_POLLS = 0 if crowded else 16  # crowded: sleep at once, others need the core to progress
+    _FINE_SLACK = not crowded  # crowded: the default slack batches wake-ups, which the others need too
+
+
 def fine_timer_slack() -> None:
     """Let this thread's short sleeps end on time: Linux rounds a sleeping thread's wake-up up by its timer
     slack (50 us by default), which would make every back-off sleep of the engine at least that long."""
+    if not _FINE_SLACK:
+        return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(1000), 0, 0, 0)  # nanoseconds; this thread only
@@ -31,6 +45,7 @@ def fine_timer_slack() -> None:
 
 
 _PR_SET_TIMERSLACK = 29
+_FINE_SLACK = True
 
 
 def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
@@ -46,18 +61,20 @@ def wait(request: Any, cap: float) -> None:
     test = request.Test
     watch = _watch
     started = time.monotonic()
-    spins = SPIN_POLLS if threads_waiting() else EAGER_POLLS
+    # spinning: continuously while a user thread waits; otherwise a few polls first, each yielding the
+    # core (the training thread may need it), since an exchange with an active peer ends within microseconds
+    spins, every = (SPIN_POLLS, YIELD_EVERY) if threads_waiting() else (EAGER_POLLS, 1)
     delay = 0.0
     while not test():
-        if watch is not None and spins == 0 and watch(time.monotonic() - started):
-            started = time.monotonic()
         if spins > 0:
             spins -= 1
-            if spins % YIELD_EVERY == 0 or spins < EAGER_POLLS:
+            if spins % every == 0:
                 time.sleep(0)  # give the core away if another process wants it (oversubscribed ranks)
             continue
+        if watch is not None and watch(time.monotonic() - started):
+            started = time.monotonic()
         if threads_waiting():
-            spins, delay = SPIN_POLLS, 0.0
+            spins, every, delay = SPIN_POLLS, YIELD_EVERY, 0.0
             continue
         delay = min(cap, max(2e-5, delay * 2))
         time.sleep(delay)
