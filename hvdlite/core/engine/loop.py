@@ -51,6 +51,7 @@ class Engine:
         self._pending: dict[tuple[int, str], Request] = {}
         self._bits = PendingBits(self.cache)  # the cache bits of the pending requests
         self._shutdown_requested = False
+        self._sleeping = False  # the engine waits on _cv: a submission must notify it
         self.error: Optional[BaseException] = None
         self.cycles = 0
         self.full_cycles = 0
@@ -79,7 +80,8 @@ class Engine:
                     f"it with synchronize() before reusing the name, or give each op its own name")
             self._inflight.add(key)
             self._queue.append(req)
-            self._cv.notify()
+            if self._sleeping:  # a busy engine takes the queue at its next cycle: no wake-up to pay for
+                self._cv.notify()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Ask every rank's engine to stop (collectively) and wait for this one to finish."""
@@ -135,7 +137,7 @@ class Engine:
             if self._pending:  # left over: pace cycles so waiting for peers does not spin
                 delay = self._last_cycle + cycle_s - time.monotonic()
                 if delay > 0:
-                    self._cv.wait(delay)
+                    self._sleep(delay)
                 return True
             if self._queue or self._shutdown_requested:
                 return True
@@ -144,8 +146,16 @@ class Engine:
                 if self.psets.has_partial_sets():
                     return True
             self._idle_pause = min(self.config.idle_heartbeat_seconds, max(cycle_s, 1e-4, self._idle_pause * 2))
-            self._cv.wait(self._idle_pause)
+            self._sleep(self._idle_pause)
         return True
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait on the condition (its lock held) until a submission or the timeout."""
+        self._sleeping = True
+        try:
+            self._cv.wait(seconds)
+        finally:
+            self._sleeping = False
 
     def _cycle(self) -> None:
         self._last_cycle = time.monotonic()
