@@ -15,11 +15,15 @@ from .runtime import state
 def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
     """The caller's name, or one generated per kind and process set, in call order (the same on every
     member, since members make the same calls in the same order)."""
+    if type(name) is str:
+        return name
     ps_id = 0 if process_set is None else (process_set.process_set_id or 0)
     return state().names.name(kind, name, ps_id)
 
 
 def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
+    if process_set is global_process_set and process_set.process_set_id == 0:
+        return 0  # every rank is a member of the global set
     st = state()
     ps = global_process_set if process_set is None else process_set
     ps_id = ps.process_set_id
