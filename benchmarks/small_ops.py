@@ -104,14 +104,35 @@ def idle_cpu(comm: Any, seconds: float, engine: bool = True) -> dict[str, float]
 
 
 class Counter:
-    """hvdlite engine cycles and MPI calls spent by one in-flight method, per round."""
+    """What one in-flight method spends per round: hvdlite engine cycles and MPI calls, CPU seconds of the
+    calling thread and of the engine thread, and the garbage collector's seconds (any thread)."""
 
     def __init__(self) -> None:
         self.cycles = self.calls = self.rounds = 0
+        self.user_cpu = self.engine_cpu = self.gc_seconds = 0.0
 
     def measure(self, fn: Callable[[], list[float]], rounds: int) -> list[float]:
+        import gc
+        import time
+        from hvdlite.core.runtime import state  # the engine thread, for its CPU clock (Linux)
+        clock = time.pthread_getcpuclockid(state().engine._thread.ident)
+        started: list[float] = []
+
+        def on_gc(phase: str, info: dict) -> None:
+            if phase == "start":
+                started.append(time.perf_counter())
+            elif started:
+                self.gc_seconds += time.perf_counter() - started.pop()
+
         before = hvd.engine_stats()
-        out = fn()
+        user0, engine0 = time.thread_time(), time.clock_gettime(clock)
+        gc.callbacks.append(on_gc)
+        try:
+            out = fn()
+        finally:
+            gc.callbacks.remove(on_gc)
+        self.user_cpu += time.thread_time() - user0
+        self.engine_cpu += time.clock_gettime(clock) - engine0
         after = hvd.engine_stats()
         self.cycles += after["cycles"] - before["cycles"]
         self.calls += after["mpi_calls"] - before["mpi_calls"]
@@ -263,6 +284,10 @@ def emit_results(comm: Any, output: _common.Output, base: dict[str, Any], args: 
         if counter is not None and counter.rounds:
             record["engine_cycles_per_round"] = counter.cycles / counter.rounds
             record["mpi_calls_per_round"] = counter.calls / counter.rounds
+            per_op = 1e6 / (counter.rounds * args.inflight)  # seconds per round -> microseconds per op
+            record["user_cpu_us_per_op"] = counter.user_cpu * per_op
+            record["engine_cpu_us_per_op"] = counter.engine_cpu * per_op
+            record["gc_us_per_op"] = counter.gc_seconds * per_op
         output.emit(record)
     summary: dict[str, Any] = {"bench": "small_ops", "kind": "summary", "ranks": base["ranks"],
                                "elems": args.elems, "count": args.inflight, "module": args.hvd_module or None}
