@@ -85,6 +85,8 @@ class Bench:
         self.flat_out = np.empty_like(self.flat)
         self.op = hvd.Average if args.op == "average" else hvd.Sum
         self.hvd_module: Any = None
+        #: method -> (enter, leave), run untimed around each of its repetitions
+        self.hooks: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {}
         self.module_inputs: list[Any] = []
 
     def reset(self) -> None:
@@ -124,6 +126,10 @@ class Bench:
             self.module_inputs = self.torch_order if use_torch else self.arrays
             out["hvd_module_async"] = lambda: self._hvd_async(
                 self.hvd_module, self.module_inputs, self.hvd_module.Average, "module.")
+            if not self.args.hvd_module.startswith("hvdlite"):  # another library (hvdlite's own frontends share
+                # its runtime): up only for its own repetitions, since Horovod's idle thread polls
+                self.hvd_module.shutdown()
+                self.hooks["hvd_module_async"] = (self.hvd_module.init, self.hvd_module.shutdown)
         if self.args.methods:
             wanted = [m for m in self.args.methods.split(",") if m]
             unknown = [m for m in wanted if m not in out]
@@ -178,7 +184,12 @@ def run_model(args: argparse.Namespace, comm: Any, model: str, output: _common.O
             bench.reset()
         for name, fn in methods.items():
             before = hvd.engine_stats() if name in hvd_stats else None
+            enter, leave = bench.hooks.get(name, (None, None))
+            if enter is not None:
+                enter()
             elapsed = _common.timed(comm, fn)
+            if leave is not None:
+                leave()
             if rnd >= args.warmup:
                 series[name].times.append(elapsed)
                 if before is not None:

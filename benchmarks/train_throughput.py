@@ -134,9 +134,11 @@ def wait_quietly(comm: Any) -> None:
         time.sleep(0.002)
 
 
-def run_rounds(comm: Any, methods: dict[str, tuple[Callable[[], Any], bool]], args: argparse.Namespace
-               ) -> dict[str, list[float]]:
-    """Per method, the seconds of each timed round (slowest rank). ``(step, single)``: single runs on rank 0."""
+def run_rounds(comm: Any, methods: dict[str, tuple], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Per method, the seconds of each timed round (slowest rank). ``(step, single[, enter, leave])``: single
+    runs on rank 0; ``enter``/``leave`` run around each of the method's rounds, untimed (a Horovod-compatible
+    module is initialised only for its own rounds: Horovod's idle background thread polls, which would
+    slow the methods measured beside it)."""
     import numpy as np
     from mpi4py import MPI
     rank = comm.Get_rank()
@@ -157,12 +159,22 @@ def run_rounds(comm: Any, methods: dict[str, tuple[Callable[[], Any], bool]], ar
             comm.Ibarrier().Wait()  # releases the waiting ranks (a non-blocking barrier matches only those)
         return elapsed
 
-    for step, single in methods.values():
-        run(step, single, args.warmup)
+    def around(method: tuple, steps: int) -> float:
+        step, single, *hooks = method
+        if hooks:
+            hooks[0]()
+        try:
+            return run(step, single, steps)
+        finally:
+            if hooks:
+                hooks[1]()
+
+    for method in methods.values():
+        around(method, args.warmup)
     times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(args.rounds):
-        for name, (step, single) in methods.items():
-            times[name].append(run(step, single, args.steps))
+        for name, method in methods.items():
+            times[name].append(around(method, args.steps))
     out: dict[str, list[float]] = {}
     for name, values in times.items():
         local = np.asarray(values, dtype=np.float64)
@@ -254,12 +266,18 @@ def torch_worker(args: argparse.Namespace) -> None:
         methods["ddp"] = (make_step(ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01,
                                                                 momentum=0.9)), False)
         if module is not None:
+            separate = not args.hvd_module.startswith("hvdlite")  # another library: up only for its own rounds
+            if separate and not module.is_initialized():
+                module.init()
             mod_model = build()
             mod_opt = module.DistributedOptimizer(
                 torch.optim.SGD(mod_model.parameters(), lr=0.01, momentum=0.9),
                 named_parameters=[("hvdmod." + n, p) for n, p in mod_model.named_parameters()])
             module.broadcast_parameters(mod_model.state_dict(), root_rank=0)
             methods["hvd_module"] = (make_step(mod_model, mod_opt), False)
+            if separate:
+                module.shutdown()
+                methods["hvd_module"] += (module.init, module.shutdown)
         times = run_rounds(comm, methods, args)
         params = sum(p.numel() for p in single_model.parameters())
         extra = {"parameters": params, "threads_per_rank": threads, "hvdlite_overlap": hvd_opt.overlap}
