@@ -100,17 +100,24 @@ def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], hints: list[Op
 def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set, inplace: bool = False,
-                            dtype_hints: Optional[Sequence[Optional[str]]] = None) -> Handle:
-    """Reduce several arrays as one unit. The result is the list of reduced arrays."""
+                            dtype_hints: Optional[Sequence[Optional[str]]] = None,
+                            outputs: Optional[Sequence[Any]] = None) -> Handle:
+    """Reduce several arrays as one unit. The result is the list of reduced arrays: ``outputs`` (one array
+    of each input's shape and dtype, not overlapping the inputs; written in place) when given."""
     name = _auto_name("allreduce", name, process_set)
     reduce_op = resolve_op(op, average)
     ps_id = _pset_id(process_set, "allreduce", name)
     inputs, dtypes = _prepare_all(arrays, dtype_hints)
     check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
                     set_size=state().psets.size(ps_id))
-    outputs: Optional[tuple[np.ndarray, ...]] = None
     finalize = None
-    if inplace:
+    if outputs is not None and not inplace:
+        if len(outputs) != len(inputs) or any(np.shape(o) != a.shape for o, a in zip(outputs, inputs)):
+            raise TypeError(f"allreduce {name!r}: outputs must be one array per input with the input's shape; "
+                            f"got {[np.shape(o) for o in outputs]} for inputs {[a.shape for a in inputs]}")
+        outputs, finalize = _into("allreduce", name, outputs, list(dtype_hints or [None] * len(inputs)),
+                                  list(dtypes))
+    elif inplace:
         outputs = inputs
         if any(p is not a for p, a in zip(inputs, arrays)):
             originals = [np.asarray(a) for a in arrays]
@@ -156,9 +163,10 @@ def allreduce_async_(array: np.ndarray, average: Optional[bool] = None, name: Op
 
 def grouped_allreduce(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+                      process_set: ProcessSet = global_process_set,
+                      outputs: Optional[Sequence[Any]] = None) -> list[np.ndarray]:
     return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set).wait()
+                                   process_set, outputs=outputs).wait()
 
 
 def grouped_allreduce_(arrays: Sequence[np.ndarray], average: Optional[bool] = None, name: Optional[str] = None,

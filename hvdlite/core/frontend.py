@@ -11,6 +11,8 @@ module is private to the core.
 - ``setting(name)``: the value of one setting of the running job (Config field).
 - ``stage_host_copies()``: whether CPU tensors take the device tensors' host-staging path (a test switch).
 - ``bf16_to_f32`` / ``f32_to_bf16``: bfloat16 bit conversions for frameworks without a numpy bfloat16.
+- ``aligned_empty(shape, dtype)``: an uninitialised array starting on a 64-byte boundary, which TensorFlow
+  wraps without copying.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .engine.fusion import aligned_empty
 from .engine.handles import Handle
 from .log import logger
 from .policy import basics, check_sparse, sparse_allgather_async, sync_moments
@@ -28,7 +31,7 @@ from .runtime import gradient_overlap, stage_host_copies, state
 
 __all__ = ["resolve_op", "check_reduction", "then", "gradient_overlap", "process_set_ranks", "setting",
            "bf16_to_f32", "f32_to_bf16", "logger", "Handle", "check_sparse", "sparse_allgather_async",
-           "sync_moments", "basics", "stage_host_copies"]
+           "sync_moments", "basics", "stage_host_copies", "aligned_empty"]
 
 
 def then(handle: Handle, convert: Callable[[Any], Any]) -> Handle:

@@ -18,6 +18,7 @@ from hvdlite import core
 from hvdlite.core import Average, HvdliteError, ProcessSet, ReduceOp, Sum, TensorMismatchError, global_process_set
 from hvdlite.core.frontend import process_set_ranks, resolve_op
 from hvdlite.tensorflow import status_op
+from hvdlite.tensorflow.buffers import ReusableOutputs
 from hvdlite.tensorflow.status_op import as_tf_error
 
 
@@ -75,7 +76,7 @@ def run_collective(kind: str, fn: Callable[..., Sequence[Any]], inputs: Sequence
 
     if tf.executing_eagerly():
         try:
-            outs = body(*[t.numpy() for t in inputs])
+            outs = body(*[np.asarray(t) for t in inputs])  # read-only views (.numpy() copies)
         except (TensorMismatchError, ValueError, TypeError) as exc:
             converted = as_tf_error(exc)
             if converted is exc:
@@ -137,9 +138,16 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
     if not xs:
         return []
 
+    outputs = None if tf.executing_eagerly() else ReusableOutputs()  # a graph op runs at every step
+
     def reduce(*arrays: np.ndarray) -> List[np.ndarray]:
+        if outputs is None:
+            return core.grouped_allreduce(list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor,
+                                          postscale_factor=postscale_factor, process_set=process_set)
+        # into warm, aligned buffers (TensorFlow wraps them without a copy), reused across steps
         return core.grouped_allreduce(list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor,
-                                      postscale_factor=postscale_factor, process_set=process_set)
+                                      postscale_factor=postscale_factor, process_set=process_set,
+                                      outputs=outputs.like(arrays))
 
     @tf.custom_gradient
     def forward(*inputs: tf.Tensor) -> Any:

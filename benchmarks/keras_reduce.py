@@ -1,0 +1,150 @@
+"""Where Keras' gradient reduction time goes: ResNet-50's Keras gradients, each method timed interleaved.
+
+Run: mpiexec -n 2 python benchmarks/keras_reduce.py [--rounds 8] [--methods graph_old,graph,...] [--fit]
+
+Methods (Average over all ranks of the 214 gradients of keras.applications.ResNet50 at 64x64, 94 MB):
+  graph_old   tf.function reduction as before issue 12's Keras work: the status op passes every tensor
+              through its Python kernel, and the engine writes into fresh arrays (emulated by patching)
+  graph_gate  the status op sees only the token (an IdentityN passes the tensors), fresh arrays
+  graph       today's path: as graph_gate, outputs in buffers reused across steps
+  eager       reduce_gradients eagerly
+  core_oop    hvdlite.core grouped_allreduce on numpy arrays, fresh outputs
+  core_inplace hvdlite.core grouped_allreduce_ on numpy arrays, in place
+  raw         mpi4py Allreduce in place on one flat buffer in 1 MiB chunks (the transport's limit)
+--fit: also time model.fit steps (batch 16 per rank) of the same model with graph_old's and today's path.
+Rank 0 prints the median per method and its ratio to the first method.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--methods", default="graph_old,graph_gate,graph,eager,core_oop,core_inplace,raw")
+    parser.add_argument("--fit", action="store_true")
+    args = parser.parse_args()
+    import numpy as np
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 2) // 2))
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras
+    from mpi4py import MPI
+    import hvdlite as core
+    import hvdlite.tensorflow.keras as hvd
+    from hvdlite.tensorflow import mpi_ops, status_op
+    from hvdlite.tensorflow.reduction import reduce_gradients
+    hvd.init()
+    comm = MPI.COMM_WORLD
+
+    @contextmanager
+    def old_path(gate: bool = True) -> Iterator[None]:
+        """Trace with the earlier behaviour: fresh outputs; with ``gate``, tensors through the status op."""
+        saved = status_op.gate, mpi_ops.ReusableOutputs
+        if gate:
+            status_op.gate = lambda token, values, name: status_op.check_status(token, values, name=name)
+        mpi_ops.ReusableOutputs = lambda: None
+        try:
+            yield
+        finally:
+            status_op.gate, mpi_ops.ReusableOutputs = saved
+
+    def build() -> Any:
+        keras.utils.set_random_seed(0)
+        return keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10,
+                                          classifier_activation=None)
+
+    model = build()
+    names = [v.path for v in model.trainable_variables]
+    rng = np.random.default_rng(comm.rank)
+    arrays = [rng.standard_normal(tuple(v.shape), dtype=np.float32) for v in model.trainable_variables]
+    grads = [tf.constant(a) for a in arrays]
+    if comm.rank == 0:
+        print(f"{len(arrays)} gradients, {sum(a.nbytes for a in arrays) / 1e6:.1f} MB, {comm.size} ranks",
+              flush=True)
+
+    def traced(old: bool, gate: bool = True) -> Callable[[], Any]:
+        fn = tf.function(lambda gs: [tf.reduce_sum(g[..., :1]) for g in reduce_gradients(gs, names=names)[:3]])
+
+        def run() -> Any:
+            if not old:
+                return fn(grads)
+            with old_path(gate):  # only the first call traces; patching every call keeps it simple
+                return fn(grads)
+        return run
+
+    outputs = [a.copy() for a in arrays]
+    flat = np.concatenate([a.reshape(-1) for a in arrays])
+
+    def raw() -> None:
+        step = (1 << 20) // 4
+        for s in range(0, flat.size, step):
+            comm.Allreduce(MPI.IN_PLACE, flat[s:s + step], MPI.SUM)
+
+    methods: Dict[str, Callable[[], Any]] = {
+        "graph_old": traced(True), "graph_gate": traced(True, gate=False), "graph": traced(False),
+        "eager": lambda: reduce_gradients(grads, names=names),
+        "core_oop": lambda: core.grouped_allreduce(arrays, op=core.Average, name="oop"),
+        "core_inplace": lambda: core.grouped_allreduce_(outputs, op=core.Average, name="inplace"),
+        "raw": raw}
+    timed = {m: methods[m] for m in args.methods.split(",") if m}
+    report(comm, timed, args.rounds, "reduce")
+    if args.fit:
+        fit_steps(comm, hvd, keras, np, build, old_path, args.rounds)
+
+
+def report(comm: Any, methods: Dict[str, Callable[[], Any]], rounds: int, what: str) -> None:
+    """Warm each method up twice, time ``rounds`` interleaved rounds, print medians on rank 0."""
+    times: Dict[str, list] = {m: [] for m in methods}
+    for fn in methods.values():
+        fn()
+        fn()
+    for _ in range(rounds):
+        for m, fn in methods.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            comm.Barrier()
+            times[m].append(time.perf_counter() - start)
+    if comm.rank == 0:
+        first = statistics.median(next(iter(times.values())))
+        for m, t in times.items():
+            med = statistics.median(t)
+            print(f"{what} {m:13s} median {med * 1e3:8.1f} ms  min {min(t) * 1e3:8.1f}  x{med / first:.2f}",
+                  flush=True)
+        print(f"load average {os.getloadavg()}", flush=True)
+
+
+def fit_steps(comm: Any, hvd: Any, keras: Any, np: Any, build: Callable[[], Any], old_path: Any,
+              rounds: int) -> None:
+    """model.fit of 2 steps per call (batch 16 per rank), the old reduction path against today's."""
+    rng = np.random.default_rng(1234 + comm.rank)
+    x = rng.standard_normal((32, 64, 64, 3), dtype=np.float32)
+    y = rng.integers(0, 10, (32,)).astype(np.int32)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    models = {}
+    for label in ("fit_old", "fit"):
+        model = build()
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9)), loss=loss)
+        models[label] = model
+
+    def fit(label: str) -> Callable[[], Any]:
+        def run() -> Any:
+            if label == "fit_old":
+                with old_path():
+                    return models[label].fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+            return models[label].fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+        return run
+    report(comm, {label: fit(label) for label in models}, rounds, "fit (2 steps)")
+
+
+if __name__ == "__main__":
+    main()
