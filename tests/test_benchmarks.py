@@ -211,3 +211,19 @@ def test_run_all_smoke_without_horovod(tmp_path: Path) -> None:
     assert not [r for r in train if r.get("kind") in ("error", "skipped")], train
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "**small_ops, hvdlite.torch vs module (not measured)**" in proc.stdout
+
+
+def test_hw_scaling_smoke(tmp_path: Path) -> None:
+    """The machine-limit benchmark reports, per model, one rank alone against every rank at once."""
+    out = tmp_path / "hw_scaling.json"
+    proc = run_mpi(BENCH / "hw_scaling.py", 2, timeout=240, args=[
+        "--tiny", "--steps", "1", "--rounds", "1", "--out", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    models = {r["model"]: r for r in records if r.get("bench") == "hw_scaling" and "model" in r}
+    assert set(models) == {"resnet50", "transformer"}
+    for record in models.values():
+        assert record["ranks"] == 2
+        assert_positive(record, "alone_ms", "together_ms", "efficiency")
+        assert record["efficiency"] == pytest.approx(record["alone_ms"] / record["together_ms"])
