@@ -227,3 +227,18 @@ def test_hw_scaling_smoke(tmp_path: Path) -> None:
         assert record["ranks"] == 2
         assert_positive(record, "alone_ms", "together_ms", "efficiency")
         assert record["efficiency"] == pytest.approx(record["alone_ms"] / record["together_ms"])
+
+
+def test_latency_breakdown_smoke(tmp_path: Path) -> None:
+    """The latency breakdown reports every phase of a synchronous allreduce, in order, from rank 0."""
+    out = tmp_path / "latency.json"
+    proc = run_mpi(BENCH / "latency_breakdown.py", 2, timeout=120, args=["--ops", "20", "--out", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    phases = [r for r in records if "phase" in r]
+    assert [r["phase"] for r in phases] == ["submitted", "cycle_start", "negotiation_start", "negotiation_end",
+                                            "data_start", "completed", "woken"]
+    for record in phases:
+        assert_positive(record, "us_since_call", "p10", "p90")
+    assert phases[-1]["us_since_call"] >= phases[0]["us_since_call"]
