@@ -44,11 +44,17 @@ def test_mismatch_message_is_exact_and_identical_everywhere(rank: int, size: int
     assert len(set(hvd.allgather_object(text))) == 1
 
 
-def test_name_in_flight_is_rejected_at_submit() -> None:
-    handle = hvd.allreduce_async(np.ones(1), name="dup")
-    with pytest.raises(hvd.HvdliteError, match="already in flight"):
-        hvd.allreduce_async(np.ones(1), name="dup")
-    hvd.synchronize(handle)
+def test_name_in_flight_is_rejected_at_submit(rank: int, size: int) -> None:
+    # The last rank submits first and alone, so "dup" cannot complete before its second submission; the
+    # others submit it only after the barrier.
+    if rank == size - 1:
+        handle = hvd.allreduce_async(np.ones(1), name="dup")
+        with pytest.raises(hvd.HvdliteError, match="already in flight"):
+            hvd.allreduce_async(np.ones(1), name="dup")
+    hvd.barrier()
+    if rank != size - 1:
+        handle = hvd.allreduce_async(np.ones(1), name="dup")
+    assert hvd.synchronize(handle).tolist() == [1.0]
 
 
 def test_global_set_cannot_be_added_again(size: int) -> None:

@@ -24,11 +24,16 @@ def _scaled(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return (tensor.to(wide) * torch.tensor(factor, dtype=torch.float64).to(wide)).to(tensor.dtype)
 
 
-def test_duplicate_name_is_a_value_error() -> None:
-    handle = hvd.allreduce_async(torch.ones(2), name="torch.dup")
-    with pytest.raises(ValueError, match="already in flight"):
-        hvd.allreduce_async(torch.ones(2), name="torch.dup")
-    hvd.synchronize(handle)
+def test_duplicate_name_is_a_value_error(rank: int, size: int) -> None:
+    # The last rank submits first and alone (the name cannot complete before its second submission).
+    if rank == size - 1:
+        handle = hvd.allreduce_async(torch.ones(2), name="torch.dup")
+        with pytest.raises(ValueError, match="already in flight"):
+            hvd.allreduce_async(torch.ones(2), name="torch.dup")
+    hvd.barrier()
+    if rank != size - 1:
+        handle = hvd.allreduce_async(torch.ones(2), name="torch.dup")
+    assert hvd.synchronize(handle).tolist() == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("dtype", INT_TYPES + (torch.float32, torch.float64) + HALF_TYPES)
