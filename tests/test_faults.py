@@ -80,13 +80,27 @@ def _kill_rank_2(cmd: list, env: Optional[dict] = None) -> tuple[Job, float]:
         time.sleep(0.3)  # in the middle of a 32 MB allreduce (one takes far longer than this on 2 cores)
         killed = time.monotonic()
         os.kill(pids[2], signal.SIGKILL)
-        job.proc.wait(timeout=60)
+        try:
+            job.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            pytest.fail(f"{' '.join(map(str, cmd))} still ran 60 s after kill -9 of rank 2 (pid {pids[2]}); "
+                        f"its output:\n{job.text}\nprocesses:\n{_processes()}")
         job._reader.join(timeout=5)
         elapsed = time.monotonic() - killed
     finally:
         job.kill()
     job.pids = pids  # type: ignore[attr-defined]
     return job, elapsed
+
+
+def _processes() -> str:
+    """The machine's processes, for a failure message."""
+    try:
+        return subprocess.run(["ps", "-eo", "pid,ppid,pgid,stat,etime,args"], capture_output=True, text=True,
+                              timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"(ps failed: {exc})"
 
 
 def _after_looping(job: Job) -> str:

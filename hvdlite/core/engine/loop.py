@@ -313,7 +313,7 @@ class Engine:
         for batch in batches(work, self.executor.fusion_threshold):
             try:
                 results = self.executor.run(batch)
-            except HvdliteError:
+            except (HvdliteError, _Stop):  # the job's end (a wedged wait included), not this batch's error
                 raise
             except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only
                 self._fail_batch(batch, exc)
