@@ -51,8 +51,7 @@ class State:
         self.names = Names()
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
-        mine, machine = cpu_cores()
-        polling.share_cores(self.local_size if mine == machine else 1, mine)
+        polling.share_cores(*core_sharing(self.local_size))
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
                              self.presence_comm)
 
@@ -235,6 +234,12 @@ def cpu_cores() -> tuple[int, int]:
         return total, total
 
 
+def core_sharing(local_size: int) -> tuple[int, int]:
+    """(ranks that share this rank's cores, those cores): unbound ranks share the whole node's cores."""
+    mine, machine = cpu_cores()
+    return (local_size if mine == machine else 1), mine
+
+
 def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
     """This rank's own view of gradient_overlap=auto (see gradient_overlap(), which agrees on it).
 
@@ -248,8 +253,7 @@ def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
         return setting == "on"
     if compute_threads is None:
         return True
-    mine, machine = cpu_cores()
-    sharing = current.local_size if mine == machine else 1  # unbound ranks share the node's cores
+    sharing, mine = core_sharing(current.local_size)
     return mine >= sharing * (compute_threads + 1)
 
 
