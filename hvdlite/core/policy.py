@@ -15,14 +15,16 @@ T = TypeVar("T")
 
 def check_sparse(op: Any, name: Optional[str], prescale_factor: float = 1.0,
                  postscale_factor: float = 1.0) -> ReduceOp:
-    """The ops a sparse (indices, values) reduction accepts: Sum and Average, without scale factors."""
+    """The ops a sparse (indices, values) reduction accepts: Sum and Average, without scale factors. Anything
+    else raises NotImplementedError, as Horovod does, in both frontends."""
     reduce_op = resolve_op(op)
     if reduce_op is ReduceOp.ADASUM:
         raise NotImplementedError(f"sparse allreduce {name!r}: hvd.Adasum does not support sparse tensors; "
                                   f"pass sparse_as_dense=True to reduce them densely")
-    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        raise ValueError(f"sparse allreduce {name!r}: only hvd.Average and hvd.Sum are defined for sparse "
-                         f"tensors, got {reduce_op!r}")
+    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):  # Horovod's type for this refusal
+        raise NotImplementedError(f"sparse allreduce {name!r}: only hvd.Average and hvd.Sum are defined for "
+                                  f"sparse tensors, got {reduce_op!r}; pass sparse_as_dense=True to reduce "
+                                  f"them densely")
     if (prescale_factor, postscale_factor) != (1.0, 1.0):
         raise NotImplementedError(f"sparse allreduce {name!r}: prescale_factor/postscale_factor are not "
                                   f"supported for sparse tensors")

@@ -221,8 +221,14 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
         y = _set_shape(run_collective("broadcast", bcast, [x], [x.dtype])[0], x.shape)
 
         def grad(dy: Any) -> tf.Tensor:
+            # Horovod's gradient: the average of the upstream gradients, kept on the root, zero elsewhere.
+            # The zeros depend on the allreduce: in a tf.compat.v1 session, zeros of a known shape would
+            # not, and the non-root ranks would skip the allreduce that the root runs
             reduced = _allreduce(dense(dy), op=Average, process_set=process_set)
-            return reduced if process_set.rank() == root else tf.zeros_like(reduced)
+            if process_set.rank() == root:
+                return reduced
+            with tf.control_dependencies([reduced]):
+                return tf.zeros_like(reduced)
         return y, grad
 
     return forward(tf.convert_to_tensor(tensor))
@@ -247,12 +253,17 @@ def broadcast_group(tensors: Sequence[Any], root_rank: int, name: Optional[str] 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
-    """Overwrite each variable with its value on ``root_rank``; returns the new values."""
+    """Overwrite each variable with its value on ``root_rank``; returns the new values.
+
+    In a graph the returned tensors are the variables read after their assignment (as Horovod's in-place
+    op returns the variables themselves), so evaluating them in a tf.compat.v1 session also assigns; inside
+    tf.function, automatic control dependencies order later reads after the assignment anyway."""
     variables = list(variables)
     values = broadcast_group(variables, root_rank, name, process_set)
-    for v, val in zip(variables, values):
-        v.assign(val)  # inside tf.function, automatic control dependencies order later reads after this
-    return values
+    assigned = [v.assign(val) for v, val in zip(variables, values)]
+    if tf.executing_eagerly():
+        return values
+    return [val if a is None else tf.convert_to_tensor(a) for a, val in zip(assigned, values)]
 
 
 # -- alltoall ---------------------------------------------------------------------------------------
