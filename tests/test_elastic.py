@@ -2,14 +2,18 @@
 from its last commit; --reset-limit stops it. The multi-host versions are in tests/test_elastic_hosts.py."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
+import time
+from pathlib import Path
 
 import pytest
 
 from cluster.elastic import ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy
-from cluster.fixtures import PYTHON, ROOT
+from cluster.fixtures import PYTHON, ROOT, base_env
 
 EXAMPLE = str(ROOT / "examples" / "pytorch_digits_elastic.py")
 EPOCHS = 3
@@ -93,3 +97,79 @@ def test_a_program_that_fails_before_training_is_not_restarted(tmp_path) -> None
     assert code == 3, run.output
     assert "stopping: the job exited 3 before any rank reached hvd.elastic.run" in run.output, run.output
     assert run.output.count("starting 2 ranks") == 1, run.output
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """The local IPv4 addresses a TCP socket listens on at ``port`` (from /proc/net/tcp)."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.append(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+def _files_containing(needle: bytes, roots: list[Path], since: float) -> list[str]:
+    """Files under ``roots`` changed since ``since`` (under 4 MB) whose bytes contain ``needle``."""
+    hits = []
+    for root in roots:
+        for directory, _dirs, names in os.walk(root):
+            for name in names:
+                path = Path(directory) / name
+                try:
+                    info = path.stat()
+                    if info.st_mtime >= since and info.st_size < 4 << 20 and needle in path.read_bytes():
+                        hits.append(str(path))
+                except OSError:
+                    continue
+    return hits
+
+
+def test_driver_listens_on_loopback_and_only_its_ranks_get_in(tmp_path: Path) -> None:
+    started = time.time()
+    run = ElasticRun([PYTHON, "-m", "hvdlite.run", "-np", "2", "--min-np", "1", "--max-np", "2", "--verbose",
+                      PYTHON, EXAMPLE, "--epochs", "1", "--sleep", "0.02"])
+    where = run.wait_for(r"listening for the ranks on (\S+):(\d+)$", timeout=120)
+    address, port = where.group(1), int(where.group(2))
+    assert address == "127.0.0.1" and _listening_addresses(port) == ["127.0.0.1"], run.output
+    ranks = run.rank_pids(2)
+    environ = Path(f"/proc/{ranks[0][1]}/environ").read_bytes().split(b"\0")
+    secret = next(v.split(b"=", 1)[1] for v in environ if v.startswith(b"HVDLITE_ELASTIC_SECRET="))
+    assert len(secret) == 64, "the rank got the job's secret in its environment"
+    cmdlines = {p.name: (p / "cmdline").read_bytes() for p in Path("/proc").iterdir()
+                if p.name.isdigit() and (p / "cmdline").exists()}
+    assert str(ranks[0][1]) in cmdlines and not [pid for pid, line in cmdlines.items() if secret in line]
+    # a client without the secret claims to be rank 0, then says it is done: refused, logged, no effect
+    with socket.create_connection((address, port), timeout=10) as rogue:
+        nonce = json.loads(rogue.makefile("r").readline())["nonce"]
+        assert len(nonce) == 32
+        for message in ({"op": "hello", "rank": 0, "size": 2, "host": "rogue", "pid": 1, "attempt": 0, "seq": 1,
+                         "mac": "0" * 64}, {"op": "done", "seq": 2}):
+            rogue.sendall((json.dumps(message) + "\n").encode())
+        assert rogue.recv(1) == b"", "the driver closes a refused connection"
+    run.wait_for(r"refused a connection from 127\.0\.0\.1:\d+: its message is not signed with this job's "
+                 r"secret", timeout=60)
+    assert run.finish(timeout=400) == 0, run.output
+    out = run.output
+    assert "job finished on 2 ranks after 0 reset(s)" in out, out
+    assert "rogue" not in out and out.count(" joined from host ") == 2, out
+    assert secret.decode() not in out and "HVDLITE_ELASTIC_SECRET='<hidden>'" in out, out
+    assert _files_containing(secret, [Path("/dev/shm"), Path("/tmp")], started) == []
+
+
+def test_the_driver_removes_the_commits_a_blacklisted_host_left(tmp_path: Path) -> None:
+    # each rank leaves a commit as a host would that was blacklisted: no rank of it is left to delete it
+    program = tmp_path / "leave_commit.py"
+    program.write_text("import os, pathlib\n"
+                       "job = pathlib.Path(os.environ['HVDLITE_ELASTIC_COMMIT_DIR']) / "
+                       "('hvdlite-elastic-' + os.environ['HVDLITE_ELASTIC_JOB'])\n"
+                       "(job / ('gone-' + os.environ['PMI_RANK'])).mkdir(parents=True)\n"
+                       "(job / ('gone-' + os.environ['PMI_RANK']) / 'commit.pkl').write_bytes(b'state')\n")
+    commits = tmp_path / "commits"
+    env = dict(base_env(), HVDLITE_ELASTIC_COMMIT_DIR=str(commits))
+    run = ElasticRun([PYTHON, "-m", "hvdlite.run", "-np", "2", "--min-np", "1", PYTHON, str(program)], env=env)
+    assert run.finish(timeout=120) == 0, run.output
+    job = re.search(r"job (\w+): hosts from", run.output)
+    assert job and "no rank used hvd.elastic.run; the job exited 0: done" in run.output, run.output
+    assert commits.is_dir() and list(commits.iterdir()) == [], run.output

@@ -15,7 +15,8 @@ _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
 #: Variables that hvdlite itself sets for its children (the launcher); not knobs, never warned about.
 _INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY", "HVDLITE_ELASTIC_DRIVER",
-                       "HVDLITE_ELASTIC_JOB", "HVDLITE_ELASTIC_RESTART", "HVDLITE_ELASTIC_GENERATION"}
+                       "HVDLITE_ELASTIC_JOB", "HVDLITE_ELASTIC_RESTART", "HVDLITE_ELASTIC_GENERATION",
+                       "HVDLITE_ELASTIC_SECRET"}
 
 #: Log levels Horovod accepts (any case); TRACE and FATAL map to hvdlite's TRACE and Python's CRITICAL.
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")

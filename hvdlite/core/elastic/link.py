@@ -4,9 +4,18 @@ hvdlite-run, when it drives an elastic job, listens on a TCP port and tells ever
 ``HVDLITE_ELASTIC_DRIVER=host:port``. Each rank keeps one connection open for its whole life: when the
 rank dies (even by SIGKILL) the kernel closes it, which is how the driver learns which rank and host
 failed first. Messages are JSON objects, one per line.
+
+Authentication: the driver makes a secret for each job and hands it to the processes it starts in their
+environment (``HVDLITE_ELASTIC_SECRET``: never on a command line, never printed or written to a file). On
+each connection the driver first sends a fresh nonce; every message of the rank then carries a sequence
+number and an HMAC-SHA256 of (nonce, the message) under the secret (:func:`signature`). The driver refuses
+and logs anything else, so neither a process without the secret nor a replayed message can register a
+rank or report a failure.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import socket
@@ -19,7 +28,14 @@ DRIVER_VARIABLE = "HVDLITE_ELASTIC_DRIVER"
 JOB_VARIABLE = "HVDLITE_ELASTIC_JOB"
 RESTART_VARIABLE = "HVDLITE_ELASTIC_RESTART"
 GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
+SECRET_VARIABLE = "HVDLITE_ELASTIC_SECRET"
 CONNECT_TIMEOUT_S = 30.0
+
+
+def signature(secret: str, nonce: str, message: dict[str, Any]) -> str:
+    """The HMAC-SHA256 (hex) of ``message`` (without its "mac") on the connection that sent ``nonce``."""
+    body = json.dumps({k: v for k, v in message.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(secret.encode(), f"{nonce}\n{body}".encode(), hashlib.sha256).hexdigest()
 
 
 class DriverLink:
@@ -29,6 +45,8 @@ class DriverLink:
         self.address = getenv(DRIVER_VARIABLE) or ""
         self._sock: Optional[socket.socket] = None
         self._reader: Any = None
+        self._nonce = ""
+        self._seq = 0
         self.generation = 0
 
     @property
@@ -39,15 +57,22 @@ class DriverLink:
         """Say hello (rank, size, host, pid) and learn the current host generation."""
         if not self.enabled or self._sock is not None:
             return
+        if not getenv(SECRET_VARIABLE):
+            raise ConnectionError(f"rank {rank}: {DRIVER_VARIABLE} is set but {SECRET_VARIABLE} is not: only the "
+                                  f"processes hvdlite-run's elastic driver starts may talk to it; start the job "
+                                  f"with hvdlite-run (or unset {DRIVER_VARIABLE})")
         host, _, port = self.address.rpartition(":")
         try:
             self._sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
-        except OSError as exc:
+            self._reader = self._sock.makefile("r", encoding="utf-8")
+            self._nonce = str(json.loads(self._reader.readline() or "{}")["nonce"])  # the driver speaks first
+        except (OSError, ValueError, KeyError) as exc:
+            self.close()
             raise ConnectionError(f"rank {rank}: cannot reach the elastic driver at {self.address} "
-                                  f"({exc}); is hvdlite-run still running there, and is the port reachable "
+                                  f"({exc!r}); is hvdlite-run still running there, and is the port reachable "
                                   f"from this host?") from None
         self._sock.settimeout(None)
-        self._reader = self._sock.makefile("r", encoding="utf-8")
+        self._seq = 0
         self.send(op="hello", rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
                   attempt=restart_count())
         # the generation the driver started this job with: a change before the ranks connected counts too
@@ -59,6 +84,9 @@ class DriverLink:
     def send(self, **message: Any) -> None:
         if self._sock is None:
             return
+        self._seq += 1
+        message["seq"] = self._seq
+        message["mac"] = signature(getenv(SECRET_VARIABLE) or "", self._nonce, message)
         try:
             self._sock.sendall((json.dumps(message) + "\n").encode())
         except OSError as exc:

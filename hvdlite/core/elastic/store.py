@@ -22,6 +22,12 @@ def base_dir(configured: str) -> Path:
     return Path(tempfile.gettempdir())
 
 
+def remove_job(configured_dir: str, job: str) -> None:
+    """Delete every host's commit of elastic run ``job`` that this machine's file system holds (the driver,
+    when the run ends: a host that was blacklisted has no rank left to delete its own)."""
+    shutil.rmtree(base_dir(configured_dir) / f"hvdlite-elastic-{job}", ignore_errors=True)
+
+
 class CommitStore:
     """``<dir>/hvdlite-elastic-<job>/<hostname>/commit.pkl``: the newest commit this host holds.
 

@@ -7,19 +7,23 @@ import copy
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from typing import Any, Mapping, Optional
 
+from hvdlite.core.config import Config
+from hvdlite.core.elastic.link import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE,
+                                       SECRET_VARIABLE)
+from hvdlite.core.elastic.store import remove_job
+
 from ..commands import build_command, child_environment, format_command
 from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_hosts, slurm_allocation,
                      total_slots)
 from ..launchers import SRUN, LauncherError
 from .discovery import Blacklist, DiscoveryError, assign, run_discovery_script, slurm_nodes
-from .server import DriverServer
+from .server import DriverServer, bind_address, new_secret
 
 #: Seconds between discovery runs while a job trains (horovodrun polls about once a second).
 DISCOVERY_INTERVAL_S = 1.0
@@ -87,6 +91,8 @@ class ElasticDriver:
         self.source = HostSource(args, env, self.max_np)
         self.blacklist = Blacklist(args.blacklist_cooldown_range, per_slot=self.source.single_host)
         self.job = uuid.uuid4().hex[:12]
+        self.secret = new_secret()  # the ranks' proof (see hvdlite.core.elastic.link); kept out of every log
+        self.server: Optional[DriverServer] = None
         self.resets = 0
         self.stop_signal = 0
 
@@ -116,19 +122,44 @@ class ElasticDriver:
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> int:
-        server = DriverServer(lambda text: logger.info("%s", text))
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            return self._loop(server)
+            return self._loop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            server.close()
+            if self.server is not None:
+                self.server.close()
+            self._remove_commits()
+
+    def _remove_commits(self) -> None:
+        """The run is over: its commits are of no further use. Each host's ranks delete their own copy when
+        they finish; a host blacklisted on the way has no rank left to, so the driver deletes what this
+        machine's file system holds (every host's copy where the hosts share it)."""
+        try:
+            configured = Config.from_env(self.env).elastic_commit_dir
+        except (ValueError, TypeError) as exc:
+            logger.warning("elastic commits not removed: %s", exc)
+            return
+        remove_job(configured, self.job)
+
+    def _server_for(self, placed: list[Host]) -> DriverServer:
+        """The endpoint, listening on the interface this attempt's hosts reach us on (made again, keeping
+        the host generation, when a new set of hosts needs another interface)."""
+        address = bind_address([h.name for h in placed], self.args.nics or [])
+        if self.server is None or self.server.address != address:
+            server = DriverServer(lambda text: logger.info("%s", text), self.secret, bind=address)
+            if self.server is not None:
+                server.generation = self.server.generation
+                self.server.close()
+            self.server = server
+            logger.info("listening for the ranks on %s:%d", address, server.port)
+        return self.server
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
 
-    def _loop(self, server: DriverServer) -> int:
+    def _loop(self) -> int:
         logger.info("job %s: hosts from %s; --min-np %d --max-np %d", self.job, self.source.kind, self.min_np,
                     self.max_np)
         size = self.num_proc
@@ -143,6 +174,7 @@ class ElasticDriver:
                 return 1
             size = min(size if self.resets == 0 else self.max_np, total_slots(hosts), self.max_np)
             placed = assign(hosts, size)
+            server = self._server_for(placed)
             server.new_attempt(self.resets)
             code, outcome = self._run_job(server, hosts, placed, size)
             if outcome == "done":
@@ -176,15 +208,18 @@ class ElasticDriver:
         for warning in warnings:
             logger.warning("%s", warning)
         env = child_environment(self.env, plan, launcher)
-        local = not self.source.slurm and all(h.name in ("localhost", "127.0.0.1") for h in placed)
-        env["HVDLITE_ELASTIC_DRIVER"] = f"{'127.0.0.1' if local else socket.gethostname()}:{server.port}"
-        env["HVDLITE_ELASTIC_JOB"] = self.job
-        env["HVDLITE_ELASTIC_RESTART"] = str(self.resets)
-        env["HVDLITE_ELASTIC_GENERATION"] = str(server.generation)
+        env[DRIVER_VARIABLE] = f"{server.address}:{server.port}"
+        env[JOB_VARIABLE] = self.job
+        env[RESTART_VARIABLE] = str(self.resets)
+        env[GENERATION_VARIABLE] = str(server.generation)
+        # the secret travels in the environment only: Open MPI's -x names it, no launcher gets its value
+        # as an argument, and --verbose shows it hidden
+        env[SECRET_VARIABLE] = self.secret
         cmd = build_command(launcher, plan, env)
         logger.info("starting %d ranks on %s (reset %d)", size, ",".join(map(str, placed)), self.resets)
         if self.args.verbose:
-            logger.info("running: %s", format_command(cmd, {k: v for k, v in env.items() if self.env.get(k) != v}))
+            shown = {k: ("<hidden>" if k == SECRET_VARIABLE else v) for k, v in env.items() if self.env.get(k) != v}
+            logger.info("running: %s", format_command(cmd, shown))
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         srun = launcher.kind == SRUN
         lost_at = 0.0

@@ -2,16 +2,61 @@
 
 A rank's connection closing without "done" or "resize" means the rank died; the first such rank of a
 job is the one that failed (the launcher kills the others after it).
+
+The endpoint listens on one address, the interface the job uses (loopback for a job on this machine only,
+see :func:`bind_address`), and accepts only messages signed with the job's secret (the protocol is
+described in ``hvdlite.core.elastic.link``): a connection whose message is unsigned, wrongly signed or
+replayed is logged with its peer's address and closed, and changes nothing.
 """
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hmac
 import json
+import secrets
 import selectors
 import socket
+import struct
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
+
+from hvdlite.core.elastic.link import signature
+
+#: The names that mean this machine in a host list.
+LOCAL_NAMES = ("localhost", "127.0.0.1")
+_SIOCGIFADDR = 0x8915  # Linux: the IPv4 address of a network interface
+
+
+def new_secret() -> str:
+    """A fresh per-job secret (256 bits, hex)."""
+    return secrets.token_hex(32)
+
+
+def interface_address(nic: str) -> str:
+    """The IPv4 address of network interface ``nic`` (Linux)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", nic[:15].encode()))
+        except OSError as exc:
+            raise OSError(f"network interface {nic!r} has no IPv4 address here ({exc.strerror})") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def bind_address(hosts: Sequence[str], nics: Sequence[str]) -> str:
+    """The address the driver listens on for a job on ``hosts``: loopback when every host is this machine;
+    else the address of the first of ``nics`` (--network-interface), or of the interface that routes to
+    the first other host."""
+    here = {socket.gethostname(), *LOCAL_NAMES}
+    others = [h for h in hosts if h not in here]
+    if not others:
+        return "127.0.0.1"
+    if nics:
+        return interface_address(nics[0])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((others[0], 9))  # picks the route; sends nothing
+        return str(sock.getsockname()[0])
 
 
 @dataclasses.dataclass
@@ -27,8 +72,10 @@ class RankInfo:
 class DriverServer:
     """Accepts rank connections in a background thread; the driver reads what happened per attempt."""
 
-    def __init__(self, log: Callable[[str], None], bind: str = "0.0.0.0") -> None:
+    def __init__(self, log: Callable[[str], None], secret: str, bind: str = "127.0.0.1") -> None:
         self._log = log
+        self._secret = secret
+        self.address = bind
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((bind, 0))
@@ -75,11 +122,14 @@ class DriverServer:
             for key, _ in self._selector.select(timeout=0.2):
                 if key.fileobj is self._sock:
                     try:
-                        conn, _addr = self._sock.accept()
+                        conn, addr = self._sock.accept()
+                        nonce = secrets.token_hex(16)
+                        conn.sendall((json.dumps({"nonce": nonce}) + "\n").encode())  # a few bytes: no wait
                     except OSError:
                         continue
                     conn.setblocking(False)
-                    self._conns[conn] = {"buffer": b"", "info": None}
+                    self._conns[conn] = {"buffer": b"", "info": None, "nonce": nonce, "seq": 0,
+                                         "peer": "%s:%s" % addr[:2]}
                     self._selector.register(conn, selectors.EVENT_READ)
                 else:
                     self._read(key.fileobj)  # type: ignore[arg-type]
@@ -99,9 +149,30 @@ class DriverServer:
         while b"\n" in state["buffer"]:
             line, state["buffer"] = state["buffer"].split(b"\n", 1)
             try:
-                self._handle(conn, state, json.loads(line))
+                msg = json.loads(line)
+                if not isinstance(msg, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError:
+                msg = {}
+            if not self._authentic(state, msg):
+                self._log(f"refused a connection from {state['peer']}: its message is not signed with this "
+                          f"job's secret (only the processes this driver starts have it)")
+                self._closed(conn, state)
+                return
+            try:
+                self._handle(conn, state, msg)
             except (ValueError, KeyError, OSError) as exc:
                 self._log(f"ignoring a bad message from a rank: {exc}")
+
+    def _authentic(self, state: dict[str, Any], msg: dict[str, Any]) -> bool:
+        """Whether ``msg`` is signed with the secret for this connection's nonce, next in sequence."""
+        mac = msg.get("mac")
+        if not isinstance(mac, str) or msg.get("seq") != state["seq"] + 1:
+            return False
+        if not hmac.compare_digest(mac, signature(self._secret, state["nonce"], msg)):
+            return False
+        state["seq"] += 1
+        return True
 
     def _handle(self, conn: socket.socket, state: dict[str, Any], msg: dict[str, Any]) -> None:
         op = msg.get("op")
