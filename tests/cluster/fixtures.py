@@ -250,16 +250,30 @@ def sbatch_wait(args: Sequence[str], output: Path, timeout: float, env: dict[str
     assert submit.returncode == 0, f"sbatch failed: {submit.stdout}\n{submit.stderr}"
     job_id = submit.stdout.strip().split(";")[0].splitlines()[-1]
     deadline = time.monotonic() + timeout
+    failures: list[str] = []
     while True:
+        # squeue itself can fail under load (slurmctld busy: "Socket timed out"): that says nothing about
+        # the job, so ask again; only a listing without the job, or "Invalid job id" (the controller
+        # already forgot it), means it left the queue
         queued = slurm(f"squeue -h -j {job_id}")
-        if job_id not in queued.stdout:
+        if queued.returncode == 0 and job_id not in queued.stdout:
             break
+        if queued.returncode != 0:
+            if "Invalid job id" in queued.stderr:
+                break
+            failures.append(queued.stderr.strip())
         if time.monotonic() > deadline:
             slurm(f"scancel {job_id}")
             text = output.read_text() if output.exists() else ""
-            pytest.fail(f"job {job_id} ran past {timeout} s; cancelled. Output so far:\n{text}")
+            pytest.fail(f"job {job_id} ran past {timeout} s; cancelled ({len(failures)} squeue calls failed, the "
+                        f"last: {failures[-1:]}). Output so far:\n{text}")
         time.sleep(0.25)
-    info = slurm(f"scontrol show job {job_id}").stdout
+    for _ in range(240):  # scontrol can fail under load the same way: retry for up to a minute
+        shown = slurm(f"scontrol show job {job_id}")
+        if shown.returncode == 0 or "Invalid job id" in shown.stderr:
+            break
+        time.sleep(0.25)
+    info = shown.stdout
     state = re.search(r"JobState=(\w+)", info)
     code = re.search(r"\sExitCode=(\d+):(\d+)", info)
     text = output.read_text() if output.exists() else ""
