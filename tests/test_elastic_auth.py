@@ -46,7 +46,8 @@ def test_only_messages_signed_with_the_job_secret_count(server: DriverServer,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     secret = server._secret
     assert server.address == "127.0.0.1" and bind_address(["localhost"], ["eth-none"]) == "127.0.0.1"
-    # no signature, a wrong secret, a replay of a genuine message on another connection: refused
+    # no signature, a wrong secret, a replay of a genuine message on another connection, a non-ASCII
+    # signature, an endless line: refused, and the endpoint keeps serving
     cases = []
     sock, _ = raw_client(server)
     cases.append((sock, hello(7)))
@@ -56,11 +57,19 @@ def test_only_messages_signed_with_the_job_secret_count(server: DriverServer,
     genuine = dict(hello(9), mac=signature(secret, nonce, hello(9)))
     sock2, _ = raw_client(server)
     cases.append((sock2, genuine))
+    sock, _ = raw_client(server)
+    cases.append((sock, dict(hello(6), mac="\u00e9" * 64)))  # not ASCII: compare_digest would raise on str
+    sock, _ = raw_client(server)
+    cases.append((sock, {"junk": "x" * (1 << 17)}))  # far longer than any rank's message
     for sock, message in cases:
-        sock.sendall((json.dumps(message) + "\n").encode())
-        assert sock.recv(1) == b"", "the driver closes a refused connection"
+        try:
+            sock.sendall((json.dumps(message) + "\n").encode())
+            closed = sock.recv(1) == b""
+        except (ConnectionResetError, BrokenPipeError):  # closed while the long line was being sent
+            closed = True
+        assert closed, f"the driver closes a refused connection: {str(message)[:80]}"
     refusals = [m for m in server.logged if m.startswith("refused a connection from 127.0.0.1:")]
-    assert len(refusals) == 3 and "not signed with this job's secret" in refusals[0], server.logged
+    assert len(refusals) == 5 and "not signed with this job's secret" in refusals[0], server.logged
     assert all(secret not in line for line in server.logged)
     assert server.snapshot() == [] and server.first_lost() is None  # nothing registered, nothing lost
     # a rank with the secret (as the driver starts it): registered, its report counts
