@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-#: hvdlite-run tuning flags and the hvdlite setting (``HVDLITE_<NAME>``) each one sets for every rank,
+#: hvdlite-run tuning flags and the variable (``HVDLITE_<NAME>``, given by <name>) each one sets for every rank,
 #: with a scale applied to the flag's value (MiB -> bytes).
 TUNING_FLAGS: dict[str, tuple[str, float]] = {
     "fusion_threshold_mb": ("fusion_threshold", 1024 * 1024),
