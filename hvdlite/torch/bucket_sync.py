@@ -47,6 +47,7 @@ class BucketSync:
         self.ready: list[int] = []
         self.futures: dict[int, tuple[Any, GradBucket]] = {}
         self.signature: tuple = ()
+        self.invalid: set[int] = set()  # buckets whose parameters changed dtype, device or size
         self.generation = 0
 
     # -- layout -------------------------------------------------------------------------------------
@@ -93,20 +94,22 @@ class BucketSync:
         self.where = {id(p): (k, i) for k, b in enumerate(self.buckets) for i, p in enumerate(b.params)}
         self.ready = [0] * len(self.buckets)
         self.signature = signature
+        self.invalid = set()
 
     def fits(self, k: int, i: int, p: torch.Tensor) -> bool:
         """Whether ``p`` still fits its place (same dtype, device and size as when planned)."""
         dtype, device = self.kinds[k]
         return p.dtype == dtype and p.device == device and p.numel() == self.buckets[k].numels[i]
 
-    def valid(self, k: int) -> bool:
-        b = self.buckets[k]
-        return all(self.fits(k, i, p) for i, p in enumerate(b.params))
+    def check(self, signature: tuple) -> None:
+        """At synchronize: which buckets still fit their parameters (all, unless the signature changed)."""
+        self.invalid = set() if signature == self.signature else \
+            {k for k, b in enumerate(self.buckets) if not all(self.fits(k, i, p) for i, p in enumerate(b.params))}
 
     def covers(self, p: torch.Tensor) -> bool:
         """Whether ``p``'s gradient is reduced by a bucket this step (else by the optimizer's own path)."""
         where = self.where.get(id(p))
-        return where is not None and self.valid(where[0])
+        return where is not None and where[0] not in self.invalid
 
     # -- during backward ----------------------------------------------------------------------------
     def collect(self, p: torch.Tensor) -> bool:
@@ -139,7 +142,7 @@ class BucketSync:
     # -- at synchronize -----------------------------------------------------------------------------
     def submit_waiting(self) -> None:
         for k in range(len(self.buckets)):
-            if k not in self.futures and self.valid(k):
+            if k not in self.futures and k not in self.invalid:
                 self.submit(k)
 
     def finish(self) -> None:
@@ -151,10 +154,11 @@ class BucketSync:
                 if result is not buffer:
                     with torch.no_grad():
                         buffer.copy_(result.reshape(-1))
-                for p, grad in zip(view.parameters(), view.gradients()):
-                    if p.grad is None and not p.requires_grad:
-                        continue  # frozen this step: left without a gradient, as torch leaves it
-                    if p.grad is None or p.grad.data_ptr() != grad.data_ptr() or p.grad.shape != grad.shape:
+                for p, grad in zip(self.buckets[k].params, self.buckets[k].grad_views()):
+                    current = p.grad
+                    if current is grad or (current is None and not p.requires_grad):
+                        continue  # a view already; or frozen this step: left without a gradient, as in torch
+                    if current is None or current.data_ptr() != grad.data_ptr() or current.shape != grad.shape:
                         p.grad = grad
         finally:
             self.futures.clear()

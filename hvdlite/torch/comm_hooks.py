@@ -38,7 +38,7 @@ class GradBucket:
         return self._buffer
 
     def gradients(self) -> list[torch.Tensor]:
-        return self._bucket.split(self._buffer)
+        return list(self._bucket.grad_views())
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self._bucket.params)

@@ -202,6 +202,7 @@ class _DistributedOptimizer:
             self._buckets.agree(self._all_params())  # the first step: one collective fixes the layout
             self._buckets.plan(self._all_params(), signature)
         if self._use_buckets:
+            self._buckets.check(signature)
             self._buckets.submit_waiting()
         self._submit_waiting()
         try:

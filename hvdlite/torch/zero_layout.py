@@ -30,6 +30,7 @@ class Bucket:
     values: Optional[torch.Tensor] = None  # the flat bucket the parameters are views of
     grads: Optional[torch.Tensor] = None  # the flat bucket the gradients are views of (None after set_to_none)
     shard_grad: Optional[torch.Tensor] = None  # this rank's averaged row of ``grads``, kept across steps
+    _views: tuple = (None, [])  # (the ``grads`` they were cut from, per-parameter views of it)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -64,14 +65,23 @@ class Bucket:
         if self.grads is None:
             self.grads = torch.empty(self.padded, dtype=self.dtype, device=self.params[0].device)
             self.grads[self.offsets[-1] + self.numels[-1]:].zero_()  # padding
+        views = self.grad_views()
         for j in range(len(self.params)) if i is None else (i,):
-            p, off, n = self.params[j], self.offsets[j], self.numels[j]
-            g, view = p.grad, self.grads[off:off + n]
+            p, view = self.params[j], views[j]
+            g = p.grad
+            if g is view:
+                continue
             if g is None:
                 view.zero_()
-            elif g.data_ptr() != view.data_ptr() or g.shape != p.shape:
-                view.copy_(g.reshape(-1))
-                p.grad = view.view(p.shape)
+            elif g.data_ptr() != view.data_ptr() or g.shape != view.shape:
+                view.copy_(g.reshape(view.shape))
+                p.grad = view
+
+    def grad_views(self) -> list[torch.Tensor]:
+        """Per-parameter views (parameter shapes) of ``grads``, cut once per buffer."""
+        if self._views[0] is not self.grads:
+            self._views = (self.grads, self.split(self.grads) if self.grads is not None else [])
+        return self._views[1]
 
     def averaged(self) -> torch.Tensor:
         """The buffer this rank's averaged gradient row goes to (allocated once)."""
