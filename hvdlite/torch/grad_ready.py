@@ -11,7 +11,7 @@ import torch
 from hvdlite.core import ProcessSet
 from hvdlite.core.frontend import gradient_overlap
 
-__all__ = ["Readiness", "TOO_MANY_PASSES", "ZERO_GRAD_RACE"]
+__all__ = ["Readiness", "ReadinessOwner", "TOO_MANY_PASSES", "ZERO_GRAD_RACE"]
 
 TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call to step(). "
                    "Increase backward_passes_per_step to accumulate gradients locally.")
@@ -108,6 +108,39 @@ class Readiness:
             yield
         finally:
             self.local = outer
+
+
+class ReadinessOwner:
+    """What DistributedOptimizer and ZeroRedundancyOptimizer expose of their Readiness (``self._readiness``)."""
+
+    _readiness: Readiness
+
+    @property
+    def overlap(self) -> bool:
+        """Start reductions from backward (overlap), or all at step(); see Config.gradient_overlap. Decided
+        once for the process set; may be set between steps (the same way on every rank)."""
+        return self._readiness.overlap
+
+    @overlap.setter
+    def overlap(self, value: bool) -> None:
+        self._readiness.overlap = bool(value)
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._readiness.passes
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes: int) -> None:
+        self.set_backward_passes_per_step(passes)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self._readiness.set_passes(passes)
+
+    def no_sync(self) -> Any:
+        """Context manager (DDP's idiom): backward passes inside it accumulate gradients locally and submit
+        nothing; the first backward after it reduces everything accumulated. Requires
+        backward_passes_per_step=1: both ways of accumulating at once would count the passes twice."""
+        return self._readiness.no_sync()
 
 
 _MIXED = ("no_sync() cannot be combined with backward_passes_per_step > 1: both accumulate gradients locally "

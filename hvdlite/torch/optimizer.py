@@ -14,7 +14,7 @@ from .async_ops import Average, grouped_allreduce_async_, sparse_allreduce_async
 from .bucket_sync import BucketSync
 from .comm_hooks import compression_hook
 from .compression import Compression
-from .grad_ready import Readiness
+from .grad_ready import Readiness, ReadinessOwner
 
 Unit = Union[torch.Tensor, tuple]  # one parameter, or a group of parameters reduced together
 
@@ -28,7 +28,7 @@ class _Pending:
         self.densified, self.sparse = densified, sparse
 
 
-class _DistributedOptimizer:
+class _DistributedOptimizer(ReadinessOwner):
     """Mixed in front of the user's optimizer class: ``isinstance(opt, UserOptimizer)`` stays true.
 
     Dense gradients of parameters outside ``groups=`` live in flat buckets (bucket_sync) reduced through a
@@ -71,23 +71,6 @@ class _DistributedOptimizer:
 
     def _bucket_eligible(self, p: torch.Tensor) -> bool:
         return not isinstance(self._unit_of.get(p), tuple) and p.layout == torch.strided
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        return self._readiness.passes
-
-    @backward_passes_per_step.setter
-    def backward_passes_per_step(self, passes: int) -> None:
-        self._readiness.set_passes(passes)
-
-    @property
-    def overlap(self) -> bool:
-        """Submit reductions from backward (overlap), or all at synchronize(); see Config.gradient_overlap."""
-        return self._readiness.overlap
-
-    @overlap.setter
-    def overlap(self, value: bool) -> None:
-        self._readiness.overlap = bool(value)
 
     def _refresh(self) -> None:
         """Name and hook any parameter that is new or newly requires a gradient."""
@@ -257,15 +240,6 @@ class _DistributedOptimizer:
         allocated (set_to_none only unsets ``.grad``); the next backward moves the gradients back in."""
         self._readiness.check_zero_grad()
         return super().zero_grad(set_to_none)  # type: ignore[misc]
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        self._readiness.set_passes(passes)
-
-    def no_sync(self) -> Any:
-        """Context manager: backward passes inside it accumulate gradients locally and submit nothing; the
-        first backward after it reduces everything accumulated (DDP's no_sync). Requires
-        backward_passes_per_step=1 (the two ways of accumulating would count passes twice)."""
-        return self._readiness.no_sync()
 
     def register_comm_hook(self, state: Any, hook: Any) -> None:
         """Reduce each gradient bucket with ``hook(state, bucket) -> future`` (hvdlite.torch.comm_hooks;

@@ -19,7 +19,7 @@ from hvdlite.core.frontend import setting
 from .compression import Compression
 from .async_ops import (Average, Sum, allreduce_async_, grouped_allgather_async, grouped_reducescatter_async,
                         synchronize)
-from .grad_ready import Readiness, check_passes
+from .grad_ready import Readiness, ReadinessOwner, check_passes
 from .zero_layout import Bucket, is_elementwise, plan_buckets, shard_state
 
 _instances = itertools.count()
@@ -27,7 +27,7 @@ _instances = itertools.count()
 _NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor", "Muon")
 
 
-class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
     """Shard ``optimizer_class``'s state over ``process_set``: a drop-in for ``DistributedOptimizer``.
 
     ``ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)`` averages the gradients
@@ -74,18 +74,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.optim = optimizer_class(self._local_groups(), **defaults)
         self._sync_groups(self.optim.param_groups, self.param_groups)
         self._ready = True
-
-    @property
-    def overlap(self) -> bool:
-        return self._readiness.overlap
-
-    @overlap.setter
-    def overlap(self, value: bool) -> None:
-        self._readiness.overlap = bool(value)
-
-    @property
-    def backward_passes_per_step(self) -> int:
-        return self._readiness.passes
 
     # -- layout -------------------------------------------------------------------------------------
     def _add_buckets(self, gi: int, params: list[torch.Tensor]) -> list[Bucket]:
@@ -263,12 +251,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def set_backward_passes_per_step(self, passes: int) -> None:
         self._readiness.set_passes(passes)
         self._reset()
-
-    def no_sync(self) -> Any:
-        """Context manager: backward passes inside it accumulate gradients locally (in the buckets) and
-        submit nothing; the first backward after it reduces everything accumulated, as DDP's no_sync.
-        Requires backward_passes_per_step=1."""
-        return self._readiness.no_sync()
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collective over the set: gather every shard's state into a whole, ordinary optimizer state dict
