@@ -24,7 +24,8 @@ __all__ = ["BucketSync", "FIRST_BUCKET_BYTES"]
 #: The first bucket (the gradients backward produces first) is kept small so that its reduction starts early
 #: (DDP uses 1 MiB too); the others are capped by the fusion_threshold setting.
 FIRST_BUCKET_BYTES = 1024 * 1024
-_instances = itertools.count()
+#: process set id -> counter of the optimizers built over it (names must agree among the set's members only)
+_instances: dict[int, "itertools.count[int]"] = {}
 
 
 class BucketSync:
@@ -34,7 +35,8 @@ class BucketSync:
         self.process_set = process_set
         self.cap = int(cap_bytes)
         self.eligible = eligible  # dense, not in a groups= unit, not sparse
-        self.uid = f"grads{next(_instances)}"
+        ps_id = process_set.process_set_id or 0
+        self.uid = f"grads.ps{ps_id}.{next(_instances.setdefault(ps_id, itertools.count()))}"
         self.hook: Optional[CommHook] = None
         self.state: Any = None
         self.seen: dict[int, int] = {}  # id(param) -> position in the first backward's order (this rank)

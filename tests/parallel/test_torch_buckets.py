@@ -245,3 +245,38 @@ def test_zero_skips_parameters_without_gradient_anywhere(optimizer: str) -> None
         opt.step()
     assert torch.equal(flat(model.unused), start), "a parameter without gradients anywhere was moved"
     check(model, ref, f"ZeRO {optimizer} with an unused head", tol=1e-10)
+
+
+def test_process_set_buckets() -> None:
+    """Ranks 0 and 1 train over their own set (at -n 3 rank 2 trains alone over another): each set equals
+    single-process training on its members' batches."""
+    pair = hvd.add_process_set([0, 1])
+    rest = hvd.add_process_set([2]) if N > 2 else None
+    try:
+        members = [0, 1] if R < 2 else [2]
+        pset = pair if R < 2 else rest
+        batches = data(3, seed=17)
+        ref = model_of()
+        ref_opt = sgd(ref.parameters())
+        for x, y in batches:
+            ref_opt.zero_grad()
+            loss_fn(ref(torch.cat([x[r * B:(r + 1) * B] for r in members])),
+                    torch.cat([y[r * B:(r + 1) * B] for r in members])).backward()
+            ref_opt.step()
+        model = model_of()
+        opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
+                                       process_set=pset)
+        for x, y in batches:
+            opt.zero_grad()
+            loss_fn(model(mine(x, 0)), mine(y, 0)).backward()
+            opt.step()
+        diff = (flat(model) - flat(ref)).abs().max().item()
+        assert diff <= 1e-10, f"process set {members}: max difference {diff}"
+        if R < 2:
+            every = hvd.allgather(flat(model).unsqueeze(0), process_set=pair)
+            assert torch.equal(every[0], every[1]), "weights differ within the set"
+            assert all(b.name.startswith(f"grads.ps{pair.process_set_id}.") for b in opt._buckets.buckets)
+    finally:
+        hvd.remove_process_set(pair)
+        if rest is not None:
+            hvd.remove_process_set(rest)
