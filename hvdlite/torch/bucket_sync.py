@@ -22,7 +22,7 @@ from .zero_layout import Bucket, plan_buckets
 __all__ = ["BucketSync", "FIRST_BUCKET_BYTES"]
 
 #: The first bucket (the gradients backward produces first) is kept small so that its reduction starts early
-#: (DDP uses 1 MiB too); the others are capped by the fusion_threshold setting.
+#: (DDP uses 1 MiB too); the others are capped by the fusion_threshold_bytes setting.
 FIRST_BUCKET_BYTES = 1024 * 1024
 #: process set id -> counter of the optimizers built over it (names must agree among the set's members only)
 _instances: dict[int, "itertools.count[int]"] = {}

@@ -10,7 +10,6 @@ from hvdlite.core import ProcessSet
 
 from .async_ops import Average, allreduce_async_, grouped_allreduce_async_
 from .compression import Compression
-from .tensors import chain
 from .zero_layout import Bucket
 
 __all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "compression_hook"]
@@ -62,7 +61,7 @@ def _cast_hook(bucket: GradBucket, wire_dtype: torch.dtype) -> Any:
         return allreduce_hook(None, bucket)
     wire = buffer.to(wire_dtype)
     handle = allreduce_async_(wire, name=bucket.name, op=Average, process_set=bucket.process_set)
-    return chain(handle, lambda _: buffer.copy_(wire))
+    return handle.then(lambda _: buffer.copy_(wire))
 
 
 def fp16_compress_hook(state: Any, bucket: GradBucket) -> Any:
@@ -100,5 +99,5 @@ def compression_hook(compression: Any, op: Any, prescale: float, postscale: floa
                 if out.data_ptr() != grad.data_ptr():
                     grad.copy_(out.reshape(grad.shape))
             return buffer
-        return chain(handle, back)
+        return handle.then(back)
     return reduce

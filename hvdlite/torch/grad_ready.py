@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from hvdlite.core import ProcessSet
-from hvdlite.core.frontend import gradient_overlap
+from hvdlite.core.frontend import check_gradient_options, gradient_overlap
 
 __all__ = ["Readiness", "ReadinessOwner", "TOO_MANY_PASSES", "ZERO_GRAD_RACE"]
 
@@ -149,9 +149,8 @@ _MIXED = ("no_sync() cannot be combined with backward_passes_per_step > 1: both 
 
 
 def check_passes(passes: int) -> int:
-    if int(passes) < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
-    return int(passes)
+    """``backward_passes_per_step``, checked by the rule every distributed optimizer applies."""
+    return check_gradient_options(None, 1.0, passes)[1]
 
 
 def _make_hook(me: "weakref.ref[Readiness]") -> Callable[[torch.Tensor], None]:

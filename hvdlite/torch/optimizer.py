@@ -61,7 +61,7 @@ class _DistributedOptimizer(ReadinessOwner):
         pre, post = 1.0, 1.0
         if self.op == Average:
             pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        self._buckets = BucketSync(process_set, setting("fusion_threshold"), self._bucket_eligible)
+        self._buckets = BucketSync(process_set, setting("fusion_threshold_bytes"), self._bucket_eligible)
         self._buckets.hook = compression_hook(compression, self.op, pre, post)
         self._use_buckets = self._bucketed and not self._is_grouped and self._enabled
         self._refresh()

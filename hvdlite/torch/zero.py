@@ -58,7 +58,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         self._n = process_set.size() if member else 1
         self._rank = process_set.rank() if member else 0
         self._uid = f"zero{next(_instances)}"
-        self._cap = setting("fusion_threshold")  # 0 (fusion off): one bucket per parameter
+        self._cap = setting("fusion_threshold_bytes")  # 0 (fusion off): one bucket per parameter
         self._buckets: list[Bucket] = []
         self._bucket_of: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
         self._ready_params: list[int] = []

@@ -70,7 +70,7 @@ def sgd(params: Any) -> torch.optim.Optimizer:
 
 @pytest.mark.parametrize("overlap", ["on", "off"])
 def test_gradients_are_views_of_agreed_buckets(overlap: str, reinit: Callable[..., None]) -> None:
-    reinit(gradient_overlap=overlap, fusion_threshold=600)  # several buckets: 600 bytes = 75 float64
+    reinit(gradient_overlap=overlap, fusion_threshold_bytes=600)  # several buckets: 600 bytes = 75 float64
     batches = data(4)
     ref = reference(sgd, batches)
     model = model_of()
