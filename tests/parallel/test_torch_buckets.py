@@ -68,6 +68,19 @@ def sgd(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
 
 
+def train_distributed(batches: list, comm_hook: Any = None, **kwargs: Any) -> tuple[nn.Module, Any]:
+    """DistributedOptimizer(sgd) over model_of(), one step per batch on this rank's rows."""
+    model = model_of()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(), **kwargs)
+    if comm_hook is not None:
+        opt.register_comm_hook(*comm_hook)
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(mine(x, 0)), mine(y, 0)).backward()
+        opt.step()
+    return model, opt
+
+
 @pytest.mark.parametrize("overlap", ["on", "off"])
 def test_gradients_are_views_of_agreed_buckets(overlap: str, reinit: Callable[..., None]) -> None:
     reinit(gradient_overlap=overlap, fusion_threshold_bytes=600)  # several buckets: 600 bytes = 75 float64
@@ -196,14 +209,8 @@ def test_custom_hook_sees_the_protocol() -> None:
 
     batches = data(3, seed=11)
     ref = reference(sgd, batches)
-    model = model_of()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
     state = {"calls": 0}
-    opt.register_comm_hook(state, hook)
-    for x, y in batches:
-        opt.zero_grad()
-        loss_fn(model(mine(x, 0)), mine(y, 0)).backward()
-        opt.step()
+    model, opt = train_distributed(batches, comm_hook=(state, hook))
     check(model, ref, "custom hook", tol=1e-12)
     nb = len(opt._buckets.buckets)
     assert state["calls"] == 3 * nb
@@ -263,13 +270,7 @@ def test_process_set_buckets() -> None:
             loss_fn(ref(torch.cat([x[r * B:(r + 1) * B] for r in members])),
                     torch.cat([y[r * B:(r + 1) * B] for r in members])).backward()
             ref_opt.step()
-        model = model_of()
-        opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
-                                       process_set=pset)
-        for x, y in batches:
-            opt.zero_grad()
-            loss_fn(model(mine(x, 0)), mine(y, 0)).backward()
-            opt.step()
+        model, opt = train_distributed(batches, process_set=pset)
         diff = (flat(model) - flat(ref)).abs().max().item()
         assert diff <= 1e-10, f"process set {members}: max difference {diff}"
         if R < 2:
@@ -299,12 +300,6 @@ def test_custom_compressor_gets_each_gradient_shaped() -> None:
 
     batches = data(2, seed=19)
     ref = reference(sgd, batches)
-    model = model_of()
-    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
-                                   compression=Halve)
-    for x, y in batches:
-        opt.zero_grad()
-        loss_fn(model(mine(x, 0)), mine(y, 0)).backward()
-        opt.step()
+    model, _ = train_distributed(batches, compression=Halve)
     check(model, ref, "custom compressor", tol=1e-12)
     assert shapes == {tuple(p.shape) for p in model.parameters()}, shapes
