@@ -1,7 +1,7 @@
 """The collectives on numpy arrays: each submits a named request to the engine and returns a handle."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def _prepare_all(arrays: Sequence[Any], hints: Optional[Sequence[Optional[str]]]
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
-def _submit(kind: Kind, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
+def _submit(kind: Kind, name: str, ps_id: int, inputs: Sequence[np.ndarray], dtypes: Sequence[str],
             **options: Any) -> Handle:
     return state().submit(kind, name, ps_id, inputs, dtypes, **options)
 
@@ -74,7 +74,7 @@ def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray])
 
 
 def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], hints: list[Optional[str]],
-          dtypes: list[str]) -> tuple[Optional[list], Any]:
+          dtypes: list[str]) -> tuple[Optional[list[Any]], Any]:
     """Caller-given outputs of allgather/reducescatter: the engine writes each result straight into its
     output where it fits (C-contiguous, the result's shape), else it is copied there; wait() returns them."""
     if outputs is None:
@@ -140,14 +140,15 @@ def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[s
 def allreduce(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set).wait()
+    return cast(np.ndarray,
+                allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set).wait())
 
 
 def allreduce_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
-                           inplace=True).wait()
+    return cast(np.ndarray, allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
+                           inplace=True).wait())
 
 
 def allreduce_async_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None,
@@ -161,15 +162,17 @@ def grouped_allreduce(arrays: Sequence[Any], average: Optional[bool] = None, nam
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set,
                       outputs: Optional[Sequence[Any]] = None) -> list[np.ndarray]:
-    return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, outputs=outputs).wait()
+    return cast("list[np.ndarray]",
+                grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                   process_set, outputs=outputs).wait())
 
 
 def grouped_allreduce_(arrays: Sequence[np.ndarray], average: Optional[bool] = None, name: Optional[str] = None,
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, inplace=True).wait()
+    return cast("list[np.ndarray]",
+                grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                   process_set, inplace=True).wait())
 
 
 def grouped_allreduce_async_(arrays: Sequence[np.ndarray], average: Optional[bool] = None,
@@ -203,12 +206,12 @@ def allgather_async(array: Any, name: Optional[str] = None, process_set: Process
 
 
 def allgather(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return allgather_async(array, name, process_set).wait()
+    return cast(np.ndarray, allgather_async(array, name, process_set).wait())
 
 
 def grouped_allgather(arrays: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_allgather_async(arrays, name, process_set).wait()
+    return cast("list[np.ndarray]", grouped_allgather_async(arrays, name, process_set).wait())
 
 
 # -- broadcast ----------------------------------------------------------------------------------------
@@ -234,12 +237,12 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
 
 def broadcast(array: Any, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return broadcast_async(array, root_rank, name, process_set).wait()
+    return cast(np.ndarray, broadcast_async(array, root_rank, name, process_set).wait())
 
 
 def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return broadcast_async(array, root_rank, name, process_set, inplace=True).wait()
+    return cast(np.ndarray, broadcast_async(array, root_rank, name, process_set, inplace=True).wait())
 
 
 def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
@@ -273,7 +276,7 @@ def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
 
 def alltoall(array: Any, splits: Any = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set) -> tuple[np.ndarray, np.ndarray]:
-    return alltoall_async(array, splits, name, process_set).wait()
+    return cast("tuple[np.ndarray, np.ndarray]", alltoall_async(array, splits, name, process_set).wait())
 
 
 # -- reducescatter ------------------------------------------------------------------------------------
@@ -312,14 +315,14 @@ def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,
 def reducescatter(array: Any, name: Optional[str] = None, op: Any = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> np.ndarray:
-    return reducescatter_async(array, name, op, process_set, prescale_factor, postscale_factor).wait()
+    return cast(np.ndarray, reducescatter_async(array, name, op, process_set, prescale_factor, postscale_factor).wait())
 
 
 def grouped_reducescatter(arrays: Sequence[Any], name: Optional[str] = None, op: Any = None,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[np.ndarray]:
-    return grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
-                                       postscale_factor).wait()
+    return cast("list[np.ndarray]", grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
+                                       postscale_factor).wait())
 
 
 # -- synchronisation ----------------------------------------------------------------------------------

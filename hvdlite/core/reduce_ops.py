@@ -32,7 +32,7 @@ Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
 _BY_VALUE = {member.value: member for member in ReduceOp}
-_DTYPE_NAMES: dict = {}
+_DTYPE_NAMES: dict[Any, Any] = {}
 
 #: dtype names a collective accepts; "bfloat16" travels as uint16 bits.
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",

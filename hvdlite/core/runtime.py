@@ -32,14 +32,14 @@ class State:
     def __init__(self, world: Any, config: Config) -> None:
         self.config = config
         self.world = world
-        self.rank = world.Get_rank()
-        self.size = world.Get_size()
+        self.rank: int = world.Get_rank()
+        self.size: int = world.Get_size()
         self.local_comm = mpi.split_shared(world, key=self.rank)
-        self.local_rank = self.local_comm.Get_rank()
-        self.local_size = self.local_comm.Get_size()
+        self.local_rank: int = self.local_comm.Get_rank()
+        self.local_size: int = self.local_comm.Get_size()
         self.cross_comm = world.Split(self.local_rank, key=self.rank)
-        self.cross_rank = self.cross_comm.Get_rank()
-        self.cross_size = self.cross_comm.Get_size()
+        self.cross_rank: int = self.cross_comm.Get_rank()
+        self.cross_size: int = self.cross_comm.Get_size()
         node_sizes = self.cross_comm.allgather(self.local_size) if self.local_rank == 0 else None
         self.homogeneous = len(set(self.local_comm.bcast(node_sizes, root=0))) == 1
         self.engine_comm = world.Dup()
@@ -63,10 +63,10 @@ class State:
             for comm in (self.presence_comm, self.engine_comm, self.cross_comm, self.local_comm, self.world):
                 comm.Free()
 
-    def submit(self, kind: Kind, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
+    def submit(self, kind: Kind, name: str, ps_id: int, inputs: Sequence[np.ndarray], dtypes: Sequence[str],
                outputs: Optional[list[Optional[np.ndarray]]] = None, op: Optional[ReduceOp] = None,
                prescale: float = 1.0, postscale: float = 1.0, root: int = 0, splits: Any = None,
-               extra: Any = None, shape_of: Callable[[np.ndarray], tuple] = lambda a: tuple(a.shape),
+               extra: Any = None, shape_of: Callable[[np.ndarray], tuple[Any, ...]] = lambda a: tuple(a.shape),
                finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
         """Hand one named request to the engine; the handle completes when every member has run it."""
         shapes = tensor_layout(dtypes[0], shape_of(inputs[0])) if len(inputs) == 1 else \

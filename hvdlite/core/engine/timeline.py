@@ -5,7 +5,7 @@ import json
 import os
 import threading
 import time
-from typing import IO, Optional
+from typing import IO, Any, Optional
 
 
 class Timeline:
@@ -53,7 +53,7 @@ class Timeline:
     def _now(self) -> float:
         return round((time.perf_counter() - self._t0) * 1e6, 3)
 
-    def _write(self, event: dict) -> None:
+    def _write(self, event: dict[Any, Any]) -> None:
         assert self._file is not None
         self._file.write(json.dumps(event, separators=(",", ":")) + ",\n")
 
