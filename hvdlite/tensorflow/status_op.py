@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from hvdlite.core import HvdliteError, TensorMismatchError
+from hvdlite.core import HvdliteError, InvalidArgumentError, TensorMismatchError
 from hvdlite.core.frontend import logger
 
 OP_NAME = "HvdliteCheckStatus"
@@ -53,7 +53,8 @@ def as_tf_error(exc: BaseException) -> BaseException:
     """The TensorFlow error type a Horovod program catches for ``exc`` (``exc`` itself when there is none)."""
     if isinstance(exc, TensorMismatchError):
         return MismatchError(str(exc))
-    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, HvdliteError):
+    if isinstance(exc, InvalidArgumentError) or (isinstance(exc, (ValueError, TypeError))
+                                                 and not isinstance(exc, HvdliteError)):
         return ArgumentError(str(exc))
     return exc
 
