@@ -74,3 +74,19 @@ def test_scale_is_a_float_equal_to_the_quotient() -> None:
 def test_bool_refuses_scaling() -> None:
     with pytest.raises(TypeError, match="scale factors are not defined for bool tensors"):
         scale_inplace(np.array([True]), "bool", 2.0)
+
+
+@pytest.mark.parametrize("factor", [1.0 / 3, 0.1, 1.7, 0.5, 2.0])
+def test_float32_is_scaled_by_a_double_factor_rounded_once(factor: float) -> None:
+    x = (np.random.default_rng(5).standard_normal(100_003) * 50).astype(np.float32)
+    want = (x.astype(np.float64) * factor).astype(np.float32)  # Horovod: float(double factor * x)
+    got = x.copy()
+    scale_inplace(got, "float32", factor)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    into = np.empty_like(x)
+    scaled_copy(into, x, "float32", factor)
+    np.testing.assert_array_equal(into.view(np.uint32), want.view(np.uint32))
+    avg = x.copy()
+    scale_inplace(avg, "float32", average_scale(factor, 3))
+    np.testing.assert_array_equal(avg.view(np.uint32), (x.astype(np.float64) * (factor / 3)).astype(np.float32)
+                                  .view(np.uint32))

@@ -158,9 +158,22 @@ def _f64_scaled(values: np.ndarray, factor: float) -> np.ndarray:
     return out
 
 
+def _float_factor(dtype: np.dtype, factor: float) -> Any:
+    """The factor a float32/float64 buffer is multiplied by: as Horovod, a double, so each element is
+    ``float32(double(x) * factor)``, rounded once from the double product. numpy computes a float32 array
+    times a float64 scalar in float64, chunk by chunk through its small cast buffers (no whole-buffer
+    temporary), and rounds into the float32 output. When the factor is exact in float32 (1/2, 1/4, 2...),
+    the float32 product is that same value, computed at float32 speed."""
+    f = float(factor)
+    if dtype == np.float32 and float(np.float32(f)) == f:
+        return np.float32(f)
+    return np.float64(f)
+
+
 def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
     """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place, with Horovod's
-    precision: half precision in float32, integers in float64 (truncated toward zero, as a C cast)."""
+    precision: half precision in float32, float32/float64 by a double factor (one rounding of the double
+    product), integers in float64 (truncated toward zero, as a C cast)."""
     if factor == 1.0:
         return
     if dtype == "bfloat16":
@@ -172,7 +185,7 @@ def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
     elif values.dtype.kind in "iu":
         np.copyto(values, np.trunc(_f64_scaled(values, factor)), casting="unsafe")
     else:
-        np.multiply(values, values.dtype.type(float(factor)), out=values)
+        np.multiply(values, _float_factor(values.dtype, factor), out=values)
 
 
 def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> None:
@@ -180,7 +193,7 @@ def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> 
     if factor == 1.0:
         np.copyto(dst, src, casting="no")
     elif dtype in ("float32", "float64"):
-        np.multiply(src, dst.dtype.type(float(factor)), out=dst)
+        np.multiply(src, _float_factor(dst.dtype, factor), out=dst)
     elif dtype == "float16":
         np.copyto(dst, src.astype(np.float32) * np.float32(factor), casting="unsafe")
     else:
