@@ -27,7 +27,7 @@ from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, Rank
                           allgather_messages, decide)
 from .psets import Registry
 from .requests import Kind, Request, Response
-from .timeline import Timeline
+from .timeline import Timeline, negotiate_activity
 
 
 class Engine:
@@ -173,7 +173,7 @@ class Engine:
             if req.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
-                self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind.label)
+                self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
