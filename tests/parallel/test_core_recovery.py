@@ -106,3 +106,32 @@ def test_generated_names_start_again_after_an_engine_ending_error(reinit: Callab
             hvd.allgather(np.ones(1))
     hvd.init(**SETTINGS)
     check_in_step("after the engine ended")
+
+
+def test_communicator_sets_are_resolved_when_registered_and_duplicates_refused(reinit: Callable[..., None]) -> None:
+    """ProcessSet(mpi4py communicator) gets its ranks when init()/add_process_set registers it, so a duplicate
+    (of the global set, of a set of ranks, of another communicator's set) is refused with ValueError on every
+    rank, as Horovod refuses it."""
+    import re
+
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    reinit()  # restarted with the defaults after this test
+    members = list(range(1, N))
+    sub = world.Split(0 if R in members else MPI.UNDEFINED, R)  # MPI.COMM_NULL on rank 0
+    cases = [([hvd.ProcessSet(sub), hvd.ProcessSet(members)], members),
+             ([hvd.ProcessSet(world.Dup())], list(range(N))),
+             ([hvd.ProcessSet(sub), hvd.ProcessSet(sub)], members)]
+    for sets, ranks in cases:
+        hvd.shutdown()
+        with pytest.raises(ValueError, match=re.escape(f"a process set with ranks {ranks} is already registered")):
+            hvd.init(comm=world, process_sets=sets)
+    hvd.shutdown()
+    ps = hvd.ProcessSet(sub)
+    hvd.init(comm=world, process_sets=[ps])
+    assert ps.ranks == members and ps.size() == N - 1 and ps.included() == (R in members)
+    if R in members:
+        same(hvd.broadcast(np.full(2, float(R)), N - 1, process_set=ps), np.full(2, float(N - 1)), "comm set")
+    hvd.remove_process_set(ps)
+    if sub != MPI.COMM_NULL:
+        sub.Free()
