@@ -13,22 +13,11 @@ import torch
 import hvdlite as core
 import hvdlite.torch as hvd
 from exact import same
+from root_sets import MEMBERS, ps, value  # noqa: F401 (ps: a fixture)
 
 MPI_SIZES = (3, 4)
 SPAWN_TIMEOUT = 300
 R, N = hvd.rank(), hvd.size()
-MEMBERS = list(range(1, N))
-
-
-@pytest.fixture
-def ps() -> Any:
-    pset = hvd.add_process_set(MEMBERS)
-    yield pset
-    hvd.remove_process_set(pset)
-
-
-def value(rank: int) -> np.ndarray:
-    return np.arange(6, dtype=np.float64).reshape(2, 3) * 10 + rank
 
 
 def core_rooted(ps: Any) -> dict[str, Callable[[int], Any]]:

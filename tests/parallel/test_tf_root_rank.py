@@ -15,25 +15,19 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvdlite.tensorflow as hvd  # noqa: E402
+import root_sets  # noqa: E402
 from exact import same  # noqa: E402
+from root_sets import MEMBERS, ps  # noqa: E402,F401 (ps: a fixture)
 
 MPI_SIZES = (3, 4)
 SPAWN_TIMEOUT = 300
 tf.get_logger().setLevel("ERROR")
 R, N = hvd.rank(), hvd.size()
-MEMBERS = list(range(1, N))
 MODES = {"eager": lambda f: f, "graph": tf.function}
 
 
-@pytest.fixture
-def ps() -> Any:
-    pset = hvd.add_process_set(MEMBERS)
-    yield pset
-    hvd.remove_process_set(pset)
-
-
 def value(rank: int) -> np.ndarray:
-    return np.arange(6, dtype=np.float32).reshape(2, 3) * 10 + rank
+    return root_sets.value(rank, np.float32)
 
 
 def rooted(ps: Any) -> dict[str, Callable[[int], Any]]:

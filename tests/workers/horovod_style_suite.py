@@ -13,13 +13,14 @@ Settings come from the environment as a Horovod user sets them (HOROVOD_STALL_SH
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
 import traceback
 import unittest
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -56,6 +57,17 @@ class Episode:
 
     def __exit__(self, *exc: Any) -> None:
         time.sleep(max(0.0, self.start + EPISODE_S - time.monotonic()))
+
+
+@contextlib.contextmanager
+def but_rank_zero() -> Iterator[tuple[Any, list[int]]]:
+    """A process set of every rank but 0, removed afterwards."""
+    members = list(range(1, hvd.size()))
+    ps = hvd.add_process_set(members)
+    try:
+        yield ps, members
+    finally:
+        hvd.remove_process_set(ps)
 
 
 class HorovodStyleTests(unittest.TestCase):
@@ -235,28 +247,20 @@ class HorovodStyleTests(unittest.TestCase):
     def test_25_process_set_with_global_root(self) -> None:
         hvd.init()
         r, n = self.rank_size()
-        members = list(range(1, n))
-        ps = hvd.add_process_set(members)
-        try:
+        with but_rank_zero() as (ps, members):
             if r in members:
                 out = hvd.broadcast(torch.full((2,), float(r)), members[-1], process_set=ps)
                 self.assertTrue(torch.equal(out, torch.full((2,), float(members[-1]))))
                 s = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=ps)
                 self.assertEqual(s.item(), float(len(members)))
-        finally:
-            hvd.remove_process_set(ps)
 
     @expect(last="InvalidArgumentError", rank0="pass")
     def test_26_process_set_root_outside_the_set(self) -> None:
         hvd.init()
-        r, n = self.rank_size()
-        members = list(range(1, n))
-        ps = hvd.add_process_set(members)
-        try:
+        r, _ = self.rank_size()
+        with but_rank_zero() as (ps, members):
             if r in members:
                 hvd.broadcast(torch.ones(1), 0, process_set=ps)  # rank 0 is not a member
-        finally:
-            hvd.remove_process_set(ps)
 
     def test_27_barrier_and_poll(self) -> None:
         hvd.init()
