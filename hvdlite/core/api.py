@@ -1,6 +1,7 @@
 """The collectives on numpy arrays: each submits a named request to the engine and returns a handle."""
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Optional, Sequence, cast
 
 import numpy as np
@@ -218,19 +219,18 @@ def grouped_allgather(arrays: Sequence[Any], name: Optional[str] = None,
 def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, inplace: bool = False,
                     dtype_hint: Optional[str] = None) -> Handle:
-    """Copy ``array`` from ``root_rank`` (a rank of the process set) to every member."""
+    """Copy ``array`` from ``root_rank`` to every member. As in Horovod, ``root_rank`` is a rank of the whole
+    job (also with ``process_set=``); one that is not a member of the set fails the op with ValueError on
+    every member (checked in negotiation, where every member sees every member's root)."""
     name = _auto_name("broadcast", name, process_set)
     ps_id = _pset_id(process_set, "broadcast", name)
-    set_size = state().psets.size(ps_id)
-    if not 0 <= int(root_rank) < set_size:
-        raise ValueError(f"broadcast {name!r}: root_rank {root_rank} is out of range for a process set of "
-                         f"{set_size} ranks")
+    root = operator.index(root_rank)
     a, dtype = _prepare(array, dtype_hint)
     outputs: list[Optional[np.ndarray]] = [a if inplace else None]
     finalize = None
     if inplace and a is not np.asarray(array):
         finalize = _write_back([np.asarray(array)], [a])
-    handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=int(root_rank),
+    handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=root,
                      finalize=finalize)
     return handle.first()
 

@@ -51,7 +51,7 @@ class State:
         self.psets = Registry(self.engine_comm, self.rank, self.size)
         polling.share_cores(*core_sharing(self.local_size))
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
-                             self.presence_comm)
+                             self.presence_comm, on_verdict=self.names.learn)
 
     def close(self) -> None:
         self.engine.stop()
@@ -125,7 +125,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
 
     ``comm`` may be an mpi4py communicator or a list of ranks of MPI_COMM_WORLD; ``process_sets``
     registers ProcessSets at once; other keywords override settings (see ``Config``).
-    Calling init() again while initialized does nothing.
+    Calling init() again while initialized does nothing, unless the engine has ended with an error (a
+    job-wide error ends it on every rank): then every rank's init() starts a fresh engine.
     """
     global _state, _atexit_registered
     if isinstance(process_sets, str):
@@ -135,7 +136,12 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
         process_sets = None
     with _lock:
         if _state is not None:
-            return
+            if _state.engine.error is None:
+                return
+            # The engine ended with a job-wide error (shutdown, a wedged peer, an engine failure), which
+            # ended it on every rank in the same round: every rank's init() starts afresh, generated names too.
+            ended, _state = _state, None
+            ended.close()
         config = Config.from_env(**settings)
         if config.autotune:
             require_library()

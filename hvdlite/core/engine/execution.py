@@ -25,8 +25,10 @@ class Executor:
     """Runs batches built by engine/fusion.py; one method per kind, chosen by an explicit table."""
 
     def __init__(self, mpi_ops: MPIOps, comm_of: Callable[[int], Any], size_of: Callable[[int], int],
-                 fusion_threshold_bytes: int, chunk_bytes: int, timeline: Timeline) -> None:
+                 fusion_threshold_bytes: int, chunk_bytes: int, timeline: Timeline,
+                 members_of: Callable[[int], list[int]]) -> None:
         self.ops = mpi_ops
+        self.members_of = members_of
         self.comm_of = comm_of
         self.size_of = size_of
         self.fusion_threshold_bytes = fusion_threshold_bytes
@@ -259,7 +261,7 @@ class Executor:
         BYTE = self.ops.BYTE
         first = items[0].resp
         comm = self.comm_of(first.ps_id)
-        root = first.sig.root
+        root = self.members_of(first.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
         is_root = comm.Get_rank() == root
         packed: list[Item] = []
         for item in items:

@@ -217,6 +217,10 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
                                    _elsewhere(table, ps_id, name, missing)))
             continue
         sigs = {rank: sig for rank, (sig, _) in entries.items()}
+        error = invalid_argument(name, sigs, members)
+        if error is not None:
+            responses.append(Response(name, first_sig, error=error, error_kind="invalid"))
+            continue
         error = describe_mismatch(name, sigs)
         if error is None and stand_ins and not kind.join_tolerant:
             error = (f"{kind} of {name!r} cannot run while ranks {sorted(stand_ins)} have called join(); "
@@ -244,6 +248,27 @@ def _elsewhere(table: dict[tuple[int, str], dict[int, tuple[Signature, float]]],
             if used:
                 notes.append(f"rank(s) {used} submitted it for process set {other_ps} instead")
     return "; ".join(notes)
+
+
+def invalid_argument(name: str, sigs: dict[int, Signature], members: list[int]) -> Optional[str]:
+    """An argument some member passed that cannot work, checked here where every member sees every member's
+    arguments: each member fails the op with the same ValueError (none raises alone, none stalls)."""
+    first = sigs[min(sigs)]
+    if first.kind is Kind.BROADCAST:
+        bad = {rank: sig.root for rank, sig in sigs.items() if sig.root not in members}
+        if bad:
+            detail = "; ".join(f"{_ranks(ranks)}: {root}" for root, ranks in _group(bad).items())
+            return (f"broadcast of {name!r}: root_rank is not a member of the process set ({detail}); the set's "
+                    f"ranks are {members}. root_rank is a rank of the whole job (as in Horovod), also with "
+                    f"process_set=; pass one of the set's ranks")
+    return None
+
+
+def _group(values: dict[int, Any]) -> dict[Any, list[int]]:
+    groups: dict[Any, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        groups.setdefault(value, []).append(rank)
+    return groups
 
 
 def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:
