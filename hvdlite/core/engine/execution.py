@@ -28,9 +28,7 @@ class Executor:
                  fusion_threshold_bytes: int, chunk_bytes: int, timeline: Timeline,
                  members_of: Callable[[int], list[int]]) -> None:
         self.ops = mpi_ops
-        self.members_of = members_of
-        self.comm_of = comm_of
-        self.size_of = size_of
+        self.comm_of, self.size_of, self.members_of = comm_of, size_of, members_of  # by process set id
         self.fusion_threshold_bytes = fusion_threshold_bytes
         self.chunk_bytes = chunk_bytes
         self.timeline = timeline
