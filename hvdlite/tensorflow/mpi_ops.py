@@ -205,7 +205,7 @@ def _allgather_grad(xs: list[tf.Tensor], dys: list[tf.Tensor], process_set: Proc
 # -- broadcast --------------------------------------------------------------------------------------
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
-    """Copy ``tensor`` from ``root_rank`` (a rank of the process set) to every member."""
+    """Copy ``tensor`` from ``root_rank`` (a rank of the whole job, as in Horovod) to every member."""
     root = int(root_rank)
 
     def bcast(array: np.ndarray) -> list[np.ndarray]:
@@ -220,7 +220,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
             # The zeros depend on the allreduce: in a tf.compat.v1 session, zeros of a known shape would
             # not, and the non-root ranks would skip the allreduce that the root runs
             reduced = _allreduce(dense(dy), op=Average, process_set=process_set)
-            if process_set.rank() == root:
+            if core.rank() == root:
                 return reduced
             with tf.control_dependencies([reduced]):
                 return tf.zeros_like(reduced)
