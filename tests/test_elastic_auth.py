@@ -9,7 +9,8 @@ from typing import Callable
 
 import pytest
 
-from hvdlite.core.elastic.link import DRIVER_VARIABLE, SECRET_VARIABLE, DriverLink, signature
+from hvdlite.core.elastic.link import DriverLink
+from hvdlite.core.elastic_wire import DRIVER_VARIABLE, SECRET_VARIABLE, signature
 from hvdlite.run.elastic.server import DriverServer, bind_address, new_secret
 
 

@@ -8,6 +8,9 @@ Every other core module is private to the core (``tests/test_layering.py`` check
 - ``probe_mpi_library()``: the MPI library mpi4py loads (text, version), without initializing MPI.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - the build flags (``mpi_built()``, ``nccl_built()``, ...) and ``LaunchError``.
+- for the elastic driver: the variables it sets in the ranks (``DRIVER_VARIABLE``, ``JOB_VARIABLE``,
+  ``RESTART_VARIABLE``, ``GENERATION_VARIABLE``, ``SECRET_VARIABLE``), ``signature()`` (how a rank signs its
+  messages) and ``remove_job()`` (delete a run's commits).
 """
 from __future__ import annotations
 
@@ -15,13 +18,16 @@ from typing import Optional
 
 from .build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from .config import Config, environ, getenv
+from .elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
+                           remove_job, signature)
 from .errors import LaunchError
 from .launch_check import int_or_none, launcher_rank
 from .log import logger
 
 __all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "probe_mpi_library", "logger",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-           "rocm_built"]
+           "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
+           "SECRET_VARIABLE", "signature", "remove_job"]
 
 
 def probe_mpi_library() -> Optional[tuple[str, tuple[int, int]]]:

@@ -14,28 +14,18 @@ rank or report a failure.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import socket
 from typing import Any, Optional
 
 from ..config import getenv
+from ..elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
+                            signature)
 from ..log import logger
 
-DRIVER_VARIABLE = "HVDLITE_ELASTIC_DRIVER"
-JOB_VARIABLE = "HVDLITE_ELASTIC_JOB"
-RESTART_VARIABLE = "HVDLITE_ELASTIC_RESTART"
-GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
-SECRET_VARIABLE = "HVDLITE_ELASTIC_SECRET"
 CONNECT_TIMEOUT_S = 30.0
 
-
-def signature(secret: str, nonce: str, message: dict[str, Any]) -> str:
-    """The HMAC-SHA256 (hex) of ``message`` (without its "mac") on the connection that sent ``nonce``."""
-    body = json.dumps({k: v for k, v in message.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
-    return hmac.new(secret.encode(), f"{nonce}\n{body}".encode(), hashlib.sha256).hexdigest()
 
 
 class DriverLink:

@@ -9,23 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, cast
 
+from ..elastic_wire import base_dir
 from ..log import logger
-
-
-def base_dir(configured: str) -> Path:
-    """The directory commits go under: the configured one, else /dev/shm if writable, else the temp dir."""
-    if configured:
-        return Path(configured)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
-    return Path(tempfile.gettempdir())
-
-
-def remove_job(configured_dir: str, job: str) -> None:
-    """Delete every host's commit of elastic run ``job`` that this machine's file system holds (the driver,
-    when the run ends: a host that was blacklisted has no rank left to delete its own)."""
-    shutil.rmtree(base_dir(configured_dir) / f"hvdlite-elastic-{job}", ignore_errors=True)
 
 
 class CommitStore:

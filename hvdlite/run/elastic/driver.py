@@ -12,10 +12,8 @@ import time
 import uuid
 from typing import Any, Mapping, Optional
 
-from hvdlite.core.config import Config
-from hvdlite.core.elastic.link import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE,
-                                       SECRET_VARIABLE)
-from hvdlite.core.elastic.store import remove_job
+from hvdlite.core.launch import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE,
+                                 SECRET_VARIABLE, Config, remove_job)
 
 from ..commands import build_command, child_environment, format_command
 from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_hosts, slurm_allocation,
