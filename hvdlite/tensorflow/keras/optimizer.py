@@ -1,14 +1,15 @@
-"""DistributedOptimizer for Keras 3: a subclass of the user's optimizer class that reduces gradients first.
+"""DistributedOptimizer: a subclass of the user's optimizer class that reduces gradients first (either Keras).
 
 Keras 3's ``model.fit`` (TensorFlow backend) calls ``optimizer.apply_gradients`` -> ``optimizer.apply``
-inside a tf.function; custom loops call either. The wrapper overrides ``apply`` only, so every path reduces
-the gradients exactly once. The class is built on the fly as ``type(name, (mixin, UserOptimizer), ...)``,
-so ``isinstance(opt, keras.optimizers.Adam)`` holds, ``get_config`` is the plain optimizer's config and a
-saved model loads back with plain Keras (as the plain optimizer) or with ``hvd.load_model`` (wrapped).
+inside a tf.function; custom loops call either. The Keras 3 wrapper overrides ``apply`` only, so every path
+reduces the gradients exactly once (tf-keras: ``apply_gradients``, see optimizer_keras2.py). The class is built
+on the fly as ``type(name, (mixin, UserOptimizer), ...)``, so ``isinstance(opt, keras.optimizers.Adam)``
+holds, ``get_config`` is the plain optimizer's config and a saved model loads back with plain Keras (as the
+plain optimizer) or with ``hvd.load_model`` (wrapped).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -20,6 +21,7 @@ from hvdlite.core.frontend import resolve_op
 from ..compression import Compression
 from ..mpi_ops import check_not_xla, dense
 from ..reduction import reduce_gradients, variable_names
+from .families import KERAS2, Family, family_of, same_family
 
 
 class _HvdState:
@@ -33,7 +35,7 @@ class _HvdState:
 
 
 class DistributedOptimizerMixin:
-    """The methods a distributed optimizer class adds in front of the wrapped optimizer class."""
+    """What a distributed optimizer class of either Keras family adds in front of the wrapped optimizer class."""
 
     _hvd_base: type
     _hvd_settings: dict = {}
@@ -46,14 +48,14 @@ class DistributedOptimizerMixin:
         """Keep the gradient of ``var`` local (not reduced; divided by the set size if scale_local_gradients)."""
         self._hvd.local_vars.add(id(var))
 
-    def build(self, variables: Sequence[Any]) -> None:
-        super().build(variables)  # type: ignore[misc]
-        if self._hvd.settings["backward_passes_per_step"] > 1:
-            with tf.init_scope():  # created once, outside any tf.function being traced
-                for v in variables:
-                    self._hvd.accumulators[id(v)] = tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
-                                                                name="hvdlite_gradient_accumulator")
-                self._hvd.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdlite_backward_passes")
+    def _hvd_make_accumulators(self, variables: Sequence[Any]) -> None:
+        if self._hvd.settings["backward_passes_per_step"] == 1 or self._hvd.counter is not None:
+            return
+        with tf.init_scope():  # created once, outside any tf.function being traced
+            for v in variables:
+                self._hvd.accumulators[id(v)] = tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
+                                                            name="hvdlite_gradient_accumulator")
+            self._hvd.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdlite_backward_passes")
 
     def _hvd_reduce(self, grads: List[Any], variables: List[Any]) -> List[Any]:
         s = self._hvd.settings
@@ -74,6 +76,47 @@ class DistributedOptimizerMixin:
                 out.append(g)
         return out
 
+    def _hvd_accumulate_and_apply(self, grads: List[Any], variables: List[Any],
+                                  apply: Callable[[List[Any], List[Any]], Any]) -> Any:
+        """Sum ``grads`` locally; every ``backward_passes_per_step``-th call reduce the sums and ``apply`` them
+        (the plain optimizer's own apply), the other calls only advance ``iterations``."""
+        s = self._hvd.settings
+        steps = s["backward_passes_per_step"]
+        self._hvd_make_accumulators(variables)
+        accumulators = [self._hvd.accumulators[id(v)] for v in variables]
+        for g, acc in zip(grads, accumulators):
+            if g is not None:
+                acc.assign_add(tf.cast(dense(g), acc.dtype))
+        counter: Any = self._hvd.counter
+        counter.assign_add(1)
+
+        def reduce_and_apply() -> tf.Tensor:
+            summed = [None if g is None else acc.read_value() for g, acc in zip(grads, accumulators)]
+            if s["average_aggregated_gradients"]:
+                summed = [None if g is None else g / steps for g in summed]
+            apply(self._hvd_reduce(summed, variables), variables)
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc))
+            counter.assign(0)
+            return tf.constant(True)
+
+        def only_count() -> tf.Tensor:
+            self.iterations.assign_add(1)  # type: ignore[attr-defined]
+            return tf.constant(False)
+
+        return tf.cond(counter.read_value() >= steps, reduce_and_apply, only_count)
+
+
+class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
+    """Keras 3: ``apply`` (which ``apply_gradients`` calls) reduces the gradients."""
+
+    def build(self, variables: Sequence[Any]) -> None:
+        super().build(variables)  # type: ignore[misc]
+        self._hvd_make_accumulators(variables)
+
+    def _hvd_apply_plain(self, grads: List[Any], variables: List[Any]) -> Any:
+        return super(DistributedOptimizerMixin, self).apply(grads, variables)  # type: ignore[misc]
+
     def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
         """Reduce ``grads`` over the ranks (every ``backward_passes_per_step`` calls), then apply them."""
         check_not_xla("DistributedOptimizer.apply()")
@@ -91,42 +134,21 @@ class DistributedOptimizerMixin:
         if not self.built:  # type: ignore[attr-defined]
             with keras.name_scope(self.name, caller=self):  # type: ignore[attr-defined]
                 self.build(variables)
-        return self._hvd_accumulate_and_apply(grads, variables)
-
-    def _hvd_accumulate_and_apply(self, grads: List[Any], variables: List[Any]) -> Any:
-        s = self._hvd.settings
-        steps = s["backward_passes_per_step"]
-        accumulators = [self._hvd.accumulators[id(v)] for v in variables]
-        for g, acc in zip(grads, accumulators):
-            if g is not None:
-                acc.assign_add(tf.cast(dense(g), acc.dtype))
-        counter = self._hvd.counter
-        counter.assign_add(1)
-
-        def reduce_and_apply() -> tf.Tensor:
-            summed = [None if g is None else acc.read_value() for g, acc in zip(grads, accumulators)]
-            if s["average_aggregated_gradients"]:
-                summed = [None if g is None else g / steps for g in summed]
-            super(DistributedOptimizerMixin, self).apply(self._hvd_reduce(summed, variables), variables)
-            for acc in accumulators:
-                acc.assign(tf.zeros_like(acc))
-            counter.assign(0)
-            return tf.constant(True)
-
-        def only_count() -> tf.Tensor:
-            self.iterations.assign_add(1)  # type: ignore[attr-defined]
-            return tf.constant(False)
-
-        return tf.cond(counter.read_value() >= steps, reduce_and_apply, only_count)
+        return self._hvd_accumulate_and_apply(grads, variables, self._hvd_apply_plain)
 
 
-def distributed_class(base: type, settings: dict) -> type:
-    """The distributed subclass of optimizer class ``base`` with these hvdlite settings."""
-    cls = type(base.__name__, (DistributedOptimizerMixin, base),
+def distributed_class(base: type, settings: dict, family: Optional[Family] = None) -> type:
+    """The distributed subclass of optimizer class ``base`` (of Keras ``family``) with these hvdlite settings."""
+    mixin: type = Keras3DistributedOptimizerMixin
+    if family is KERAS2:
+        from .optimizer_keras2 import Keras2DistributedOptimizerMixin
+        mixin = Keras2DistributedOptimizerMixin
+    cls = type(base.__name__, (mixin, base),
                {"__module__": base.__module__, "__qualname__": base.__qualname__, "_hvd_base": base,
                 "_hvd_settings": dict(settings), "__doc__": base.__doc__})
-    registered = keras.saving.get_registered_name(base)
-    if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
+    registered = family.module().saving.get_registered_name(base) if family is KERAS2 else \
+        keras.saving.get_registered_name(base)
+    if family is not KERAS2 and registered != base.__name__:  # a registered custom optimizer: save under its registered name too
         try:
             from keras.src.saving import object_registration
             object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
@@ -141,7 +163,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
                          backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 optimizer (SGD, Adam, AdamW, ...) so it averages gradients over ranks before applying.
+    """Wrap a Keras 3 or tf-keras optimizer (SGD, Adam, ..., tf.keras.optimizers.legacy.*) so it averages
+    gradients over ranks before applying.
 
     Returns a new optimizer of a subclass of ``type(optimizer)`` built from ``optimizer.get_config()``.
     ``op`` is hvd.Average (default), hvd.Sum or hvd.Adasum (the gradients are combined with Adasum, which
@@ -158,9 +181,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
         raise ValueError("groups must be a positive integer or a list of lists of variables")
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3), got "
-                         f"{type(optimizer).__module__}.{type(optimizer).__name__}")
+    family = family_of(optimizer, "optimizer", "DistributedOptimizer")
     base = getattr(type(optimizer), "_hvd_base", type(optimizer))
     settings = dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=reduce_op,
                     gradient_predivide_factor=float(gradient_predivide_factor),
@@ -170,7 +191,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    return distributed_class(base, settings).from_config(config)
+    return distributed_class(base, settings, family).from_config(config)
 
 
 def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
@@ -182,14 +203,16 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
                                 scale_local_gradients: bool = True) -> Any:
     """A DistributedOptimizer whose ``local_layers`` (a Keras layer or a list of them) keep their own
     gradients: those are not reduced, only divided by the set size if ``scale_local_gradients``."""
+    family = family_of(optimizer, "optimizer", "PartialDistributedOptimizer")
     if local_layers is None:
         local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
+    elif family.owns(local_layers, "layer") or not isinstance(local_layers, (list, tuple)):
         local_layers = [local_layers]
     layers = list(local_layers)
-    for layer in layers:
-        if not isinstance(layer, keras.layers.Layer):
-            raise ValueError(f"local_layers must be Keras layers (keras.layers.Layer), got {type(layer).__name__}")
+    for layer in layers:  # each a layer of the optimizer's Keras
+        same_family("PartialDistributedOptimizer", ("optimizer", optimizer, family),
+                    ("local layer", layer, family_of(layer, "layer",
+                                                 "PartialDistributedOptimizer: local_layers must be Keras layers; each")))
     wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                    gradient_predivide_factor, op, backward_passes_per_step,
                                    average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
@@ -201,13 +224,13 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
 
 def copy_optimizer_state(source: Any, target: Any, trainable_variables: Sequence[Any]) -> None:
     """Build ``target`` on ``trainable_variables`` and give it ``source``'s slot variables and step count."""
-    if not getattr(source, "built", False):
+    family = family_of(source, "optimizer", "copy_optimizer_state")
+    if not family.optimizer_built(source):
         return
-    if not target.built:
-        with keras.name_scope(target.name, caller=target):
-            target.build(list(trainable_variables))
-    if len(source.variables) != len(target.variables):
+    family.build_optimizer(target, trainable_variables)
+    theirs, ours = family.optimizer_variables(source), family.optimizer_variables(target)
+    if len(theirs) != len(ours):
         raise ValueError(f"cannot carry the state of optimizer {source.name!r} over: it has "
-                         f"{len(source.variables)} variables, the distributed one {len(target.variables)}")
-    for src, dst in zip(source.variables, target.variables):
+                         f"{len(theirs)} variables, the distributed one {len(ours)}")
+    for src, dst in zip(theirs, ours):
         dst.assign(src)
