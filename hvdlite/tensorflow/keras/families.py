@@ -107,7 +107,8 @@ class _TfKeras(Family):
         k = self.module()
         if legacy_opts:  # Horovod: load the saved optimizer as its tf.keras.optimizers.legacy class
             for name in ("SGD", "Adam", "Adagrad", "Adadelta", "Adamax", "Nadam", "RMSprop", "Ftrl"):
-                custom_objects.setdefault(name, getattr(k.optimizers.legacy, name))
+                for key in (name, name.lower()):  # tf-keras looks built-in optimizers up in lower case
+                    custom_objects.setdefault(key, getattr(k.optimizers.legacy, name))
         return k.models.load_model(filepath, custom_objects=custom_objects)
 
 
