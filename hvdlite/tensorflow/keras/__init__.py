@@ -1,6 +1,7 @@
-"""hvdlite.tensorflow.keras (also ``hvdlite.keras``): Horovod's Keras API on Keras 3 with the TensorFlow backend.
+"""hvdlite.tensorflow.keras (also ``hvdlite.keras``): Horovod's Keras API on Keras 3 and on tf-keras (Keras 2).
 
-``import hvdlite.tensorflow.keras as hvd`` replaces ``import horovod.tensorflow.keras as hvd``.
+``import hvdlite.tensorflow.keras as hvd`` replaces ``import horovod.tensorflow.keras as hvd``. Which Keras is
+served is decided per object (the optimizer wrapped, the model a callback gets): see families.py.
 """
 from __future__ import annotations
 
