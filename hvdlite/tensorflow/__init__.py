@@ -30,13 +30,14 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 or tf-keras optimizer so it averages (``op=hvd.Sum``: sums; ``op=hvd.Adasum``: combines with Adasum)
+    """Wrap a Keras 3 or tf-keras optimizer so it averages (``op=hvd.Sum``: sums; ``op=hvd.Adasum``: combines
+    with Adasum)
     gradients over all ranks before applying them.
 
     This is ``hvdlite.tensorflow.keras.DistributedOptimizer``; TF1 ``tf.compat.v1.train.Optimizer`` objects
     are not supported (use DistributedGradientTape, or BroadcastGlobalVariablesHook with your own reduction).
     """
-    from .keras.families import family_of
+    from .keras_families import family_of
     from .keras.optimizer import DistributedOptimizer as _keras_distributed
 
     try:

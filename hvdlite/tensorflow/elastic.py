@@ -35,7 +35,7 @@ class _KerasModel:
     def _optimizer_variables(self) -> list[Any]:
         if self.optimizer is None:
             return []
-        from .keras.families import family_of  # Keras 3 or tf-keras, as the optimizer is
+        from .keras_families import family_of  # Keras 3 or tf-keras, as the optimizer is
 
         family = family_of(self.optimizer, "optimizer", "TensorFlowKerasState")
         family.build_optimizer(self.optimizer, self.model.trainable_variables)

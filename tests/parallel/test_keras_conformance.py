@@ -31,7 +31,8 @@ def test_distributed_optimizer_positional_order() -> None:
     opt = hvd.DistributedOptimizer(SGD(0.1), "dist", "", "", hvd.Compression.fp16, True, 1.0,
                                    hvd.Sum, 2, True, 0, None, hvd.global_process_set, False)
     s = opt._hvd.settings
-    assert (opt._name if LEGACY else opt.name, s["compression"], s["sparse_as_dense"], s["op"], s["backward_passes_per_step"],
+    assert (opt._name if LEGACY else opt.name, s["compression"], s["sparse_as_dense"], s["op"],
+            s["backward_passes_per_step"],
             s["average_aggregated_gradients"], s["scale_local_gradients"]) == \
         ("dist", hvd.Compression.fp16, True, hvd.Sum, 2, True, False)
     with pytest.raises(ValueError, match="op currently only supports hvd.Average, hvd.Sum and hvd.Adasum"):
@@ -125,7 +126,8 @@ def test_keras_state_commits_and_restores_model_and_optimizer(rank: int, size: i
                          hvd.elastic.UpdateBatchStateCallback(state),
                          hvd.elastic.CommitStateCallback(state, batches_per_commit=1)])
     assert (state.epoch, state.batch) == (2, 0)
-    committed = [w.copy() for w in model.get_weights()] + [v.numpy().copy() for v in optimizer_variables(model.optimizer)]
+    committed = [w.copy() for w in model.get_weights()]
+    committed += [v.numpy().copy() for v in optimizer_variables(model.optimizer)]
     assert int(model.optimizer.iterations.numpy()) == 4
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # uncommitted progress, then back to the commit
     state.restore()

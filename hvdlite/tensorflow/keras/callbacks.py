@@ -13,7 +13,7 @@ from hvdlite.core import Average
 from hvdlite.core.frontend import logger
 
 from ..functions import broadcast_variables
-from .families import family_of, model_family
+from ..keras_families import family_of, model_family
 from .variables import model_and_optimizer_variables
 
 

@@ -7,7 +7,7 @@ from hvdlite.core.elastic import HostsUpdatedInterrupt, ObjectState, State, run
 from hvdlite.tensorflow.elastic import TensorFlowKerasState
 
 from .callbacks import AnyKerasCallback
-from .families import model_family
+from ..keras_families import model_family
 
 __all__ = ["run", "State", "ObjectState", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "HostsUpdatedInterrupt"]

@@ -9,7 +9,7 @@ plain optimizer) or with ``hvd.load_model`` (wrapped).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -21,7 +21,7 @@ from hvdlite.core.frontend import resolve_op
 from ..compression import Compression
 from ..mpi_ops import check_not_xla, dense
 from ..reduction import reduce_gradients, variable_names
-from .families import KERAS2, Family, family_of, same_family
+from ..keras_families import KERAS3, Family, family_of, same_family
 
 
 class _HvdState:
@@ -137,18 +137,18 @@ class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
         return self._hvd_accumulate_and_apply(grads, variables, self._hvd_apply_plain)
 
 
+#: The distributed mixin of each Keras family but Keras 3's (optimizer_keras2.py adds tf-keras' on import).
+FAMILY_MIXINS: Dict[Family, type] = {}
+
+
 def distributed_class(base: type, settings: dict, family: Optional[Family] = None) -> type:
     """The distributed subclass of optimizer class ``base`` (of Keras ``family``) with these hvdlite settings."""
-    mixin: type = Keras3DistributedOptimizerMixin
-    if family is KERAS2:
-        from .optimizer_keras2 import Keras2DistributedOptimizerMixin
-        mixin = Keras2DistributedOptimizerMixin
+    mixin = FAMILY_MIXINS[family] if family is not None and family is not KERAS3 else Keras3DistributedOptimizerMixin
     cls = type(base.__name__, (mixin, base),
                {"__module__": base.__module__, "__qualname__": base.__qualname__, "_hvd_base": base,
                 "_hvd_settings": dict(settings), "__doc__": base.__doc__})
-    registered = family.module().saving.get_registered_name(base) if family is KERAS2 else \
-        keras.saving.get_registered_name(base)
-    if family is not KERAS2 and registered != base.__name__:  # a registered custom optimizer: save under its registered name too
+    registered = keras.saving.get_registered_name(base)  # Keras 3's registry (a tf-keras class: its own name)
+    if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
         try:
             from keras.src.saving import object_registration
             object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
@@ -210,9 +210,9 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
         local_layers = [local_layers]
     layers = list(local_layers)
     for layer in layers:  # each a layer of the optimizer's Keras
+        layer_family = family_of(layer, "layer", "PartialDistributedOptimizer: local_layers must be Keras layers; each")
         same_family("PartialDistributedOptimizer", ("optimizer", optimizer, family),
-                    ("local layer", layer, family_of(layer, "layer",
-                                                 "PartialDistributedOptimizer: local_layers must be Keras layers; each")))
+                    ("local layer", layer, layer_family))
     wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                    gradient_predivide_factor, op, backward_passes_per_step,
                                    average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)

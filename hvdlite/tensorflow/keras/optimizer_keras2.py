@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 from ..mpi_ops import check_not_xla
-from .families import KERAS2
-from .optimizer import DistributedOptimizerMixin
+from ..keras_families import KERAS2
+from .optimizer import FAMILY_MIXINS, DistributedOptimizerMixin
 
 __all__ = ["Keras2DistributedOptimizerMixin"]
 
@@ -42,3 +42,6 @@ class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
             return not (args[0] if args else kwargs.get("experimental_aggregate_gradients", True))
         return bool(args[0] if args else kwargs.get("skip_gradients_aggregation", False)) or \
             not kwargs.get("experimental_aggregate_gradients", True)
+
+
+FAMILY_MIXINS[KERAS2] = Keras2DistributedOptimizerMixin

@@ -6,7 +6,7 @@ from typing import Any, Optional, Sequence
 from hvdlite.core.frontend import logger
 
 from ..compression import Compression
-from .families import KERAS2, KERAS3, tf_keras_family
+from ..keras_families import KERAS2, KERAS3, tf_keras_family
 from .optimizer import DistributedOptimizer, DistributedOptimizerMixin, copy_optimizer_state
 
 

@@ -9,7 +9,7 @@ import keras
 from hvdlite import core
 
 from ..functions import broadcast_variables
-from .families import FAMILIES, model_family
+from ..keras_families import FAMILIES, model_family
 
 #: Random-number state of layers such as Dropout: left per rank, so ranks keep drawing different masks.
 _RNG_STATE_NAME = "seed_generator_state"
@@ -42,8 +42,9 @@ def broadcast_global_variables(root_rank: int) -> None:
     """Broadcast the variables of every live Keras model (and its optimizer), of either Keras, from ``root_rank``.
 
     Neither Keras 3 nor tf-keras in TF 2 has a global variable collection, so hvdlite finds the live Keras
-    models (``keras.Model``, then ``tf.keras.Model``), takes them in name order, and first checks that every rank holds the same variables (names, shapes, dtypes)
-    and that no two share a name (models are matched by name: give each model its own).
+    models (``keras.Model``, then ``tf.keras.Model``), takes them in name order, and first checks that every
+    rank holds the same variables (names, shapes, dtypes) and that no two share a name (models are matched
+    by name: give each model its own).
     """
     gc.collect()
     variables: List[Any] = []

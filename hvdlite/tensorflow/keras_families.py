@@ -1,4 +1,4 @@
-"""The two Keras families hvdlite.tensorflow.keras serves, Keras 3 and tf-keras (Keras 2), told apart per object.
+"""The two Keras families hvdlite.tensorflow(.keras) serves, Keras 3 and tf-keras (Keras 2), told apart per object.
 
 Everything that differs between them (the classes, how an optimizer lists and builds its state, how a file is
 loaded) is one method of a ``Family``; the rest of the Keras frontend is written once. ``import keras`` is
