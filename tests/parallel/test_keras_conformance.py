@@ -5,6 +5,7 @@ load_model(..., legacy_opts), elastic KerasState; a model and an optimizer of di
 under Keras 3 and, in the TF_USE_LEGACY_KERAS=1 variant, under tf-keras (Keras 2)."""
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -143,14 +144,23 @@ def test_keras_state_commits_and_restores_model_and_optimizer(rank: int, size: i
             np.testing.assert_array_equal(a, b)
 
 
-def test_a_model_and_an_optimizer_of_different_keras_are_refused() -> None:
-    """Keras 3 with tf-keras (or the reverse) is refused naming both and TF_USE_LEGACY_KERAS."""
+def test_a_model_and_an_optimizer_of_different_keras_are_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """Keras 3 with tf-keras (or the reverse) is refused naming both and TF_USE_LEGACY_KERAS; wrapping an
+    optimizer of the Keras that tf.keras is not warns (compile() would refuse the mix with an obscure error)."""
     import keras as k3
     import tf_keras as k2
 
     for model_keras, opt_keras in ((k3, k2), (k2, k3)):
         model = model_keras.Sequential([model_keras.Input((3,)), model_keras.layers.Dense(2)])
-        optimizer = hvd.DistributedOptimizer(opt_keras.optimizers.SGD(0.1))
+        caplog.clear()
+        hvdlite_logger = logging.getLogger("hvdlite")  # it does not propagate: give it pytest's handler
+        hvdlite_logger.addHandler(caplog.handler)
+        try:
+            optimizer = hvd.DistributedOptimizer(opt_keras.optimizers.SGD(0.1))
+        finally:
+            hvdlite_logger.removeHandler(caplog.handler)
+        warned = [rec.getMessage() for rec in caplog.records if "while tf.keras is" in rec.getMessage()]
+        assert len(warned) == (1 if (opt_keras is k3) == LEGACY else 0), warned
         pattern = r"the model \(.*\) is (Keras 3|tf-keras \(Keras 2\)) but the optimizer .* is " \
                   r"(tf-keras \(Keras 2\)|Keras 3).*TF_USE_LEGACY_KERAS=1"
         with pytest.raises(ValueError, match=pattern):

@@ -16,12 +16,12 @@ import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core import Adasum, Average, Sum
-from hvdlite.core.frontend import resolve_op
+from hvdlite.core.frontend import logger, resolve_op
 
 from ..compression import Compression
 from ..mpi_ops import check_not_xla, dense
 from ..reduction import reduce_gradients, variable_names
-from ..keras_families import KERAS3, Family, family_of, same_family
+from ..keras_families import KERAS3, Family, family_of, same_family, tf_keras_family
 
 
 class _HvdState:
@@ -182,6 +182,11 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
         raise ValueError("groups must be a positive integer or a list of lists of variables")
     family = family_of(optimizer, "optimizer", "DistributedOptimizer")
+    if family is not tf_keras_family():  # legitimate, but mostly a mix-up that compile() reports obscurely
+        logger.warning(f"DistributedOptimizer: wrapping a {family.name} optimizer ({type(optimizer).__module__}."
+                       f"{type(optimizer).__name__}) while tf.keras is {tf_keras_family().name}; a model compiled "
+                       f"with it must be {family.name} too (TF_USE_LEGACY_KERAS=1 before TensorFlow's import makes "
+                       f"tf.keras tf-keras; `import keras` is always Keras 3)")
     base = getattr(type(optimizer), "_hvd_base", type(optimizer))
     settings = dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=reduce_op,
                     gradient_predivide_factor=float(gradient_predivide_factor),
