@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import keras
 
-__all__ = ["Family", "KERAS3", "KERAS2", "family_of", "same_family", "tf_keras_family"]
+__all__ = ["Family", "KERAS3", "KERAS2", "FAMILIES", "family_of", "same_family", "model_family", "tf_keras_family"]
 
 
 class Family:

@@ -9,19 +9,18 @@ plain optimizer) or with ``hvd.load_model`` (wrapped).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
-from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core import Adasum, Average, Sum
-from hvdlite.core.frontend import logger, resolve_op
+from hvdlite.core import Adasum, Average, ProcessSet, Sum, global_process_set
+from hvdlite.core.frontend import check_gradient_options, logger, mixin_class
 
 from ..compression import Compression
-from ..mpi_ops import check_not_xla, dense
-from ..reduction import reduce_gradients, variable_names
 from ..keras_families import KERAS3, Family, family_of, same_family, tf_keras_family
+from ..mpi_ops import check_not_xla, dense
+from ..reduction import reduce_partially, variable_names
 
 
 class _HvdState:
@@ -57,27 +56,15 @@ class DistributedOptimizerMixin:
                                                             name="hvdlite_gradient_accumulator")
             self._hvd.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdlite_backward_passes")
 
-    def _hvd_reduce(self, grads: List[Any], variables: List[Any]) -> List[Any]:
+    def _hvd_reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
         s = self._hvd.settings
         local = [id(v) in self._hvd.local_vars for v in variables]
-        shared = iter(reduce_gradients([g for g, is_local in zip(grads, local) if not is_local], s["compression"],
-                                       s["sparse_as_dense"], s["op"], s["gradient_predivide_factor"],
-                                       s["process_set"],
-                                       variable_names([v for v, is_local in zip(variables, local) if not is_local])))
-        size = s["process_set"].size()
-        out = []
-        for g, is_local in zip(grads, local):
-            if not is_local:
-                out.append(next(shared))
-            elif g is not None and s["scale_local_gradients"] and size > 1:
-                out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
-                           if isinstance(g, tf.IndexedSlices) else g / size)
-            else:
-                out.append(g)
-        return out
+        names = variable_names([v for v, is_local in zip(variables, local) if not is_local])
+        return reduce_partially(grads, local, names, s["compression"], s["sparse_as_dense"], s["op"],
+                                s["gradient_predivide_factor"], s["process_set"], s["scale_local_gradients"])
 
-    def _hvd_accumulate_and_apply(self, grads: List[Any], variables: List[Any],
-                                  apply: Callable[[List[Any], List[Any]], Any]) -> Any:
+    def _hvd_accumulate_and_apply(self, grads: list[Any], variables: list[Any],
+                                  apply: Callable[[list[Any], list[Any]], Any]) -> Any:
         """Sum ``grads`` locally; every ``backward_passes_per_step``-th call reduce the sums and ``apply`` them
         (the plain optimizer's own apply), the other calls only advance ``iterations``."""
         s = self._hvd.settings
@@ -114,7 +101,7 @@ class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
         super().build(variables)  # type: ignore[misc]
         self._hvd_make_accumulators(variables)
 
-    def _hvd_apply_plain(self, grads: List[Any], variables: List[Any]) -> Any:
+    def _hvd_apply_plain(self, grads: list[Any], variables: list[Any]) -> Any:
         return super(DistributedOptimizerMixin, self).apply(grads, variables)  # type: ignore[misc]
 
     def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
@@ -138,15 +125,13 @@ class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
 
 
 #: The distributed mixin of each Keras family but Keras 3's (optimizer_keras2.py adds tf-keras' on import).
-FAMILY_MIXINS: Dict[Family, type] = {}
+FAMILY_MIXINS: dict[Family, type] = {}
 
 
 def distributed_class(base: type, settings: dict, family: Optional[Family] = None) -> type:
     """The distributed subclass of optimizer class ``base`` (of Keras ``family``) with these hvdlite settings."""
     mixin = FAMILY_MIXINS[family] if family is not None and family is not KERAS3 else Keras3DistributedOptimizerMixin
-    cls = type(base.__name__, (mixin, base),
-               {"__module__": base.__module__, "__qualname__": base.__qualname__, "_hvd_base": base,
-                "_hvd_settings": dict(settings), "__doc__": base.__doc__})
+    cls = mixin_class(mixin, base, _hvd_settings=dict(settings))
     registered = keras.saving.get_registered_name(base)  # Keras 3's registry (a tf-keras class: its own name)
     if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
         try:
@@ -172,13 +157,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     locally (averaged if ``average_aggregated_gradients``) and reduced and applied every N-th step; the
     other steps only advance ``optimizer.iterations``. ``groups``, ``device_*`` are accepted and ignored.
     """
-    reduce_op = resolve_op(op)
+    reduce_op, backward_passes_per_step = check_gradient_options(op, gradient_predivide_factor,
+                                                                 backward_passes_per_step)
     if reduce_op not in (Average, Sum, Adasum):
         raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")
-    if gradient_predivide_factor != 1.0 and reduce_op is not Average:
-        raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
-    if int(backward_passes_per_step) < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
         raise ValueError("groups must be a positive integer or a list of lists of variables")
     family = family_of(optimizer, "optimizer", "DistributedOptimizer")

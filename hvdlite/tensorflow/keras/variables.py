@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import gc
-from typing import Any, List
+from typing import Any
 
 import keras
 
@@ -19,7 +19,7 @@ def _is_rng_state(variable: Any) -> bool:
     return getattr(variable, "name", "") == _RNG_STATE_NAME
 
 
-def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> List[Any]:
+def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> list[Any]:
     """The model's variables, then its optimizer's (building the optimizer's state first if asked)."""
     family = model_family(model, "hvdlite (the model and its optimizer)")
     variables = [v for v in model.variables if not _is_rng_state(v)]
@@ -47,8 +47,8 @@ def broadcast_global_variables(root_rank: int) -> None:
     by name: give each model its own).
     """
     gc.collect()
-    variables: List[Any] = []
-    keys: List[str] = []
+    variables: list[Any] = []
+    keys: list[str] = []
     seen: set = set()
     for family in (f for f in FAMILIES if f.available()):
         model_classes = family.kinds()["model"]
