@@ -8,7 +8,7 @@ imported. tf-keras is never imported here: an object of it exists only once its 
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 import keras
 
@@ -24,7 +24,7 @@ class Family:
     def module(self) -> Any:
         return keras
 
-    def optimizer_classes(self) -> Tuple[type, ...]:
+    def optimizer_classes(self) -> tuple[type, ...]:
         return (keras.optimizers.Optimizer,)
 
     def kinds(self) -> dict:
@@ -45,10 +45,10 @@ class Family:
             with keras.name_scope(optimizer.name, caller=optimizer):
                 optimizer.build(list(variables))
 
-    def optimizer_variables(self, optimizer: Any) -> List[Any]:
+    def optimizer_variables(self, optimizer: Any) -> list[Any]:
         return list(optimizer.variables)
 
-    def velocities(self, optimizer: Any) -> List[Any]:
+    def velocities(self, optimizer: Any) -> list[Any]:
         """SGD's momentum buffers (empty if it has none yet)."""
         return [v for v in getattr(optimizer, "momentums", None) or [] if v is not None]
 
@@ -70,7 +70,7 @@ class _TfKeras(Family):
 
         return tf_keras
 
-    def optimizer_classes(self) -> Tuple[type, ...]:
+    def optimizer_classes(self) -> tuple[type, ...]:
         k = self.module()
         return (k.optimizers.Optimizer, k.optimizers.legacy.Optimizer)
 
@@ -91,11 +91,11 @@ class _TfKeras(Family):
         elif not getattr(optimizer, "_built", False):
             optimizer.build(list(variables))
 
-    def optimizer_variables(self, optimizer: Any) -> List[Any]:
+    def optimizer_variables(self, optimizer: Any) -> list[Any]:
         found = optimizer.variables  # a property (a callable list) on the 2.11+ optimizers, a method on legacy
         return list(found) if isinstance(found, list) else list(found())
 
-    def velocities(self, optimizer: Any) -> List[Any]:
+    def velocities(self, optimizer: Any) -> list[Any]:
         if not self.is_legacy(optimizer):
             return super().velocities(optimizer)
         return [slots["momentum"] for slots in getattr(optimizer, "_slots", {}).values() if "momentum" in slots]
@@ -131,7 +131,7 @@ def family_of(obj: Any, kind: str, what: str) -> Family:
     raise ValueError(f"{what} needs {_KIND_WORDS[kind]}; got {type(obj).__module__}.{type(obj).__name__}")
 
 
-def same_family(what: str, first: Tuple[str, Any, Family], second: Tuple[str, Any, Family]) -> Family:
+def same_family(what: str, first: tuple[str, Any, Family], second: tuple[str, Any, Family]) -> Family:
     """``first``'s family, after checking that ``second`` (each a (role, object, family)) is of the same one."""
     (role_a, obj_a, fam_a), (role_b, obj_b, fam_b) = first, second
     if fam_a is not fam_b:

@@ -8,7 +8,7 @@ False``) reduces the gradients itself, so they are applied as given.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from ..mpi_ops import check_not_xla
 from ..keras_families import KERAS2
@@ -28,7 +28,7 @@ class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
         check_not_xla("DistributedOptimizer.apply_gradients()")
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
 
-        def apply(reduced: List[Any], on: List[Any]) -> Any:
+        def apply(reduced: list[Any], on: list[Any]) -> Any:
             return super(Keras2DistributedOptimizerMixin, self).apply_gradients(  # type: ignore[misc]
                 list(zip(reduced, on)), name, *args, **kwargs)
 
