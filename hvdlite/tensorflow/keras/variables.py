@@ -4,8 +4,6 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-import keras
-
 from hvdlite import core
 
 from ..functions import broadcast_variables
