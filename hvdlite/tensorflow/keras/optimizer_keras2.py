@@ -2,7 +2,8 @@
 
 tf-keras' ``model.fit`` and ``optimizer.minimize`` end in ``apply_gradients`` for both optimizer families
 (the 2.11+ ``tf.keras.optimizers.*`` and ``tf.keras.optimizers.legacy.*``), so overriding it reduces every
-gradient exactly once, as Horovod 0.28's ``_aggregate_gradients`` does. A caller that opts out of the
+gradient exactly once on every path, as the Keras 3 wrapper's ``apply`` does. (Horovod 0.28 reduced in the
+legacy optimizers' ``_compute_gradients``, i.e. in ``minimize``/``fit`` only.) A caller that opts out of the
 optimizer's own aggregation (``skip_gradients_aggregation=True``, legacy ``experimental_aggregate_gradients=
 False``) reduces the gradients itself, so they are applied as given.
 """
