@@ -258,6 +258,12 @@ def test_process_set_members_average_the_others_keep_theirs() -> None:
     check_close([v.numpy()], [np.array([-np.mean(members) if r in members else -float(r)], np.float32)],
                 "DistributedOptimizer(process_set=...)", rtol=0, atol=0)
     assert hvd.remove_process_set(subset)
+    if LEGACY:  # tf-keras: a caller that turns the optimizer's own aggregation off gets its gradients as given
+        for plain, off in ((SGD(1.0), {"experimental_aggregate_gradients": False}),
+                           (keras.optimizers.SGD(1.0), {"skip_gradients_aggregation": True})):
+            w = variable([0.0])
+            hvd.DistributedOptimizer(plain).apply_gradients([(tf.constant([float(r)]), w)], **off)
+            same(w.numpy(), np.array([-float(r)], np.float32), f"{type(plain).__name__} {off}")
 
 
 CONFIG_OPTIMIZERS = [lambda **kw: keras.optimizers.AdamW(0.003, weight_decay=0.01, **kw)]
