@@ -1,0 +1,13 @@
+"""hvdlite.lightning: a Lightning 2.x strategy over hvdlite; importing it registers ``strategy="hvdlite"``."""
+from __future__ import annotations
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from .environment import HvdliteEnvironment
+from .strategy import HvdliteStrategy
+
+__all__ = ["HvdliteEnvironment", "HvdliteStrategy"]
+
+# Lightning builds its registry from its own strategy classes only (no entry points for strategies), so a
+# name such as "hvdlite" exists once the module that registers it has been imported.
+HvdliteStrategy.register_strategies(StrategyRegistry)
