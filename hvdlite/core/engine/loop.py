@@ -43,7 +43,7 @@ class Engine:
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
-        self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold,
+        self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold_bytes,
                                  config.allreduce_chunk_bytes, timeline)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
@@ -132,7 +132,7 @@ class Engine:
         Otherwise it backs off, doubling its pause from the cycle time up to ``idle_heartbeat_seconds``;
         a local submission ends the pause at once.
         """
-        cycle_s = self.config.cycle_time / 1000.0
+        cycle_s = self.config.cycle_time_ms / 1000.0
         with self._cv:
             if self._pending:  # left over: pace cycles so waiting for peers does not spin
                 delay = self._last_cycle + cycle_s - time.monotonic()
@@ -310,7 +310,7 @@ class Engine:
             self._join_cycle = -1
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
-        for batch in batches(work, self.executor.fusion_threshold):
+        for batch in batches(work, self.executor.fusion_threshold_bytes):
             try:
                 results = self.executor.run(batch)
             except (HvdliteError, _Stop):  # the job's end (a wedged wait included), not this batch's error
