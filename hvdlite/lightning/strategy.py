@@ -122,7 +122,7 @@ class HvdliteStrategy(ParallelStrategy):
         return {"num_replicas": hvd.size(), "rank": hvd.rank()}
 
     def set_world_ranks(self) -> None:  # called by Lightning's connector; the ranks are the launcher's
-        rank_zero_only.rank = utils_rank_zero_only.rank = hvd.rank()
+        rank_zero_only.rank = utils_rank_zero_only.rank = hvd.rank()  # type: ignore[attr-defined]
 
     def model_to_device(self) -> None:
         assert self.model is not None
@@ -169,7 +169,7 @@ class HvdliteStrategy(ParallelStrategy):
         # precision plugin clips/unscales them before step(), and step() runs the closure (the backward).
         self._skip_sync = contextlib.ExitStack()
         for dist in wrapped:
-            self._skip_sync.enter_context(dist.skip_synchronize())
+            self._skip_sync.enter_context(dist.skip_synchronize())  # type: ignore[attr-defined]
 
     # -- gradients ----------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -188,7 +188,7 @@ class HvdliteStrategy(ParallelStrategy):
         for opt in self.optimizers:
             opt = opt._optimizer if isinstance(opt, LightningOptimizer) else opt
             if getattr(opt, "_grads_waiting", False):  # only optimizers whose parameters got gradients
-                opt.synchronize()
+                opt.synchronize()  # type: ignore[attr-defined]
 
     # -- collectives: reduce (self.log(sync_dist=True)), all_gather, broadcast, barrier ---------------
     def reduce(self, tensor: Union[Tensor, Any], group: Optional[Any] = None,

@@ -194,7 +194,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: Any) -> Any:
     p_handle = state._allreduce(p_memory, f"{bucket.name}.powersgd.p", Sum, process_set) if matrices else None
 
     def finish() -> torch.Tensor:
-        if plain_handle is not None:
+        if plain_handle is not None and uncompressed is not None:
             plain_handle.wait()
             at = 0
             for t in plain:
