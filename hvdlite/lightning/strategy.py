@@ -187,7 +187,8 @@ class HvdliteStrategy(ParallelStrategy):
             return
         for opt in self.optimizers:
             opt = opt._optimizer if isinstance(opt, LightningOptimizer) else opt
-            if getattr(opt, "_grads_waiting", False):  # only optimizers whose parameters got gradients
+            # only optimizers whose parameters got gradients (manual optimization may step one of several)
+            if getattr(opt, "_grads_waiting", True):
                 opt.synchronize()  # type: ignore[attr-defined]
 
     # -- collectives: reduce (self.log(sync_dist=True)), all_gather, broadcast, barrier ---------------
