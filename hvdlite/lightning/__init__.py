@@ -1,7 +1,11 @@
 """hvdlite.lightning: a Lightning 2.x strategy over hvdlite; importing it registers ``strategy="hvdlite"``."""
 from __future__ import annotations
 
-from lightning.pytorch.strategies import StrategyRegistry
+try:
+    from lightning.pytorch.strategies import StrategyRegistry
+except ImportError as error:  # pragma: no cover - depends on the installation
+    raise ImportError(f"hvdlite.lightning needs Lightning 2.x ({error}); install it with "
+                      f"pip install 'hvdlite[lightning]' (or pip install lightning)") from error
 
 from .environment import HvdliteEnvironment
 from .strategy import HvdliteStrategy
