@@ -9,12 +9,13 @@ import collections
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..config import Config
-from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
+from ..errors import (DuplicateNameError, HvdliteError, InvalidArgumentError, ShutdownError, StallError,
+                      TensorMismatchError)
 from ..log import logger
 from . import polling, stalls
 from .autotune import Autotuner
@@ -26,25 +27,27 @@ from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, Rank
                           allgather_messages, decide)
 from .psets import Registry
 from .requests import Kind, Request, Response
-from .timeline import Timeline
+from .timeline import Timeline, negotiate_activity
 
 
 class Engine:
     """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
-                 process_sets: Registry, presence_comm: Any) -> None:
+                 process_sets: Registry, presence_comm: Any,
+                 on_verdict: Callable[[str, int], None] = lambda name, ps_id: None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
+        self.on_verdict = on_verdict  # told of every name a stall verdict fails, on every rank
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold_bytes,
-                                 config.allreduce_chunk_bytes, timeline)
+                                 config.allreduce_chunk_bytes, timeline, process_sets.members)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
@@ -170,7 +173,7 @@ class Engine:
             if req.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
-                self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind.label)
+                self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
@@ -281,8 +284,10 @@ class Engine:
         for resp in responses:
             req = pending.get(resp.key)
             if resp.error is not None:
+                if resp.error_kind == "stall":
+                    self.on_verdict(resp.name, resp.ps_id)
                 if req is not None:
-                    kind = StallError if resp.error_kind == "stall" else TensorMismatchError
+                    kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
                     self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
                 continue
             sig = resp.sig
@@ -369,6 +374,9 @@ class Engine:
         for req in waiting:
             req.handle.set_error(error)
         self.timeline.stop()
+
+
+_ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
 
 
 class _Stop(Exception):
