@@ -216,3 +216,30 @@ def test_digits_trains_to_within_one_percent_of_uncompressed_at_rank_1_and_4() -
         assert accuracy >= plain - 0.01, f"PowerSGD rank {rank}: accuracy {accuracy:.4f}, uncompressed {plain:.4f}"
         rate, before, after = state.compression_stats()
         assert rate > 2 and state.iter == STEPS, (rate, before, after, state.iter)
+
+
+def test_powerSGD_hook_through_register_comm_hook() -> None:
+    """The real optimizer's buckets: DistributedOptimizer.register_comm_hook(state, powerSGD_hook) trains the CNN
+    with the same weights on every rank, compressing after start_powerSGD_iter."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    state = PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=3)
+    opt.register_comm_hook(state, powerSGD_hook)
+    rows = torch.arange(TEST, len(LABELS))[R::N]
+    losses = []
+    for step in range(12):
+        batch = rows[(step * BATCH) % (len(rows) - BATCH):][:BATCH]
+        opt.zero_grad()
+        loss = F.cross_entropy(model(IMAGES[batch]), LABELS[batch])
+        loss.backward()
+        opt.step()
+        losses.append(float(hvd.allreduce(loss.detach())))
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    every = hvd.allgather(weights.unsqueeze(0))
+    assert torch.equal(every, weights.expand_as(every)), "weights differ between ranks"
+    assert state.iter == 12 and losses[-1] < losses[0], (state.iter, losses)
+    full = sum(p.numel() for p in model.parameters()) * 4
+    assert state.compression_stats()[0] > 2 and state.bytes_allreduced < 3 * full + 9 * full / 2, \
+        (state.compression_stats(), state.bytes_allreduced, full)
