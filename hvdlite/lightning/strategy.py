@@ -188,7 +188,8 @@ class HvdliteStrategy(ParallelStrategy):
         for opt in self.optimizers:
             opt = opt._optimizer if isinstance(opt, LightningOptimizer) else opt
             # only optimizers whose parameters got gradients (manual optimization may step one of several)
-            if getattr(opt, "_grads_waiting", True):
+            readiness = getattr(opt, "_readiness", None)
+            if getattr(readiness, "waiting", True):
                 opt.synchronize()  # type: ignore[attr-defined]
 
     # -- collectives: reduce (self.log(sync_dist=True)), all_gather, broadcast, barrier ---------------
