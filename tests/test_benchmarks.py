@@ -243,3 +243,18 @@ def test_latency_breakdown_smoke(tmp_path: Path) -> None:
     for record in phases:
         assert_positive(record, "us_since_call", "p10", "p90")
     assert phases[-1]["us_since_call"] >= phases[0]["us_since_call"]
+
+
+def test_powersgd_bytes_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "powersgd_bytes.json"
+    proc = run_mpi(BENCH / "powersgd_bytes.py", 2, timeout=240, args=[
+        "--model", "small-transformer", "--steps", "1", "--ranks", "1,2", "--out", str(out)])
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text()) and records[-1]["kind"] == "done"
+    methods = by_method(records)
+    assert set(methods) == {"powersgd_rank1", "powersgd_rank2", "uncompressed"}
+    full = methods["uncompressed"]["bytes_per_step"]
+    assert full == 7_357_194 * 4 and methods["uncompressed"]["ratio"] == 1.0
+    one, two = methods["powersgd_rank1"], methods["powersgd_rank2"]
+    assert 0 < one["bytes_per_step"] < two["bytes_per_step"] < full, (one, two)
+    assert one["ratio"] == one["bytes_per_step"] / full and one["tensors_compressed"] > 0 and one["ranks"] == 2
