@@ -8,8 +8,8 @@ from __future__ import annotations
 from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
                           nccl_built, rocm_built)
 from .engine.handles import Handle
-from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, LaunchError, NotInitializedError,
-                     ShutdownError, StallError, TensorMismatchError)
+from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, InvalidArgumentError, LaunchError,
+                     NotInitializedError, ShutdownError, StallError, TensorMismatchError)
 from .process_set_ops import add_process_set, remove_process_set
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
@@ -24,5 +24,5 @@ __all__ = [
     "global_process_set", "add_process_set", "remove_process_set", "start_timeline", "stop_timeline",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Handle", "HvdliteError",
     "HorovodInternalError", "NotInitializedError", "TensorMismatchError", "DuplicateNameError",
-    "ShutdownError", "StallError", "LaunchError",
+    "ShutdownError", "StallError", "LaunchError", "InvalidArgumentError",
 ]
