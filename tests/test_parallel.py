@@ -1,11 +1,14 @@
 """Spawns every in-rank test file of tests/parallel/ under ``mpiexec -n N``, one test per (file, size).
 
 A file's sizes are its ``MPI_SIZES = (...)`` line (default 2 and 3); its optional ``SPAWN_TIMEOUT = S`` line
-bounds the whole job, so a deadlock fails fast. Each failure is reported with the in-rank test's name and
+bounds the whole job, so a deadlock fails fast. An optional ``ENV_VARIANTS = {"label": {VAR: value}}`` line runs
+the file once more per label at every size with those variables set (e.g. the torch files again with
+HOROVOD_CPU_OPERATIONS=GLOO: the torch.distributed data plane). Each failure is reported with the in-rank test's name and
 the rank it failed on.
 """
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -25,15 +28,18 @@ def _cases() -> list:
         text = path.read_text()
         sizes = [int(s) for s in re.findall(r"\d+", _setting(text, "MPI_SIZES", "(2, 3)"))]
         timeout = float(_setting(text, "SPAWN_TIMEOUT", "600"))
-        for n in sizes:
-            cases.append(pytest.param(path.name, n, timeout, id=f"{path.stem}-np{n}",
-                                      marks=pytest.mark.timeout(timeout + 60)))
+        variants = {"": {}, **ast.literal_eval(_setting(text, "ENV_VARIANTS", "{}"))}
+        for label, env in variants.items():
+            for n in sizes:
+                suffix = f"-{label}" if label else ""
+                cases.append(pytest.param(path.name, n, timeout, env, id=f"{path.stem}-np{n}{suffix}",
+                                          marks=pytest.mark.timeout(timeout + 60)))
     return cases
 
 
-@pytest.mark.parametrize("module,n,timeout", _cases())
-def test_in_ranks(module: str, n: int, timeout: float, tmp_path: Path) -> None:
-    run_parallel(module, n, tmp_path / "reports", timeout=timeout)
+@pytest.mark.parametrize("module,n,timeout,env", _cases())
+def test_in_ranks(module: str, n: int, timeout: float, env: dict, tmp_path: Path) -> None:
+    run_parallel(module, n, tmp_path / "reports", timeout=timeout, env=env)
 
 
 def test_harness_names_the_failed_test_and_rank_and_keeps_ranks_in_step(tmp_path: Path) -> None:

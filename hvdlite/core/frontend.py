@@ -16,6 +16,9 @@ module is private to the core.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
+- ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
+  core/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
+  ``plane_agreed(name)`` says whether every rank of the running job has that plane.
 - ``basics()``: the runtime names (init, rank, size, process sets, errors, ops...) every frontend re-exports.
 """
 from __future__ import annotations
@@ -25,13 +28,15 @@ from typing import Any, Callable
 from .engine.fusion import aligned_empty
 from .engine.handles import Handle
 from .log import logger
+from .planes import Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, register_factory
 from .policy import basics, check_sparse, sparse_allgather_async, sync_moments
 from .reduce_ops import bf16_to_f32, check_reduction, f32_to_bf16, resolve_op
-from .runtime import gradient_overlap, stage_host_copies, state
+from .runtime import gradient_overlap, is_initialized, stage_host_copies, state
 
 __all__ = ["resolve_op", "check_reduction", "then", "gradient_overlap", "process_set_ranks", "setting",
            "bf16_to_f32", "f32_to_bf16", "logger", "Handle", "check_sparse", "sparse_allgather_async",
-           "sync_moments", "basics", "stage_host_copies", "aligned_empty"]
+           "sync_moments", "basics", "stage_host_copies", "aligned_empty", "PlaneBuffer", "DataPlane",
+           "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed", "settings"]
 
 
 def then(handle: Handle, convert: Callable[[Any], Any]) -> Handle:
@@ -51,3 +56,13 @@ def process_set_ranks(ps_id: int) -> list[int]:
 def setting(name: str) -> Any:
     """The value of setting ``name`` (a Config field) in the running job."""
     return getattr(state().config, name)
+
+
+def plane_agreed(name: str) -> bool:
+    """Whether every rank of the running job has data plane ``name`` (False before init())."""
+    return is_initialized() and state().planes.has(name)
+
+
+def settings() -> Any:
+    """The running job's Config (read only)."""
+    return state().config

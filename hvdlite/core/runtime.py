@@ -24,6 +24,7 @@ from .errors import NotInitializedError
 from .launch_check import check_launch
 from .log import logger
 from .names import Names
+from .planes import PlaneTable, built, plane_of
 from .process_sets import ProcessSet, normalize_ranks
 from .reduce_ops import ReduceOp
 
@@ -52,13 +53,16 @@ class State:
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
         polling.share_cores(*core_sharing(self.local_size))
+        self.planes = PlaneTable(config, world, self.rank, self.local_size == self.size)
+        self.planes.make_for_set(0, self.engine_comm)
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
-                             self.presence_comm)
+                             self.presence_comm, self.planes)
 
     def close(self) -> None:
         self.engine.stop()
         self.timeline.stop()
         if not self.engine.alive:
+            self.planes.close()
             self.engine.executor.adasum_levels.free()
             self.psets.free()
             self.mpi_ops.free()
@@ -73,7 +77,8 @@ class State:
         """Hand one named request to the engine; the handle completes when every member has run it."""
         shapes = tensor_layout(dtypes[0], shape_of(inputs[0])) if len(inputs) == 1 else \
             tuple([(d, shape_of(a)) for a, d in zip(inputs, dtypes)])
-        sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra)
+        sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra,
+                             plane_of(inputs, f"{kind} {name!r}") if inputs else "")
         req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), dtypes,
                       op=op, splits=splits, finalize=finalize)
         self.engine.submit(req)
@@ -335,15 +340,19 @@ def mpi_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    return False
+    """True when this job runs CPU tensors through torch.distributed's gloo (HOROVOD_CPU_OPERATIONS=GLOO)."""
+    current = _state
+    return current is not None and current.config.cpu_operations == "gloo" and current.planes.has("gloo")
 
 
 def gloo_built() -> bool:
-    return False
+    """Whether a registered frontend can run gloo here (torch.distributed with gloo), asked at run time."""
+    return built("gloo")
 
 
 def nccl_built() -> bool:
-    return False
+    """Whether a registered frontend can run NCCL here (torch built with CUDA and NCCL), asked at run time."""
+    return built("nccl")
 
 
 def ddl_built() -> bool:
@@ -355,7 +364,8 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """Whether a registered frontend can place tensors on CUDA devices (torch built with CUDA)."""
+    return built("cuda")
 
 
 def rocm_built() -> bool:

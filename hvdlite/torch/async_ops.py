@@ -10,7 +10,8 @@ import hvdlite.core as core
 from hvdlite.core import Handle, ProcessSet, ReduceOp, global_process_set
 from hvdlite.core.frontend import basics, check_sparse, resolve_op, sparse_allgather_async
 
-from .tensors import chain, dtype_hint, from_host, hints, splits_array, to_host, write_into
+from .tensors import (chain, check_one_device, dtype_hint, from_host, hints, on_plane, splits_array, to_host,
+                      write_into)
 
 #: horovod.torch.mpi_ops re-exports the runtime (init, rank, size, ..., process sets, errors, reduce ops).
 BASICS = basics()
@@ -31,6 +32,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
     """Start reducing ``tensors`` as one unit; synchronize() returns new reduced tensors."""
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
+    check_one_device(tensors, "grouped_allreduce")
     hosts = [to_host(t, "grouped_allreduce")[0] for t in tensors]
     handle = core.grouped_allreduce_async(hosts, None, _name("allreduce", name), reduce_op, prescale_factor,
                                           postscale_factor, process_set, dtype_hints=hints(tensors))
@@ -44,6 +46,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
     """Start reducing ``tensors`` in place; synchronize() returns the same tensors, now reduced."""
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
+    check_one_device(tensors, "grouped_allreduce_")
     staged = [to_host(t, "grouped_allreduce_") for t in tensors]
     handle = core.grouped_allreduce_async([s[0] for s in staged], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
@@ -140,11 +143,14 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
 
 
 # -- allgather ----------------------------------------------------------------------------------------
-def _into(outputs: Optional[Sequence[torch.Tensor]], what: str) -> tuple[Optional[list], Any]:
-    """Host arrays for caller-given outputs, and the conversion that returns those tensors, filled."""
+def _into(outputs: Optional[Sequence[torch.Tensor]], what: str, plane: bool = False) -> tuple[Optional[list], Any]:
+    """Host arrays for caller-given outputs, and the conversion that returns those tensors, filled (on a data
+    plane the results are copied into them on their device)."""
     if outputs is None:
         return None, None
     outputs = list(outputs)
+    if plane:
+        return None, lambda results: [t.copy_(r.reshape(t.shape)) for t, r in zip(outputs, results)]
     staged = [to_host(t, what) for t in outputs]
     return [s[0] for s in staged], lambda results: [write_into(t, r, s[1])
                                                     for t, r, s in zip(outputs, results, staged)]
@@ -157,8 +163,9 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     extension: ``outputs`` (one tensor of the gathered shape per input, which may hold the input as its
     own rows) receive the results without new allocations; synchronize() returns them."""
     tensors = list(tensors)
+    check_one_device(tensors, "grouped_allgather")
     hosts = [to_host(t, "grouped_allgather")[0] for t in tensors]
-    into, filled = _into(outputs, "grouped_allgather")
+    into, filled = _into(outputs, "grouped_allgather", on_plane(hosts))
     handle = core.grouped_allgather_async(hosts, _name("allgather", name), process_set,
                                           dtype_hints=hints(tensors), outputs=into)
     return chain(handle, filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
@@ -213,8 +220,9 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     ``outputs`` (one tensor of this rank's share per input, apart from the inputs) receive the results."""
     tensors = list(tensors)
     reduce_op = resolve_op(op)
+    check_one_device(tensors, "grouped_reducescatter")
     hosts = [to_host(t, "grouped_reducescatter")[0] for t in tensors]
-    into, filled = _into(outputs, "grouped_reducescatter")
+    into, filled = _into(outputs, "grouped_reducescatter", on_plane(hosts))
     handle = core.grouped_reducescatter_async(hosts, _name("reducescatter", name), reduce_op, process_set,
                                               prescale_factor, postscale_factor, dtype_hints=hints(tensors),
                                               outputs=into)

@@ -3,6 +3,7 @@ test runs twice: on CPU tensors directly, and with every tensor staged through a
 tensors take, forced by the stage_host_copies setting so that it runs without a GPU)."""
 from __future__ import annotations
 
+import os
 import runpy
 import re
 import sys
@@ -19,6 +20,10 @@ from torch_check import R, N, base, check, same, up, ups
 
 MPI_SIZES = (2, 3)
 SPAWN_TIMEOUT = 420
+ENV_VARIANTS = {"gloo": {"HOROVOD_CPU_OPERATIONS": "GLOO"}}
+#: Under HOROVOD_CPU_OPERATIONS=GLOO every CPU tensor goes to the torch.distributed (gloo) data plane,
+#: which the staging switch does not change: the file then runs once, on that plane.
+GLOO = os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo"
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INPUTS = {r: base(r) for r in range(N)}
@@ -27,7 +32,7 @@ TOTAL = torch.stack([INPUTS[r] for r in range(N)]).sum(0)
 HOROVOD_STYLE = Path(__file__).resolve().parent.parent / "workers" / "torch_horovod_style.py"
 
 
-@pytest.fixture(params=["direct", "staged"])
+@pytest.fixture(params=["direct"] if GLOO else ["direct", "staged"])
 def staging(request: pytest.FixtureRequest, reinit: Callable[..., None]) -> str:
     if request.param == "staged":
         reinit(stage_host_copies=True)
@@ -37,6 +42,11 @@ def staging(request: pytest.FixtureRequest, reinit: Callable[..., None]) -> str:
 def test_staging_setting_reaches_the_frontend(staging: str) -> None:
     probe = torch.arange(4.0)
     array, shared = to_host(probe, "probe")
+    if GLOO:  # the tensor itself goes to the gloo plane: no copy, no numpy view
+        assert hvd.gloo_enabled() and array.plane == "gloo" and array.payload.data_ptr() == probe.data_ptr()
+        assert shared
+        return
+    assert hvd.gloo_enabled() is False
     assert shared is (staging == "direct") and (array.ctypes.data == probe.data_ptr()) is shared
 
 

@@ -18,7 +18,9 @@ from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError
 from ..log import logger
 from . import polling, stalls
 from .autotune import Autotuner
+from ..planes import PlaneTable
 from .execution import Executor
+from .plane_exec import PlaneExecutor
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
@@ -33,7 +35,7 @@ class Engine:
     """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
-                 process_sets: Registry, presence_comm: Any) -> None:
+                 process_sets: Registry, presence_comm: Any, planes: Optional[PlaneTable] = None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -45,6 +47,8 @@ class Engine:
         self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold,
                                  config.allreduce_chunk_bytes, timeline)
+        self.planes = planes
+        self.plane_executor = PlaneExecutor(planes, process_sets.comm, timeline) if planes is not None else None
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
@@ -292,6 +296,11 @@ class Engine:
                 result = psets.apply(sig.kind, sig.extra, self.comm)
                 if sig.kind is Kind.REMOVE_PROCESS_SET:
                     self.cache.remove_process_set(sig.extra)
+                if self.planes is not None:  # one plane per set, made and closed with the set
+                    if sig.kind is Kind.ADD_PROCESS_SET:
+                        self.planes.make_for_set(result, psets.comms.get(result))
+                    else:
+                        self.planes.remove_set(result)
                 if req is not None:
                     self._finish(req, result=result)
                 continue
@@ -311,11 +320,15 @@ class Engine:
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
         for batch in batches(work, self.executor.fusion_threshold):
+            plane = batch[0].resp.sig.plane
             try:
-                results = self.executor.run(batch)
+                results = self.plane_executor.run(batch) if plane and self.plane_executor is not None \
+                    else self.executor.run(batch)
             except (HvdliteError, _Stop):  # the job's end (a wedged wait included), not this batch's error
                 raise
             except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only
+                if plane:  # a data plane in an unknown state: the job ends, as after a failed MPI call
+                    raise HvdliteError(self._plane_failure(plane, batch, exc)) from exc
                 self._fail_batch(batch, exc)
                 continue
             for item, result in results:
@@ -332,6 +345,12 @@ class Engine:
                         self._finish(req, result=results)
                 else:
                     self._finish(req, result=result)
+
+    def _plane_failure(self, plane: str, batch: list[Any], exc: Exception) -> str:
+        names = ", ".join(sorted({item.resp.name for item in batch}))
+        return (f"rank {self.rank}: the {plane} data plane failed in {batch[0].resp.kind} of {names}: "
+                f"{type(exc).__name__}: {exc}. Every pending and later collective raises this error; fix the "
+                f"cause and restart the job (HOROVOD_GPU_OPERATIONS / HOROVOD_CPU_OPERATIONS choose the planes)")
 
     def _fail_batch(self, batch: list[Any], exc: Exception) -> None:
         """Fail the requests of one batch that raised before or between its MPI calls. Every rank ran the

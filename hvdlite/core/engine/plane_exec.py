@@ -1,0 +1,100 @@
+"""Running a batch on a data plane: the agreed metadata (row counts, splits) travels over MPI, the bytes
+over the plane (engine/execution.py hands a batch here when its requests name a plane)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..planes import PlaneTable
+from ..reduce_ops import Adasum, Average, average_scale, resolve_op
+from . import polling
+from .execution import _split_rows
+from .fusion import Item
+from .requests import Kind
+from .timeline import Timeline
+
+POLL_CAP = 1e-4
+
+
+class PlaneExecutor:
+    """One method per kind, as the MPI executor; each returns (item, result) pairs."""
+
+    def __init__(self, table: PlaneTable, comm_of: Callable[[int], Any], timeline: Timeline) -> None:
+        self.table = table
+        self.comm_of = comm_of
+        self.timeline = timeline
+        self._table = {Kind.ALLREDUCE: self._allreduce, Kind.ALLGATHER: self._allgather,
+                       Kind.BROADCAST: self._broadcast, Kind.REDUCESCATTER: self._reducescatter,
+                       Kind.ALLTOALL: self._alltoall}
+
+    def run(self, batch: list[Item]) -> list[tuple[Item, Any]]:
+        first = batch[0].resp
+        plane = self.table.plane(first.sig.plane, first.ps_id)
+        for item in batch:
+            if item.req is None:  # a joined rank stands in with zeros (no rows for allgather)
+                item.src = plane.zeros(item.dtype, item.src.shape)
+                item.dst = None
+            self.timeline.begin(item.resp.name, f"{plane.name.upper()}_{first.kind.label.upper()}")
+        plane.wait_ready([item.src.ready for item in batch if getattr(item.src, "ready", None) is not None])
+        try:
+            results = self._table[first.kind](plane, batch)
+        finally:
+            for item in batch:
+                self.timeline.end(item.resp.name)
+        return list(zip(batch, results))
+
+    def _payloads(self, batch: list[Item]) -> list:
+        return [_payload(item.src) for item in batch]
+
+    def _allreduce(self, plane: Any, batch: list[Item]) -> list:
+        sig = batch[0].resp.sig
+        op = resolve_op(sig.op)
+        if op is Adasum:
+            raise NotImplementedError("hvd.Adasum runs on MPI host buffers only; reduce these tensors with "
+                                      "hvd.Average or hvd.Sum, or move them to the CPU")
+        post = average_scale(sig.postscale, self._size(batch)) if op is Average else sig.postscale
+        outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
+        return plane.allreduce(self._payloads(batch), outputs, batch[0].dtype, op, sig.prescale, post)
+
+    def _allgather(self, plane: Any, batch: list[Item]) -> list:
+        comm = self.comm_of(batch[0].resp.ps_id)
+        rows = np.array([item.src.shape[0] for item in batch], dtype=np.int64)
+        all_rows = np.empty((comm.Get_size(), len(batch)), dtype=np.int64)
+        polling.wait(comm.Iallgather(rows, all_rows), POLL_CAP)
+        return plane.allgather(self._payloads(batch), all_rows.tolist())
+
+    def _broadcast(self, plane: Any, batch: list[Item]) -> list:
+        outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
+        return plane.broadcast(self._payloads(batch), outputs, batch[0].resp.sig.root)
+
+    def _reducescatter(self, plane: Any, batch: list[Item]) -> list:
+        sig = batch[0].resp.sig
+        op = resolve_op(sig.op)
+        n = self._size(batch)
+        post = average_scale(sig.postscale, n) if op is Average else sig.postscale
+        splits = [_split_rows(item.src.shape[0], n) for item in batch]
+        results = plane.reducescatter(self._payloads(batch), batch[0].dtype, op, sig.prescale, post, splits)
+        return results
+
+    def _alltoall(self, plane: Any, batch: list[Item]) -> list:
+        item = batch[0]
+        comm = self.comm_of(item.resp.ps_id)
+        n = comm.Get_size()
+        assert item.req is not None
+        splits = item.req.splits
+        if splits is None:
+            splits = np.full(n, item.src.shape[0] // n, dtype=np.int64)
+        recv = np.empty(n, dtype=np.int64)
+        polling.wait(comm.Ialltoall(np.ascontiguousarray(splits, dtype=np.int64), recv), POLL_CAP)
+        out = plane.alltoall(_payload(item.src), [int(s) for s in splits], [int(r) for r in recv])
+        return [(out, recv)]
+
+    def _size(self, batch: list[Item]) -> int:
+        return int(self.comm_of(batch[0].resp.ps_id).Get_size())
+
+
+def _payload(buffer: Any) -> Any:
+    return getattr(buffer, "payload", buffer)
+
+
