@@ -207,12 +207,13 @@ class TorchPlane(DataPlane):
                 counts.append(count)
             send = torch.cat(pieces)
             _scale(send, pre)
-            if len(set(counts)) == 1 and dtype != "bool":
+            if len(set(counts)) == 1 and dtype != "bool" and self.name == "nccl":
                 mine = torch.empty(counts[0], dtype=send.dtype, device=send.device)
                 options = dist.ReduceScatterOptions()
                 options.reduceOp = _OPS[op]
                 self._run(self.group._reduce_scatter_base(mine, send, options))
-            else:  # uneven shares: reduce everything, keep this rank's part
+            else:  # uneven shares (or gloo, whose reduce-scatter work never reports completion when polled):
+                # reduce everything, keep this rank's part
                 self._allreduce_flat(send, dtype, op)
                 start = sum(counts[:self.rank])
                 mine = send[start:start + counts[self.rank]]
