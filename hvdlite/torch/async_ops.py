@@ -33,7 +33,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
     check_one_device(tensors, "grouped_allreduce")
-    hosts = [to_host(t, "grouped_allreduce")[0] for t in tensors]
+    hosts = [to_host(t, _what("grouped_allreduce", reduce_op))[0] for t in tensors]
     handle = core.grouped_allreduce_async(hosts, None, _name("allreduce", name), reduce_op, prescale_factor,
                                           postscale_factor, process_set, dtype_hints=hints(tensors))
     return chain(handle, lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
@@ -47,7 +47,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
     check_one_device(tensors, "grouped_allreduce_")
-    staged = [to_host(t, "grouped_allreduce_") for t in tensors]
+    staged = [to_host(t, _what("grouped_allreduce_", reduce_op)) for t in tensors]
     handle = core.grouped_allreduce_async([s[0] for s in staged], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
                                           dtype_hints=hints(tensors))
@@ -69,8 +69,9 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    host, shared = to_host(tensor, "allreduce_")  # the per-gradient path: kept short
-    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), resolve_op(op, average),
+    reduce_op = resolve_op(op, average)
+    host, shared = to_host(tensor, _what("allreduce_", reduce_op))  # the per-gradient path: kept short
+    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
                                           dtype_hints=(dtype_hint(tensor),))
     if shared:
@@ -91,6 +92,11 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                                 process_set))
+
+
+def _what(label: str, op: ReduceOp) -> str:
+    """Adasum runs on hvdlite's MPI path only (host buffers; GPU tensors staged): its label says so."""
+    return "adasum" if op is Adasum else label
 
 
 def _first(handle: Handle) -> Handle:

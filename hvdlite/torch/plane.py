@@ -30,7 +30,7 @@ TORCH_DTYPES = {str(d).replace("torch.", ""): d for d in (
     torch.float64, torch.bool)}
 #: dtypes each backend reduces (others stay on hvdlite's MPI path: host buffers, or host staging on GPUs).
 BACKEND_DTYPES = {
-    "gloo": frozenset(TORCH_DTYPES),
+    "gloo": frozenset(TORCH_DTYPES) - {"int16"},
     "nccl": frozenset(TORCH_DTYPES) - {"int16"},
 }
 

@@ -106,7 +106,7 @@ def plane_for(tensor: torch.Tensor, kind: str) -> str:
     staging for GPU tensors). Decided only from agreed things: the job's settings and planes (agreed at
     init()), the tensor's dtype and its device kind (both in the request's signature, so ranks that would
     choose differently get a mismatch error, never a hang)."""
-    if kind == "sparse" or not isinstance(tensor, torch.Tensor):
+    if kind in ("sparse", "adasum") or not isinstance(tensor, torch.Tensor):
         return ""
     dtype = str(tensor.dtype).replace("torch.", "")
     if tensor.is_cpu:

@@ -53,7 +53,9 @@ def test_staging_setting_reaches_the_frontend(staging: str) -> None:
 def test_topology_and_build_flags(staging: str) -> None:
     assert hvd.is_initialized() and 0 <= R < N and hvd.local_rank() < hvd.local_size()
     assert hvd.cross_rank() < hvd.cross_size() and hvd.size() == core.size() and hvd.rank() == core.rank()
-    assert hvd.mpi_enabled() and hvd.mpi_built() and not hvd.gloo_enabled() and not hvd.gloo_built()
+    assert hvd.mpi_enabled() and hvd.mpi_built() and hvd.gloo_enabled() is GLOO
+    assert hvd.gloo_built() is torch.distributed.is_gloo_available()  # asked at run time
+    assert hvd.nccl_built() is (torch.distributed.is_nccl_available() and torch.backends.cuda.is_built())
     assert isinstance(hvd.mpi_threads_supported(), bool)
     assert [f() for f in (hvd.nccl_built, hvd.ddl_built, hvd.ccl_built, hvd.cuda_built, hvd.rocm_built)] == \
         [False] * 5
@@ -348,6 +350,49 @@ def test_errors(staging: str) -> None:
         torch.testing.assert_close(hvd.allreduce(torch.ones(2), op=hvd.Adasum), torch.ones(2))
     with pytest.raises(TypeError, match="complex64"):
         hvd.allreduce(torch.ones(2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="one device"):  # one grouped op, one device (one data plane)
+        hvd.grouped_allreduce([torch.ones(2), torch.ones(2, device="meta")])
+
+
+def test_device_planes_and_mixed_planes(staging: str) -> None:
+    """A rank that sends a tensor for another data plane than its peers gets a mismatch naming the plane
+    (the plane is part of the agreed signature: never a hang); the planes keep working afterwards."""
+    plane = "gloo" if GLOO else ""
+    host, _ = to_host(torch.ones(3), "allreduce")
+    assert getattr(host, "plane", "") == plane
+    if GLOO:  # rank 0 hands the core a gloo-plane buffer, the others a host array of the same tensor
+        arg = host if R == 0 else torch.ones(3).numpy()
+        with pytest.raises(hvd.HorovodInternalError, match="data plane"):
+            core.allreduce(arg, op=hvd.Sum, name="plane.mismatch")
+    same(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(N)), "after the mismatch")
+
+
+def test_users_own_torch_distributed_beside_hvdlite(staging: str) -> None:
+    """hvdlite never takes torch.distributed's default group: a program's own init_process_group and
+    collectives work beside hvdlite's (also while hvdlite's own gloo plane runs)."""
+    import socket
+    import torch.distributed as dist
+    assert not dist.is_initialized()  # hvdlite's planes are groups of their own
+    port = None
+    if R == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, 0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=R, world_size=N)
+    try:
+        mine = torch.full((2,), float(R + 1))
+        dist.all_reduce(mine)
+        ours = hvd.allreduce(torch.full((2,), float(R + 1)), op=hvd.Sum)
+        expected = torch.full((2,), float(N * (N + 1) // 2))
+        same(mine, expected, "the user's own all_reduce")
+        same(ours, expected, "hvdlite's allreduce beside it")
+        gathered = [torch.empty(1) for _ in range(N)]
+        dist.all_gather(gathered, torch.tensor([float(R)]))
+        same(torch.cat(gathered), torch.arange(float(N)), "the user's all_gather")
+    finally:
+        dist.destroy_process_group()
+    same(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(N)), "hvdlite after the user's group")
 
 
 def test_horovod_script_runs_with_only_the_import_changed(monkeypatch: pytest.MonkeyPatch,

@@ -11,6 +11,7 @@ import hvdlite.torch as hvd
 
 MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 400
+ENV_VARIANTS = {"gloo": {"HOROVOD_CPU_OPERATIONS": "GLOO"}}  # again on the torch.distributed plane
 
 STEPS, BATCH = 10, 4
 OPTIMIZERS: dict[str, tuple[type, dict[str, Any]]] = {
