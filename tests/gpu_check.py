@@ -136,16 +136,18 @@ def sparse() -> None:
     same(dev.to_dense(), cpu.to_dense(), "sparse allreduce")
 
 
-def optimizer_equivalence() -> None:
-    """DistributedOptimizer on the device equals one process training on every rank's batch."""
+def optimizer_equivalence(zero: bool = False) -> None:
+    """DistributedOptimizer (or ZeroRedundancyOptimizer) on the device equals one process training on every
+    rank's batch."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double()
     reference = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double()
     reference.load_state_dict(model.state_dict())
     model.to(DEV)
     reference.to(DEV)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1) if zero else \
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters())
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     for step in range(4):
@@ -166,6 +168,22 @@ def optimizer_equivalence() -> None:
     same(hvd.broadcast(flat, 0), flat, "identical weights on every rank")
 
 
+def sync_batch_norm() -> None:
+    """SyncBatchNorm on the device: output and input gradient equal the CPU (MPI path) ones."""
+    outs = []
+    for dev in (DEV, torch.device("cpu")):
+        torch.manual_seed(1)
+        bn = hvd.SyncBatchNorm(3).double().to(dev)
+        x = (torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(50 + R)).double() * (R + 1)).to(dev)
+        x.requires_grad_(True)
+        y = bn(x)
+        (y * torch.arange(5.0, device=dev).double()).sum().backward()
+        outs.append((y.detach().cpu(), x.grad.cpu(), bn.running_mean.cpu()))
+    for a, b, what in zip(outs[0], outs[1], ("output", "input gradient", "running mean")):
+        diff = (a - b).abs().max().item()
+        assert diff < 1e-10, f"SyncBatchNorm {what}: device and CPU differ by {diff}"
+
+
 def mixed_devices_error() -> None:
     if not CUDA:
         return
@@ -181,8 +199,13 @@ for name, fn in [("allreduce every dtype and op", allreduce_all), ("grouped and 
                  ("allgather uneven", allgather_uneven), ("broadcast", broadcast_all),
                  ("alltoall splits", alltoall_splits), ("reducescatter", reducescatter_all),
                  ("process sets", process_sets), ("sparse", sparse),
-                 ("optimizer equivalence", optimizer_equivalence), ("mixed devices error", mixed_devices_error)]:
+                 ("optimizer equivalence", optimizer_equivalence),
+                 ("zero optimizer equivalence", lambda: optimizer_equivalence(zero=True)),
+                 ("sync batch norm", sync_batch_norm), ("mixed devices error", mixed_devices_error)]:
     check(name, fn)
+from hvdlite.torch.tensors import to_host  # noqa: E402 - which plane a float32 allreduce on DEV takes
+results["plane_of_a_device_allreduce"] = getattr(to_host(torch.ones(2, device=DEV), "allreduce")[0], "plane", "") \
+    or "mpi (host staging)" if CUDA else getattr(to_host(torch.ones(2), "allreduce")[0], "plane", "") or "mpi"
 results["planes"] = {"gloo_enabled": hvd.gloo_enabled(), "nccl_built": hvd.nccl_built(),
                      "cuda_built": hvd.cuda_built()}
 print(json.dumps(results), flush=True)

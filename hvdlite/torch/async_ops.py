@@ -149,13 +149,17 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
 
 
 # -- allgather ----------------------------------------------------------------------------------------
-def _into(outputs: Optional[Sequence[torch.Tensor]], what: str, plane: bool = False) -> tuple[Optional[list], Any]:
+def _into(outputs: Optional[Sequence[torch.Tensor]], what: str, inputs: Sequence[torch.Tensor],
+          plane: bool = False) -> tuple[Optional[list], Any]:
     """Host arrays for caller-given outputs, and the conversion that returns those tensors, filled (on a data
-    plane the results are copied into them on their device)."""
+    plane the results are copied into them on their device, after the same check the core makes)."""
     if outputs is None:
         return None, None
     outputs = list(outputs)
     if plane:
+        if len(outputs) != len(inputs) or any(o.dtype != t.dtype for o, t in zip(outputs, inputs)):
+            raise TypeError(f"{what}: outputs must be one array per input with the input's dtype; got "
+                            f"{[str(o.dtype) for o in outputs]} for inputs {[str(t.dtype) for t in inputs]}")
         return None, lambda results: [t.copy_(r.reshape(t.shape)) for t, r in zip(outputs, results)]
     staged = [to_host(t, what) for t in outputs]
     return [s[0] for s in staged], lambda results: [write_into(t, r, s[1])
@@ -171,7 +175,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     tensors = list(tensors)
     check_one_device(tensors, "grouped_allgather")
     hosts = [to_host(t, "grouped_allgather")[0] for t in tensors]
-    into, filled = _into(outputs, "grouped_allgather", on_plane(hosts))
+    into, filled = _into(outputs, "grouped_allgather", tensors, on_plane(hosts))
     handle = core.grouped_allgather_async(hosts, _name("allgather", name), process_set,
                                           dtype_hints=hints(tensors), outputs=into)
     return chain(handle, filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
@@ -228,7 +232,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     reduce_op = resolve_op(op)
     check_one_device(tensors, "grouped_reducescatter")
     hosts = [to_host(t, "grouped_reducescatter")[0] for t in tensors]
-    into, filled = _into(outputs, "grouped_reducescatter", on_plane(hosts))
+    into, filled = _into(outputs, "grouped_reducescatter", tensors, on_plane(hosts))
     handle = core.grouped_reducescatter_async(hosts, _name("reducescatter", name), reduce_op, process_set,
                                               prescale_factor, postscale_factor, dtype_hints=hints(tensors),
                                               outputs=into)
