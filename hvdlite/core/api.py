@@ -37,7 +37,7 @@ def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
     return ps_id
 
 
-def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[np.ndarray, str]:
+def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[Any, str]:
     """A C-contiguous array in its storage dtype (bfloat16 as uint16 bits), plus the dtype name. A frontend's
     tensor bound for a data plane (core/planes.py) passes through as it is."""
     if type(array) is PlaneBuffer:

@@ -130,8 +130,12 @@ class PlaneFactory:
     def closing(self, boot: Bootstrap) -> None:
         """Called once per job at shutdown, after every plane closed (e.g. to stop a rendezvous store)."""
 
+    def forget(self) -> None:
+        """Called instead of closing() after a failure: drop this job's set-up without waiting for peers."""
+
 
 _factories: list[PlaneFactory] = []
+_ABANDONED: list[DataPlane] = []  # planes of a failed job, kept (not destroyed) until the process exits
 
 
 def register_factory(factory: PlaneFactory) -> None:
@@ -166,6 +170,13 @@ class PlaneTable:
         for name in self.agreed:
             self._planes[(name, ps_id)] = self._factory[name].make(name, boot)
 
+    def set_changed(self, added: bool, ps_id: int, comm: Any) -> None:
+        """A process set was added (make its planes) or removed (close them): agreed, on the engine thread."""
+        if added:
+            self.make_for_set(ps_id, comm)
+        else:
+            self.remove_set(ps_id)
+
     def plane(self, name: str, ps_id: int) -> DataPlane:
         plane = self._planes.get((name, ps_id))
         if plane is None:
@@ -180,7 +191,16 @@ class PlaneTable:
         for key in [k for k in self._planes if k[1] == ps_id]:
             self._planes.pop(key).close()
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
+        """Close every plane, then let the factories end the job's rendezvous together. After a failure
+        (``clean`` False: a peer may be gone or stuck inside a plane's collective) the planes are left as they
+        are until the process exits: closing them, or waiting for the peers, could block forever."""
+        if not clean:
+            _ABANDONED.extend(self._planes.values())
+            self._planes.clear()
+            for factory in {id(f): f for f in self._factory.values()}.values():
+                factory.forget()
+            return
         for key in sorted(self._planes, key=lambda k: -k[1]):
             self._planes.pop(key).close()
         if self.agreed:

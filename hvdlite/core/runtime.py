@@ -20,7 +20,7 @@ from .engine.loop import Engine
 from .engine.psets import Registry
 from .engine.requests import Kind, Request, make_signature, tensor_layout
 from .engine.timeline import Timeline
-from .errors import NotInitializedError
+from .errors import NotInitializedError, ShutdownError
 from .launch_check import check_launch
 from .log import logger
 from .names import Names
@@ -62,7 +62,8 @@ class State:
         self.engine.stop()
         self.timeline.stop()
         if not self.engine.alive:
-            self.planes.close()
+            # after a failure (a peer gone or wedged) closing must not wait for the peers
+            self.planes.close(clean=self.engine.error is None or isinstance(self.engine.error, ShutdownError))
             self.engine.executor.adasum_levels.free()
             self.psets.free()
             self.mpi_ops.free()

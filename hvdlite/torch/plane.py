@@ -124,7 +124,7 @@ class TorchPlane(DataPlane):
             return results
 
     def _allreduce_flat(self, buf: torch.Tensor, dtype: str, op: ReduceOp) -> None:
-        options = dist.AllreduceOptions()
+        options: Any = dist.AllreduceOptions()
         if dtype == "bool":
             options.reduceOp = _BOOL_OPS[op]
             buf = buf.view(torch.uint8)
@@ -209,7 +209,7 @@ class TorchPlane(DataPlane):
             _scale(send, pre)
             if len(set(counts)) == 1 and dtype != "bool" and self.name == "nccl":
                 mine = torch.empty(counts[0], dtype=send.dtype, device=send.device)
-                options = dist.ReduceScatterOptions()
+                options: Any = dist.ReduceScatterOptions()
                 options.reduceOp = _OPS[op]
                 self._run(self.group._reduce_scatter_base(mine, send, options))
             else:  # uneven shares (or gloo, whose reduce-scatter work never reports completion when polled):
@@ -305,6 +305,7 @@ class TorchPlanes(PlaneFactory):
 
     def make(self, name: str, boot: Bootstrap) -> TorchPlane:
         store = dist.PrefixStore(f"hvdlite/{name}/{boot.ps_id}/", self._rendezvous(boot))
+        group: Any
         if name == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = GROUP_TIMEOUT
@@ -330,6 +331,9 @@ class TorchPlanes(PlaneFactory):
     def closing(self, boot: Bootstrap) -> None:
         boot.allgather(None)  # every rank's groups are gone before rank 0 stops serving the store
         self._store = None
+
+    def forget(self) -> None:
+        self._store = None  # the abandoned groups keep their store; the next init() opens a new one
 
 
 FACTORY = TorchPlanes()

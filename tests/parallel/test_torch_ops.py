@@ -367,6 +367,25 @@ def test_device_planes_and_mixed_planes(staging: str) -> None:
     same(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(N)), "after the mismatch")
 
 
+if GLOO:  # only the gloo variant has a plane to break (the MPI path's failures: test_core_errors.py)
+    def test_a_failure_in_the_data_plane_ends_the_engine_on_every_rank(staging: str, reinit: Callable[..., None],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+        """A plane that raises (as a broken NCCL or gloo communicator does) ends the engine with an error naming
+        the plane and the tensor, on every rank, like a failed MPI collective; a new init() works again."""
+        from hvdlite.torch.plane import TorchPlane
+
+        def broken(self: TorchPlane, *args: object) -> list:
+            raise RuntimeError("connection reset by peer (injected)")
+        monkeypatch.setattr(TorchPlane, "allreduce", broken)
+        with pytest.raises(hvd.HvdliteError, match=r"the gloo data plane failed in allreduce of allreduce\.broken"):
+            hvd.allreduce(torch.ones(2), name="broken")
+        with pytest.raises(hvd.HvdliteError, match="the gloo data plane failed"):  # later ops get the same error
+            hvd.allreduce(torch.ones(2), name="after")
+        monkeypatch.undo()
+        reinit()
+        same(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(N)), "after a new init()")
+
+
 def test_users_own_torch_distributed_beside_hvdlite(staging: str) -> None:
     """hvdlite never takes torch.distributed's default group: a program's own init_process_group and
     collectives work beside hvdlite's (also while hvdlite's own gloo plane runs)."""

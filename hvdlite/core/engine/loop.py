@@ -20,7 +20,7 @@ from . import polling, stalls
 from .autotune import Autotuner
 from ..planes import PlaneTable
 from .execution import Executor
-from .plane_exec import PlaneExecutor
+from .plane_exec import PlaneExecutor, plane_failure
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
@@ -297,10 +297,7 @@ class Engine:
                 if sig.kind is Kind.REMOVE_PROCESS_SET:
                     self.cache.remove_process_set(sig.extra)
                 if self.planes is not None:  # one plane per set, made and closed with the set
-                    if sig.kind is Kind.ADD_PROCESS_SET:
-                        self.planes.make_for_set(result, psets.comms.get(result))
-                    else:
-                        self.planes.remove_set(result)
+                    self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
                 if req is not None:
                     self._finish(req, result=result)
                 continue
@@ -321,6 +318,7 @@ class Engine:
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
         for batch in batches(work, self.executor.fusion_threshold):
             plane = batch[0].resp.sig.plane
+            results: Any
             try:
                 results = self.plane_executor.run(batch) if plane and self.plane_executor is not None \
                     else self.executor.run(batch)
@@ -328,7 +326,7 @@ class Engine:
                 raise
             except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only
                 if plane:  # a data plane in an unknown state: the job ends, as after a failed MPI call
-                    raise HvdliteError(self._plane_failure(plane, batch, exc)) from exc
+                    raise HvdliteError(plane_failure(self.rank, plane, batch, exc)) from exc
                 self._fail_batch(batch, exc)
                 continue
             for item, result in results:
@@ -345,12 +343,6 @@ class Engine:
                         self._finish(req, result=results)
                 else:
                     self._finish(req, result=result)
-
-    def _plane_failure(self, plane: str, batch: list[Any], exc: Exception) -> str:
-        names = ", ".join(sorted({item.resp.name for item in batch}))
-        return (f"rank {self.rank}: the {plane} data plane failed in {batch[0].resp.kind} of {names}: "
-                f"{type(exc).__name__}: {exc}. Every pending and later collective raises this error; fix the "
-                f"cause and restart the job (HOROVOD_GPU_OPERATIONS / HOROVOD_CPU_OPERATIONS choose the planes)")
 
     def _fail_batch(self, batch: list[Any], exc: Exception) -> None:
         """Fail the requests of one batch that raised before or between its MPI calls. Every rank ran the

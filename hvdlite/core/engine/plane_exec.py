@@ -36,7 +36,8 @@ class PlaneExecutor:
                 item.src = plane.zeros(item.dtype, item.src.shape)
                 item.dst = None
             self.timeline.begin(item.resp.name, f"{plane.name.upper()}_{first.kind.label.upper()}")
-        plane.wait_ready([item.src.ready for item in batch if getattr(item.src, "ready", None) is not None])
+        ready = [getattr(item.src, "ready", None) for item in batch]
+        plane.wait_ready([event for event in ready if event is not None])
         try:
             results = self._table[first.kind](plane, batch)
         finally:
@@ -98,3 +99,11 @@ def _payload(buffer: Any) -> Any:
     return getattr(buffer, "payload", buffer)
 
 
+
+
+def plane_failure(rank: int, plane: str, batch: list[Item], exc: Exception) -> str:
+    """The message a plane's failure ends the engine with (the plane is in an unknown state afterwards)."""
+    names = ", ".join(sorted({item.resp.name for item in batch}))
+    return (f"rank {rank}: the {plane} data plane failed in {batch[0].resp.kind} of {names}: "
+            f"{type(exc).__name__}: {exc}. Every pending and later collective raises this error; fix the "
+            f"cause and restart the job (HOROVOD_GPU_OPERATIONS / HOROVOD_CPU_OPERATIONS choose the planes)")
