@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 
-from hvdlite.core import Handle
-from hvdlite.core.frontend import PlaneBuffer, plane_agreed, settings, stage_host_copies
+from hvdlite.core.frontend import PlaneBuffer, plane_agreed, setting, stage_host_copies
 
 from .plane import BACKEND_DTYPES
 
@@ -101,6 +100,9 @@ def _kind(what: str) -> str:
     return "sparse" if "sparse" in what else what.replace("grouped_", "").rstrip("_")
 
 
+GPU_KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")  # with a gpu_<kind> setting
+
+
 def plane_for(tensor: torch.Tensor, kind: str) -> str:
     """The data plane for ``tensor`` in collective ``kind`` ("" = hvdlite's MPI path: host memory, or host
     staging for GPU tensors). Decided only from agreed things: the job's settings and planes (agreed at
@@ -110,13 +112,12 @@ def plane_for(tensor: torch.Tensor, kind: str) -> str:
         return ""
     dtype = str(tensor.dtype).replace("torch.", "")
     if tensor.is_cpu:
-        if plane_agreed("gloo") and settings().cpu_operations == "gloo" and dtype in BACKEND_DTYPES["gloo"]:
+        if plane_agreed("gloo") and setting("cpu_operations") == "gloo" and dtype in BACKEND_DTYPES["gloo"]:
             return "gloo"
         return ""
     if tensor.device.type != "cuda":
         return ""
-    config = settings()
-    choice = getattr(config, f"gpu_{kind}", "") or config.gpu_operations
+    choice = (setting(f"gpu_{kind}") if kind in GPU_KINDS else "") or setting("gpu_operations")
     if choice == "mpi":
         return ""  # host staging through MPI (a CUDA-aware MPI path is not wired yet: docs/torch.md)
     if choice == "gloo":
@@ -202,12 +203,6 @@ def write_into(tensor: torch.Tensor, array: np.ndarray, shared: bool) -> torch.T
         with torch.no_grad():
             tensor.copy_(from_host(array, tensor).reshape(tensor.shape))
     return tensor
-
-
-def chain(handle: Handle, convert: Callable[[Any], Any]) -> Handle:
-    """Make ``handle.wait()`` (hvd.synchronize) return ``convert(core result)``."""
-    handle.then(convert)
-    return handle
 
 
 def splits_array(splits: Any) -> Optional[np.ndarray]:

@@ -45,7 +45,7 @@ class Engine:
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
-        self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold,
+        self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold_bytes,
                                  config.allreduce_chunk_bytes, timeline)
         self.planes = planes
         self.plane_executor = PlaneExecutor(planes, process_sets.comm, timeline) if planes is not None else None
@@ -136,7 +136,7 @@ class Engine:
         Otherwise it backs off, doubling its pause from the cycle time up to ``idle_heartbeat_seconds``;
         a local submission ends the pause at once.
         """
-        cycle_s = self.config.cycle_time / 1000.0
+        cycle_s = self.config.cycle_time_ms / 1000.0
         with self._cv:
             if self._pending:  # left over: pace cycles so waiting for peers does not spin
                 delay = self._last_cycle + cycle_s - time.monotonic()
@@ -316,7 +316,7 @@ class Engine:
             self._join_cycle = -1
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
-        for batch in batches(work, self.executor.fusion_threshold):
+        for batch in batches(work, self.executor.fusion_threshold_bytes):
             plane = batch[0].resp.sig.plane
             results: Any
             try:
