@@ -1,10 +1,10 @@
 """What this build of hvdlite supports (Horovod's ``*_built()`` / ``*_enabled()`` queries), in one place.
 
-GPU and gloo support comes from the frontends' data planes (core/planes.py), asked at run time."""
+GPU and gloo support comes from the frontends' data planes (core/engine/planes.py), asked at run time."""
 from __future__ import annotations
 
 from . import runtime
-from .planes import built
+from .engine.planes import built
 
 __all__ = ["mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
            "cuda_built", "rocm_built"]

@@ -23,7 +23,7 @@ module is private to the core.
 - ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
 - ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
-  core/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
+  core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
   ``plane_agreed(name)`` says whether every rank of the running job has that plane.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .config import Config
 from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap
-from .planes import Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, register_factory
+from .engine.planes import Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, register_factory
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
 from .runtime import is_initialized, stage_host_copies, state
 from .sparse import check_sparse, sparse_allgather_async

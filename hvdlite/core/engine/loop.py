@@ -9,18 +9,18 @@ import collections
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..config import Config
-from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
+from ..errors import (DuplicateNameError, HvdliteError, InvalidArgumentError, ShutdownError, StallError,
+                      TensorMismatchError)
 from ..log import logger
 from . import polling, stalls
 from .autotune import Autotuner
-from ..planes import PlaneTable
 from .execution import Executor
-from .plane_exec import PlaneExecutor, plane_failure
+from .plane_exec import PlaneExecutor
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
@@ -28,27 +28,28 @@ from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, Rank
                           allgather_messages, decide)
 from .psets import Registry
 from .requests import Kind, Request, Response
-from .timeline import Timeline
+from .timeline import Timeline, negotiate_activity
 
 
 class Engine:
     """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
-                 process_sets: Registry, presence_comm: Any, planes: Optional[PlaneTable] = None) -> None:
+                 process_sets: Registry, presence_comm: Any,
+                 on_verdict: Callable[[str, int], None] = lambda name, ps_id: None, planes: Any = None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
+        self.on_verdict = on_verdict  # told of every name a stall verdict fails, on every rank
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold_bytes,
-                                 config.allreduce_chunk_bytes, timeline)
-        self.planes = planes
-        self.plane_executor = PlaneExecutor(planes, process_sets.comm, timeline) if planes is not None else None
+                                 config.allreduce_chunk_bytes, timeline, process_sets.members)
+        self.planes = PlaneExecutor(planes, process_sets.comm, timeline, _Stop)  # batches on data planes
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
@@ -174,7 +175,7 @@ class Engine:
             if req.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
-                self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind.label)
+                self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
@@ -285,8 +286,10 @@ class Engine:
         for resp in responses:
             req = pending.get(resp.key)
             if resp.error is not None:
+                if resp.error_kind == "stall":
+                    self.on_verdict(resp.name, resp.ps_id)
                 if req is not None:
-                    kind = StallError if resp.error_kind == "stall" else TensorMismatchError
+                    kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
                     self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
                 continue
             sig = resp.sig
@@ -296,8 +299,7 @@ class Engine:
                 result = psets.apply(sig.kind, sig.extra, self.comm)
                 if sig.kind is Kind.REMOVE_PROCESS_SET:
                     self.cache.remove_process_set(sig.extra)
-                if self.planes is not None:  # one plane per set, made and closed with the set
-                    self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
+                self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
                 if req is not None:
                     self._finish(req, result=result)
                 continue
@@ -317,16 +319,12 @@ class Engine:
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
         for batch in batches(work, self.executor.fusion_threshold_bytes):
-            plane = batch[0].resp.sig.plane
-            results: Any
+            runner: Any = self.planes if batch[0].resp.sig.plane else self.executor  # a failing plane ends the job
             try:
-                results = self.plane_executor.run(batch) if plane and self.plane_executor is not None \
-                    else self.executor.run(batch)
+                results = runner.run(batch)
             except (HvdliteError, _Stop):  # the job's end (a wedged wait included), not this batch's error
                 raise
             except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only
-                if plane:  # a data plane in an unknown state: the job ends, as after a failed MPI call
-                    raise HvdliteError(plane_failure(self.rank, plane, batch, exc)) from exc
                 self._fail_batch(batch, exc)
                 continue
             for item, result in results:
@@ -380,6 +378,9 @@ class Engine:
         for req in waiting:
             req.handle.set_error(error)
         self.timeline.stop()
+
+
+_ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
 
 
 class _Stop(Exception):

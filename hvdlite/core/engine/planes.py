@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from .engine import polling
+from . import polling
 
-from .reduce_ops import ReduceOp
+from ..reduce_ops import ReduceOp
 
 
 class PlaneBuffer:
@@ -21,7 +21,7 @@ class PlaneBuffer:
 
     __slots__ = ("plane", "payload", "dtype_name", "shape", "ready")
 
-    def __init__(self, plane: str, payload: Any, dtype_name: str, shape: tuple, ready: Any = None) -> None:
+    def __init__(self, plane: str, payload: Any, dtype_name: str, shape: tuple[Any, ...], ready: Any = None) -> None:
         self.plane = plane
         self.payload = payload          # the framework tensor (contiguous), owned by the plane's frontend
         self.dtype_name = dtype_name    # a core dtype name ("float32", "bfloat16", ...)
@@ -52,29 +52,29 @@ class DataPlane:
 
     name = ""
 
-    def allreduce(self, inputs: list, outputs: list, dtype: str, op: ReduceOp, pre: float,
-                  post: float) -> list:
+    def allreduce(self, inputs: list[Any], outputs: list[Any], dtype: str, op: ReduceOp, pre: float,
+                  post: float) -> list[Any]:
         raise NotImplementedError
 
-    def allgather(self, inputs: list, rows: list[list[int]]) -> list:
+    def allgather(self, inputs: list[Any], rows: list[list[int]]) -> list[Any]:
         """``rows[r][i]``: rows rank r contributes to tensor i; results are the concatenations."""
         raise NotImplementedError
 
-    def broadcast(self, inputs: list, outputs: list, root: int) -> list:
+    def broadcast(self, inputs: list[Any], outputs: list[Any], root: int) -> list[Any]:
         raise NotImplementedError
 
     def alltoall(self, tensor: Any, send_splits: list[int], recv_splits: list[int]) -> Any:
         raise NotImplementedError
 
-    def reducescatter(self, inputs: list, dtype: str, op: ReduceOp, pre: float, post: float,
-                      splits: list[list[int]]) -> list:
+    def reducescatter(self, inputs: list[Any], dtype: str, op: ReduceOp, pre: float, post: float,
+                      splits: list[list[int]]) -> list[Any]:
         """``splits[i][r]``: rows of tensor i that rank r keeps."""
         raise NotImplementedError
 
-    def wait_ready(self, events: list) -> None:
+    def wait_ready(self, events: list[Any]) -> None:
         """Order the batch after the work that produced its inputs (``PlaneBuffer.ready`` of each)."""
 
-    def zeros(self, dtype: str, shape: tuple) -> Any:
+    def zeros(self, dtype: str, shape: tuple[Any, ...]) -> Any:
         """A stand-in tensor for a rank that joined (zeros, or no rows)."""
         raise NotImplementedError
 
@@ -93,8 +93,9 @@ class Bootstrap:
     def bcast(self, value: Any, root: int = 0) -> Any:
         return self._comm.bcast(value, root=root)
 
-    def allgather(self, value: Any) -> list:
-        return self._comm.allgather(value)
+    def allgather(self, value: Any) -> list[Any]:
+        values: list[Any] = self._comm.allgather(value)
+        return values
 
     @staticmethod
     def wait(test: Callable[[], bool]) -> None:
