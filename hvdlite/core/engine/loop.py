@@ -49,7 +49,7 @@ class Engine:
         self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold_bytes,
                                  config.allreduce_chunk_bytes, timeline, process_sets.members)
-        self.planes = PlaneExecutor(planes, process_sets.comm, timeline, _Stop)  # batches on data planes
+        self.planes = PlaneExecutor(planes, process_sets.comm, process_sets.members, timeline, _Stop)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set

@@ -21,9 +21,11 @@ POLL_CAP = 1e-4
 class PlaneExecutor:
     """One method per kind, as the MPI executor; each returns (item, result) pairs."""
 
-    def __init__(self, table: Optional[PlaneTable], comm_of: Callable[[int], Any], timeline: Timeline,
+    def __init__(self, table: Optional[PlaneTable], comm_of: Callable[[int], Any],
+                 members_of: Callable[[int], list[int]], timeline: Timeline,
                  job_ends: type[BaseException] = HvdliteError) -> None:
         self.table = table
+        self.members_of = members_of
         self.job_ends = job_ends  # what ends the engine anyway (a wedged wait inside a plane included)
         self.comm_of = comm_of
         self.timeline = timeline
@@ -81,7 +83,9 @@ class PlaneExecutor:
 
     def _broadcast(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
-        return plane.broadcast(self._payloads(batch), outputs, batch[0].resp.sig.root)
+        first = batch[0].resp
+        root = self.members_of(first.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
+        return plane.broadcast(self._payloads(batch), outputs, root)
 
     def _reducescatter(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         sig = batch[0].resp.sig
