@@ -45,7 +45,7 @@ def test_grad_sync_smoke(tmp_path: Path) -> None:
     assert records[-1]["kind"] == "done"
     expected = {"mpi_flat_out_of_place", "mpi_flat_in_place", "mpi_flat_chunked_1MB", "mpi_flat_chunked_2MB",
                 "mpi_flat_chunked_4MB", "mpi_per_tensor", "mpi_fused_copy", "gloo_per_tensor", "gloo_flat",
-                "hvdlite_async", "hvdlite_async_sum", "hvdlite_grouped", "hvd_module_async"}
+                "hvdlite_async", "hvdlite_async_sum", "hvdlite_grouped", "hvdlite_optimizer", "hvd_module_async"}
     for model, tensors in (("resnet50", 161), ("bert-base", 199)):
         methods = by_method(records, model=model)
         assert set(methods) == expected, (model, sorted(methods))
@@ -55,9 +55,10 @@ def test_grad_sync_smoke(tmp_path: Path) -> None:
             assert r["tensors"] == tensors and r["ranks"] == 2 and r["reps"] == 2, r
             assert_positive(r, "ms", "ms_min", "ms_max", "bytes", "bytes_per_s", "ratio")
             assert r["ratio"] >= 1.0 or r["group"] != "a", r  # the denominator is the fastest of (a)
-        assert {methods[m]["group"] for m in methods} == {"a", "b", "c", "d", "e", "f", "diag"}
+        assert {methods[m]["group"] for m in methods} == {"a", "b", "c", "d", "e", "f", "g", "diag"}
         assert methods["hvd_module_async"]["module"] == "hvdlite.torch"
         assert methods["hvdlite_grouped"]["engine_cycles_per_rep"] >= 1
+        assert methods["hvdlite_optimizer"]["mpi_calls_per_rep"] >= 1  # the optimizer's buckets were reduced
 
 
 LATENCY_KEYS = ("latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite", "latency_hvdlite_torch")
@@ -261,3 +262,17 @@ def test_gpu_overhead_smoke_without_a_gpu() -> None:
     (record,) = json_lines(proc.stdout)
     assert record["device"] == "cpu (smoke test)" and record["ranks"] == 1
     assert_positive(record, "torch_step_ms", "hvdlite_step_ms", "forced_step_ms")
+
+def test_powersgd_bytes_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "powersgd_bytes.json"
+    proc = run_mpi(BENCH / "powersgd_bytes.py", 2, timeout=240, args=[
+        "--model", "small-transformer", "--steps", "1", "--ranks", "1,2", "--out", str(out)])
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text()) and records[-1]["kind"] == "done"
+    methods = by_method(records)
+    assert set(methods) == {"powersgd_rank1", "powersgd_rank2", "uncompressed"}
+    full = methods["uncompressed"]["bytes_per_step"]
+    assert full == 7_357_194 * 4 and methods["uncompressed"]["ratio"] == 1.0
+    one, two = methods["powersgd_rank1"], methods["powersgd_rank2"]
+    assert 0 < one["bytes_per_step"] < two["bytes_per_step"] < full, (one, two)
+    assert one["ratio"] == one["bytes_per_step"] / full and one["tensors_compressed"] > 0 and one["ranks"] == 2

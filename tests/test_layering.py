@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hvdlite"
 #: The only module allowed to import mpi4py.
 MPI_MODULE = "hvdlite.core.engine.mpi"
 #: The layers, most specific first: a module belongs to the first whose name prefixes its own.
-LAYERS = ("hvdlite.core.engine", "hvdlite.core.elastic", "hvdlite.core", "hvdlite.torch",
+LAYERS = ("hvdlite.core.engine", "hvdlite.core.elastic", "hvdlite.core", "hvdlite.torch", "hvdlite.lightning",
           "hvdlite.tensorflow.keras", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.run.elastic", "hvdlite.run",
           "hvdlite")
 #: What the frontends may use of the core: the public core package (``hvdlite.core``'s __init__), its
@@ -39,6 +39,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hvdlite.tensorflow": FRONTEND_INTERFACE | {"hvdlite.tensorflow.keras.*"},
     "hvdlite.tensorflow.keras": FRONTEND_INTERFACE | {"hvdlite.tensorflow.*"},
     "hvdlite.keras": {"hvdlite.tensorflow.keras.*"},
+    # the Lightning strategy is a user of the torch frontend, as a training script is
+    "hvdlite.lightning": {"hvdlite.torch.*"},
     # the launcher sees the core only through its documented surface (and the package's version)
     "hvdlite.run": {"hvdlite", "hvdlite.core.launch", "hvdlite.run.elastic.*"},
     "hvdlite.run.elastic": {"hvdlite.run.*"},
@@ -52,6 +54,7 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     "hvdlite.tensorflow": ("torch",),
     "hvdlite.tensorflow.keras": ("torch",),
     "hvdlite.keras": ("torch",),
+    "hvdlite.lightning": ("tensorflow", "keras", "tf_keras"),
     "hvdlite.run": ("torch", "tensorflow", "keras", "tf_keras"),
     "hvdlite.run.elastic": ("torch", "tensorflow", "keras", "tf_keras"),
 }

@@ -1,15 +1,16 @@
 """Spawns every in-rank test file of tests/parallel/ under ``mpiexec -n N``, one test per (file, size).
 
 A file's sizes are its ``MPI_SIZES = (...)`` line (default 2 and 3); its optional ``SPAWN_TIMEOUT = S`` line
-bounds the whole job, so a deadlock fails fast. An optional ``ENV_VARIANTS = {"label": {VAR: value}}`` line runs
-the file once more per label at every size with those variables set (e.g. the torch files again with
-HOROVOD_CPU_OPERATIONS=GLOO: the torch.distributed data plane). Each failure is reported with the in-rank test's name and
-the rank it failed on.
+bounds the whole job, so a deadlock fails fast. Each failure is reported with the in-rank test's name and
+the rank it failed on. A file's optional ``VARIANTS = ("", "NAME=VALUE ...")`` line runs it once per entry,
+each time with those environment variables set in the ranks ("" is the plain run); the variant joins the
+test id (``test_keras_fit-np2-TF_USE_LEGACY_KERAS=1``). Variables that must be set before an import (such as
+TF_USE_LEGACY_KERAS, read when TensorFlow is imported) can only be varied this way, per process.
 """
 from __future__ import annotations
 
-import ast
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -28,11 +29,12 @@ def _cases() -> list:
         text = path.read_text()
         sizes = [int(s) for s in re.findall(r"\d+", _setting(text, "MPI_SIZES", "(2, 3)"))]
         timeout = float(_setting(text, "SPAWN_TIMEOUT", "600"))
-        variants = {"": {}, **ast.literal_eval(_setting(text, "ENV_VARIANTS", "{}"))}
-        for label, env in variants.items():
+        variants = re.findall(r'"([^"]*)"', _setting(text, "VARIANTS", '("",)'))
+        for variant in variants:
+            env = dict(item.split("=", 1) for item in shlex.split(variant))
             for n in sizes:
-                suffix = f"-{label}" if label else ""
-                cases.append(pytest.param(path.name, n, timeout, env, id=f"{path.stem}-np{n}{suffix}",
+                cases.append(pytest.param(path.name, n, timeout, env,
+                                          id="-".join(filter(None, [f"{path.stem}-np{n}", variant.replace(" ", "-")])),
                                           marks=pytest.mark.timeout(timeout + 60)))
     return cases
 

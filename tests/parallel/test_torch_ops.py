@@ -20,7 +20,7 @@ from torch_check import R, N, base, check, same, up, ups
 
 MPI_SIZES = (2, 3)
 SPAWN_TIMEOUT = 420
-ENV_VARIANTS = {"gloo": {"HOROVOD_CPU_OPERATIONS": "GLOO"}}
+VARIANTS = ("", "HOROVOD_CPU_OPERATIONS=GLOO")  # again on the torch.distributed (gloo) data plane
 #: Under HOROVOD_CPU_OPERATIONS=GLOO every CPU tensor goes to the torch.distributed (gloo) data plane,
 #: which the staging switch does not change: the file then runs once, on that plane.
 GLOO = os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo"

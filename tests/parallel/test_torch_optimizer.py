@@ -18,7 +18,7 @@ import hvdlite.torch as hvd
 
 MPI_SIZES = (2, 3)
 SPAWN_TIMEOUT = 420
-ENV_VARIANTS = {"gloo": {"HOROVOD_CPU_OPERATIONS": "GLOO"}}  # again on the torch.distributed plane
+VARIANTS = ("", "HOROVOD_CPU_OPERATIONS=GLOO")  # again on the torch.distributed (gloo) data plane
 R, N = hvd.rank(), hvd.size()
 B, STEPS = 4, 3
 MODES = {"overlap-on": {"gradient_overlap": "on"}, "overlap-off": {"gradient_overlap": "off"},
