@@ -245,6 +245,24 @@ def test_latency_breakdown_smoke(tmp_path: Path) -> None:
     assert phases[-1]["us_since_call"] >= phases[0]["us_since_call"]
 
 
+def test_gloo_vs_mpi_smoke() -> None:
+    """Both planes run ResNet-50's 161 gradients (shrunk) and the line carries their times and ratio."""
+    proc = run_mpi(BENCH / "gloo_vs_mpi.py", 2, timeout=180, args=["--scale", "0.001", "--reps", "1", "--rounds", "1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (record,) = [r for r in json_lines(proc.stdout) if r.get("bench") == "gloo_vs_mpi"]
+    assert record["tensors"] == 161
+    assert_positive(record, "mpi_ms", "gloo_ms", "gloo_over_mpi")
+    assert abs(record["gloo_over_mpi"] - record["gloo_ms"] / record["mpi_ms"]) < 0.01
+
+
+def test_gpu_overhead_smoke_without_a_gpu() -> None:
+    """Without CUDA the GPU overhead script runs its tiny CPU version to the end and says so."""
+    proc = run_mpi(BENCH / "gpu_overhead.py", 1, timeout=180, args=["--rounds", "1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (record,) = json_lines(proc.stdout)
+    assert record["device"] == "cpu (smoke test)" and record["ranks"] == 1
+    assert_positive(record, "torch_step_ms", "hvdlite_step_ms", "forced_step_ms")
+
 def test_powersgd_bytes_smoke(tmp_path: Path) -> None:
     out = tmp_path / "powersgd_bytes.json"
     proc = run_mpi(BENCH / "powersgd_bytes.py", 2, timeout=240, args=[

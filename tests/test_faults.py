@@ -198,9 +198,12 @@ def test_per_rank_environments_that_differ_never_give_a_wrong_value(setting: str
                     f"rank 0's value on every rank") in proc.stderr, out
 
 
-def test_sigstop_of_one_rank_gives_the_others_a_stall_error_naming_it() -> None:
-    job = Job([mpiexec_path(), "-n", "3", sys.executable, WORKER, "stall"],
-              _env({"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "5", "HVDLITE_STALL_CHECK_TIME_SECONDS": "5"}))
+@pytest.mark.parametrize("mode,plane", [("stall", {}), ("stall_torch", {"HOROVOD_CPU_OPERATIONS": "GLOO"})],
+                         ids=["mpi", "gloo-plane"])
+def test_sigstop_of_one_rank_gives_the_others_a_stall_error_naming_it(mode: str, plane: dict) -> None:
+    """Also while the others wait inside the torch.distributed (gloo) data plane: the same StallError."""
+    job = Job([mpiexec_path(), "-n", "3", sys.executable, WORKER, mode],
+              _env({"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "5", "HVDLITE_STALL_CHECK_TIME_SECONDS": "5", **plane}))
     try:
         pids = _pids(job, 3)
         job.wait_for(r"LOOPING rank=", 3, 90)

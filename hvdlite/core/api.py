@@ -8,6 +8,7 @@ import numpy as np
 
 from .engine.handles import Handle
 from .engine.requests import Kind
+from .engine.planes import PlaneBuffer
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import check_reduction, dtype_name, resolve_op, storage_dtype
 from .runtime import state
@@ -37,8 +38,11 @@ def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
     return ps_id
 
 
-def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[np.ndarray, str]:
-    """A C-contiguous array in its storage dtype (bfloat16 as uint16 bits), plus the dtype name."""
+def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[Any, str]:
+    """A C-contiguous array in its storage dtype (bfloat16 as uint16 bits), plus the dtype name. A frontend's
+    tensor bound for a data plane (core/engine/planes.py) passes through as it is."""
+    if type(array) is PlaneBuffer:
+        return array, array.dtype_name
     a = array if type(array) is np.ndarray else np.asarray(array)
     dtype = dtype_name(a, dtype_hint)
     if dtype == "bfloat16" and a.dtype != np.uint16:
@@ -228,7 +232,7 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
     a, dtype = _prepare(array, dtype_hint)
     outputs: list[Optional[np.ndarray]] = [a if inplace else None]
     finalize = None
-    if inplace and a is not np.asarray(array):
+    if inplace and type(a) is not PlaneBuffer and a is not np.asarray(array):
         finalize = _write_back([np.asarray(array)], [a])
     handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=root,
                      finalize=finalize)

@@ -1,5 +1,10 @@
-"""What this build of hvdlite supports (Horovod's ``*_built()`` / ``*_enabled()`` queries), in one place."""
+"""What this build of hvdlite supports (Horovod's ``*_built()`` / ``*_enabled()`` queries), in one place.
+
+GPU and gloo support comes from the frontends' data planes (core/engine/planes.py), asked at run time."""
 from __future__ import annotations
+
+from . import runtime
+from .engine.planes import built
 
 __all__ = ["mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
            "cuda_built", "rocm_built"]
@@ -15,15 +20,21 @@ def mpi_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    return False
+    """True when this job runs torch CPU tensors through torch.distributed's gloo (HOROVOD_CPU_OPERATIONS=GLOO)."""
+    if not runtime.is_initialized():
+        return False
+    current = runtime.state()
+    return current.config.cpu_operations == "gloo" and current.planes.has("gloo")
 
 
 def gloo_built() -> bool:
-    return False
+    """Whether a registered frontend can run gloo here (torch.distributed with gloo)."""
+    return built("gloo")
 
 
 def nccl_built() -> bool:
-    return False
+    """Whether a registered frontend can run NCCL here (torch built with CUDA, with NCCL)."""
+    return built("nccl")
 
 
 def ddl_built() -> bool:
@@ -35,7 +46,8 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """Whether a registered frontend can place tensors on CUDA devices (torch built with CUDA)."""
+    return built("cuda")
 
 
 def rocm_built() -> bool:

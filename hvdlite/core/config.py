@@ -21,6 +21,9 @@ _INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY", "HVDLITE_E
 
 #: Log levels Horovod accepts (any case); TRACE and FATAL map to hvdlite's TRACE and Python's CRITICAL.
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+#: The GPU data-plane settings: gpu_operations, then one override per collective.
+GPU_OPERATION_FIELDS = ("gpu_operations", "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall",
+                        "gpu_reducescatter")
 #: Value of HOROVOD_TIMELINE meaning "no file at init; hvd.start_timeline() starts one later".
 DYNAMIC_TIMELINE = "DYNAMIC"
 
@@ -68,6 +71,19 @@ class Config:
     #: Testing/debug switch: frontends stage CPU tensors through a host copy too, as they do device (CUDA)
     #: tensors, so that the staging path runs on machines without a GPU. Off in use.
     stage_host_copies: bool = False
+    #: Data plane of GPU tensors (Horovod's HOROVOD_GPU_OPERATIONS): "nccl" (torch.distributed's NCCL), "mpi"
+    #: (CUDA-aware MPI where the MPI library reports CUDA support, else host staging), or "" (auto: NCCL when
+    #: every rank has it, else host staging through MPI). docs/torch.md, "Data planes".
+    gpu_operations: str = ""
+    #: Per-collective overrides of gpu_operations (Horovod's HOROVOD_GPU_ALLREDUCE and siblings).
+    gpu_allreduce: str = ""
+    gpu_allgather: str = ""
+    gpu_broadcast: str = ""
+    gpu_alltoall: str = ""
+    gpu_reducescatter: str = ""
+    #: Data plane of CPU tensors (HOROVOD_CPU_OPERATIONS): "mpi" (hvdlite's engine on host buffers) or "gloo"
+    #: (torch.distributed's gloo, torch tensors only; TensorFlow stays on MPI).
+    cpu_operations: str = "mpi"
     #: hvdlite-run starts each rank's program under a small sentinel (hvdlite/run/sentinel.py) that names
     #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.
     launch_sentinel: bool = True
@@ -90,7 +106,9 @@ class Config:
     #: Settings that shape MPI traffic or verdicts every rank must reach alike; rank 0's values are used.
     AGREED = ("cycle_time_ms", "cache_capacity", "fusion_threshold_bytes", "allreduce_chunk_bytes",
               "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
-              "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune")
+              "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune", "gpu_operations",
+              "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall", "gpu_reducescatter",
+              "cpu_operations")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
     #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals: Horovod's
@@ -193,6 +211,18 @@ class Config:
         if overlap not in ("auto", "on", "off"):
             raise ValueError(f"gradient_overlap must be auto, on or off, got {self.gradient_overlap!r}")
         self.gradient_overlap = overlap
+        for name in GPU_OPERATION_FIELDS:
+            value = str(getattr(self, name)).strip().lower()
+            if value not in ("", "nccl", "mpi", "gloo"):
+                raise ValueError(f"{name} (HOROVOD_{name.upper()}) must be NCCL or MPI (hvdlite also takes GLOO: "
+                                 f"allreduce and broadcast of CUDA tensors through gloo), or unset for automatic; "
+                                 f"got {getattr(self, name)!r}")
+            setattr(self, name, value)
+        cpu = str(self.cpu_operations).strip().lower() or "mpi"
+        if cpu not in ("mpi", "gloo"):
+            raise ValueError(f"cpu_operations (HOROVOD_CPU_OPERATIONS) must be MPI or GLOO, got "
+                             f"{self.cpu_operations!r}")
+        self.cpu_operations = cpu
         if self.autotune_warmup_samples < 0:
             raise ValueError(f"autotune_warmup_samples must be >= 0, got {self.autotune_warmup_samples}")
         if self.autotune_steps_per_sample < 1:

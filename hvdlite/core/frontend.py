@@ -22,6 +22,9 @@ module is private to the core.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
+- ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
+  core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
+  ``plane_agreed(name)`` says whether every rank of the running job has that plane.
 """
 from __future__ import annotations
 
@@ -33,14 +36,16 @@ from .config import Config
 from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap
+from .engine.planes import Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, register_factory
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
-from .runtime import stage_host_copies, state
+from .runtime import is_initialized, stage_host_copies, state
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
 __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_class", "Compressor",
            "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
-           "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty"]
+           "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
+           "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed"]
 
 
 def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,
@@ -92,3 +97,8 @@ def process_set_ranks(ps_id: int) -> list[int]:
 def setting(name: str) -> Any:
     """The value of setting ``name`` (a Config field; a former name warns) in the running job."""
     return getattr(state().config, Config.field_for(name))
+
+
+def plane_agreed(name: str) -> bool:
+    """Whether every rank of the running job has data plane ``name`` (False before init())."""
+    return is_initialized() and state().planes.has(name)

@@ -18,10 +18,11 @@ from .engine.loop import Engine
 from .engine.psets import Registry
 from .engine.requests import Kind, Request, make_signature, tensor_layout
 from .engine.timeline import Timeline
-from .errors import NotInitializedError
+from .errors import NotInitializedError, ShutdownError
 from .launch_check import check_launch
 from .log import logger
 from .names import Names
+from .engine.planes import PlaneTable, plane_of
 from .process_sets import ProcessSet, normalize_ranks
 from .reduce_ops import ReduceOp
 
@@ -50,13 +51,17 @@ class State:
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
         polling.share_cores(*core_sharing(self.local_size))
+        self.planes = PlaneTable(config, world, self.rank, self.local_size == self.size)
+        self.planes.make_for_set(0, self.engine_comm)
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
-                             self.presence_comm, on_verdict=self.names.learn)
+                             self.presence_comm, on_verdict=self.names.learn, planes=self.planes)
 
     def close(self) -> None:
         self.engine.stop()
         self.timeline.stop()
         if not self.engine.alive:
+            # after a failure (a peer gone or wedged) closing must not wait for the peers
+            self.planes.close(clean=self.engine.error is None or isinstance(self.engine.error, ShutdownError))
             self.engine.executor.adasum_levels.free()
             self.psets.free()
             self.mpi_ops.free()
@@ -71,7 +76,8 @@ class State:
         """Hand one named request to the engine; the handle completes when every member has run it."""
         shapes = tensor_layout(dtypes[0], shape_of(inputs[0])) if len(inputs) == 1 else \
             tuple([(d, shape_of(a)) for a, d in zip(inputs, dtypes)])
-        sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra)
+        sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra,
+                             plane_of(inputs, f"{kind} {name!r}") if inputs else "")
         req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), dtypes,
                       op=op, splits=splits, finalize=finalize)
         self.engine.submit(req)
@@ -234,5 +240,3 @@ def is_homogeneous() -> bool:
 
 def mpi_threads_supported() -> bool:
     return state().thread_multiple
-
-

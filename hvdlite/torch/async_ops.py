@@ -12,7 +12,7 @@ from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once
 from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set
 from hvdlite.core.frontend import check_sparse, resolve_op, sparse_allgather_async
 
-from .tensors import dtype_hint, from_host, hints, splits_array, to_host, write_into
+from .tensors import check_one_device, dtype_hint, from_host, hints, on_plane, splits_array, to_host, write_into
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
@@ -28,7 +28,8 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
     """Start reducing ``tensors`` as one unit; synchronize() returns new reduced tensors."""
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
-    hosts = [to_host(t, "grouped_allreduce")[0] for t in tensors]
+    check_one_device(tensors, "grouped_allreduce")
+    hosts = [to_host(t, _what("grouped_allreduce", reduce_op))[0] for t in tensors]
     handle = core.grouped_allreduce_async(hosts, None, _name("allreduce", name), reduce_op, prescale_factor,
                                           postscale_factor, process_set, dtype_hints=hints(tensors))
     return handle.then(lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
@@ -41,7 +42,8 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
     """Start reducing ``tensors`` in place; synchronize() returns the same tensors, now reduced."""
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
-    staged = [to_host(t, "grouped_allreduce_") for t in tensors]
+    check_one_device(tensors, "grouped_allreduce_")
+    staged = [to_host(t, _what("grouped_allreduce_", reduce_op)) for t in tensors]
     handle = core.grouped_allreduce_async([s[0] for s in staged], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
                                           dtype_hints=hints(tensors))
@@ -63,8 +65,9 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    host, shared = to_host(tensor, "allreduce_")  # the per-gradient path: kept short
-    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), resolve_op(op, average),
+    reduce_op = resolve_op(op, average)
+    host, shared = to_host(tensor, _what("allreduce_", reduce_op))  # the per-gradient path: kept short
+    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
                                           dtype_hints=(dtype_hint(tensor),))
     if shared:
@@ -85,6 +88,11 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                                 process_set))
+
+
+def _what(label: str, op: ReduceOp) -> str:
+    """Adasum runs on hvdlite's MPI path only (host buffers; GPU tensors staged): its label says so."""
+    return "adasum" if op is Adasum else label
 
 
 # -- sparse -------------------------------------------------------------------------------------------
@@ -133,11 +141,18 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
 
 
 # -- allgather ----------------------------------------------------------------------------------------
-def _into(outputs: Optional[Sequence[torch.Tensor]], what: str) -> tuple[Optional[list], Any]:
-    """Host arrays for caller-given outputs, and the conversion that returns those tensors, filled."""
+def _into(outputs: Optional[Sequence[torch.Tensor]], what: str, inputs: Sequence[torch.Tensor],
+          plane: bool = False) -> tuple[Optional[list], Any]:
+    """Host arrays for caller-given outputs, and the conversion that returns those tensors, filled (on a data
+    plane the results are copied into them on their device, after the same check the core makes)."""
     if outputs is None:
         return None, None
     outputs = list(outputs)
+    if plane:
+        if len(outputs) != len(inputs) or any(o.dtype != t.dtype for o, t in zip(outputs, inputs)):
+            raise TypeError(f"{what}: outputs must be one array per input with the input's dtype; got "
+                            f"{[str(o.dtype) for o in outputs]} for inputs {[str(t.dtype) for t in inputs]}")
+        return None, lambda results: [t.copy_(r.reshape(t.shape)) for t, r in zip(outputs, results)]
     staged = [to_host(t, what) for t in outputs]
     return [s[0] for s in staged], lambda results: [write_into(t, r, s[1])
                                                     for t, r, s in zip(outputs, results, staged)]
@@ -150,8 +165,9 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     extension: ``outputs`` (one tensor of the gathered shape per input, which may hold the input as its
     own rows) receive the results without new allocations; synchronize() returns them."""
     tensors = list(tensors)
+    check_one_device(tensors, "grouped_allgather")
     hosts = [to_host(t, "grouped_allgather")[0] for t in tensors]
-    into, filled = _into(outputs, "grouped_allgather")
+    into, filled = _into(outputs, "grouped_allgather", tensors, on_plane(hosts))
     handle = core.grouped_allgather_async(hosts, _name("allgather", name), process_set,
                                           dtype_hints=hints(tensors), outputs=into)
     return handle.then(filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
@@ -206,8 +222,9 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     ``outputs`` (one tensor of this rank's share per input, apart from the inputs) receive the results."""
     tensors = list(tensors)
     reduce_op = resolve_op(op)
+    check_one_device(tensors, "grouped_reducescatter")
     hosts = [to_host(t, "grouped_reducescatter")[0] for t in tensors]
-    into, filled = _into(outputs, "grouped_reducescatter")
+    into, filled = _into(outputs, "grouped_reducescatter", tensors, on_plane(hosts))
     handle = core.grouped_reducescatter_async(hosts, _name("reducescatter", name), reduce_op, process_set,
                                               prescale_factor, postscale_factor, dtype_hints=hints(tensors),
                                               outputs=into)

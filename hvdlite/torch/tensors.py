@@ -7,7 +7,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from hvdlite.core.frontend import stage_host_copies
+from hvdlite.core.frontend import PlaneBuffer, plane_agreed, setting, stage_host_copies
+
+from .plane import BACKEND_DTYPES
 
 #: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits).
 SUPPORTED_DTYPES = tuple(d for d in (
@@ -93,14 +95,84 @@ def _staged(tensor: torch.Tensor) -> bool:
     return not tensor.is_cpu or stage_host_copies()
 
 
-def to_host(tensor: torch.Tensor, what: str) -> tuple[np.ndarray, bool]:
-    """A host array for ``tensor`` and whether it shares the tensor's memory.
+def _kind(what: str) -> str:
+    """The collective an op's label names ("grouped_allreduce_" -> "allreduce"; sparse ops -> "sparse")."""
+    return "sparse" if "sparse" in what else what.replace("grouped_", "").rstrip("_")
 
+
+GPU_KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")  # with a gpu_<kind> setting
+
+
+def plane_for(tensor: torch.Tensor, kind: str) -> str:
+    """The data plane for ``tensor`` in collective ``kind`` ("" = hvdlite's MPI path: host memory, or host
+    staging for GPU tensors). Decided only from agreed things: the job's settings and planes (agreed at
+    init()), the tensor's dtype and its device kind (both in the request's signature, so ranks that would
+    choose differently get a mismatch error, never a hang)."""
+    if kind in ("sparse", "adasum") or not isinstance(tensor, torch.Tensor):
+        return ""
+    dtype = str(tensor.dtype).replace("torch.", "")
+    if tensor.is_cpu:
+        if plane_agreed("gloo") and setting("cpu_operations") == "gloo" and dtype in BACKEND_DTYPES["gloo"]:
+            return "gloo"
+        return ""
+    if tensor.device.type != "cuda":
+        return ""
+    choice = (setting(f"gpu_{kind}") if kind in GPU_KINDS else "") or setting("gpu_operations")
+    if choice == "mpi":
+        return ""  # host staging through MPI (a CUDA-aware MPI path is not wired yet: docs/torch.md)
+    if choice == "gloo":
+        return "gloo" if kind in ("allreduce", "broadcast") and plane_agreed("gloo") else ""
+    if not plane_agreed("nccl"):
+        if choice == "nccl":
+            raise RuntimeError(
+                f"{kind} of a {tensor.device} tensor: HOROVOD_GPU_OPERATIONS (or HOROVOD_GPU_{kind.upper()}) asks "
+                f"for NCCL, but NCCL is not available on every rank (torch.distributed.is_nccl_available() and "
+                f"torch.cuda.is_available() must hold everywhere). Unset it to stage GPU tensors through host "
+                f"memory, set it to MPI, or install a CUDA build of torch with NCCL")
+        return ""
+    if dtype not in BACKEND_DTYPES["nccl"]:
+        return ""
+    own = torch.cuda.current_device()
+    if tensor.device.index != own:
+        raise RuntimeError(
+            f"{kind}: the tensor is on {tensor.device}, but this rank's GPU is cuda:{own} (the current device); "
+            f"NCCL runs each rank on its own GPU. Call torch.cuda.set_device(hvd.local_rank()) before building "
+            f"the model, and keep the tensors on that device")
+    return "nccl"
+
+
+def check_one_device(tensors: Sequence[torch.Tensor], what: str) -> None:
+    """A grouped op's tensors share one device (one data plane moves a batch)."""
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        raise ValueError(f"{what}: the tensors of one grouped op must be on one device, got "
+                         f"{sorted(str(d) for d in devices)}; move them to one device (e.g. "
+                         f"t.to(f'cuda:{{hvd.local_rank()}}')) or make one grouped op per device")
+
+
+def on_plane(hosts: Sequence[Any]) -> bool:
+    """Whether what to_host gave goes to a data plane (results come back as tensors on the device)."""
+    return bool(hosts) and isinstance(hosts[0], PlaneBuffer)
+
+
+def to_host(tensor: torch.Tensor, what: str) -> tuple[Any, bool]:
+    """What the core gets for ``tensor``, and whether that shares the tensor's memory.
+
+    A tensor bound for a data plane (plane_for) goes in as it is, wrapped in a PlaneBuffer (a contiguous
+    copy if it is not contiguous), with a CUDA event on its current stream that the plane waits for.
     CPU tensors are viewed without a copy (the core copies non-contiguous ones itself and writes
     in-place results back through the view). Tensors on any other device (CUDA) are staged through
     a contiguous host copy, taken on the tensor's current stream.
     """
     check_dtype(tensor, what)
+    plane = plane_for(tensor, _kind(what))
+    if plane:
+        t = tensor.detach()
+        shared = t.is_contiguous()
+        if not shared:
+            t = t.contiguous()
+        ready = torch.cuda.current_stream(t.device).record_event() if t.is_cuda else None
+        return PlaneBuffer(plane, t, str(t.dtype).replace("torch.", ""), tuple(t.shape), ready), shared
     if not _staged(tensor):
         return _numpy_view(tensor), True
     staged = tensor.detach().to("cpu", copy=True).contiguous()
@@ -108,7 +180,10 @@ def to_host(tensor: torch.Tensor, what: str) -> tuple[np.ndarray, bool]:
 
 
 def from_host(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """A tensor with ``like``'s dtype and device holding ``array`` (no copy on CPU)."""
+    """A tensor with ``like``'s dtype and device holding ``array`` (no copy on CPU); a data plane's result
+    already is one."""
+    if isinstance(array, torch.Tensor):
+        return array
     if not array.flags.writeable:
         array = array.copy()
     if like.dtype == torch.bfloat16:

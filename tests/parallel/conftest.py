@@ -33,6 +33,8 @@ def _world() -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mpi(min_size=None, sizes=None): run only at these job sizes")
+    if os.environ.get("HOROVOD_CPU_OPERATIONS") or os.environ.get("HVDT_DEVICE"):
+        import hvdlite.torch  # noqa: F401 - its data planes are made at init(), so it registers them first
     hvd.init()
 
 

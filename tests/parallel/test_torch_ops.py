@@ -3,6 +3,7 @@ test runs twice: on CPU tensors directly, and with every tensor staged through a
 tensors take, forced by the stage_host_copies setting so that it runs without a GPU)."""
 from __future__ import annotations
 
+import os
 import runpy
 import re
 import sys
@@ -19,6 +20,10 @@ from torch_check import R, N, base, check, same, up, ups
 
 MPI_SIZES = (2, 3)
 SPAWN_TIMEOUT = 420
+VARIANTS = ("", "HOROVOD_CPU_OPERATIONS=GLOO")  # again on the torch.distributed (gloo) data plane
+#: Under HOROVOD_CPU_OPERATIONS=GLOO every CPU tensor goes to the torch.distributed (gloo) data plane,
+#: which the staging switch does not change: the file then runs once, on that plane.
+GLOO = os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo"
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INPUTS = {r: base(r) for r in range(N)}
@@ -27,7 +32,7 @@ TOTAL = torch.stack([INPUTS[r] for r in range(N)]).sum(0)
 HOROVOD_STYLE = Path(__file__).resolve().parent.parent / "workers" / "torch_horovod_style.py"
 
 
-@pytest.fixture(params=["direct", "staged"])
+@pytest.fixture(params=["direct"] if GLOO else ["direct", "staged"])
 def staging(request: pytest.FixtureRequest, reinit: Callable[..., None]) -> str:
     if request.param == "staged":
         reinit(stage_host_copies=True)
@@ -37,13 +42,20 @@ def staging(request: pytest.FixtureRequest, reinit: Callable[..., None]) -> str:
 def test_staging_setting_reaches_the_frontend(staging: str) -> None:
     probe = torch.arange(4.0)
     array, shared = to_host(probe, "probe")
+    if GLOO:  # the tensor itself goes to the gloo plane: no copy, no numpy view
+        assert hvd.gloo_enabled() and array.plane == "gloo" and array.payload.data_ptr() == probe.data_ptr()
+        assert shared
+        return
+    assert hvd.gloo_enabled() is False
     assert shared is (staging == "direct") and (array.ctypes.data == probe.data_ptr()) is shared
 
 
 def test_topology_and_build_flags(staging: str) -> None:
     assert hvd.is_initialized() and 0 <= R < N and hvd.local_rank() < hvd.local_size()
     assert hvd.cross_rank() < hvd.cross_size() and hvd.size() == core.size() and hvd.rank() == core.rank()
-    assert hvd.mpi_enabled() and hvd.mpi_built() and not hvd.gloo_enabled() and not hvd.gloo_built()
+    assert hvd.mpi_enabled() and hvd.mpi_built() and hvd.gloo_enabled() is GLOO
+    assert hvd.gloo_built() is torch.distributed.is_gloo_available()  # asked at run time
+    assert hvd.nccl_built() is (torch.distributed.is_nccl_available() and torch.backends.cuda.is_built())
     assert isinstance(hvd.mpi_threads_supported(), bool)
     assert [f() for f in (hvd.nccl_built, hvd.ddl_built, hvd.ccl_built, hvd.cuda_built, hvd.rocm_built)] == \
         [False] * 5
@@ -338,6 +350,68 @@ def test_errors(staging: str) -> None:
         torch.testing.assert_close(hvd.allreduce(torch.ones(2), op=hvd.Adasum), torch.ones(2))
     with pytest.raises(TypeError, match="complex64"):
         hvd.allreduce(torch.ones(2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="one device"):  # one grouped op, one device (one data plane)
+        hvd.grouped_allreduce([torch.ones(2), torch.ones(2, device="meta")])
+
+
+def test_device_planes_and_mixed_planes(staging: str) -> None:
+    """A rank that sends a tensor for another data plane than its peers gets a mismatch naming the plane
+    (the plane is part of the agreed signature: never a hang); the planes keep working afterwards."""
+    plane = "gloo" if GLOO else ""
+    host, _ = to_host(torch.ones(3), "allreduce")
+    assert getattr(host, "plane", "") == plane
+    if GLOO:  # rank 0 hands the core a gloo-plane buffer, the others a host array of the same tensor
+        arg = host if R == 0 else torch.ones(3).numpy()
+        with pytest.raises(hvd.HorovodInternalError, match="data plane"):
+            core.allreduce(arg, op=hvd.Sum, name="plane.mismatch")
+    same(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(N)), "after the mismatch")
+
+
+if GLOO:  # only the gloo variant has a plane to break (the MPI path's failures: test_core_errors.py)
+    def test_a_failure_in_the_data_plane_ends_the_engine_on_every_rank(staging: str, reinit: Callable[..., None],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+        """A plane that raises (as a broken NCCL or gloo communicator does) ends the engine with an error naming
+        the plane and the tensor, on every rank, like a failed MPI collective; a new init() works again."""
+        from hvdlite.torch.plane import TorchPlane
+
+        def broken(self: TorchPlane, *args: object) -> list:
+            raise RuntimeError("connection reset by peer (injected)")
+        monkeypatch.setattr(TorchPlane, "allreduce", broken)
+        with pytest.raises(hvd.HvdliteError, match=r"the gloo data plane failed in allreduce of allreduce\.broken"):
+            hvd.allreduce(torch.ones(2), name="broken")
+        with pytest.raises(hvd.HvdliteError, match="the gloo data plane failed"):  # later ops get the same error
+            hvd.allreduce(torch.ones(2), name="after")
+        monkeypatch.undo()
+        reinit()
+        same(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(N)), "after a new init()")
+
+
+def test_users_own_torch_distributed_beside_hvdlite(staging: str) -> None:
+    """hvdlite never takes torch.distributed's default group: a program's own init_process_group and
+    collectives work beside hvdlite's (also while hvdlite's own gloo plane runs)."""
+    import socket
+    import torch.distributed as dist
+    assert not dist.is_initialized()  # hvdlite's planes are groups of their own
+    port = None
+    if R == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, 0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=R, world_size=N)
+    try:
+        mine = torch.full((2,), float(R + 1))
+        dist.all_reduce(mine)
+        ours = hvd.allreduce(torch.full((2,), float(R + 1)), op=hvd.Sum)
+        expected = torch.full((2,), float(N * (N + 1) // 2))
+        same(mine, expected, "the user's own all_reduce")
+        same(ours, expected, "hvdlite's allreduce beside it")
+        gathered = [torch.empty(1) for _ in range(N)]
+        dist.all_gather(gathered, torch.tensor([float(R)]))
+        same(torch.cat(gathered), torch.arange(float(N)), "the user's all_gather")
+    finally:
+        dist.destroy_process_group()
+    same(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(N)), "hvdlite after the user's group")
 
 
 def test_horovod_script_runs_with_only_the_import_changed(monkeypatch: pytest.MonkeyPatch,

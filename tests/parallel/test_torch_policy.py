@@ -11,6 +11,7 @@ import hvdlite.torch as hvd
 from hvdlite.torch import mpi_ops
 
 MPI_SIZES = (2, 3)
+VARIANTS = ("", "HOROVOD_CPU_OPERATIONS=GLOO")  # again on the torch.distributed (gloo) data plane
 
 
 def rank_sparse(r: int, dtype: torch.dtype) -> torch.Tensor:

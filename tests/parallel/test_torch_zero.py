@@ -11,6 +11,7 @@ import hvdlite.torch as hvd
 
 MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 400
+VARIANTS = ("", "HOROVOD_CPU_OPERATIONS=GLOO")  # again on the torch.distributed (gloo) data plane
 
 STEPS, BATCH = 10, 4
 OPTIMIZERS: dict[str, tuple[type, dict[str, Any]]] = {

@@ -2,7 +2,8 @@
 
 Modes: ``loop`` (large allreduces until killed; each rank prints its pid first), ``env`` (fusion- and
 chunk-sensitive collectives with exact checks, under per-rank environments), ``stall`` (small allreduces until
-one rank is stopped; the others report what they got and when).
+one rank is stopped; the others report what they got and when), ``stall_torch`` (the same with 16 MB torch
+tensors: under HOROVOD_CPU_OPERATIONS=GLOO the others wait inside the gloo data plane).
 """
 import os
 import sys
@@ -21,6 +22,9 @@ def say(line: str) -> None:
 import hvdlite as hvd
 
 mode = sys.argv[1]
+if mode == "stall_torch":
+    import torch
+    import hvdlite.torch as hvd_torch  # before init(): it registers the torch.distributed planes
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 say(f"PID rank={r} pid={os.getpid()}")
@@ -54,14 +58,17 @@ elif mode == "env":
         if not np.array_equal(b, np.full(5000, n - 1, dtype=np.int16)):
             wrong.append(f"step {step} broadcast: {b[:8].tolist()}...")
     report(r, steps=step + 1, wrong=wrong)
-elif mode == "stall":
+elif mode in ("stall", "stall_torch"):
     say(f"LOOPING rank={r}")
     step = 0
     start = time.monotonic()
     try:
         while True:
             start = time.monotonic()
-            hvd.allreduce(np.ones(4), name=f"s{step % 4}")
+            if mode == "stall":
+                hvd.allreduce(np.ones(4), name=f"s{step % 4}")
+            else:
+                hvd_torch.allreduce(torch.ones(4 << 20), name=f"s{step % 4}")
             step += 1
     except Exception as exc:  # noqa: BLE001 - report exactly what this rank got
         say(f"RESULT rank={r} after={time.monotonic() - start:.1f} {type(exc).__name__}: {exc}")

@@ -20,6 +20,7 @@ from ..log import logger
 from . import polling, stalls
 from .autotune import Autotuner
 from .execution import Executor
+from .plane_exec import PlaneExecutor
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
@@ -35,7 +36,7 @@ class Engine:
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
                  process_sets: Registry, presence_comm: Any,
-                 on_verdict: Callable[[str, int], None] = lambda name, ps_id: None) -> None:
+                 on_verdict: Callable[[str, int], None] = lambda name, ps_id: None, planes: Any = None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -48,6 +49,7 @@ class Engine:
         self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold_bytes,
                                  config.allreduce_chunk_bytes, timeline, process_sets.members)
+        self.planes = PlaneExecutor(planes, process_sets.comm, process_sets.members, timeline, _Stop)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
@@ -297,6 +299,7 @@ class Engine:
                 result = psets.apply(sig.kind, sig.extra, self.comm)
                 if sig.kind is Kind.REMOVE_PROCESS_SET:
                     self.cache.remove_process_set(sig.extra)
+                self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
                 if req is not None:
                     self._finish(req, result=result)
                 continue
@@ -316,8 +319,9 @@ class Engine:
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
         for batch in batches(work, self.executor.fusion_threshold_bytes):
+            runner: Any = self.planes if batch[0].resp.sig.plane else self.executor  # a failing plane ends the job
             try:
-                results = self.executor.run(batch)
+                results = runner.run(batch)
             except (HvdliteError, _Stop):  # the job's end (a wedged wait included), not this batch's error
                 raise
             except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only

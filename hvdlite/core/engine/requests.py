@@ -59,21 +59,23 @@ class Signature(NamedTuple):
     root: int
     tensors: tuple[Any, ...]  # ((dtype name, shape), ...); for allgather/alltoall the shape beyond the first dimension
     extra: Any = None
+    plane: str = ""  # the data plane that moves the bytes ("" = MPI on host buffers; see core/engine/planes.py)
 
 
 #: How a mismatch in each field is described to the user.
 FIELD_LABELS = {
     "kind": "operation", "ps_id": "process set", "op": "reduce op", "prescale": "prescale_factor",
     "postscale": "postscale_factor", "root": "root rank", "tensors": "tensors", "extra": "arguments",
+    "plane": "data plane (the tensors' device: '' is host memory over MPI)",
 }
 
 
 def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: float, postscale: float,
-                   root: int, tensors: tuple[Any, ...], extra: Any = None) -> Signature:
+                   root: int, tensors: tuple[Any, ...], extra: Any = None, plane: str = "") -> Signature:
     """The signature, shared with every equal one made before (a training step makes the same ones
     again and again: sharing them keeps the per-op objects few)."""
     sig = _new_signature(Signature, (kind, ps_id, op, float(prescale),
-                                     float(postscale), int(root), tensors, extra))
+                                     float(postscale), int(root), tensors, extra, plane))
     if len(_SIGNATURES) >= _INTERN_LIMIT:
         _SIGNATURES.clear()
     try:
@@ -162,7 +164,7 @@ class Response(_SignatureFields):
         self.key = (sig.ps_id, name)  # the engine's pending-table key: (process set, name)
         # fusion: tensors with equal keys may share a batch (reductions also need the same dtype)
         by_dtype = sig.kind is Kind.ALLREDUCE or sig.kind is Kind.REDUCESCATTER
-        common = (sig.kind, sig.ps_id, sig.op, sig.prescale, sig.postscale, sig.root)
+        common = (sig.kind, sig.ps_id, sig.op, sig.prescale, sig.postscale, sig.root, sig.plane)
         self.batch_keys = tuple((common, dtype if by_dtype else None) for dtype, _ in sig.tensors)
 
     def __repr__(self) -> str:

@@ -1,0 +1,127 @@
+"""Running a batch on a data plane: the agreed metadata (row counts, splits) travels over MPI, the bytes
+over the plane (engine/execution.py hands a batch here when its requests name a plane)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..errors import HvdliteError
+from .planes import DataPlane, PlaneTable
+from ..reduce_ops import Adasum, Average, average_scale, resolve_op
+from . import polling
+from .execution import _split_rows
+from .fusion import Item
+from .requests import Kind
+from .timeline import Timeline
+
+POLL_CAP = 1e-4
+
+
+class PlaneExecutor:
+    """One method per kind, as the MPI executor; each returns (item, result) pairs."""
+
+    def __init__(self, table: Optional[PlaneTable], comm_of: Callable[[int], Any],
+                 members_of: Callable[[int], list[int]], timeline: Timeline,
+                 job_ends: type[BaseException] = HvdliteError) -> None:
+        self.table = table
+        self.members_of = members_of
+        self.job_ends = job_ends  # what ends the engine anyway (a wedged wait inside a plane included)
+        self.comm_of = comm_of
+        self.timeline = timeline
+        self._table = {Kind.ALLREDUCE: self._allreduce, Kind.ALLGATHER: self._allgather,
+                       Kind.BROADCAST: self._broadcast, Kind.REDUCESCATTER: self._reducescatter,
+                       Kind.ALLTOALL: self._alltoall}
+
+    def set_changed(self, added: bool, ps_id: int, comm: Any) -> None:
+        """A process set was added or removed: its planes are made or closed with it (one plane per set)."""
+        if self.table is not None:
+            self.table.set_changed(added, ps_id, comm)
+
+    def run(self, batch: list[Item]) -> list[tuple[Item, Any]]:
+        first = batch[0].resp
+        assert self.table is not None, "a batch names a data plane but the engine has no plane table"
+        plane = self.table.plane(first.sig.plane, first.ps_id)
+        for item in batch:
+            if item.req is None:  # a joined rank stands in with zeros (no rows for allgather)
+                item.src = plane.zeros(item.dtype, item.src.shape)
+                item.dst = None
+            self.timeline.begin(item.resp.name, f"{plane.name.upper()}_{first.kind.label.upper()}")
+        ready = [getattr(item.src, "ready", None) for item in batch]
+        plane.wait_ready([event for event in ready if event is not None])
+        try:
+            results = self._table[first.kind](plane, batch)
+        except (HvdliteError, self.job_ends):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the plane is in an unknown state: the job ends, as after a
+            # failed MPI call, with the plane's error on this rank (its peers' waits end in the StallError)
+            raise HvdliteError(plane_failure(self.table.world_rank, plane.name, batch, exc)) from exc
+        finally:
+            for item in batch:
+                self.timeline.end(item.resp.name)
+        return list(zip(batch, results))
+
+    def _payloads(self, batch: list[Item]) -> list[Any]:
+        return [_payload(item.src) for item in batch]
+
+    def _allreduce(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        sig = batch[0].resp.sig
+        op = resolve_op(sig.op)
+        if op is Adasum:
+            raise NotImplementedError("hvd.Adasum runs on MPI host buffers only; reduce these tensors with "
+                                      "hvd.Average or hvd.Sum, or move them to the CPU")
+        post = average_scale(sig.postscale, self._size(batch)) if op is Average else sig.postscale
+        outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
+        return plane.allreduce(self._payloads(batch), outputs, batch[0].dtype, op, sig.prescale, post)
+
+    def _allgather(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        comm = self.comm_of(batch[0].resp.ps_id)
+        rows = np.array([item.src.shape[0] for item in batch], dtype=np.int64)
+        all_rows = np.empty((comm.Get_size(), len(batch)), dtype=np.int64)
+        polling.wait(comm.Iallgather(rows, all_rows), POLL_CAP)
+        return plane.allgather(self._payloads(batch), all_rows.tolist())
+
+    def _broadcast(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
+        first = batch[0].resp
+        root = self.members_of(first.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
+        return plane.broadcast(self._payloads(batch), outputs, root)
+
+    def _reducescatter(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        sig = batch[0].resp.sig
+        op = resolve_op(sig.op)
+        n = self._size(batch)
+        post = average_scale(sig.postscale, n) if op is Average else sig.postscale
+        splits = [_split_rows(item.src.shape[0], n) for item in batch]
+        results = plane.reducescatter(self._payloads(batch), batch[0].dtype, op, sig.prescale, post, splits)
+        return results
+
+    def _alltoall(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        item = batch[0]
+        comm = self.comm_of(item.resp.ps_id)
+        n = comm.Get_size()
+        assert item.req is not None
+        splits = item.req.splits
+        if splits is None:
+            splits = np.full(n, item.src.shape[0] // n, dtype=np.int64)
+        recv = np.empty(n, dtype=np.int64)
+        polling.wait(comm.Ialltoall(np.ascontiguousarray(splits, dtype=np.int64), recv), POLL_CAP)
+        out = plane.alltoall(_payload(item.src), [int(s) for s in splits], [int(r) for r in recv])
+        return [(out, recv)]
+
+    def _size(self, batch: list[Item]) -> int:
+        return int(self.comm_of(batch[0].resp.ps_id).Get_size())
+
+
+def _payload(buffer: Any) -> Any:
+    return getattr(buffer, "payload", buffer)
+
+
+
+
+def plane_failure(rank: int, plane: str, batch: list[Item], exc: Exception) -> str:
+    """The message a plane's failure ends the engine with (the plane is in an unknown state afterwards)."""
+    names = ", ".join(sorted({item.resp.name for item in batch}))
+    return (f"rank {rank}: the {plane} data plane failed in {batch[0].resp.kind} of {names}: "
+            f"{type(exc).__name__}: {exc}. Every pending and later collective raises this error; fix the "
+            f"cause and restart the job (HOROVOD_GPU_OPERATIONS / HOROVOD_CPU_OPERATIONS choose the planes)")

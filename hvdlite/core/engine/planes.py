@@ -1,0 +1,225 @@
+"""Data planes: the interface a frontend implements to move an agreed batch's bytes off MPI's host path.
+
+Negotiation (MPI) decides *what* runs; a data plane moves the bytes. The core knows a plane only through
+``DataPlane`` and the buffers it hands in (``PlaneBuffer``: an opaque framework tensor with its agreed dtype
+name and shape). A request's plane is part of its signature, so every rank agrees on it like on its dtype:
+the engine runs a batch on the plane its requests name, and a rank that named another plane for the same
+tensor gets a mismatch error instead of a hang. ``""`` is the default plane: MPI on host buffers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+from . import polling
+
+from ..reduce_ops import ReduceOp
+
+
+class PlaneBuffer:
+    """One framework tensor handed to the core for a data plane; the core only reads its metadata."""
+
+    __slots__ = ("plane", "payload", "dtype_name", "shape", "ready")
+
+    def __init__(self, plane: str, payload: Any, dtype_name: str, shape: tuple[Any, ...], ready: Any = None) -> None:
+        self.plane = plane
+        self.payload = payload          # the framework tensor (contiguous), owned by the plane's frontend
+        self.dtype_name = dtype_name    # a core dtype name ("float32", "bfloat16", ...)
+        self.shape = tuple(shape)
+        self.ready = ready              # what the plane waits for before reading (e.g. a CUDA event)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def reshape(self, *shape: Any) -> "PlaneBuffer":
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        return PlaneBuffer(self.plane, self.payload.reshape(shape), self.dtype_name, shape, self.ready)
+
+
+class DataPlane:
+    """Moves the bytes of agreed batches among the members of one process set (engine thread only).
+
+    Each method gets the batch's payloads (framework tensors, in batch order, the same order on every
+    member) and returns the results; ``outputs[i]`` is where result i must be written (None: a new tensor).
+    Everything is already agreed: ops, scale factors, root, row counts and splits (exchanged over MPI by
+    the core). Average arrives as Sum with its divisor folded into ``post`` (a reduce_ops.Scale).
+    """
+
+    name = ""
+
+    def allreduce(self, inputs: list[Any], outputs: list[Any], dtype: str, op: ReduceOp, pre: float,
+                  post: float) -> list[Any]:
+        raise NotImplementedError
+
+    def allgather(self, inputs: list[Any], rows: list[list[int]]) -> list[Any]:
+        """``rows[r][i]``: rows rank r contributes to tensor i; results are the concatenations."""
+        raise NotImplementedError
+
+    def broadcast(self, inputs: list[Any], outputs: list[Any], root: int) -> list[Any]:
+        raise NotImplementedError
+
+    def alltoall(self, tensor: Any, send_splits: list[int], recv_splits: list[int]) -> Any:
+        raise NotImplementedError
+
+    def reducescatter(self, inputs: list[Any], dtype: str, op: ReduceOp, pre: float, post: float,
+                      splits: list[list[int]]) -> list[Any]:
+        """``splits[i][r]``: rows of tensor i that rank r keeps."""
+        raise NotImplementedError
+
+    def wait_ready(self, events: list[Any]) -> None:
+        """Order the batch after the work that produced its inputs (``PlaneBuffer.ready`` of each)."""
+
+    def zeros(self, dtype: str, shape: tuple[Any, ...]) -> Any:
+        """A stand-in tensor for a rank that joined (zeros, or no rows)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the plane (every member calls it at the same point: shutdown or set removal)."""
+
+
+class Bootstrap:
+    """What a factory gets to set a plane up among one process set's members, over hvdlite's MPI."""
+
+    def __init__(self, ps_id: int, rank: int, size: int, comm: Any, world_rank: int, local: bool) -> None:
+        self.ps_id, self.rank, self.size, self.world_rank = ps_id, rank, size, world_rank
+        self.single_host = local  # every member runs on this node
+        self._comm = comm
+
+    def bcast(self, value: Any, root: int = 0) -> Any:
+        return self._comm.bcast(value, root=root)
+
+    def allgather(self, value: Any) -> list[Any]:
+        values: list[Any] = self._comm.allgather(value)
+        return values
+
+    @staticmethod
+    def wait(test: Callable[[], bool]) -> None:
+        """Wait until ``test()`` is true the way the engine waits for MPI: polled, with the stall watch
+        running between polls (a plane's wait that a vanished peer holds ends in the StallError)."""
+        polling.wait(_Test(test), POLL_CAP_S)
+
+
+class _Test:
+    __slots__ = ("Test",)
+
+    def __init__(self, test: Callable[[], bool]) -> None:
+        self.Test = test
+
+
+POLL_CAP_S = 1e-4  # longest sleep between polls of a plane's work
+
+
+class PlaneFactory:
+    """What a frontend registers: which planes it can make here, and making one for a process set."""
+
+    def available(self, settings: Any) -> list[str]:
+        """Plane names this process can run (the job uses those every rank can run)."""
+        raise NotImplementedError
+
+    def built(self, what: str) -> bool:
+        """Whether this frontend's libraries here support ``what`` ("nccl", "gloo", "cuda"), at run time."""
+        return False
+
+    def make(self, name: str, boot: Bootstrap) -> DataPlane:
+        raise NotImplementedError
+
+    def closing(self, boot: Bootstrap) -> None:
+        """Called once per job at shutdown, after every plane closed (e.g. to stop a rendezvous store)."""
+
+    def forget(self) -> None:
+        """Called instead of closing() after a failure: drop this job's set-up without waiting for peers."""
+
+
+_factories: list[PlaneFactory] = []
+_ABANDONED: list[DataPlane] = []  # planes of a failed job, kept (not destroyed) until the process exits
+
+
+def register_factory(factory: PlaneFactory) -> None:
+    """Register a frontend's plane factory (before hvd.init(): planes are made when sets are made)."""
+    if factory not in _factories:
+        _factories.append(factory)
+
+
+def built(what: str) -> bool:
+    """Whether any registered frontend can run ``what`` here (the build flags nccl_built() and kin)."""
+    return any(f.built(what) for f in _factories)
+
+
+class PlaneTable:
+    """The planes of this job: names agreed at init(), one plane per (name, process set)."""
+
+    def __init__(self, settings: Any, world: Any, world_rank: int, single_host: bool) -> None:
+        self.world_rank = world_rank
+        self.single_host = single_host
+        mine = {name: f for f in _factories for name in f.available(settings)}
+        everyone = world.allgather(sorted(mine))
+        self.agreed = sorted(set.intersection(*[set(names) for names in everyone]))  # agreement rule
+        self._factory: dict[str, PlaneFactory] = {name: mine[name] for name in self.agreed}
+        self._planes: dict[tuple[str, int], DataPlane] = {}
+        self._world = world
+
+    def make_for_set(self, ps_id: int, comm: Any) -> None:
+        """Make every agreed plane for a new set (members only; all in the same order)."""
+        if comm is None or not self.agreed:
+            return
+        boot = Bootstrap(ps_id, comm.Get_rank(), comm.Get_size(), comm, self.world_rank, self.single_host)
+        for name in self.agreed:
+            self._planes[(name, ps_id)] = self._factory[name].make(name, boot)
+
+    def set_changed(self, added: bool, ps_id: int, comm: Any) -> None:
+        """A process set was added (make its planes) or removed (close them): agreed, on the engine thread."""
+        if added:
+            self.make_for_set(ps_id, comm)
+        else:
+            self.remove_set(ps_id)
+
+    def plane(self, name: str, ps_id: int) -> DataPlane:
+        plane = self._planes.get((name, ps_id))
+        if plane is None:
+            raise RuntimeError(f"no data plane {name!r} for process set {ps_id} on rank {self.world_rank}; "
+                               f"import the frontend (e.g. hvdlite.torch) before hvd.init()")
+        return plane
+
+    def has(self, name: str) -> bool:
+        return name in self.agreed
+
+    def remove_set(self, ps_id: int) -> None:
+        for key in [k for k in self._planes if k[1] == ps_id]:
+            self._planes.pop(key).close()
+
+    def close(self, clean: bool = True) -> None:
+        """Close every plane, then let the factories end the job's rendezvous together. After a failure
+        (``clean`` False: a peer may be gone or stuck inside a plane's collective) the planes are left as they
+        are until the process exits: closing them, or waiting for the peers, could block forever."""
+        if not clean:
+            _ABANDONED.extend(self._planes.values())
+            self._planes.clear()
+            for factory in {id(f): f for f in self._factory.values()}.values():
+                factory.forget()
+            return
+        for key in sorted(self._planes, key=lambda k: -k[1]):
+            self._planes.pop(key).close()
+        if self.agreed:
+            boot = Bootstrap(0, self._world.Get_rank(), self._world.Get_size(), self._world, self.world_rank,
+                             self.single_host)
+            for factory in {id(f): f for f in self._factory.values()}.values():
+                factory.closing(boot)
+
+
+def plane_of(inputs: Sequence[Any], what: str) -> str:
+    """The data plane a request's buffers name (all the same, or a clear error)."""
+    names = {getattr(a, "plane", "") for a in inputs}
+    if len(names) > 1:
+        raise TypeError(f"{what}: the tensors of one grouped op must all be on one kind of device (host memory "
+                        f"or the rank's GPU); got tensors for data planes {sorted(n or 'mpi' for n in names)}. "
+                        f"Move them to one device first, or submit them as separate ops")
+    return names.pop() if names else ""
+
+
+__all__ = ["PlaneBuffer", "DataPlane", "Bootstrap", "PlaneFactory", "register_factory", "PlaneTable",
+           "plane_of", "built"]

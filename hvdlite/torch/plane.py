@@ -1,0 +1,342 @@
+"""The torch.distributed data plane: NCCL for CUDA tensors, gloo for CPU ones, bootstrapped over hvdlite's MPI.
+
+hvdlite never touches torch.distributed's default group: each plane is a ProcessGroup object of its own
+(one per hvdlite process set, made when the set is made) on a TCPStore that world rank 0 opens on a free
+port and announces over MPI. Only the engine thread calls these groups.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from hvdlite.core import ReduceOp
+from hvdlite.core.frontend import Bootstrap, DataPlane, PlaneFactory, register_factory
+
+#: How long a plane's collective may wait before torch itself gives up; hvdlite's stall inspector
+#: (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) normally ends a wedged job long before.
+GROUP_TIMEOUT = datetime.timedelta(hours=2)
+
+_OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX,
+        ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT, ReduceOp.AVERAGE: dist.ReduceOp.SUM}
+#: bool travels as uint8: Sum is a logical or (Max), Product a logical and (Min), as on the MPI path.
+_BOOL_OPS = {ReduceOp.SUM: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.MIN, ReduceOp.MIN: dist.ReduceOp.MIN,
+             ReduceOp.MAX: dist.ReduceOp.MAX}
+TORCH_DTYPES = {str(d).replace("torch.", ""): d for d in (
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
+    torch.float64, torch.bool)}
+#: dtypes each backend reduces (others stay on hvdlite's MPI path: host buffers, or host staging on GPUs).
+BACKEND_DTYPES = {
+    "gloo": frozenset(TORCH_DTYPES) - {"int16"},
+    "nccl": frozenset(TORCH_DTYPES) - {"int16"},
+}
+
+
+class TorchPlane(DataPlane):
+    """One torch.distributed ProcessGroup among one process set's members."""
+
+    def __init__(self, name: str, group: Any, boot: Bootstrap) -> None:
+        self.name = name
+        self.group = group
+        self.boot = boot
+        self.rank = boot.rank
+        self.size = boot.size
+        self._checked_devices = False
+
+    # -- ordering and waiting -------------------------------------------------------------------------
+    def wait_ready(self, events: list) -> None:
+        for event in events:  # the GPU waits for the producing stream; the host does not
+            torch.cuda.current_stream().wait_event(event)
+
+    def _run(self, work: Any) -> None:
+        """Wait for one torch Work: CUDA work is stream-ordered (the engine stream waits on NCCL's, and
+        completion is awaited once per batch in _done); CPU work is polled like an MPI request."""
+        if self.name == "nccl":
+            work.wait()
+            return
+        self.boot.wait(work.is_completed)
+        work.wait()  # raises the backend's error, if any
+
+    def _done(self, tensors: list) -> None:
+        """Before the batch's handles complete: the collective and the copies after it have run on the GPU
+        (an event polled like an MPI request: no device-wide synchronize, and the stall watch runs)."""
+        if tensors and tensors[0].is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self.boot.wait(event.query)
+
+    def _device(self, tensors: list) -> Any:
+        first = tensors[0] if tensors else None
+        if first is not None and first.is_cuda:
+            self._check_devices(first.device)
+            return torch.cuda.device(first.device)
+        return _NoDevice()
+
+    def _check_devices(self, device: Any) -> None:
+        """Once, at the first CUDA batch (a batch every member runs): NCCL refuses two ranks on one GPU."""
+        if self._checked_devices or self.name != "nccl":
+            return
+        self._checked_devices = True
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        seen = self.boot.allgather((socket.gethostname(), uuid, device.index))
+        owners: dict[tuple, list[int]] = {}
+        for rank, (host, gpu, _) in enumerate(seen):
+            owners.setdefault((host, gpu), []).append(rank)
+        shared = {key: ranks for key, ranks in owners.items() if len(ranks) > 1}
+        if shared:
+            detail = "; ".join(f"ranks {ranks} all use GPU {seen[ranks[0]][2]} of host {host}"
+                               for (host, _), ranks in shared.items())
+            raise RuntimeError(
+                f"NCCL needs one GPU per rank, but {detail} (process set {self.boot.ps_id}). Give each rank its "
+                f"own GPU (torch.cuda.set_device(hvd.local_rank()), srun --gpus-per-task=1), or run these ranks "
+                f"through host staging with HOROVOD_GPU_OPERATIONS=MPI")
+
+    # -- collectives ----------------------------------------------------------------------------------
+    def allreduce(self, inputs: list, outputs: list, dtype: str, op: ReduceOp, pre: float,
+                  post: float) -> list:
+        with self._device(inputs):
+            if len(inputs) == 1:
+                out = outputs[0]
+                buf = out if out is not None else inputs[0].clone()
+                if out is not None and out is not inputs[0]:
+                    buf.copy_(inputs[0])
+                _scale(buf, pre)
+                self._allreduce_flat(buf, dtype, op)
+                _scale(buf, post)
+                self._done([buf])
+                return [buf]
+            buf = torch.cat([t.reshape(-1) for t in inputs])  # one flat fusion buffer on the plane's device
+            _scale(buf, pre)
+            self._allreduce_flat(buf, dtype, op)
+            _scale(buf, post)
+            results, offset = [], 0
+            for t, out in zip(inputs, outputs):
+                piece = buf[offset:offset + t.numel()].view(t.shape)
+                offset += t.numel()
+                if out is not None:
+                    out.copy_(piece)
+                    piece = out
+                results.append(piece)
+            self._done(results)
+            return results
+
+    def _allreduce_flat(self, buf: torch.Tensor, dtype: str, op: ReduceOp) -> None:
+        options: Any = dist.AllreduceOptions()
+        if dtype == "bool":
+            options.reduceOp = _BOOL_OPS[op]
+            buf = buf.view(torch.uint8)
+        else:
+            options.reduceOp = _OPS[op]
+        self._run(self.group.allreduce([buf], options))
+
+    def allgather(self, inputs: list, rows: list[list[int]]) -> list:
+        with self._device(inputs):
+            row_bytes = [_row_bytes(t) for t in inputs]
+            most = [max(r[i] for r in rows) for i in range(len(inputs))]
+            slots = [m * b for m, b in zip(most, row_bytes)]
+            block = sum(slots)
+            send = torch.zeros(block, dtype=torch.uint8, device=inputs[0].device)
+            offset = 0
+            for t, slot in zip(inputs, slots):
+                raw = _bytes(t)
+                send[offset:offset + raw.numel()].copy_(raw)
+                offset += slot
+            recv = torch.empty(block * self.size, dtype=torch.uint8, device=send.device)
+            self._run(self.group._allgather_base(recv, send))
+            results = []
+            start = 0
+            for i, t in enumerate(inputs):
+                pieces = [recv[r * block + start:r * block + start + rows[r][i] * row_bytes[i]]
+                          for r in range(self.size)]
+                whole = torch.cat(pieces).view(t.dtype) if row_bytes[i] else torch.empty(0, dtype=t.dtype,
+                                                                                       device=t.device)
+                results.append(whole.reshape((sum(r[i] for r in rows),) + tuple(t.shape[1:])))
+                start += slots[i]
+            self._done(results)
+            return results
+
+    def broadcast(self, inputs: list, outputs: list, root: int) -> list:
+        with self._device(inputs):
+            results = []
+            for t, out in zip(inputs, outputs):
+                if out is None:
+                    out = t.clone()
+                elif out is not t and self.rank == root:
+                    out.copy_(t)
+                results.append(out)
+            options = dist.BroadcastOptions()
+            options.rootRank = root
+            if len(results) == 1:
+                self._run(self.group.broadcast([_bytes(results[0])], options))
+            else:
+                buf = torch.cat([_bytes(t) for t in results])
+                self._run(self.group.broadcast([buf], options))
+                offset = 0
+                for t in results:
+                    raw = _bytes(t)
+                    raw.copy_(buf[offset:offset + raw.numel()])
+                    offset += raw.numel()
+            self._done(results)
+            return results
+
+    def alltoall(self, tensor: Any, send_splits: list[int], recv_splits: list[int]) -> Any:
+        with self._device([tensor]):
+            out = torch.empty((sum(recv_splits),) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
+                              device=tensor.device)
+            wire_in, wire_out = (tensor.view(torch.uint8), out.view(torch.uint8)) if tensor.dtype == torch.bool \
+                else (tensor, out)
+            self._run(self.group.alltoall_base(wire_out, wire_in, recv_splits, send_splits,
+                                               dist.AllToAllOptions()))
+            self._done([out])
+            return out
+
+    def reducescatter(self, inputs: list, dtype: str, op: ReduceOp, pre: float, post: float,
+                      splits: list[list[int]]) -> list:
+        with self._device(inputs):
+            elems = [t[0].numel() if t.shape[0] else 0 for t in inputs]
+            pieces, counts = [], []
+            for r in range(self.size):  # rank-major: rank r's rows of every tensor, then rank r+1's...
+                count = 0
+                for t, s, e in zip(inputs, splits, elems):
+                    lo = sum(s[:r])
+                    pieces.append(t[lo:lo + s[r]].reshape(-1))
+                    count += s[r] * e
+                counts.append(count)
+            send = torch.cat(pieces)
+            _scale(send, pre)
+            if len(set(counts)) == 1 and dtype != "bool" and self.name == "nccl":
+                mine = torch.empty(counts[0], dtype=send.dtype, device=send.device)
+                options: Any = dist.ReduceScatterOptions()
+                options.reduceOp = _OPS[op]
+                self._run(self.group._reduce_scatter_base(mine, send, options))
+            else:  # uneven shares (or gloo, whose reduce-scatter work never reports completion when polled):
+                # reduce everything, keep this rank's part
+                self._allreduce_flat(send, dtype, op)
+                start = sum(counts[:self.rank])
+                mine = send[start:start + counts[self.rank]]
+            _scale(mine, post)
+            results, offset = [], 0
+            for t, s, e in zip(inputs, splits, elems):
+                n = s[self.rank] * e
+                results.append(mine[offset:offset + n].view((s[self.rank],) + tuple(t.shape[1:])))
+                offset += n
+            self._done(results)
+            return results
+
+    def zeros(self, dtype: str, shape: tuple) -> Any:
+        device = torch.device("cuda", torch.cuda.current_device()) if self.name == "nccl" else "cpu"
+        return torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=device)
+
+    def close(self) -> None:
+        shutdown = getattr(self.group, "shutdown", None)
+        if self.name == "nccl" and shutdown is not None:
+            shutdown()
+        self.group = None
+
+
+class _NoDevice:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    return (t[0].numel() if t.dim() and t.shape[0] else _rest(t)) * t.element_size()
+
+
+def _rest(t: torch.Tensor) -> int:
+    n = 1
+    for d in t.shape[1:]:
+        n *= d
+    return n
+
+
+def _scale(t: torch.Tensor, factor: float) -> None:
+    """Multiply in place with hvdlite's MPI-path precision: half precision in float32, integers in float64
+    (Average's divisor as a true division, truncated toward zero)."""
+    if factor == 1.0 or t.numel() == 0:
+        return
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t.copy_(t.float() * float(factor))
+    elif t.dtype.is_floating_point:
+        t.mul_(float(factor))
+    else:
+        wide = t.double()
+        divisor = getattr(factor, "divisor", 1)
+        wide *= getattr(factor, "factor", float(factor))
+        if divisor != 1:
+            wide /= divisor
+        t.copy_(wide.trunc())
+
+
+class TorchPlanes(PlaneFactory):
+    """Registered when hvdlite.torch is imported: offers gloo and NCCL where this torch has them."""
+
+    def __init__(self) -> None:
+        self._store: Optional[Any] = None
+
+    def built(self, what: str) -> bool:
+        if what == "cuda":
+            return torch.backends.cuda.is_built()
+        if not dist.is_available():
+            return False
+        if what == "nccl":
+            return dist.is_nccl_available() and torch.backends.cuda.is_built()
+        return what == "gloo" and dist.is_gloo_available()
+
+    def available(self, settings: Any) -> list[str]:
+        names = []
+        gpu = {settings.gpu_operations, settings.gpu_allreduce, settings.gpu_allgather, settings.gpu_broadcast,
+               settings.gpu_alltoall, settings.gpu_reducescatter}
+        if self.built("gloo") and (settings.cpu_operations == "gloo" or "gloo" in gpu):
+            names.append("gloo")
+        if self.built("nccl") and torch.cuda.is_available() and gpu & {"", "nccl"}:
+            names.append("nccl")
+        return names
+
+    def make(self, name: str, boot: Bootstrap) -> TorchPlane:
+        store = dist.PrefixStore(f"hvdlite/{name}/{boot.ps_id}/", self._rendezvous(boot))
+        group: Any
+        if name == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = GROUP_TIMEOUT
+            group = dist.ProcessGroupNCCL(store, boot.rank, boot.size, options)
+        else:
+            group = dist.ProcessGroupGloo(store, boot.rank, boot.size, GROUP_TIMEOUT)
+        return TorchPlane(name, group, boot)
+
+    def _rendezvous(self, boot: Bootstrap) -> Any:
+        """The job's one store: world rank 0 serves it on a free port, told to the others over MPI (made with
+        the world's planes, the first set; later sets use prefixes of it)."""
+        if self._store is None:
+            host = "127.0.0.1" if boot.single_host else socket.gethostbyname(socket.gethostname())
+            if boot.rank == 0:
+                self._store = dist.TCPStore(host, 0, boot.size, True, timeout=GROUP_TIMEOUT,
+                                            wait_for_workers=False)
+                boot.bcast((host, self._store.port))
+            else:
+                host, port = boot.bcast(None)
+                self._store = dist.TCPStore(host, port, boot.size, False, timeout=GROUP_TIMEOUT)
+        return self._store
+
+    def closing(self, boot: Bootstrap) -> None:
+        boot.allgather(None)  # every rank's groups are gone before rank 0 stops serving the store
+        self._store = None
+
+    def forget(self) -> None:
+        self._store = None  # the abandoned groups keep their store; the next init() opens a new one
+
+
+FACTORY = TorchPlanes()
+register_factory(FACTORY)
+
+__all__ = ["TorchPlane", "TorchPlanes", "FACTORY", "BACKEND_DTYPES", "TORCH_DTYPES"]

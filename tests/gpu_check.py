@@ -1,0 +1,213 @@
+"""Every torch collective on the rank's device against the same collective on CPU tensors over hvdlite's MPI
+path (exact equality), DistributedOptimizer on the device against single-process training, and the device
+errors. Run under mpiexec (python tests/gpu_check.py); prints one JSON line per rank; exits 1 on a failure.
+On a machine without CUDA it runs on CPU tensors (useful with HOROVOD_CPU_OPERATIONS=GLOO: gloo vs MPI).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import torch
+import torch.nn as nn
+
+import hvdlite.torch as hvd
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+CUDA = torch.cuda.is_available()
+if CUDA:
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+DEV = torch.device("cuda", torch.cuda.current_device()) if CUDA else torch.device("cpu")
+results: dict = {"rank": R, "size": N, "device": str(DEV), "checks": {}, "failures": []}
+
+
+def inputs(r: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7 + r)
+    return torch.randint(0, 5, shape, generator=g).to(dtype)
+
+
+def check(name: str, fn) -> None:
+    try:
+        fn()
+        results["checks"][name] = "ok"
+    except Exception as exc:  # noqa: BLE001 - report every failure, keep going
+        results["checks"][name] = f"FAILED: {type(exc).__name__}: {exc}"
+        results["failures"].append(name + "\n" + traceback.format_exc())
+
+
+def same(dev_result, cpu_result, what: str) -> None:
+    a = dev_result.cpu() if isinstance(dev_result, torch.Tensor) else dev_result
+    assert a.dtype == cpu_result.dtype and a.shape == cpu_result.shape, f"{what}: {a.dtype}{tuple(a.shape)} vs " \
+        f"{cpu_result.dtype}{tuple(cpu_result.shape)}"
+    assert torch.equal(a, cpu_result), f"{what}: device result differs from the MPI result\n{a}\n{cpu_result}"
+
+
+DTYPES = [torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64]
+OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+
+
+def allreduce_all() -> None:
+    for dtype in DTYPES:
+        for op in OPS:
+            x = inputs(R, (3, 5), dtype)
+            pre, post = (1.0, 1.0) if dtype in (torch.uint8,) else (0.5, 3.0)
+            cpu = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post, name=f"c.{dtype}.{op}")
+            dev = hvd.allreduce(x.to(DEV), op=op, prescale_factor=pre, postscale_factor=post,
+                                name=f"d.{dtype}.{op}")
+            assert dev.device == DEV, dev.device
+            same(dev, cpu, f"allreduce {dtype} {op}")
+    b = torch.tensor([R == 0, True, False])
+    same(hvd.allreduce(b.to(DEV), op=hvd.Sum), hvd.allreduce(b, op=hvd.Sum), "bool or")
+
+
+def grouped_and_inplace() -> None:
+    xs = [inputs(R, (i + 1, 3), torch.float32) for i in range(4)]
+    cpu = hvd.grouped_allreduce(xs, op=hvd.Average)
+    dev = hvd.grouped_allreduce([x.to(DEV) for x in xs], op=hvd.Average)
+    for d, c in zip(dev, cpu):
+        same(d, c, "grouped allreduce")
+    ys = [x.to(DEV, copy=True) for x in xs]
+    hvd.grouped_allreduce_(ys, op=hvd.Sum)
+    for y, c in zip(ys, hvd.grouped_allreduce(xs, op=hvd.Sum)):
+        same(y, c, "grouped allreduce_ (in place)")
+    z = xs[0].to(DEV, copy=True).t()  # not contiguous: reduced in a copy, written back
+    hvd.allreduce_(z, op=hvd.Sum)
+    same(z, hvd.allreduce(xs[0].t().contiguous(), op=hvd.Sum), "allreduce_ of a transposed tensor")
+
+
+def allgather_uneven() -> None:
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        x = inputs(R, (R + 1, 2, 3), dtype)
+        same(hvd.allgather(x.to(DEV)), hvd.allgather(x), f"allgather {dtype}")
+    xs = [inputs(R, (R + 2,), torch.float32), inputs(R, (1, 4), torch.int32)]
+    for d, c in zip(hvd.grouped_allgather([x.to(DEV) for x in xs]), hvd.grouped_allgather(xs)):
+        same(d, c, "grouped allgather")
+
+
+def broadcast_all() -> None:
+    for root in range(N):
+        x = inputs(R, (4, 2), torch.float32)
+        same(hvd.broadcast(x.to(DEV), root), hvd.broadcast(x, root), f"broadcast root {root}")
+        y = x.to(DEV, copy=True)
+        hvd.broadcast_(y, root)
+        same(y, hvd.broadcast(x, root), f"broadcast_ root {root}")
+
+
+def alltoall_splits() -> None:
+    splits = torch.tensor([(R + r) % 3 for r in range(N)], dtype=torch.int32)
+    x = inputs(R, (int(splits.sum()), 2), torch.float32)
+    (dev, dev_splits), (cpu, cpu_splits) = hvd.alltoall(x.to(DEV), splits), hvd.alltoall(x, splits)
+    same(dev, cpu, "alltoall with splits")
+    assert torch.equal(dev_splits, cpu_splits)
+
+
+def reducescatter_all() -> None:
+    for rows in (N * 2, N * 2 + 1):
+        for op in (hvd.Sum, hvd.Average, hvd.Max):
+            x = inputs(R, (rows, 3), torch.float32)
+            same(hvd.reducescatter(x.to(DEV), op=op), hvd.reducescatter(x, op=op), f"reducescatter {rows} {op}")
+    xs = [inputs(R, (N + 1, 2), torch.float32), inputs(R, (N, 3), torch.float32)]
+    for d, c in zip(hvd.grouped_reducescatter([x.to(DEV) for x in xs], op=hvd.Sum),
+                    hvd.grouped_reducescatter(xs, op=hvd.Sum)):
+        same(d, c, "grouped reducescatter")
+
+
+def process_sets() -> None:
+    if N < 2:
+        return
+    members = [0, 1] if N > 2 else [1]
+    ps = hvd.add_process_set(members)
+    try:
+        if R in members:
+            x = inputs(R, (5,), torch.float32)
+            same(hvd.allreduce(x.to(DEV), op=hvd.Sum, process_set=ps), hvd.allreduce(x, op=hvd.Sum, process_set=ps),
+                 "allreduce on a process set")
+    finally:
+        hvd.remove_process_set(ps)
+
+
+def sparse() -> None:
+    idx = torch.tensor([[R % 3, 1]])
+    sp = torch.sparse_coo_tensor(idx.t(), torch.tensor([1.0 + R]), (4, 2))
+    dev = hvd.sparse_allreduce_async(sp.to(DEV), "sp.d", hvd.Sum)()
+    cpu = hvd.sparse_allreduce_async(sp, "sp.c", hvd.Sum)()
+    same(dev.to_dense(), cpu.to_dense(), "sparse allreduce")
+
+
+def optimizer_equivalence(zero: bool = False) -> None:
+    """DistributedOptimizer (or ZeroRedundancyOptimizer) on the device equals one process training on every
+    rank's batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    reference = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    reference.load_state_dict(model.state_dict())
+    model.to(DEV)
+    reference.to(DEV)
+    opt = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1) if zero else \
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(4):
+        batches = [torch.randn(4, 6, generator=torch.Generator().manual_seed(100 * step + r)).double()
+                   for r in range(N)]
+        targets = [b.sum(1, keepdim=True).repeat(1, 2) for b in batches]
+        opt.zero_grad()
+        nn.functional.mse_loss(model(batches[R].to(DEV)), targets[R].to(DEV)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss = sum(nn.functional.mse_loss(reference(b.to(DEV)), t.to(DEV)) for b, t in zip(batches, targets)) / N
+        loss.backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        diff = (p - q).abs().max().item()
+        assert diff < 1e-12, f"weights differ from single-process training by {diff}"
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
+    same(hvd.broadcast(flat, 0), flat, "identical weights on every rank")
+
+
+def sync_batch_norm() -> None:
+    """SyncBatchNorm on the device: output and input gradient equal the CPU (MPI path) ones."""
+    outs = []
+    for dev in (DEV, torch.device("cpu")):
+        torch.manual_seed(1)
+        bn = hvd.SyncBatchNorm(3).double().to(dev)
+        x = (torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(50 + R)).double() * (R + 1)).to(dev)
+        x.requires_grad_(True)
+        y = bn(x)
+        (y * torch.arange(5.0, device=dev).double()).sum().backward()
+        outs.append((y.detach().cpu(), x.grad.cpu(), bn.running_mean.cpu()))
+    for a, b, what in zip(outs[0], outs[1], ("output", "input gradient", "running mean")):
+        diff = (a - b).abs().max().item()
+        assert diff < 1e-10, f"SyncBatchNorm {what}: device and CPU differ by {diff}"
+
+
+def mixed_devices_error() -> None:
+    if not CUDA:
+        return
+    try:
+        hvd.grouped_allreduce([torch.ones(2), torch.ones(2, device=DEV)])
+    except ValueError as exc:
+        assert "one device" in str(exc), exc
+    else:
+        raise AssertionError("a grouped op of CPU and GPU tensors was accepted")
+
+
+for name, fn in [("allreduce every dtype and op", allreduce_all), ("grouped and in place", grouped_and_inplace),
+                 ("allgather uneven", allgather_uneven), ("broadcast", broadcast_all),
+                 ("alltoall splits", alltoall_splits), ("reducescatter", reducescatter_all),
+                 ("process sets", process_sets), ("sparse", sparse),
+                 ("optimizer equivalence", optimizer_equivalence),
+                 ("zero optimizer equivalence", lambda: optimizer_equivalence(zero=True)),
+                 ("sync batch norm", sync_batch_norm), ("mixed devices error", mixed_devices_error)]:
+    check(name, fn)
+from hvdlite.torch.tensors import to_host  # noqa: E402 - which plane a float32 allreduce on DEV takes
+results["plane_of_a_device_allreduce"] = getattr(to_host(torch.ones(2, device=DEV), "allreduce")[0], "plane", "") \
+    or "mpi (host staging)" if CUDA else getattr(to_host(torch.ones(2), "allreduce")[0], "plane", "") or "mpi"
+results["planes"] = {"gloo_enabled": hvd.gloo_enabled(), "nccl_built": hvd.nccl_built(),
+                     "cuda_built": hvd.cuda_built()}
+print(json.dumps(results), flush=True)
+hvd.shutdown()
+sys.exit(1 if results["failures"] else 0)
