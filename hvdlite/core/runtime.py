@@ -13,6 +13,7 @@ import numpy as np
 
 from . import log
 from .config import Config
+from .diagnostics import callsite
 from .engine import mpi, polling
 from .engine.autotune import require_library
 from .engine.handles import Handle
@@ -49,6 +50,7 @@ class State:
         self.thread_multiple = mpi.thread_multiple()
         self.mpi_ops = mpi.MPIOps()
         self.names = Names()
+        callsite.forget_all()
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
         polling.share_cores(*core_sharing(self.local_size))
@@ -76,6 +78,9 @@ class State:
         sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra)
         req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), dtypes,
                       op=op, splits=splits, finalize=finalize)
+        if self.engine.cache.lookup(name, sig) < 0:  # first submission or a cache miss: steady state skips this
+            req.site = callsite.capture(1)
+            callsite.remember((ps_id, name), req.site)
         self.engine.submit(req)
         return req
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..config import Config
+from ..diagnostics import callsite
 from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
 from ..log import logger
 from . import polling, stalls
@@ -241,7 +242,8 @@ class Engine:
         self.full_cycles += 1
         now = time.monotonic()
         msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
-                          shutdown=shutdown, join_cycle=self._join_cycle, tune=self.autotune.outgoing())
+                          shutdown=shutdown, join_cycle=self._join_cycle, tune=self.autotune.outgoing(),
+                          sites=callsite.sites_of(self._pending.values()))
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
