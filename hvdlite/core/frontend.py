@@ -16,12 +16,16 @@ module is private to the core.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
+- ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
+  on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 - ``basics()``: the runtime names (init, rank, size, process sets, errors, ops...) every frontend re-exports.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from .diagnostics.replicas import check_named as check_named_replicas
+from .diagnostics.replicas import flatten as flatten_tensors
 from .engine.fusion import aligned_empty
 from .engine.handles import Handle
 from .log import logger
@@ -31,7 +35,8 @@ from .runtime import gradient_overlap, stage_host_copies, state
 
 __all__ = ["resolve_op", "check_reduction", "then", "gradient_overlap", "process_set_ranks", "setting",
            "bf16_to_f32", "f32_to_bf16", "logger", "Handle", "check_sparse", "sparse_allgather_async",
-           "sync_moments", "basics", "stage_host_copies", "aligned_empty"]
+           "sync_moments", "basics", "stage_host_copies", "aligned_empty",
+           "check_named_replicas", "flatten_tensors"]
 
 
 def then(handle: Handle, convert: Callable[[Any], Any]) -> Handle:

@@ -68,3 +68,4 @@ __all__ = [
     "HvdliteError", "HorovodInternalError", "XLANotSupportedError", "BroadcastGlobalVariablesHook",
 ]
 __all__ += sorted(set(basics()) - set(__all__))  # every runtime name basics() re-exports
+from hvdlite.tensorflow.replicas import check_replicas  # noqa: E402  (over the core's numpy-only one)

@@ -13,12 +13,13 @@ from .collectives import (allgather, allreduce, alltoall, broadcast, grouped_all
 from .compression import Compression, Compressor
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .wrap import DistributedOptimizer
+from .replicas import check_replicas
 from .sync_batch_norm import SyncBatchNorm
 from .zero import ZeroRedundancyOptimizer
 from . import elastic  # noqa: E402  (hvd.elastic.TorchState, ElasticSampler, run)
 
 #: The runtime (init, rank, size, ..., process sets, errors, reduce ops), shared by every frontend.
-_BASICS = basics()
+_BASICS = {**basics(), "check_replicas": check_replicas}  # torch's check_replicas over the core's numpy one
 globals().update(_BASICS)
 
 __all__ = sorted(_BASICS) + [
