@@ -23,7 +23,7 @@ from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, engine_stats, gloo_built,
                       gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                       mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
-                      size, start_timeline, stop_timeline)
+                      size, start_timeline, stop_timeline, straggler_report)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -39,5 +39,5 @@ __all__ = [
     "start_timeline", "stop_timeline", "engine_stats", "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ReduceOp", "Handle", "Config", "HvdliteError", "HorovodInternalError", "NotInitializedError",
     "TensorMismatchError", "DuplicateNameError", "ShutdownError", "StallError", "LaunchError",
-    "ReplicaDivergenceError", "check_replicas",
+    "ReplicaDivergenceError", "check_replicas", "straggler_report",
 ]

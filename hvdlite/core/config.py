@@ -68,6 +68,12 @@ class Config:
     #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.
     launch_sentinel: bool = True
 
+    #: Straggler attribution: agreed ops of the global process set per window; every window the ranks swap
+    #: how long each of their requests waited, in one full negotiation round (0 turns it off).
+    straggler_window_ops: int = 1000
+    #: A rank last in at least half the window's ops by more than this on average is named in one log line.
+    straggler_threshold_ms: float = 5.0
+
     #: Tune fusion_threshold, cycle_time and allreduce_chunk_bytes while training runs (Bayesian optimisation
     #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.
     autotune: bool = False
@@ -86,7 +92,8 @@ class Config:
     #: Settings that shape MPI traffic or verdicts every rank must reach alike; rank 0's values are used.
     AGREED = ("cycle_time", "cache_capacity", "fusion_threshold", "allreduce_chunk_bytes",
               "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
-              "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune")
+              "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune",
+              "straggler_window_ops", "straggler_threshold_ms")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
 

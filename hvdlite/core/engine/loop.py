@@ -27,6 +27,7 @@ from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, Rank
                           allgather_messages, decide)
 from .psets import Registry
 from .requests import Kind, Request, Response
+from .stragglers import Stragglers
 from .timeline import Timeline
 
 
@@ -66,6 +67,7 @@ class Engine:
         self.busy_cycles = 0
         self._idle_pause = 0.0
         self.autotune = Autotuner(config, self.rank, self.executor)
+        self.stragglers = Stragglers(config, self.rank, self.size)
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
 
@@ -183,8 +185,8 @@ class Engine:
             flags |= FLAG_FULL
         if self._pending:
             flags |= FLAG_BUSY
-        if self.autotune.wants_round():  # rank 0's new settings travel in a full round
-            flags |= FLAG_FULL
+        if self.autotune.wants_round() or self.stragglers.wants_round():  # rank 0's new settings, or the
+            flags |= FLAG_FULL                                           # straggler times, travel in a full round
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
@@ -198,6 +200,7 @@ class Engine:
         else:
             responses = cache.ready(missing, self.cycles)
         if responses:
+            self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline)
             self.autotune.observe(responses)
             self._execute(responses)
 
@@ -243,13 +246,15 @@ class Engine:
         now = time.monotonic()
         msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
                           shutdown=shutdown, join_cycle=self._join_cycle, tune=self.autotune.outgoing(),
-                          sites=callsite.sites_of(self._pending.values()))
+                          sites=callsite.sites_of(self._pending.values()), waits=self.stragglers.outgoing())
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise _Stop(self._shutdown_message(stopping))
+        if messages[0].waits is not None:
+            self.stragglers.adopt([m.waits for m in messages], self.timeline)
         if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
             self.autotune.adopt(messages[0].tune, self.cycles)
         responses, stalled = decide(messages, self.psets.members_table(), self.size)
