@@ -78,9 +78,8 @@ class State:
         sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra)
         req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), dtypes,
                       op=op, splits=splits, finalize=finalize)
-        if self.engine.cache.lookup(name, sig) < 0:  # first submission or a cache miss: steady state skips this
-            req.site = callsite.capture(1)
-            callsite.remember((ps_id, name), req.site)
+        if callsite.known.get(name) is not sig:  # a new name or signature: steady state skips the capture
+            req.site = callsite.note(name, sig)
         self.engine.submit(req)
         return req
 

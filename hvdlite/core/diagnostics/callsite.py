@@ -1,4 +1,5 @@
-"""The user's line that submitted an op: captured only on a response-cache miss, shown in stall and mismatch errors."""
+"""The user's line that submitted an op: captured when a name is first submitted (or with a new signature),
+never in steady state; shown in stall and mismatch errors."""
 from __future__ import annotations
 
 import importlib.util
@@ -35,6 +36,8 @@ _STDLIB = tuple(dict.fromkeys(os.path.join(os.path.realpath(sysconfig.get_paths(
                               for key in ("stdlib", "platstdlib")))
 _internal_code: dict[Any, bool] = {}  # code object -> whether its frames are skipped
 _remembered: dict[tuple[int, str], Site] = {}  # (process set, name) -> the site of its last captured submission
+#: name -> the (interned) signature it was last captured with: the per-op test is one lookup and an identity check
+known: dict[str, Any] = {}
 
 
 def _is_internal(filename: str) -> bool:
@@ -64,18 +67,23 @@ def capture(depth: int = 2) -> Optional[Site]:
     return None
 
 
-def remember(key: tuple[int, str], site: Optional[Site]) -> None:
-    """Keep the site of a captured submission, for later errors about the same name (a cached name's
-    submissions are not captured)."""
+def note(name: str, sig: Any, depth: int = 2) -> Optional[Site]:
+    """A name submitted for the first time or with another signature (the caller checked ``known``): capture
+    its site and keep it for later errors about the same name, whose submissions are not captured."""
+    site = capture(depth)
+    if len(_remembered) >= _REMEMBER_LIMIT:
+        _remembered.clear()
+        known.clear()
+    known[name] = sig
     if site is not None:
-        if len(_remembered) >= _REMEMBER_LIMIT:
-            _remembered.clear()
-        _remembered[key] = site
+        _remembered[(sig.ps_id, name)] = site
+    return site
 
 
 def forget_all() -> None:
     """A new init(): names start again."""
     _remembered.clear()
+    known.clear()
 
 
 def show(site: Optional[Site]) -> str:
@@ -112,4 +120,4 @@ def describe(sites: dict[int, Optional[str]]) -> str:
     return f" Submitted at: {'; '.join(parts)}." if parts else ""
 
 
-__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "forget_all", "remember", "show", "sites_of"]
+__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "forget_all", "known", "note", "show", "sites_of"]
