@@ -74,6 +74,11 @@ class Config:
     #: A rank last in at least half the window's ops by more than this on average is named in one log line.
     straggler_threshold_ms: float = 5.0
 
+    #: Reproducible reductions: hvdlite sums (and multiplies) floating-point elements itself, in rank order,
+    #: so every result is bit-identical for a given number of ranks whatever the fusion, chunking, cycle time,
+    #: autotune, submission order or MPI library (see hvdlite/core/engine/deterministic.py).
+    deterministic: bool = False
+
     #: Tune fusion_threshold, cycle_time and allreduce_chunk_bytes while training runs (Bayesian optimisation
     #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.
     autotune: bool = False
@@ -93,7 +98,7 @@ class Config:
     AGREED = ("cycle_time", "cache_capacity", "fusion_threshold", "allreduce_chunk_bytes",
               "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
               "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune",
-              "straggler_window_ops", "straggler_threshold_ms")
+              "straggler_window_ops", "straggler_threshold_ms", "deterministic")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
 

@@ -17,7 +17,7 @@ from ..config import Config
 from ..diagnostics import callsite
 from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
 from ..log import logger
-from . import polling, stalls
+from . import deterministic, polling, stalls
 from .autotune import Autotuner
 from .execution import Executor
 from .fusion import Item, batches
@@ -45,7 +45,8 @@ class Engine:
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
-        self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold,
+        comms = deterministic.ordered(process_sets.comm, mpi_ops) if config.deterministic else process_sets.comm
+        self.executor = Executor(mpi_ops, comms, process_sets.size, config.fusion_threshold,
                                  config.allreduce_chunk_bytes, timeline)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
