@@ -1,22 +1,25 @@
-"""Cost of issue 25's diagnostics: straggler attribution (on vs off) on 1,000 small ops and on ResNet-50's
-gradient sync, the call-site check on the submit path, and hvd.check_replicas on ResNet-50 vs a training step.
+"""Cost of issue 25's diagnostics: straggler attribution (on vs off) and deterministic reductions (vs the
+default) on 1,000 small ops and on ResNet-50's gradient sync, the call-site check on the submit path, and
+hvd.check_replicas on ResNet-50 vs a training step.
 
 Run:   mpiexec -n 2 python benchmarks/diagnostics.py [--out benchmarks/results/diagnostics.json]
 Smoke: mpiexec -n 2 python benchmarks/diagnostics.py --reps 2 --sessions 1 --inflight 50 --scale 0.01 --batch 1 --image 64
 
 Methods (one JSON line each, after a machine line; times are the slowest rank's, medians over repetitions):
-  small_ops_stragglers_on/off  --inflight named 4-float ``allreduce_async`` (numpy, Sum), then synchronize
-                               each; ``straggler_window_ops`` 1000 (the default) or 0 (off).
-  grad_sync_stragglers_on/off  ResNet-50's 161 gradient tensors (``--scale`` of their size), one named in-place
-                               ``allreduce_async_`` each, then synchronize all.
+  small_ops_<setting>          --inflight named 4-float ``allreduce_async`` (numpy, Sum), then synchronize each.
+  grad_sync_<setting>          ResNet-50's 161 gradient tensors (``--scale`` of their size), one named in-place
+                               ``allreduce_async_`` each (Average), then synchronize all.
+     settings: ``default`` (straggler attribution on, window 1000), ``stragglers_off`` (window 0; the default's
+     ``straggler_overhead`` is default / stragglers_off) and ``deterministic`` (``deterministic_cost`` is
+     deterministic / default).
   callsite_check               what a submission of a known name adds (one dict lookup and an identity check
                                that decide not to capture), in us per op; ``callsite_capture`` the capture on a miss
-                               (a stack 8 frames deep), and ``share_of_small_op`` against small_ops_stragglers_off.
+                               (a stack 8 frames deep), and ``share_of_small_op`` against small_ops_default.
   resnet50_train_step          one ResNet-50 training step (--batch images of --image pixels, SGD with momentum,
                                DistributedOptimizer); ``check_replicas_module`` / ``check_replicas_optimizer``
                                the check of the model (parameters and buffers) and of the optimizer (parameters
                                and momentum), with ``ratio_to_step``.
-Sessions alternate the straggler setting (hvdlite re-initialised each time), so both see the same machine state.
+Sessions alternate the settings (hvdlite re-initialised each time), so all see the same machine state.
 """
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ import _common  # noqa: E402
 import shapes  # noqa: E402
 import hvdlite as hvd  # noqa: E402
 import hvdlite.torch as hvd_torch  # noqa: E402
+
+
+SETTINGS = {"default": {}, "stragglers_off": {"straggler_window_ops": 0}, "deterministic": {"deterministic": True}}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     comm = MPI.COMM_WORLD
     out = _common.Output(comm.Get_rank(), args.out)
     out.emit(_common.machine_info("diagnostics", comm.Get_size(), note="taken while other work loads the machine"))
-    series = {name: _common.Series(name) for name in (
-        "small_ops_stragglers_on", "small_ops_stragglers_off", "grad_sync_stragglers_on", "grad_sync_stragglers_off")}
+    series = {f"{what}_{setting}": _common.Series(f"{what}_{setting}") for what in ("small_ops", "grad_sync")
+              for setting in SETTINGS}
     small = [np.ones(4, np.float32) for _ in range(args.inflight)]
     grads = [np.ones(s, np.float32) for s in shapes.scaled_shapes(shapes.gradient_shapes("resnet50"), args.scale)]
 
@@ -70,23 +76,25 @@ def main(argv: list[str] | None = None) -> None:
             hvd.synchronize(h)
 
     for _ in range(args.sessions):
-        for setting, window in (("on", 1000), ("off", 0)):
-            hvd.init(straggler_window_ops=window)
+        for setting, settings in SETTINGS.items():
+            hvd.init(**settings)
             small_ops(), grad_sync()  # warm the response cache
             for _ in range(args.reps):
-                series[f"small_ops_stragglers_{setting}"].times.append(_common.timed(comm, small_ops))
-                series[f"grad_sync_stragglers_{setting}"].times.append(_common.timed(comm, grad_sync))
+                series[f"small_ops_{setting}"].times.append(_common.timed(comm, small_ops))
+                series[f"grad_sync_{setting}"].times.append(_common.timed(comm, grad_sync))
             hvd.shutdown()
     results = {name: _common.summarize(comm, s) for name, s in series.items()}
     for what in ("small_ops", "grad_sync"):
-        on, off = results[f"{what}_stragglers_on"], results[f"{what}_stragglers_off"]
-        out.emit({"bench": "diagnostics", "method": f"{what}_stragglers_off", **off})
-        out.emit({"bench": "diagnostics", "method": f"{what}_stragglers_on", **on,
-                  "ratio_to_off": on["ms"] / off["ms"]})
+        default = results[f"{what}_default"]["ms"]
+        out.emit({"bench": "diagnostics", "method": f"{what}_stragglers_off", **results[f"{what}_stragglers_off"]})
+        out.emit({"bench": "diagnostics", "method": f"{what}_default", **results[f"{what}_default"],
+                  "straggler_overhead": default / results[f"{what}_stragglers_off"]["ms"]})
+        out.emit({"bench": "diagnostics", "method": f"{what}_deterministic", **results[f"{what}_deterministic"],
+                  "deterministic_cost": results[f"{what}_deterministic"]["ms"] / default})
 
     hvd.init()
     out.emit({"bench": "diagnostics", "method": "callsite_check", **callsite_costs(
-        results["small_ops_stragglers_off"]["ms"] * 1e3 / args.inflight)})
+        results["small_ops_default"]["ms"] * 1e3 / args.inflight)})
     out.emit({"bench": "diagnostics", "method": "resnet50_train_step", **replica_costs(comm, args)})
     hvd.shutdown()
     out.close()

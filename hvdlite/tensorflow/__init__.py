@@ -68,4 +68,9 @@ __all__ = [
     "HvdliteError", "HorovodInternalError", "XLANotSupportedError", "BroadcastGlobalVariablesHook",
 ]
 __all__ += sorted(set(basics()) - set(__all__))  # every runtime name basics() re-exports
-from hvdlite.tensorflow.replicas import check_replicas  # noqa: E402  (over the core's numpy-only one)
+
+
+def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
+    """hvd.check_replicas for Keras models, optimizers and TF/numpy tensors (hvdlite.tensorflow.keras's)."""
+    from .keras.replicas import check_replicas as check  # Keras is imported only when this is used
+    return check(obj, process_set)

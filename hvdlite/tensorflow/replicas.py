@@ -1,5 +1,5 @@
-"""hvd.check_replicas for TensorFlow and Keras: a Keras model (its and its optimizer's variables), an
-optimizer, or a collection of variables, tensors and numpy arrays."""
+"""hvd.check_replicas for TensorFlow: a Keras optimizer, or a collection of variables, tensors and numpy arrays
+(Keras models: hvdlite/tensorflow/keras/replicas.py)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -24,31 +24,27 @@ def _leaf(value: Any) -> Optional[np.ndarray]:
 
 
 def _variables(obj: Any) -> Optional[list]:
-    """A Keras model's (and its optimizer's) variables, or a Keras optimizer's; None for anything else."""
-    if hasattr(obj, "trainable_variables") and hasattr(obj, "layers"):  # a Keras model
-        from .keras.variables import model_and_optimizer_variables
-        return model_and_optimizer_variables(obj, build_optimizer=False)
+    """A Keras optimizer's variables; None for anything else."""
     if hasattr(obj, "apply_gradients") and hasattr(obj, "variables"):  # a Keras optimizer
         variables = obj.variables
         return list(variables() if callable(variables) else variables)
     return None
 
 
-def named_tensors(obj: Any) -> list:
-    """(name, numpy array) for each variable or tensor of ``obj``."""
-    variables = _variables(obj)
-    if variables is None:
-        return flatten_tensors(obj, _leaf)
+def named_variables(variables: list) -> list:
+    """(name, numpy array) for each variable (Keras 3's path, else its name)."""
     return [(getattr(v, "path", None) or v.name, _leaf(v)) for v in variables]
 
 
-def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
-    """Check that ``obj`` (a Keras model with its optimizer's state, a Keras optimizer, or a collection of
-    variables, tensors and numpy arrays) is bit-identical on every rank of ``process_set``; returns how many
-    tensors were compared. One small gather of 64-bit digests; when any differs, only the first differing
-    tensor is gathered and ``hvd.ReplicaDivergenceError`` is raised on every rank naming it, the ranks that
-    differ and the largest absolute difference. Every rank must call it."""
+def named_tensors(obj: Any) -> list:
+    """(name, numpy array) for each variable or tensor of ``obj``."""
+    variables = _variables(obj)
+    return flatten_tensors(obj, _leaf) if variables is None else named_variables(variables)
+
+
+def check_tensors(obj: Any, process_set: ProcessSet = global_process_set) -> int:
+    """hvd.check_replicas for a Keras optimizer or a collection of tensors (see the Keras frontend's)."""
     return check_named_replicas(named_tensors(obj), process_set)
 
 
-__all__ = ["check_replicas", "named_tensors"]
+__all__ = ["check_tensors", "named_tensors", "named_variables"]

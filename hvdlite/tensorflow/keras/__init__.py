@@ -61,4 +61,4 @@ __all__ = [
     "load_model", "SyncBatchNormalization", "HvdliteError", "HorovodInternalError",
 ]
 __all__ += sorted(set(basics()) - set(__all__))  # every runtime name basics() re-exports
-from hvdlite.tensorflow.replicas import check_replicas  # noqa: E402  (over the core's numpy-only one)
+from .replicas import check_replicas  # noqa: E402  (over the core's numpy-only one)

@@ -13,7 +13,7 @@ from hvdlite.core import Average
 from hvdlite.core.frontend import logger
 
 from ..functions import broadcast_variables
-from .replica_callback import CheckReplicasCallback  # noqa: F401  (hvd.callbacks.CheckReplicasCallback)
+from .replicas import CheckReplicasCallback  # noqa: F401  (hvd.callbacks.CheckReplicasCallback)
 from .variables import model_and_optimizer_variables
 
 
