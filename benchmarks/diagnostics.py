@@ -15,6 +15,9 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's,
   callsite_check               what a submission of a known name adds (one dict lookup and an identity check
                                that decide not to capture), in us per op; ``callsite_capture`` the capture on a miss
                                (a stack 8 frames deep), and ``share_of_small_op`` against small_ops_default.
+  straggler_bookkeeping        the engine thread's straggler work measured on its own (min of repeats, so a loaded
+                               machine disturbs it little): ``record_us_per_op`` per agreed op, ``adopt_ms`` per
+                               window of 1000 ops, ``share_of_small_op`` against small_ops_stragglers_off.
   resnet50_train_step          one ResNet-50 training step (--batch images of --image pixels, SGD with momentum,
                                DistributedOptimizer); ``check_replicas_module`` / ``check_replicas_optimizer``
                                the check of the model (parameters and buffers) and of the optimizer (parameters
@@ -93,8 +96,11 @@ def main(argv: list[str] | None = None) -> None:
                   "deterministic_cost": results[f"{what}_deterministic"]["ms"] / default})
 
     hvd.init()
+    small_ops()  # --inflight cached names, whose responses straggler_costs records
     out.emit({"bench": "diagnostics", "method": "callsite_check", **callsite_costs(
         results["small_ops_default"]["ms"] * 1e3 / args.inflight)})
+    out.emit({"bench": "diagnostics", "method": "straggler_bookkeeping", **straggler_costs(
+        comm.Get_size(), results["small_ops_stragglers_off"]["ms"] * 1e3 / args.inflight)})
     out.emit({"bench": "diagnostics", "method": "resnet50_train_step", **replica_costs(comm, args)})
     hvd.shutdown()
     out.close()
@@ -115,6 +121,29 @@ def callsite_costs(small_op_us: float) -> dict:
     added = max(lookup_us - empty_us, 0.0)
     return {"us_per_op": added, "callsite_capture_us": capture_us, "small_op_us": small_op_us,
             "share_of_small_op": added / small_op_us}
+
+
+def straggler_costs(size: int, small_op_us: float) -> dict:
+    """Stragglers.record for 1000 agreed cached ops, and adopt() of a window from every rank."""
+    from types import SimpleNamespace
+    from hvdlite.core.config import Config
+    from hvdlite.core.engine.stragglers import Stragglers
+    from hvdlite.core.engine.timeline import Timeline
+    from hvdlite.core.runtime import state
+    cache = state().engine.cache
+    responses = [r for r in cache.responses if r is not None][:1000]
+    pending = {r.key: SimpleNamespace(submitted=0.0) for r in responses}
+    tracker, timeline = Stragglers(Config(), 0, size), Timeline()
+
+    def record() -> None:
+        tracker.record(responses, pending, 1.0, timeline)
+        tracker._submitted.clear()
+        tracker._agreed.clear()
+    record_us = min(timeit.repeat(record, number=20, repeat=5)) / 20 / len(responses) * 1e6
+    window = [np.random.default_rng(r).random((2, 1000)) for r in range(size)]
+    adopt_ms = min(timeit.repeat(lambda: tracker.adopt(window, timeline), number=5, repeat=3)) / 5 * 1e3
+    return {"record_us_per_op": record_us, "adopt_ms": adopt_ms, "ops": len(responses),
+            "small_op_us": small_op_us, "share_of_small_op": (record_us + adopt_ms * 1e3 / 1000) / small_op_us}
 
 
 def replica_costs(comm: object, args: argparse.Namespace) -> dict:
