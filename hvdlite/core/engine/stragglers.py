@@ -32,6 +32,7 @@ class Stragglers:
         self._submitted: list[float] = []  # per agreed op, this rank's submission time (NaN: no request here)
         self._agreed: list[float] = []     # and when its round ended here
         self._stamps: list[float] = []  # timeline time of each op (rank 0 tracing only)
+        self._sent_stamps: list[float] = []  # those of the window just sent
         self._report: dict[str, Any] = _empty(size, config)
         self._named: Optional[int] = None  # the rank last named in the log
         self.windows = 0
@@ -62,6 +63,7 @@ class Stragglers:
         out = np.array([self._submitted, self._agreed], dtype=np.float64)
         self._submitted.clear()
         self._agreed.clear()
+        self._sent_stamps, self._stamps = self._stamps, []
         return out
 
     def adopt(self, all_times: list[Optional[np.ndarray]], timeline: Timeline) -> None:
@@ -96,8 +98,8 @@ class Stragglers:
                                stats["last_share"] * 100, report["window_ops"], stats["mean_ms"], stats["p95_ms"],
                                self.config.straggler_threshold_ms)
         self._named = report["straggler"]
-        if timeline.enabled and self._stamps:
-            stamps, self._stamps = self._stamps[:lateness.shape[1]], []
+        stamps, self._sent_stamps = self._sent_stamps, []
+        if timeline.enabled and len(stamps) == ops and lateness.shape[1] == ops:  # no joined rank's gaps
             for i, ts in enumerate(stamps):
                 timeline.counter("LATENESS_MS", ts, {f"rank {r}": round(float(lateness[r, i]) * 1e3, 3)
                                                      for r in range(self.size)})
