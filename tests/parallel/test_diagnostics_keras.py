@@ -1,9 +1,11 @@
-"""hvd.check_replicas on Keras models (variables and optimizer state) and TF tensors, and
-hvd.callbacks.CheckReplicasCallback in model.fit: equal replicas pass; an unsynchronised BatchNormalization's
-moving statistics and a perturbed kernel are named on every rank."""
+"""Keras and TF diagnostics: hvd.check_replicas on Keras models (variables and optimizer state) and TF tensors,
+and hvd.callbacks.CheckReplicasCallback in model.fit (equal replicas pass; an unsynchronised
+BatchNormalization's moving statistics and a perturbed kernel are named on every rank); straggler attribution
+in model.fit (one rank sleeps 20 ms before each batch)."""
 from __future__ import annotations
 
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -15,6 +17,7 @@ import tensorflow as tf  # noqa: E402
 
 import hvdlite.tensorflow as hvd_tf  # noqa: E402
 import hvdlite.tensorflow.keras as hvd  # noqa: E402
+from straggler_check import SLEEP_S, WINDOW, check_report, true_lateness_ms  # noqa: E402
 
 MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 300
@@ -78,3 +81,25 @@ def test_tf_tensors_and_variables(rank: int, size: int) -> None:
         hvd_tf.check_replicas(values)
     assert info.value.tensor == "[1]" and info.value.ranks == tuple(range(1, size)), str(info.value)
     assert info.value.max_abs_diff == size - 1
+
+
+def test_keras_fit_names_the_rank_that_sleeps(reinit, rank: int, size: int) -> None:
+    hvd_keras = hvd
+    reinit(straggler_window_ops=WINDOW)
+
+    stamps = []
+
+    class Sleep(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            if rank == size - 1:
+                time.sleep(SLEEP_S)
+            stamps.append(time.monotonic())
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    data = np.random.default_rng(rank).normal(size=(2, 2 * (2 * WINDOW + 4), 6)).astype(np.float32)
+    model.fit(data[0], data[1][:, :1], batch_size=2, epochs=1, verbose=0,
+              callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0), Sleep()])
+    hvd_keras.allreduce(np.zeros(1), name="keras.straggler.end")  # every rank past fit before reading
+    check_report(hvd_keras.straggler_report(), size, true_lateness_ms(stamps, size, WINDOW))
