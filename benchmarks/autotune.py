@@ -29,14 +29,14 @@ import _common  # noqa: E402
 import hvdlite as hvd  # noqa: E402
 
 MIB = 1 << 20
-BAD = {"fusion_threshold": 0, "cycle_time": 1.0, "allreduce_chunk_bytes": 64 * MIB}
+BAD = {"fusion_threshold_bytes": 0, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 64 * MIB}
 HAND_SET = {
-    "default_4MB_1ms_1MB": {"fusion_threshold": 4 * MIB, "cycle_time": 1.0, "allreduce_chunk_bytes": 1 * MIB},
-    "fusion16MB_chunk2MB": {"fusion_threshold": 16 * MIB, "cycle_time": 1.0, "allreduce_chunk_bytes": 2 * MIB},
-    "fusion64MB_chunk4MB": {"fusion_threshold": 64 * MIB, "cycle_time": 1.0, "allreduce_chunk_bytes": 4 * MIB},
-    "fusion4MB_chunk256KB": {"fusion_threshold": 4 * MIB, "cycle_time": 1.0, "allreduce_chunk_bytes": MIB // 4},
-    "fusion8MB_cycle0.2_chunk2MB": {"fusion_threshold": 8 * MIB, "cycle_time": 0.2, "allreduce_chunk_bytes": 2 * MIB},
-    "fusion32MB_cycle5_chunk1MB": {"fusion_threshold": 32 * MIB, "cycle_time": 5.0, "allreduce_chunk_bytes": 1 * MIB},
+    "default_4MB_1ms_1MB": {"fusion_threshold_bytes": 4 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 1 * MIB},
+    "fusion16MB_chunk2MB": {"fusion_threshold_bytes": 16 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 2 * MIB},
+    "fusion64MB_chunk4MB": {"fusion_threshold_bytes": 64 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 4 * MIB},
+    "fusion4MB_chunk256KB": {"fusion_threshold_bytes": 4 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": MIB // 4},
+    "fusion8MB_cycle0.2_chunk2MB": {"fusion_threshold_bytes": 8 * MIB, "cycle_time_ms": 0.2, "allreduce_chunk_bytes": 2 * MIB},
+    "fusion32MB_cycle5_chunk1MB": {"fusion_threshold_bytes": 32 * MIB, "cycle_time_ms": 5.0, "allreduce_chunk_bytes": 1 * MIB},
 }
 
 

@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed gloo methods")
     p.add_argument("--hvd-module", default="", help="a Horovod-compatible module to measure as (f)")
     p.add_argument("--hvd-setting", action="append", default=[], metavar="KEY=VALUE",
-                   help="hvdlite init() setting, e.g. cycle_time=0.5 (repeatable)")
+                   help="hvdlite init() setting, e.g. cycle_time_ms=0.5 (repeatable)")
     p.add_argument("--timeline", default="", help="write hvdlite's timeline (rank 0) to this path")
     p.add_argument("--out", default="", help="also write the JSON lines to this file")
     return p.parse_args(argv)
@@ -225,8 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     output = _common.Output(comm.Get_rank(), args.out)
     st = hvd.core.runtime.state().config
     output.emit(_common.machine_info("grad_sync", comm.Get_size(), reps=args.reps, warmup=args.warmup,
-                                     scale=args.scale, op=args.op, cycle_time_ms=st.cycle_time,
-                                     fusion_threshold=st.fusion_threshold,
+                                     scale=args.scale, op=args.op, cycle_time_ms=st.cycle_time_ms,
+                                     fusion_threshold_bytes=st.fusion_threshold_bytes,
                                      allreduce_chunk_bytes=st.allreduce_chunk_bytes))
     if args.timeline:
         hvd.start_timeline(args.timeline, mark_cycles=True)

@@ -13,7 +13,7 @@ Methods (one JSON line each, after a machine line):
   latency_module           the same call through --hvd-module NAME (e.g. horovod.torch).
   inflight_fused           --inflight named ``allreduce_async`` (numpy, Sum) submitted together, then synchronize
                            all, with the default fusion threshold.
-  inflight_unfused         the same with ``fusion_threshold=0`` (hvdlite re-initialised).
+  inflight_unfused         the same with ``fusion_threshold_bytes=0`` (hvdlite re-initialised).
   inflight_hvdlite_torch   --inflight named in-place ``hvdlite.torch.allreduce_async_`` on torch tensors (Average),
                            then ``synchronize`` each handle; default fusion. ``ratio_to_module`` when given.
   inflight_module          the same through --hvd-module NAME.
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hvd-module", default="", help="a Horovod-compatible torch module to measure too, "
                    "e.g. horovod.torch")
     p.add_argument("--hvd-setting", action="append", default=[], metavar="KEY=VALUE",
-                   help="hvdlite init() setting, e.g. cycle_time=0.5 (repeatable)")
+                   help="hvdlite init() setting, e.g. cycle_time_ms=0.5 (repeatable)")
     p.add_argument("--out", default="", help="also write the JSON lines to this file")
     return p.parse_args(argv)
 
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                                  **idle_cpu(comm, args.idle_seconds)})
         hvd_torch.shutdown()
         # hvdlite, fusion off.
-        hvd.init(**{**settings, "fusion_threshold": 0})
+        hvd.init(**{**settings, "fusion_threshold_bytes": 0})
         times["inflight_unfused"] += counters["inflight_unfused"].measure(
             lambda: per_round(comm, inflight_hvd, args.reps), args.reps + 1)
         hvd.shutdown()

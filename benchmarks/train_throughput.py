@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny models and sizes, for smoke tests")
     p.add_argument("--hvd-module", default="", help="a Horovod-compatible torch module to measure too")
     p.add_argument("--hvd-setting", action="append", default=[], metavar="KEY=VALUE",
-                   help="hvdlite init() setting, e.g. cycle_time=0.5 (repeatable)")
+                   help="hvdlite init() setting, e.g. cycle_time_ms=0.5 (repeatable)")
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed per mpiexec job")
     p.add_argument("--out", default="", help="also write the JSON lines to this file")
     p.add_argument("--worker", choices=("torch", "keras"), default="", help=argparse.SUPPRESS)

@@ -16,7 +16,7 @@ from hvdlite.core.engine.autotune import BOUNDS, MIB, TEST_POINTS, TUNED, Autotu
 from hvdlite.core.engine.requests import Kind, Response, make_signature
 from hvdlite.core.reduce_ops import Sum
 
-START = {"fusion_threshold": 0, "cycle_time": 1.0, "allreduce_chunk_bytes": 64 * MIB}
+START = {"fusion_threshold_bytes": 0, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 64 * MIB}
 
 
 def within_bounds(settings: dict[str, Any]) -> bool:
@@ -29,13 +29,13 @@ def test_unit_cube_round_trip_and_bounds() -> None:
         settings = from_unit(x)
         assert within_bounds(settings)
         np.testing.assert_allclose(to_unit(from_unit(to_unit(settings))), to_unit(settings), atol=1e-3)
-    assert from_unit([0, 0, 0]) == {"fusion_threshold": 0, "cycle_time": 0.1, "allreduce_chunk_bytes": 64 * 1024}
-    assert from_unit([1, 1, 1]) == {"fusion_threshold": 64 * MIB, "cycle_time": 20.0, "allreduce_chunk_bytes": 64 * MIB}
+    assert from_unit([0, 0, 0]) == {"fusion_threshold_bytes": 0, "cycle_time_ms": 0.1, "allreduce_chunk_bytes": 64 * 1024}
+    assert from_unit([1, 1, 1]) == {"fusion_threshold_bytes": 64 * MIB, "cycle_time_ms": 20.0, "allreduce_chunk_bytes": 64 * MIB}
 
 
 def synthetic_score(s: dict[str, Any]) -> float:
     """Best near fusion 24 MiB, cycle 0.5 ms, chunk 2 MiB."""
-    u = to_unit(s) - to_unit({"fusion_threshold": 24 * MIB, "cycle_time": 0.5, "allreduce_chunk_bytes": 2 * MIB})
+    u = to_unit(s) - to_unit({"fusion_threshold_bytes": 24 * MIB, "cycle_time_ms": 0.5, "allreduce_chunk_bytes": 2 * MIB})
     return float(1e9 * np.exp(-4 * np.dot(u, u)))
 
 
@@ -62,7 +62,7 @@ def test_best_keeps_the_first_of_equal_scores() -> None:
 
 
 class FakeExecutor:
-    fusion_threshold = 0
+    fusion_threshold_bytes = 0
     chunk_bytes = 0
 
 
@@ -92,7 +92,7 @@ def test_samples_steps_scores_and_final_choice(tmp_path: Path, monkeypatch: pyte
             tuner.observe([response(name, floats)])
             clock[0] += 1.0 / (1.0 + synthetic_score(tuner.settings()) / 1e9)  # better settings: faster steps
     assert not tuner.active and tuner.final == config_settings(config) == tuner.settings()
-    assert (executor.fusion_threshold, executor.chunk_bytes) == (config.fusion_threshold,
+    assert (executor.fusion_threshold_bytes, executor.chunk_bytes) == (config.fusion_threshold_bytes,
                                                                  config.allreduce_chunk_bytes)
     rows = list(csv.DictReader(log.open()))
     assert [r["phase"] for r in rows] == ["warmup", "sample", "sample", "sample", "sample", "final"]
@@ -102,7 +102,7 @@ def test_samples_steps_scores_and_final_choice(tmp_path: Path, monkeypatch: pyte
     scored = rows[1:-1]
     best = max(scored, key=lambda r: float(r["score_bytes_per_s"]))
     assert rows[-1]["sample"] == best["sample"]
-    assert int(rows[-1]["fusion_threshold"]) == tuner.final["fusion_threshold"] == int(best["fusion_threshold"])
+    assert int(rows[-1]["fusion_threshold_bytes"]) == tuner.final["fusion_threshold_bytes"] == int(best["fusion_threshold_bytes"])
     assert len(switches) == 5  # the start, three proposals, the final choice: the budget is respected
     assert switches[0] == START and switches[-1] == tuner.final
 
@@ -118,7 +118,7 @@ def test_other_ranks_only_adopt() -> None:
     tuner.observe([response("a", 10)])  # rank 1 never measures
     tuner.adopt({**TEST_POINTS[1], "final": True}, 7)
     assert tuner.history == [(7, TEST_POINTS[1])] and tuner.final == TEST_POINTS[1] and not tuner.active
-    assert config.cycle_time == TEST_POINTS[1]["cycle_time"]
+    assert config.cycle_time_ms == TEST_POINTS[1]["cycle_time_ms"]
 
 
 def test_settings_from_horovod_variables() -> None:

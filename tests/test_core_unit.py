@@ -25,30 +25,48 @@ def initialized():
 def test_config_reads_hvdlite_and_horovod_spellings() -> None:
     cfg = Config.from_env({"HOROVOD_CYCLE_TIME": "5", "HVDLITE_FUSION_THRESHOLD": "0",
                            "HOROVOD_STALL_CHECK_DISABLE": "true", "HVDLITE_TIMELINE": "/tmp/t.json"})
-    assert (cfg.cycle_time, cfg.fusion_threshold, cfg.stall_check_disable, cfg.timeline) == \
+    assert (cfg.cycle_time_ms, cfg.fusion_threshold_bytes, cfg.stall_check_disable, cfg.timeline) == \
         (5.0, 0, True, "/tmp/t.json")
     both = Config.from_env({"HOROVOD_CACHE_CAPACITY": "7", "HVDLITE_CACHE_CAPACITY": "9"})
     assert both.cache_capacity == 9  # the HVDLITE_ spelling wins
 
 
 def test_config_defaults_and_init_keywords() -> None:
-    cfg = Config.from_env({}, cycle_time=3, stall_check_time_seconds="2.5")
-    assert cfg.cycle_time == 3 and cfg.stall_check_time_seconds == 2.5
-    assert Config.from_env({}).fusion_threshold == Config().fusion_threshold
+    cfg = Config.from_env({}, cycle_time_ms=3, stall_check_time_seconds="2.5")
+    assert cfg.cycle_time_ms == 3 and cfg.stall_check_time_seconds == 2.5
+    assert Config.from_env({}).fusion_threshold_bytes == Config().fusion_threshold_bytes
     assert Config().cache_capacity == 1024 and Config().stall_check_time_seconds == 60
+
+
+def test_former_keywords_without_units_still_work_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="'cycle_time' is now 'cycle_time_ms'"):
+        cfg = Config.from_env({}, cycle_time=3)
+    with pytest.warns(DeprecationWarning, match="'fusion_threshold' is now 'fusion_threshold_bytes'"):
+        cfg2 = Config.from_env({}, fusion_threshold=64)
+    assert (cfg.cycle_time_ms, cfg2.fusion_threshold_bytes) == (3, 64)
+    # the unit-less HOROVOD_/HVDLITE_ variable names stay as Horovod spells them; the unit names are unknown
+    assert Config.from_env({"HOROVOD_FUSION_THRESHOLD": "128"}).fusion_threshold_bytes == 128
+    assert Config.env_keys("cycle_time_ms")[:2] == ("HVDLITE_CYCLE_TIME", "HOROVOD_CYCLE_TIME")
+    with pytest.warns(DeprecationWarning):
+        hvd.init(cycle_time=2)
+    try:
+        assert hvd.core.runtime.state().config.cycle_time_ms == 2
+    finally:
+        hvd.shutdown()
 
 
 def test_config_rejects_bad_values_and_unknown_keywords() -> None:
     with pytest.raises(ValueError, match="HVDLITE_CYCLE_TIME='fast' is not a valid float"):
         Config.from_env({"HVDLITE_CYCLE_TIME": "fast"})
-    with pytest.raises(ValueError, match="fusion_threshold must be >= 0"):
-        Config.from_env({}, fusion_threshold=-1)
+    with pytest.raises(ValueError, match="fusion_threshold_bytes must be >= 0"):
+        Config.from_env({}, fusion_threshold_bytes=-1)
     with pytest.raises(TypeError, match="unknown keyword 'fusion_treshold'"):
         Config.from_env({}, fusion_treshold=1)
 
 
 def test_gradient_overlap_setting_and_auto_decision() -> None:
-    from hvdlite.core.runtime import cpu_cores, local_overlap_verdict as gradient_overlap
+    from hvdlite.core.affinity import cpu_cores
+    from hvdlite.core.overlap import local_overlap_verdict as gradient_overlap
     assert Config().gradient_overlap == "auto"
     assert Config.from_env({"HOROVOD_GRADIENT_OVERLAP": "1"}).gradient_overlap == "on"
     assert Config.from_env({}, gradient_overlap="Off").gradient_overlap == "off"

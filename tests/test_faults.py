@@ -166,7 +166,7 @@ def _mpmd(odd_env: dict, odd_rank: int, n: int = 3) -> subprocess.CompletedProce
 
 
 ODD_SETTINGS = {
-    "fusion_threshold": ("HOROVOD_FUSION_THRESHOLD", "0", "4194304"),
+    "fusion_threshold_bytes": ("HOROVOD_FUSION_THRESHOLD", "0", "4194304"),
     "allreduce_chunk_bytes": ("HVDLITE_ALLREDUCE_CHUNK_BYTES", "4096", "1048576"),
     "cache_capacity": ("HVDLITE_CACHE_CAPACITY", "2", "1024"),
 }

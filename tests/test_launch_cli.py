@@ -390,4 +390,4 @@ def test_autotune_flags_reach_the_ranks(tmp_path: Path) -> None:
     assert len(ranks) == 2
     for r in ranks:
         assert r["env"] == dict(zip(names, ["1", str(log), "1", "5", "7", "0.25"]))
-    assert log.read_text().splitlines()[0].startswith("phase,sample,fusion_threshold,cycle_time")
+    assert log.read_text().splitlines()[0].startswith("phase,sample,fusion_threshold_bytes,cycle_time_ms")

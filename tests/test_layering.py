@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hvdlite"
 MPI_MODULE = "hvdlite.core.engine.mpi"
 #: The core modules a frontend may import.
 #: The public core, its documented frontend interface, and the public elastic package (``hvd.elastic``).
-FRONTEND_MAY_IMPORT = {"hvdlite.core", "hvdlite.core.frontend", "hvdlite.core.elastic"}
+FRONTEND_MAY_IMPORT = {"hvdlite.core", "hvdlite.core.frontend", "hvdlite.core.basics", "hvdlite.core.elastic"}
 FRONTENDS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras")
 MAX_LINES = 400
 #: Whether an import inside a function counts as an edge of the import graph for the cycle check. A lazy

@@ -20,10 +20,11 @@ from .objects import allgather_object, broadcast_object
 from .process_set_ops import add_process_set, remove_process_set
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .runtime import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, engine_stats, gloo_built,
-                      gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
-                      mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built, shutdown,
-                      size, start_timeline, stop_timeline, straggler_report)
+from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
+                          nccl_built, rocm_built)
+from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
+                      mpi_threads_supported, rank, shutdown, size)
+from .timeline_control import engine_stats, start_timeline, stop_timeline, straggler_report
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",

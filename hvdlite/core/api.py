@@ -134,11 +134,7 @@ def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[s
     """Reduce ``array`` across the ranks of ``process_set``; the result is the reduced array."""
     handle = grouped_allreduce_async([array], average, name, op, prescale_factor, postscale_factor,
                                      process_set, inplace, [dtype_hint])
-    return _single(handle)
-
-
-def _single(handle: Handle) -> Handle:
-    return handle.then(lambda results: results[0])
+    return handle.first()
 
 
 def allreduce(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
@@ -203,7 +199,7 @@ def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
 
 def allgather_async(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set,
                     dtype_hint: Optional[str] = None) -> Handle:
-    return _single(grouped_allgather_async([array], name, process_set, [dtype_hint]))
+    return grouped_allgather_async([array], name, process_set, [dtype_hint]).first()
 
 
 def allgather(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
@@ -233,7 +229,7 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
         finalize = _write_back([np.asarray(array)], [a])
     handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=int(root_rank),
                      finalize=finalize)
-    return _single(handle)
+    return handle.first()
 
 
 def broadcast(array: Any, root_rank: int, name: Optional[str] = None,
@@ -309,8 +305,8 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
 def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0, dtype_hint: Optional[str] = None) -> Handle:
-    return _single(grouped_reducescatter_async([array], name, op, process_set, prescale_factor,
-                                               postscale_factor, [dtype_hint]))
+    return grouped_reducescatter_async([array], name, op, process_set, prescale_factor, postscale_factor,
+                                       [dtype_hint]).first()
 
 
 def reducescatter(array: Any, name: Optional[str] = None, op: Any = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any, Mapping, MutableMapping
 
 from .log import logger
@@ -25,14 +26,16 @@ DYNAMIC_TIMELINE = "DYNAMIC"
 
 @dataclasses.dataclass
 class Config:
-    """Every tunable of hvdlite. Field ``x`` is read from ``HVDLITE_X`` (or ``HOROVOD_X``)."""
+    """Every tunable of hvdlite. Field ``x`` is read from ``HVDLITE_X`` (or ``HOROVOD_X``); a field whose
+    name carries its unit keeps Horovod's variable name without it (``cycle_time_ms``: HOROVOD_CYCLE_TIME,
+    see ENV_NAMES)."""
 
     #: Milliseconds between negotiation cycles of the background engine.
-    cycle_time: float = 1.0
+    cycle_time_ms: float = 1.0
     #: Number of tensor requests remembered so steady-state agreement is a bit-vector all-reduce.
     cache_capacity: int = 1024
     #: Bytes of small tensors packed into one fusion buffer per MPI call; 0 turns fusion off.
-    fusion_threshold: int = 4 * 1024 * 1024
+    fusion_threshold_bytes: int = 4 * 1024 * 1024
     #: Tensors larger than this are reduced in place, in pieces of this many bytes, never copied.
     allreduce_chunk_bytes: int = 1024 * 1024
     #: Seconds a tensor may wait for other ranks before a stall warning is logged.
@@ -79,7 +82,7 @@ class Config:
     #: autotune, submission order or MPI library (see hvdlite/core/engine/deterministic.py).
     deterministic: bool = False
 
-    #: Tune fusion_threshold, cycle_time and allreduce_chunk_bytes while training runs (Bayesian optimisation
+    #: Tune fusion_threshold_bytes, cycle_time_ms and allreduce_chunk_bytes while training runs (Bayesian optimisation
     #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.
     autotune: bool = False
     #: CSV file rank 0 writes one line per autotune sample to, and the final choice ("" for none).
@@ -95,12 +98,33 @@ class Config:
     autotune_gaussian_process_noise: float = 0.8
 
     #: Settings that shape MPI traffic or verdicts every rank must reach alike; rank 0's values are used.
-    AGREED = ("cycle_time", "cache_capacity", "fusion_threshold", "allreduce_chunk_bytes",
+    AGREED = ("cycle_time_ms", "cache_capacity", "fusion_threshold_bytes", "allreduce_chunk_bytes",
               "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
               "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune",
               "straggler_window_ops", "straggler_threshold_ms", "deterministic")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
+    #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals: Horovod's
+    #: variable names, which have no unit, for fields whose Python names carry one.
+    ENV_NAMES = {"cycle_time_ms": "CYCLE_TIME", "fusion_threshold_bytes": "FUSION_THRESHOLD"}
+    #: Former init() keywords (and setting() names) without units: still accepted, with a DeprecationWarning.
+    DEPRECATED_KEYWORDS = {"cycle_time": "cycle_time_ms", "fusion_threshold": "fusion_threshold_bytes"}
+
+    @classmethod
+    def env_keys(cls, name: str) -> tuple[str, ...]:
+        """The variables setting ``name`` is read from, first found wins."""
+        upper = cls.ENV_NAMES.get(name, name.upper())
+        return ("HVDLITE_" + upper, "HOROVOD_" + upper, *cls.ALIASES.get(name, ()))
+
+    @classmethod
+    def field_for(cls, keyword: str) -> str:
+        """The field a keyword names: itself, or (with a DeprecationWarning) a former name's new field."""
+        if keyword in cls.DEPRECATED_KEYWORDS:
+            new = cls.DEPRECATED_KEYWORDS[keyword]
+            warnings.warn(f"hvdlite setting {keyword!r} is now {new!r} (the unit is in the name); the old "
+                          f"name still works but will go", DeprecationWarning, stacklevel=4)
+            return new
+        return keyword
 
     def agreed_values(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.AGREED}
@@ -113,7 +137,7 @@ class Config:
             if mine != value:
                 warnings.append(f"setting {name} is {mine!r} on rank {rank} but {value!r} on rank 0; using "
                                 f"rank 0's value on every rank, since it shapes the MPI traffic all ranks must "
-                                f"issue alike. Set HVDLITE_{name.upper()} the same everywhere to silence this.")
+                                f"issue alike. Set {self.env_keys(name)[0]} the same everywhere to silence this.")
                 setattr(self, name, value)
         return warnings
 
@@ -125,7 +149,7 @@ class Config:
     def setting(cls, name: str, env: Mapping[str, str]) -> Any:
         """One setting as ``env`` gives it (its default when unset), without from_env's other checks."""
         field = next(f for f in dataclasses.fields(cls) if f.name == name)
-        for key in ("HVDLITE_" + name.upper(), "HOROVOD_" + name.upper(), *cls.ALIASES.get(name, ())):
+        for key in cls.env_keys(name):
             if env.get(key) is not None:
                 return _parse(key, env[key], field.type)
         return field.default
@@ -137,18 +161,19 @@ class Config:
         values: dict[str, Any] = {}
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         for name in cls.field_names():
-            for key in ("HVDLITE_" + name.upper(), "HOROVOD_" + name.upper(), *cls.ALIASES.get(name, ())):
+            for key in cls.env_keys(name):
                 raw = env.get(key)
                 if raw is not None:
                     values[name] = _parse(key, raw, types[name])
                     break
-        known = {"HVDLITE_" + n.upper() for n in cls.field_names()} | _INTERNAL_VARIABLES
+        known = {cls.env_keys(n)[0] for n in cls.field_names()} | _INTERNAL_VARIABLES
         known |= {key for keys in cls.ALIASES.values() for key in keys if key.startswith("HVDLITE_")}
         for key in sorted(env):
             if key.startswith("HVDLITE_") and key not in known:
                 logger.warning("unknown setting %s is ignored; known settings: %s", key,
                                ", ".join(sorted(known - _INTERNAL_VARIABLES)))
-        for name, value in overrides.items():
+        for keyword, value in overrides.items():
+            name = cls.field_for(keyword)
             if name not in types:
                 raise TypeError(f"init() got an unknown keyword {name!r}; known settings: "
                                 f"{', '.join(cls.field_names())}")
@@ -162,12 +187,12 @@ class Config:
         return "" if self.timeline.strip() == DYNAMIC_TIMELINE else self.timeline
 
     def validate(self) -> None:
-        if self.cycle_time < 0:
-            raise ValueError(f"cycle_time must be >= 0 ms, got {self.cycle_time}")
+        if self.cycle_time_ms < 0:
+            raise ValueError(f"cycle_time_ms must be >= 0, got {self.cycle_time_ms}")
         if self.cache_capacity < 0:
             raise ValueError(f"cache_capacity must be >= 0, got {self.cache_capacity}")
-        if self.fusion_threshold < 0:
-            raise ValueError(f"fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
+        if self.fusion_threshold_bytes < 0:
+            raise ValueError(f"fusion_threshold_bytes must be >= 0, got {self.fusion_threshold_bytes}")
         if self.allreduce_chunk_bytes <= 0:
             raise ValueError(f"allreduce_chunk_bytes must be > 0, got {self.allreduce_chunk_bytes}")
         level = str(self.log_level).strip().upper()

@@ -47,7 +47,8 @@ class ReplicaDivergenceError(HvdliteError):
 
 
 class LaunchError(HvdliteError):
-    """The job was launched in a way that cannot work (for example srun without PMI)."""
+    """The job cannot be launched, or was launched in a way that cannot work: raised by ``hvd.init()`` (for
+    example srun without PMI) and by ``hvdlite-run`` (no usable mpiexec/mpirun/srun)."""
 
 
 HorovodInternalError = HvdliteError

@@ -2,15 +2,21 @@
 public API (``hvdlite.core``'s exports and the public ``hvdlite.core.elastic`` package). Every other core
 module is private to the core.
 
+- ``hvdlite.core.basics``: the runtime names (init, rank, size, process sets, reduce ops, errors) every
+  frontend re-exports, listed once (``from hvdlite.core.basics import *``; ``__all__ += basics.__all__``).
 - ``resolve_op(op, average=None)`` / ``check_reduction(kind, name, op, dtypes, scaled)``: op resolution and
   the shared submit checks, so both frontends accept and refuse the same things.
-- ``then(handle, convert)``: a handle whose ``wait()`` returns ``convert(result)``.
+- ``check_gradient_options(op, gradient_predivide_factor, backward_passes_per_step)``: the rules every
+  distributed optimizer and tape applies to its arguments (Horovod's), written once.
+- ``mixin_class(mixin, base)``: the class a wrapper turns a user's optimizer or tape into (a subclass of
+  both, named like ``base``), built once per pair.
+- ``Compressor`` / ``NoneCompressor`` / ``CastCompressor``: gradient compression's one algorithm; a frontend
+  gives ``CastCompressor`` its framework's casts.
 - ``gradient_overlap(compute_threads)``: whether gradient reductions start during backward (decided by the
   ``gradient_overlap`` setting; see Config).
 - ``process_set_ranks(ps_id)``: the members of a registered process set, by id.
 - ``setting(name)``: the value of one setting of the running job (Config field).
 - ``stage_host_copies()``: whether CPU tensors take the device tensors' host-staging path (a test switch).
-- ``bf16_to_f32`` / ``f32_to_bf16``: bfloat16 bit conversions for frameworks without a numpy bfloat16.
 - ``aligned_empty(shape, dtype)``: an uninitialised array starting on a 64-byte boundary, which TensorFlow
   wraps without copying.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
@@ -18,30 +24,65 @@ module is private to the core.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
 - ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
   on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
-- ``basics()``: the runtime names (init, rank, size, process sets, errors, ops...) every frontend re-exports.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import threading
+from typing import Any
 
+from .compression import CastCompressor, Compressor, NoneCompressor
+from .config import Config
 from .diagnostics.replicas import check_named as check_named_replicas
 from .diagnostics.replicas import flatten as flatten_tensors
 from .engine.fusion import aligned_empty
-from .engine.handles import Handle
 from .log import logger
-from .policy import basics, check_sparse, sparse_allgather_async, sync_moments
-from .reduce_ops import bf16_to_f32, check_reduction, f32_to_bf16, resolve_op
-from .runtime import gradient_overlap, stage_host_copies, state
+from .overlap import gradient_overlap
+from .reduce_ops import ReduceOp, check_reduction, resolve_op
+from .runtime import stage_host_copies, state
+from .sparse import check_sparse, sparse_allgather_async
+from .sync_bn import sync_moments
 
-__all__ = ["resolve_op", "check_reduction", "then", "gradient_overlap", "process_set_ranks", "setting",
-           "bf16_to_f32", "f32_to_bf16", "logger", "Handle", "check_sparse", "sparse_allgather_async",
-           "sync_moments", "basics", "stage_host_copies", "aligned_empty",
+__all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_class", "Compressor",
+           "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
+           "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "check_named_replicas", "flatten_tensors"]
 
 
-def then(handle: Handle, convert: Callable[[Any], Any]) -> Handle:
-    """Make ``handle.wait()`` return ``convert(result)``; returns the same handle."""
-    return handle.then(convert)
+def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,
+                           backward_passes_per_step: int = 1) -> tuple[ReduceOp, int]:
+    """The reduce op and the number of backward passes per step of a distributed optimizer or tape, checked
+    by Horovod's rules: ``gradient_predivide_factor`` only with hvd.Average, ``backward_passes_per_step >= 1``.
+    """
+    reduce_op = resolve_op(op)
+    if gradient_predivide_factor != 1.0 and reduce_op is not ReduceOp.AVERAGE:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} is only supported with "
+                         f"op=hvd.Average, got {reduce_op!r}; pass gradient_predivide_factor=1.0 or op=hvd.Average")
+    passes = int(backward_passes_per_step)
+    if passes < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    return reduce_op, passes
+
+
+_mixed: dict[tuple[type, type], type] = {}
+_mixed_lock = threading.Lock()
+
+
+def mixin_class(mixin: type, base: type, **attributes: Any) -> type:
+    """``type(base.__name__, (mixin, base), ...)``: a subclass of the user's class ``base`` with ``mixin``'s
+    methods in front, named, placed and documented like ``base`` (so ``isinstance(obj, base)`` holds and its
+    repr is unchanged); its ``_hvd_base`` is ``base``. Built once per (mixin, base) when ``attributes`` is
+    empty; ``attributes`` (extra class attributes) make a new class each call."""
+    def build() -> type:
+        namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__,
+                     "_hvd_base": base, **attributes}
+        return type(base.__name__, (mixin, base), namespace)
+    if attributes:
+        return build()
+    with _mixed_lock:
+        cls = _mixed.get((mixin, base))
+        if cls is None:
+            cls = _mixed[(mixin, base)] = build()
+        return cls
 
 
 def process_set_ranks(ps_id: int) -> list[int]:
@@ -54,5 +95,5 @@ def process_set_ranks(ps_id: int) -> list[int]:
 
 
 def setting(name: str) -> Any:
-    """The value of setting ``name`` (a Config field) in the running job."""
-    return getattr(state().config, name)
+    """The value of setting ``name`` (a Config field; a former name warns) in the running job."""
+    return getattr(state().config, Config.field_for(name))

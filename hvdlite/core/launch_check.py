@@ -20,12 +20,12 @@ def expected_world_size() -> tuple[Optional[int], str]:
     about the MPI job.
     """
     for name in _LAUNCHER_SIZE_VARIABLES:
-        value = _int(getenv(name))
+        value = int_or_none(getenv(name))
         if value is not None:
             return value, name
     step = getenv("SLURM_STEP_ID") or getenv("SLURM_STEPID") or ""
     if step.isdigit():
-        tasks = _int(getenv("SLURM_STEP_NUM_TASKS"))
+        tasks = int_or_none(getenv("SLURM_STEP_NUM_TASKS"))
         if tasks is not None:
             return tasks, "SLURM_STEP_NUM_TASKS"
     return None, ""
@@ -36,9 +36,9 @@ def launcher_rank() -> tuple[Optional[int], Optional[int]]:
     (hydra/srun PMI, Open MPI, PMIx, a Slurm task); (None, None) outside a launched job."""
     for rank_name, size_name in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
                                  ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
-        rank = _int(getenv(rank_name))
+        rank = int_or_none(getenv(rank_name))
         if rank is not None:
-            return rank, _int(getenv(size_name))
+            return rank, int_or_none(getenv(size_name))
     return None, None
 
 
@@ -84,7 +84,7 @@ def _library_name() -> str:
     return " ".join(text.splitlines()[0].split()) if text.strip() else ""
 
 
-def _int(text: Optional[str]) -> Optional[int]:
+def int_or_none(text: Optional[str]) -> Optional[int]:
     try:
         return int(text) if text else None
     except ValueError:

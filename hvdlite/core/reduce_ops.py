@@ -20,6 +20,9 @@ class ReduceOp(enum.Enum):
     def __repr__(self) -> str:
         return f"hvd.{self.value}"
 
+    def __str__(self) -> str:
+        return self.value
+
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM

@@ -1,17 +1,15 @@
-"""The MPI runtime: init(), shutdown(), topology (rank, local_rank, cross_rank...) and build flags."""
+"""The MPI runtime's state and lifecycle: init(), shutdown(), state(), and the topology (rank, local_rank...)."""
 from __future__ import annotations
 
 import atexit
-import os
-import sys
 import threading
-import time
-import traceback
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import log
+from .abort import install_excepthook
+from .affinity import core_sharing
 from .config import Config
 from .diagnostics import callsite
 from .engine import mpi, polling
@@ -124,9 +122,6 @@ class State:
 _state: Optional[State] = None
 _lock = threading.RLock()
 _atexit_registered = False
-_previous_excepthook: Any = None
-_previous_threading_hook: Any = None
-_ABORT_GRACE_S = 1.0  # seconds between printing an uncaught exception and MPI_Abort
 
 
 def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = None, **settings: Any) -> None:
@@ -163,7 +158,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
             atexit.register(_shutdown_at_exit)
             _atexit_registered = True
         if config.abort_on_error:
-            _install_excepthook()
+            install_excepthook(lambda: _state)
         if config.timeline_at_init() and state.rank == 0:
             state.timeline.start(config.timeline_at_init(), config.timeline_mark_cycles)
     for ps in process_sets or ():
@@ -184,97 +179,6 @@ def _shutdown_at_exit() -> None:
         shutdown()
     except Exception:  # noqa: BLE001 - never mask the interpreter's own exit status
         logger.debug("shutdown at exit failed", exc_info=True)
-
-
-def _install_excepthook() -> None:
-    """On an uncaught exception in any thread, print it, then abort the whole job (other ranks would
-    otherwise wait for this one forever). Hooks installed before hvdlite's (not Python's defaults) run
-    first, so a script's own error reporting still happens."""
-    global _previous_excepthook, _previous_threading_hook
-    if _previous_excepthook is not None:
-        return
-    _previous_excepthook = sys.excepthook
-    _previous_threading_hook = threading.excepthook
-
-    def abort_job(exc_type: Any, exc: BaseException, tb: Any, thread: str = "") -> None:
-        state = _state
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        where = f" in thread {thread}" if thread else ""
-        sys.stderr.write(f"[hvdlite rank {state.rank if state else '?'}] uncaught exception{where}; aborting "
-                         f"the whole job so other ranks do not wait for this one:\n{text}")
-        sys.stderr.flush()
-        if state is not None and state.size > 1 and not issubclass(exc_type, KeyboardInterrupt):
-            # The launcher forwards this rank's output and its abort request on separate channels; when
-            # the abort wins, the traceback above can be lost. Give the output a moment to get through.
-            time.sleep(_ABORT_GRACE_S)
-            mpi.abort(1)
-            # MPICH's MPI_Abort can return while the launcher tears the job down; exiting through the
-            # interpreter would run hvdlite's shutdown and bury this error under "shut down" on the peers.
-            os._exit(1)
-
-    def main_thread_hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
-        if _previous_excepthook not in (None, sys.__excepthook__):
-            _previous_excepthook(exc_type, exc, tb)
-        abort_job(exc_type, exc, tb)
-
-    def thread_hook(args: Any) -> None:
-        if args.exc_type is SystemExit:
-            return
-        if _previous_threading_hook not in (None, threading.__excepthook__):
-            _previous_threading_hook(args)
-        abort_job(args.exc_type, args.exc_value, args.exc_traceback,
-                  args.thread.name if args.thread is not None else "?")
-
-    sys.excepthook = main_thread_hook
-    threading.excepthook = thread_hook
-
-
-def cpu_cores() -> tuple[int, int]:
-    """(cores this process may run on, cores of the machine)."""
-    total = os.cpu_count() or 1
-    try:
-        return len(os.sched_getaffinity(0)), total
-    except (AttributeError, OSError):  # not on Linux
-        return total, total
-
-
-def core_sharing(local_size: int) -> tuple[int, int]:
-    """(ranks that share this rank's cores, those cores): unbound ranks share the whole node's cores."""
-    mine, machine = cpu_cores()
-    return (local_size if mine == machine else 1), mine
-
-
-def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
-    """This rank's own view of gradient_overlap=auto (see gradient_overlap(), which agrees on it).
-
-    ``compute_threads`` is how many CPU threads this rank's backward pass uses, or None when it runs
-    on an accelerator (the CPU then has time for the engine). "auto" overlaps when every rank on the
-    node can have a core for its engine besides its compute threads.
-    """
-    current = state()
-    setting = current.config.gradient_overlap
-    if setting != "auto":
-        return setting == "on"
-    if compute_threads is None:
-        return True
-    sharing, mine = core_sharing(current.local_size)
-    return mine >= sharing * (compute_threads + 1)
-
-
-def gradient_overlap(compute_threads: Optional[int], process_set: Optional[ProcessSet] = None) -> bool:
-    """Whether a frontend starts gradient reductions during backward (see Config.gradient_overlap),
-    decided once for the process set: every member calls this (when building its optimizer), and the
-    set overlaps only if every member's own view says so, so all issue the same sequence of collectives."""
-    current = state()
-    verdict = local_overlap_verdict(compute_threads)
-    if current.config.gradient_overlap != "auto":
-        return verdict  # the setting itself is agreed at init()
-    ps = process_set if process_set is not None else current.psets.sets[0]
-    ps_id = ps.process_set_id or 0
-    name = current.names.name("gradient_overlap.agreement", None, ps_id)
-    handle = current.submit(Kind.ALLREDUCE, name, ps_id, [np.array([int(verdict)], dtype=np.int32)],
-                            ["int32"], op=ReduceOp.MIN)
-    return bool(handle.wait()[0][0])
 
 
 def stage_host_copies() -> bool:
@@ -328,63 +232,3 @@ def is_homogeneous() -> bool:
 
 def mpi_threads_supported() -> bool:
     return state().thread_multiple
-
-
-def mpi_enabled() -> bool:
-    return True
-
-
-def mpi_built() -> bool:
-    return True
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a Chrome-trace timeline (rank 0 writes it)."""
-    st = state()
-    if st.rank == 0:
-        st.timeline.start(file_path, mark_cycles)
-
-
-def stop_timeline() -> None:
-    st = state()
-    st.timeline.stop()
-
-
-def engine_stats() -> dict[str, int]:
-    """Counters of the engine: negotiation cycles, full rounds, MPI data calls."""
-    return state().engine.stats()
-
-
-def straggler_report() -> dict[str, Any]:
-    """Per rank, how late it submitted the ops of the last complete window of ``straggler_window_ops`` agreed
-    ops: mean and p95 milliseconds after the first rank, and the share of ops it submitted last; plus the
-    rank named as the straggler (or None). The same dict on every rank; zeros before the first window."""
-    return state().engine.stragglers.report()

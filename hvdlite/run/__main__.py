@@ -5,12 +5,12 @@ import argparse
 import sys
 from typing import Mapping, Optional, Sequence
 
-from ..core.config import Config, environ
+from ..core.launch import Config, environ
 from .args import env_assignments, is_elastic, no_effect_warnings, parse_args, tuning_environment
 from .commands import (Plan, build_command, child_environment, format_command, is_root, output_wrapper,
                        sentinel_wrapper, split_mpi_args, ssh_arguments)
 from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
-from .launchers import (MPICH, OPENMPI, SRUN, Launcher, LauncherError, choose_srun_mpi, find_mpi_launcher,
+from .launchers import (MPICH, OPENMPI, SRUN, Launcher, LaunchError, choose_srun_mpi, find_mpi_launcher,
                         find_srun, mpi_library, srun_plugins, srun_version)
 
 
@@ -28,9 +28,9 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
     if kind == SRUN:
         srun = find_srun(env)
         if srun is None:
-            raise LauncherError("--launcher srun: no srun on PATH (is Slurm installed here?)")
+            raise LaunchError("--launcher srun: no srun on PATH (is Slurm installed here?)")
         if hosts is not None:
-            raise LauncherError("srun places ranks on the allocation's nodes itself: drop -H/--hostfile, or "
+            raise LaunchError("srun places ranks on the allocation's nodes itself: drop -H/--hostfile, or "
                                 "use --launcher mpich/openmpi")
         srun_mpi = args.srun_mpi or choose_srun_mpi(library, srun_plugins(srun, env))
         launcher = Launcher(SRUN, srun, srun_version(srun, env))
@@ -97,7 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_elastic(args, env, plan_launch)
     try:
         launcher, plan, warnings = plan_launch(args, env)
-    except (HostSpecError, LauncherError, ValueError) as exc:
+    except (HostSpecError, LaunchError, ValueError) as exc:
         print(f"hvdlite-run: error: {exc}", file=sys.stderr, flush=True)
         return 2
     for warning in warnings:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-#: hvdlite-run tuning flags and the hvdlite setting (``HVDLITE_<NAME>``) each one sets for every rank,
+#: hvdlite-run tuning flags and the hvdlite setting (its ``HVDLITE_<NAME>`` variable) each one sets for every rank,
 #: with a scale applied to the flag's value (MiB -> bytes).
 TUNING_FLAGS: dict[str, tuple[str, float]] = {
-    "fusion_threshold_mb": ("fusion_threshold", 1024 * 1024),
-    "cycle_time_ms": ("cycle_time", 1),
+    "fusion_threshold_mb": ("fusion_threshold_bytes", 1024 * 1024),
+    "cycle_time_ms": ("cycle_time_ms", 1),
     "cache_capacity": ("cache_capacity", 1),
     "timeline_filename": ("timeline", 1),
     "timeline_mark_cycles": ("timeline_mark_cycles", 1),
@@ -228,6 +228,7 @@ def no_effect_warnings(args: argparse.Namespace) -> list[str]:
 
 def tuning_environment(args: argparse.Namespace) -> dict[str, str]:
     """HVDLITE_* variables for the tuning flags that were given."""
+    from ..core.launch import Config
     values: dict[str, str] = {}
     for flag, (setting, scale) in TUNING_FLAGS.items():
         value = getattr(args, flag, None)
@@ -240,7 +241,7 @@ def tuning_environment(args: argparse.Namespace) -> dict[str, str]:
             text = str(int(scaled)) if float(scaled).is_integer() else str(scaled)
         else:
             text = str(value)
-        values["HVDLITE_" + setting.upper()] = text
+        values[Config.env_keys(setting)[0]] = text
     return values
 
 

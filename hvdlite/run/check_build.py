@@ -9,9 +9,6 @@ from typing import Mapping, Optional
 
 from .launchers import candidate_paths, find_srun, identify, mpi_library, srun_plugins, srun_version
 
-_THREAD_LEVELS = {0: "MPI_THREAD_SINGLE", 1: "MPI_THREAD_FUNNELED", 2: "MPI_THREAD_SERIALIZED",
-                  3: "MPI_THREAD_MULTIPLE"}
-
 #: A tiny program that initializes MPI as hvdlite does (asking for MPI_THREAD_MULTIPLE) and prints what the
 #: library grants, as the MPI_THREAD_* constant's name.
 _THREAD_PROBE = ("import mpi4py; mpi4py.rc.thread_level = 'multiple'\n"
@@ -59,7 +56,7 @@ def _box(flag: bool) -> str:
 def report(env: Mapping[str, str]) -> str:
     """The --check-build text."""
     from .. import __version__
-    from ..core import runtime
+    from ..core import launch as runtime
 
     lines = [f"hvdlite v{__version__}:", "", "Available frameworks:"]
     for name, version in framework_versions().items():

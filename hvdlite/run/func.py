@@ -17,7 +17,7 @@ import threading
 from multiprocessing.connection import Listener
 from typing import Any, Callable, Optional, Sequence
 
-from ..core.config import environ
+from ..core.launch import environ
 
 #: Environment variable carrying the server's secret key to the ranks.
 KEY_VARIABLE = "HVDLITE_RUN_FUNC_KEY"
@@ -141,7 +141,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dic
         plan.extra_env[KEY_VARIABLE] = key.hex()
         child_env = child_environment(env, plan, launcher)
         cmd = build_command(launcher, plan, child_env)
-        from ..core.log import logger
+        from ..core.launch import logger
         for warning in warnings:
             logger.warning("hvdlite.run: %s", warning)
         if verbose:

@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from ..core.launch import int_or_none
+
 
 class HostSpecError(ValueError):
     """A host list, hostfile or process count that cannot work."""
@@ -122,10 +124,10 @@ def slurm_allocation(env: Mapping[str, str]) -> Optional[SlurmAllocation]:
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not job_id:
         return None
-    tasks = _int(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS"))
+    tasks = int_or_none(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS"))
     if tasks is None:
         tasks = cpus_per_node_total(env.get("SLURM_JOB_CPUS_PER_NODE", ""))
-    nodes = _int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or 1
+    nodes = int_or_none(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or 1
     step = env.get("SLURM_STEP_ID", "")
     return SlurmAllocation(job_id=job_id, tasks=tasks or 0, nodes=nodes, in_step=step.isdigit())
 
@@ -139,10 +141,3 @@ def cpus_per_node_total(spec: str) -> int:
             return 0
         total += int(match.group(1)) * int(match.group(2) or 1)
     return total
-
-
-def _int(text: Optional[str]) -> Optional[int]:
-    try:
-        return int(text) if text else None
-    except ValueError:
-        return None

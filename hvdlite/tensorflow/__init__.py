@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvdlite.core import basics
+from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
 from hvdlite.core import Average, ProcessSet, global_process_set
-from hvdlite.core.frontend import basics
-
-globals().update(basics())  # init, rank, size, ..., process sets, ops (Average, Sum, Adasum, ...), errors
 
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
@@ -53,21 +52,14 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
 
 
 __all__ = [
-    "elastic",
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    "is_homogeneous", "rank_op", "size_op", "local_rank_op", "local_size_op", "process_set_included_op",
-    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
-    "ccl_built", "cuda_built", "rocm_built",
-    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
-    "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "broadcast_variables", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn",
-    "allgather_object", "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
-    "Compression", "SyncBatchNormalization",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "start_timeline", "stop_timeline",
-    "HvdliteError", "HorovodInternalError", "XLANotSupportedError", "BroadcastGlobalVariablesHook",
+    "elastic", "rank_op", "size_op", "local_rank_op", "local_size_op", "process_set_included_op", "allreduce",
+    "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "reducescatter",
+    "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
+    "broadcast_object", "broadcast_object_fn", "allgather_object", "DistributedGradientTape",
+    "PartialDistributedGradientTape", "DistributedOptimizer", "Compression", "SyncBatchNormalization",
+    "XLANotSupportedError", "BroadcastGlobalVariablesHook", "check_replicas",
 ]
-__all__ += sorted(set(basics()) - set(__all__))  # every runtime name basics() re-exports
+__all__ += basics.__all__  # init, rank, size, ..., process sets, errors, reduce ops
 
 
 def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:

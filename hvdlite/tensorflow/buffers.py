@@ -10,20 +10,20 @@ allocates a new one, so a result the caller kept is never overwritten.
 from __future__ import annotations
 
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import numpy as np
 
 from hvdlite.core.frontend import aligned_empty
 
 
-def _references(buf: np.ndarray) -> Tuple[int, int]:
+def _references(buf: np.ndarray) -> tuple[int, int]:
     """The reference counts of ``buf`` and of the array owning its memory (0 when it owns it)."""
     base = buf.base
     return sys.getrefcount(buf), (sys.getrefcount(base) if base is not None else 0)
 
 
-def _baseline() -> Tuple[int, int]:
+def _baseline() -> tuple[int, int]:
     """The counts of an array only a list references, read as :meth:`ReusableOutputs.like` reads them
     (measured, not assumed: they depend on the interpreter)."""
     held = [aligned_empty((1 << 16,), np.uint8)]  # big enough to sit in a base array, as most outputs do
@@ -38,9 +38,9 @@ class ReusableOutputs:
     """One op's output arrays, one per input, reused across steps when unshared (see the module doc)."""
 
     def __init__(self) -> None:
-        self._bufs: List[Optional[np.ndarray]] = []
+        self._bufs: list[Optional[np.ndarray]] = []
 
-    def like(self, arrays: Sequence[np.ndarray]) -> List[np.ndarray]:
+    def like(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Uninitialised aligned arrays shaped like ``arrays`` (this pool's buffers where they are free)."""
         if len(self._bufs) != len(arrays):
             self._bufs = [None] * len(arrays)

@@ -1,7 +1,7 @@
 """Helpers on variables and Python objects: broadcast_variables, broadcast_object(_fn), allgather_object."""
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -48,6 +48,6 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[
 
 
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> List[Any]:
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
     """Gather any picklable object from every rank of ``process_set``; returns the list in rank order."""
     return core.allgather_object(obj, name=name, process_set=process_set)

@@ -1,17 +1,16 @@
 """DistributedGradientTape: a tf.GradientTape whose gradient() returns gradients combined over all ranks."""
 from __future__ import annotations
 
-import functools
 from typing import Any, Iterable, Optional
 
 import tensorflow as tf
 
-from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core import Average
+from hvdlite.core import Average, ProcessSet, global_process_set
+from hvdlite.core.frontend import check_gradient_options, mixin_class
 
 from .compression import Compression
 from .mpi_ops import check_not_xla
-from .reduction import check_gradient_op, reduce_gradients, variable_names
+from .reduction import reduce_partially, variable_names
 
 
 class _DistributedTape:
@@ -32,33 +31,14 @@ class _DistributedTape:
         opts = self._hvd_options
         check_not_xla("DistributedGradientTape.gradient()")
         flat_sources = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(grads)
         local = [id(s) in self._hvd_local_sources for s in flat_sources]
-        shared = [g for g, is_local in zip(flat_grads, local) if not is_local]
         shared_sources = [src for src, is_local in zip(flat_sources, local) if not is_local]
         names = [f"source.{i}" for i in range(len(shared_sources))] if use_generic_names \
             else variable_names(shared_sources)
-        reduced = iter(reduce_gradients(shared, opts["compression"], opts["sparse_as_dense"], opts["op"],
-                                        opts["gradient_predivide_factor"], opts["process_set"], names))
-        size = opts["process_set"].size()
-        out = []
-        for g, is_local in zip(flat_grads, local):
-            if not is_local:
-                out.append(next(reduced))
-            elif g is not None and opts["scale_local_gradients"] and size > 1:
-                if isinstance(g, tf.IndexedSlices):
-                    out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape))
-                else:
-                    out.append(g / size)
-            else:
-                out.append(g)
+        out = reduce_partially(tf.nest.flatten(grads), local, names, opts["compression"], opts["sparse_as_dense"],
+                               opts["op"], opts["gradient_predivide_factor"], opts["process_set"],
+                               opts["scale_local_gradients"])
         return tf.nest.pack_sequence_as(grads, out)
-
-
-@functools.lru_cache(maxsize=None)
-def _distributed_tape_class(base: type) -> type:
-    """The subclass of ``base`` (tf.GradientTape or a subclass) with the distributed gradient()."""
-    return type(base.__name__, (_DistributedTape, base), {"__module__": base.__module__})
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
@@ -74,13 +54,10 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     ``groups``/``num_groups`` are accepted for compatibility: every gradient already goes in one group.
     ``device_dense``/``device_sparse`` are ignored (hvdlite reduces on the CPU).
     """
-    reduce_op = check_gradient_op(op, gradient_predivide_factor)
+    reduce_op, _ = check_gradient_options(op, gradient_predivide_factor)
     if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
         raise ValueError("groups must be a positive integer or a list of lists of tf.Variable")
-    base = type(gradtape)
-    if isinstance(gradtape, _DistributedTape):
-        base = next(c for c in base.__mro__[1:] if not issubclass(c, _DistributedTape))
-    cls = _distributed_tape_class(base)
+    cls = mixin_class(_DistributedTape, getattr(type(gradtape), "_hvd_base", type(gradtape)))
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hvd_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=reduce_op,

@@ -9,17 +9,17 @@ so building a collective there raises :class:`XLANotSupportedError` instead of s
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from hvdlite import core
-from hvdlite.core import Average, HvdliteError, ProcessSet, ReduceOp, Sum, TensorMismatchError, global_process_set
+from hvdlite.core import Average, HvdliteError, ProcessSet, Sum, TensorMismatchError, global_process_set
 from hvdlite.core.frontend import process_set_ranks, resolve_op
 from hvdlite.tensorflow import status_op
 from hvdlite.tensorflow.buffers import ReusableOutputs
-from hvdlite.tensorflow.status_op import as_tf_error
+from hvdlite.tensorflow.errors import as_tf_error
 
 
 class XLANotSupportedError(HvdliteError, NotImplementedError):
@@ -66,12 +66,12 @@ def _fix_dtype(array: Any, dtype: np.dtype) -> np.ndarray:
 
 
 def run_collective(kind: str, fn: Callable[..., Sequence[Any]], inputs: Sequence[tf.Tensor],
-                   out_dtypes: Sequence[tf.DType]) -> List[tf.Tensor]:
+                   out_dtypes: Sequence[tf.DType]) -> list[tf.Tensor]:
     """Run ``fn(*numpy inputs) -> numpy outputs`` as one op: eagerly now, or as a node of the current graph."""
     check_not_xla(kind)
     np_types = [_np_dtype(d) for d in out_dtypes]
 
-    def body(*arrays: np.ndarray) -> List[np.ndarray]:
+    def body(*arrays: np.ndarray) -> list[np.ndarray]:
         return [_fix_dtype(out, d) for out, d in zip(fn(*arrays), np_types)]
 
     if tf.executing_eagerly():
@@ -114,11 +114,6 @@ def dense(t: Any) -> Any:
     return tf.convert_to_tensor(t) if isinstance(t, tf.IndexedSlices) else t
 
 
-def _reduce_op(op: Any) -> ReduceOp:
-    """The ReduceOp for ``op`` (hvd.Adasum included: the core checks its dtype and set size at submit)."""
-    return resolve_op(op)
-
-
 # -- allreduce --------------------------------------------------------------------------------------
 def _allreduce(tensor: Any, name: Optional[str] = None, op: Any = Sum, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, ignore_name_scope: bool = False,
@@ -131,16 +126,16 @@ def _allreduce(tensor: Any, name: Optional[str] = None, op: Any = Sum, prescale_
 def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        ignore_name_scope: bool = False,
-                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """Reduce several dense tensors as one unit (one op, one fused request)."""
-    reduce_op = _reduce_op(op)
+    reduce_op = resolve_op(op)
     xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
     if not xs:
         return []
 
     outputs = None if tf.executing_eagerly() else ReusableOutputs()  # a graph op runs at every step
 
-    def reduce(*arrays: np.ndarray) -> List[np.ndarray]:
+    def reduce(*arrays: np.ndarray) -> list[np.ndarray]:
         if outputs is None:
             return core.grouped_allreduce(list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor,
                                           postscale_factor=postscale_factor, process_set=process_set)
@@ -154,7 +149,7 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
         ys = run_collective("allreduce", reduce, inputs, [x.dtype for x in inputs])
         ys = [_set_shape(y, x.shape) for y, x in zip(ys, inputs)]
 
-        def grad(*dys: Any) -> List[tf.Tensor]:
+        def grad(*dys: Any) -> list[tf.Tensor]:
             dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
             return _grouped_allreduce(dys, op=reduce_op, prescale_factor=prescale_factor,
                                       postscale_factor=postscale_factor, process_set=process_set)
@@ -171,13 +166,13 @@ def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool =
 
 
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore_name_scope: bool = False,
-                      process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+                      process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """Allgather several tensors as one unit."""
     xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
     if not xs:
         return []
 
-    def gather(*arrays: np.ndarray) -> List[np.ndarray]:
+    def gather(*arrays: np.ndarray) -> list[np.ndarray]:
         return core.grouped_allgather(list(arrays), name=name, process_set=process_set)
 
     @tf.custom_gradient
@@ -185,7 +180,7 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore
         ys = run_collective("allgather", gather, inputs, [x.dtype for x in inputs])
         ys = [_set_shape(y, _rows_shape(x)) for y, x in zip(ys, inputs)]
 
-        def grad(*dys: Any) -> List[tf.Tensor]:
+        def grad(*dys: Any) -> list[tf.Tensor]:
             dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
             return _allgather_grad(list(inputs), dys, process_set)
         return ys, grad
@@ -193,7 +188,7 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore
     return list(forward(*xs))
 
 
-def _allgather_grad(xs: List[tf.Tensor], dys: List[tf.Tensor], process_set: ProcessSet) -> List[tf.Tensor]:
+def _allgather_grad(xs: list[tf.Tensor], dys: list[tf.Tensor], process_set: ProcessSet) -> list[tf.Tensor]:
     """Average the upstream gradients over ranks, then keep this rank's rows (Horovod's convention)."""
     reduced = _grouped_allreduce(dys, op=Average, process_set=process_set)
     firsts = tf.stack([tf.constant(1, tf.int64) if x.shape.rank == 0 else tf.shape(x, out_type=tf.int64)[0]
@@ -213,7 +208,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
     """Copy ``tensor`` from ``root_rank`` (a rank of the process set) to every member."""
     root = int(root_rank)
 
-    def bcast(array: np.ndarray) -> List[np.ndarray]:
+    def bcast(array: np.ndarray) -> list[np.ndarray]:
         return [core.broadcast(array, root, name=name, process_set=process_set)]
 
     @tf.custom_gradient
@@ -229,14 +224,14 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
 
 
 def broadcast_group(tensors: Sequence[Any], root_rank: int, name: Optional[str] = None,
-                    process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+                    process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """Broadcast several tensors in one op (no gradient): the values of ``root_rank``."""
     xs = [tf.convert_to_tensor(t) for t in tensors]
     if not xs:
         return []
     root = int(root_rank)
 
-    def bcast(*arrays: np.ndarray) -> List[np.ndarray]:
+    def bcast(*arrays: np.ndarray) -> list[np.ndarray]:
         handles = [core.broadcast_async(a, root, name=None if name is None else f"{name}.{i}",
                                         process_set=process_set) for i, a in enumerate(arrays)]
         return [h.wait() for h in handles]
@@ -246,7 +241,7 @@ def broadcast_group(tensors: Sequence[Any], root_rank: int, name: Optional[str] 
 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
-               process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+               process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """Overwrite each variable with its value on ``root_rank``; returns the new values."""
     variables = list(variables)
     values = broadcast_group(variables, root_rank, name, process_set)
@@ -262,7 +257,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, ignore
     given = splits is not None
     split_t = tf.cast(tf.convert_to_tensor(splits), tf.int32) if given else tf.zeros([0], tf.int32)
 
-    def exchange(array: np.ndarray, sp: np.ndarray) -> List[np.ndarray]:
+    def exchange(array: np.ndarray, sp: np.ndarray) -> list[np.ndarray]:
         out, received = core.alltoall(array, splits=sp if given else None, name=name, process_set=process_set)
         return [out, np.asarray(received, dtype=np.int32).reshape(-1)]
 
@@ -291,14 +286,14 @@ def _reducescatter(tensor: Any, name: Optional[str] = None, op: Any = Sum, ignor
 
 def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
                            ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set,
-                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> List[tf.Tensor]:
+                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """Reduce, then keep this rank's share of the first dimension (earlier ranks take the remainder)."""
-    reduce_op = _reduce_op(op)
+    reduce_op = resolve_op(op)
     xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
     if not xs:
         return []
 
-    def scatter(*arrays: np.ndarray) -> List[np.ndarray]:
+    def scatter(*arrays: np.ndarray) -> list[np.ndarray]:
         return core.grouped_reducescatter(list(arrays), name=name, op=reduce_op, process_set=process_set,
                                           prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
@@ -307,7 +302,7 @@ def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, o
         ys = run_collective("reducescatter", scatter, inputs, [x.dtype for x in inputs])
         ys = [_set_shape(y, _rows_shape(x)) for y, x in zip(ys, inputs)]
 
-        def grad(*dys: Any) -> List[tf.Tensor]:
+        def grad(*dys: Any) -> list[tf.Tensor]:
             dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
             # Horovod's convention: Sum's gradient is multiplied by the set size; the scale factors
             # apply as the chain rule says (the same rule as hvdlite.torch)

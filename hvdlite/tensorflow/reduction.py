@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
@@ -14,8 +14,8 @@ from .compression import Compression, Compressor
 from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather, run_collective
 
 
-def _sparse_allreduce(slices: List[tf.IndexedSlices], op: ReduceOp,
-                      process_set: ProcessSet, name: Optional[str] = None) -> List[tf.IndexedSlices]:
+def _sparse_allreduce(slices: list[tf.IndexedSlices], op: ReduceOp,
+                      process_set: ProcessSet, name: Optional[str] = None) -> list[tf.IndexedSlices]:
     """Reduce sparse tensors as Horovod does, by gathering every rank's (indices, values): duplicates add up
     when applied. Eagerly this is the core's shared ``sparse_allgather_async`` (one handle per tensor, all in
     flight together); in a graph it is a grouped allgather op, which also carries gradients."""
@@ -33,7 +33,7 @@ def _sparse_allreduce(slices: List[tf.IndexedSlices], op: ReduceOp,
         return out
     k = len(slices)
 
-    def gather(*arrays: Any) -> List[Any]:
+    def gather(*arrays: Any) -> list[Any]:
         handles = [sparse_allgather_async(arrays[k + i], arrays[i], op,
                                           name=None if name is None else f"{name}.{i}", process_set=process_set,
                                           values_dtype_hint="bfloat16" if s.values.dtype == tf.bfloat16 else None)
@@ -51,13 +51,13 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
                       device_sparse: str = "", compression: type = Compression.none, op: Any = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
-                      name: Optional[str] = None) -> List[Any]:
+                      name: Optional[str] = None) -> list[Any]:
     """Reduce a list of tf.Tensor / tf.IndexedSlices as one unit; default op is Average."""
     tensors = list(tensors)
     if not tensors:
         return tensors
     reduce_op = resolve_op(op, average)
-    result: List[Any] = [None] * len(tensors)
+    result: list[Any] = [None] * len(tensors)
     sparse_at = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if sparse_at:
@@ -87,7 +87,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
 
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compression: type = Compression.none,
                           op: Any = Average, process_set: ProcessSet = global_process_set,
-                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> List[tf.Tensor]:
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """Reduce each tensor and give each rank its share of the first dimension; default op is Average."""
     tensors = list(tensors)
     if not tensors:
@@ -112,7 +112,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: type = Compr
 def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none, sparse_as_dense: bool = False,
                      op: Any = Average, gradient_predivide_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set,
-                     names: Optional[Sequence[str]] = None) -> List[Any]:
+                     names: Optional[Sequence[str]] = None) -> list[Any]:
     """Reduce a list of gradients (None entries stay None) in one fused dense op and one sparse op.
 
     ``names`` (one per gradient, e.g. its variable's name) give the ops stable names, the same at every
@@ -154,7 +154,28 @@ def _group_name(kind: str, names: Optional[Sequence[str]], picked: Sequence[int]
     return f"{kind}.{len(picked)}.{hashlib.sha1(joined.encode()).hexdigest()[:16]}"
 
 
-def variable_names(variables: Sequence[Any]) -> List[str]:
+def reduce_partially(grads: Sequence[Any], local: Sequence[bool], names: Sequence[str], compression: type,
+                     sparse_as_dense: bool, op: Any, gradient_predivide_factor: float, process_set: ProcessSet,
+                     scale_local_gradients: bool) -> list[Any]:
+    """Reduce the gradients not marked ``local`` (named ``names``, one per such gradient) as
+    :func:`reduce_gradients` does; local ones stay on this rank, divided by the set size if
+    ``scale_local_gradients`` (PartialDistributedGradientTape's and PartialDistributedOptimizer's rule)."""
+    shared = iter(reduce_gradients([g for g, is_local in zip(grads, local) if not is_local], compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, process_set, names))
+    size = process_set.size()
+    out = []
+    for g, is_local in zip(grads, local):
+        if not is_local:
+            out.append(next(shared))
+        elif g is not None and scale_local_gradients and size > 1:
+            out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
+                       if isinstance(g, tf.IndexedSlices) else g / size)
+        else:
+            out.append(g)
+    return out
+
+
+def variable_names(variables: Sequence[Any]) -> list[str]:
     """Stable names for gradient ops: each variable's path (Keras 3) or name, else its position."""
     out = []
     for i, v in enumerate(variables):
@@ -163,13 +184,6 @@ def variable_names(variables: Sequence[Any]) -> List[str]:
     return out
 
 
-def check_gradient_op(op: Any, gradient_predivide_factor: float) -> ReduceOp:
-    """Validate the reduce op of a distributed tape or optimizer (Horovod's rules)."""
-    reduce_op = resolve_op(op)
-    if gradient_predivide_factor != 1.0 and reduce_op is not Average:
-        raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
-    return reduce_op
-
-
 __all__ = ["variable_names", "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "reduce_gradients",
+           "reduce_partially",
            "Compressor"]

@@ -1,7 +1,7 @@
 """SyncBatchNormalization: a Keras 3 BatchNormalization whose training statistics cover every rank's batch."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional
 
 import keras
 import tensorflow as tf
@@ -47,7 +47,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         super().__init__(**kwargs)
         self.process_set = process_set
 
-    def _moments(self, inputs: tf.Tensor, mask: Any) -> Tuple[tf.Tensor, tf.Tensor]:
+    def _moments(self, inputs: tf.Tensor, mask: Any) -> tuple[tf.Tensor, tf.Tensor]:
         ps = self.process_set
         if not ps.included() or ps.size() == 1:
             return super()._moments(inputs, mask)
@@ -62,7 +62,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         per_channel = [1] * x.shape.rank
         per_channel[self.axis] = -1
 
-        def allreduce_sum(tensors: List[tf.Tensor]) -> List[tf.Tensor]:
+        def allreduce_sum(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
             return _grouped_allreduce(tensors, op=Sum, process_set=ps)
 
         mean, variance, _ = sync_moments(x, weights, lambda t: tf.reduce_sum(t, axis=axes), allreduce_sum,

@@ -7,15 +7,12 @@ import numpy as np
 import torch
 
 import hvdlite.core as core
-from hvdlite.core import Handle, ProcessSet, ReduceOp, global_process_set
-from hvdlite.core.frontend import basics, check_sparse, resolve_op, sparse_allgather_async
+from hvdlite.core import basics
+from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
+from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set
+from hvdlite.core.frontend import check_sparse, resolve_op, sparse_allgather_async
 
-from .tensors import chain, dtype_hint, from_host, hints, splits_array, to_host, write_into
-
-#: horovod.torch.mpi_ops re-exports the runtime (init, rank, size, ..., process sets, errors, reduce ops).
-BASICS = basics()
-globals().update(BASICS)
-Average, Sum, Adasum = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM  # (also in BASICS) used below
+from .tensors import dtype_hint, from_host, hints, splits_array, to_host, write_into
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
@@ -34,7 +31,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
     hosts = [to_host(t, "grouped_allreduce")[0] for t in tensors]
     handle = core.grouped_allreduce_async(hosts, None, _name("allreduce", name), reduce_op, prescale_factor,
                                           postscale_factor, process_set, dtype_hints=hints(tensors))
-    return chain(handle, lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
+    return handle.then(lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -50,7 +47,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                                           dtype_hints=hints(tensors))
     if all(s[1] for s in staged):  # the engine wrote the tensors' own memory: nothing to copy back
         return handle.returning(tensors)
-    return chain(handle, lambda results: [write_into(t, r, s[1])
+    return handle.then(lambda results: [write_into(t, r, s[1])
                                           for t, r, s in zip(tensors, results, staged)])
 
 
@@ -58,8 +55,8 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor."""
-    return _first(grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
-                                          process_set))
+    return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
+                                   process_set).first()
 
 
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -72,7 +69,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                                           dtype_hints=(dtype_hint(tensor),))
     if shared:
         return handle.returning(tensor)
-    return chain(handle, lambda results: write_into(tensor, results[0], False))
+    return handle.then(lambda results: write_into(tensor, results[0], False))
 
 
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -88,10 +85,6 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                                 process_set))
-
-
-def _first(handle: Handle) -> Handle:
-    return chain(handle, lambda results: results[0])
 
 
 # -- sparse -------------------------------------------------------------------------------------------
@@ -161,12 +154,12 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     into, filled = _into(outputs, "grouped_allgather")
     handle = core.grouped_allgather_async(hosts, _name("allgather", name), process_set,
                                           dtype_hints=hints(tensors), outputs=into)
-    return chain(handle, filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
+    return handle.then(filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
-    return _first(grouped_allgather_async([tensor], name, process_set))
+    return grouped_allgather_async([tensor], name, process_set).first()
 
 
 # -- broadcast ----------------------------------------------------------------------------------------
@@ -176,7 +169,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
     host, _ = to_host(tensor, "broadcast")
     handle = core.broadcast_async(host, root_rank, _name("broadcast", name), process_set,
                                   dtype_hint=hints([tensor])[0])
-    return chain(handle, lambda result: from_host(result, tensor))
+    return handle.then(lambda result: from_host(result, tensor))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -185,7 +178,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
     host, shared = to_host(tensor, "broadcast_")
     handle = core.broadcast_async(host, root_rank, _name("broadcast", name), process_set, inplace=True,
                                   dtype_hint=hints([tensor])[0])
-    return chain(handle, lambda result: write_into(tensor, result, shared))
+    return handle.then(lambda result: write_into(tensor, result, shared))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -201,7 +194,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     handle = core.alltoall_async(host, splits_array(splits), _name("alltoall", name), process_set,
                                  dtype_hint=hints([tensor])[0])
-    return chain(handle, lambda result: (from_host(result[0], tensor),
+    return handle.then(lambda result: (from_host(result[0], tensor),
                                          torch.from_numpy(np.asarray(result[1])).to(split_dtype)))
 
 
@@ -218,14 +211,14 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     handle = core.grouped_reducescatter_async(hosts, _name("reducescatter", name), reduce_op, process_set,
                                               prescale_factor, postscale_factor, dtype_hints=hints(tensors),
                                               outputs=into)
-    return chain(handle, filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
+    return handle.then(filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
 
 
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Any = Average,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> Handle:
-    return _first(grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
-                                              postscale_factor))
+    return grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
+                                       postscale_factor).first()
 
 
 # -- handles and synchronisation ----------------------------------------------------------------------
@@ -264,10 +257,12 @@ def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> 
     return resolve_op(op, average)
 
 
-__all__ = sorted(BASICS) + [
+__all__ = [
     "handle_average_backwards_compatibility", "allreduce_async", "allreduce_", "allreduce_async_",
     "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_", "sparse_allreduce_async",
     "allgather_async", "grouped_allgather_async", "broadcast_async", "broadcast_", "broadcast_async_",
     "alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "join", "barrier", "poll",
     "synchronize",
 ]
+#: horovod.torch.mpi_ops re-exports the runtime (init, rank, size, ..., process sets, errors, reduce ops).
+__all__ += basics.__all__

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 
-from hvdlite.core import Handle
 from hvdlite.core.frontend import stage_host_copies
 
 #: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits).
@@ -129,12 +128,6 @@ def write_into(tensor: torch.Tensor, array: np.ndarray, shared: bool) -> torch.T
         with torch.no_grad():
             tensor.copy_(from_host(array, tensor).reshape(tensor.shape))
     return tensor
-
-
-def chain(handle: Handle, convert: Callable[[Any], Any]) -> Handle:
-    """Make ``handle.wait()`` (hvd.synchronize) return ``convert(core result)``."""
-    handle.then(convert)
-    return handle
 
 
 def splits_array(splits: Any) -> Optional[np.ndarray]:

@@ -9,16 +9,13 @@ import torch
 
 import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.frontend import check_reduction, resolve_op
+from hvdlite.core.frontend import check_gradient_options, check_reduction, mixin_class
 
 from .adasum_optimizer import DistributedAdasumOptimizer
 from .async_ops import Adasum, Average
 from .compression import Compression
 from .optimizer import _DistributedOptimizer
 from .replicas import check_every
-
-
-_classes: dict[tuple[type, type], type] = {}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Optional[Iterable] = None,
@@ -42,9 +39,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
         raise ValueError("the optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    adasum = resolve_op(op) is Adasum and process_set.included() and process_set.size() > 1
+    reduce_op, backward_passes_per_step = check_gradient_options(op, gradient_predivide_factor,
+                                                                 backward_passes_per_step)
+    adasum = reduce_op is Adasum and process_set.included() and process_set.size() > 1
     if adasum:
         dtypes = {str(p.dtype).replace("torch.", "") for g in optimizer.param_groups for p in g["params"]}
         check_reduction("allreduce", "DistributedOptimizer(op=hvd.Adasum)", Adasum, sorted(dtypes),
@@ -52,15 +49,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning)
         groups = num_groups if groups is None else groups
-    base = type(optimizer)
     mixin: type = _DistributedOptimizer
     if adasum:  # Horovod's delta scheme: local steps, parameter deltas combined with Adasum
         mixin = DistributedAdasumOptimizer
-    cls = _classes.get((mixin, base))
-    if cls is None:
-        cls = type(base.__name__, (mixin, base),
-                   {"__module__": base.__module__, "__qualname__": base.__qualname__})
-        _classes[(mixin, base)] = cls
+    cls = mixin_class(mixin, type(optimizer))
     opt = cls.__new__(cls)
     attrs = dict(optimizer.__dict__)
     attrs.pop("step", None)  # an LR scheduler's per-instance step wrapper is bound to the old object

@@ -60,7 +60,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._rank = process_set.rank() if member else 0
         self._enabled = member and self._n > 1
         self._uid = f"zero{next(_instances)}"
-        self._cap = setting("fusion_threshold") or 4 * 1024 * 1024
+        self._cap = setting("fusion_threshold_bytes") or 4 * 1024 * 1024
         self._buckets: list[Bucket] = []
         self._bucket_of: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
         self._delay: dict[int, int] = {}

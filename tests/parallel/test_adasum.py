@@ -71,7 +71,7 @@ def test_float_dtypes(rank: int, size: int, dtype, rtol: float) -> None:
 
 @POW2
 def test_bfloat16_through_a_dtype_hint(rank: int, size: int) -> None:
-    from hvdlite.core.frontend import bf16_to_f32, f32_to_bf16
+    from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
     vectors = [f32_to_bf16(v.astype(np.float32)) for v in inputs(size, 64, seed=11)]
     out = hvd.synchronize(hvd.allreduce_async(vectors[rank], op=hvd.Adasum, name="bf16", dtype_hint="bfloat16"))
     expected = reference([bf16_to_f32(v).astype(np.float64) for v in vectors])
@@ -81,7 +81,7 @@ def test_bfloat16_through_a_dtype_hint(rank: int, size: int) -> None:
 @POW2
 @pytest.mark.parametrize("fusion", [4 << 20, 0], ids=["fused", "unfused"])
 def test_each_fused_tensor_is_its_own_vector(reinit, rank: int, size: int, fusion: int) -> None:
-    reinit(fusion_threshold=fusion)
+    reinit(fusion_threshold_bytes=fusion)
     groups = [inputs(size, n, seed=n) for n in (5, 17, 2)]
     outs = hvd.grouped_allreduce([g[rank] for g in groups], op=hvd.Adasum, name="group")
     for out, g in zip(outs, groups):

@@ -39,7 +39,7 @@ def test_autotune_switches_every_rank_at_the_same_cycle(rank: int, size: int,
     path = hvd.broadcast_object(path, root_rank=0, name="at.path")
     reinit(autotune=True, autotune_log_file=path, autotune_warmup_samples=WARMUP,
            autotune_steps_per_sample=STEPS, autotune_bayes_opt_max_samples=SAMPLES,
-           fusion_threshold=0, allreduce_chunk_bytes=64 * 1024 * 1024)
+           fusion_threshold_bytes=0, allreduce_chunk_bytes=64 * 1024 * 1024)
     tuner = runtime.state().engine.autotune
     seen: list[Any] = []
     for step in range(80):
@@ -50,13 +50,13 @@ def test_autotune_switches_every_rank_at_the_same_cycle(rank: int, size: int,
     hvd.barrier()
     engine = runtime.state().engine
     mine = {"history": tuner.history, "final": tuner.final, "settings": tuner.settings(),
-            "executor": (engine.executor.fusion_threshold, engine.executor.chunk_bytes), "seen": seen}
+            "executor": (engine.executor.fusion_threshold_bytes, engine.executor.chunk_bytes), "seen": seen}
     everyone = hvd.allgather_object(mine, name="at.views")
     assert all(view == everyone[0] for view in everyone), everyone
     final = tuner.final
     assert final is not None, "the sample budget was not reached in 80 steps"
     assert mine["settings"] == final
-    assert mine["executor"] == (final["fusion_threshold"], final["allreduce_chunk_bytes"])
+    assert mine["executor"] == (final["fusion_threshold_bytes"], final["allreduce_chunk_bytes"])
     history = [values for _, values in tuner.history]
     cycles = [cycle for cycle, _ in tuner.history]
     assert cycles == sorted(set(cycles))
@@ -65,14 +65,14 @@ def test_autotune_switches_every_rank_at_the_same_cycle(rank: int, size: int,
         for name in TUNED:
             low, high, _ = BOUNDS[name]
             assert low <= values[name] <= high
-    assert history[0] == {"fusion_threshold": 0, "cycle_time": 1.0, "allreduce_chunk_bytes": 64 * 1024 * 1024}
+    assert history[0] == {"fusion_threshold_bytes": 0, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 64 * 1024 * 1024}
     _step(1000, rank, size)  # still exact under the final settings
     if rank == 0:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
         os.unlink(path)
         assert [r["phase"] for r in rows] == ["warmup"] * WARMUP + ["sample"] * SAMPLES + ["final"]
-        logged = [{"fusion_threshold": int(r["fusion_threshold"]), "cycle_time": float(r["cycle_time"]),
+        logged = [{"fusion_threshold_bytes": int(r["fusion_threshold_bytes"]), "cycle_time_ms": float(r["cycle_time_ms"]),
                    "allreduce_chunk_bytes": int(r["allreduce_chunk_bytes"])} for r in rows]
         assert logged[:WARMUP] == [history[0]] * WARMUP
         assert logged[WARMUP:-1] == history[:-1]  # each sample ran under the settings switched to before it

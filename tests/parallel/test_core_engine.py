@@ -118,7 +118,7 @@ def test_stall_shutdown_fails_the_stalled_op(reinit: Callable[..., None]) -> Non
 @pytest.mark.parametrize("fusion", [4 << 20, 0], ids=["fused", "unfused"])
 def test_fusion_uses_fewer_mpi_calls_and_timeline(fusion: int, reinit: Callable[..., None],
                                                   tmp_path: Path) -> None:
-    reinit(fusion_threshold=fusion, cycle_time=20.0)  # a long cycle lets all 200 ops arrive first
+    reinit(fusion_threshold_bytes=fusion, cycle_time_ms=20.0)  # a long cycle lets all 200 ops arrive first
     timeline = str(tmp_path / "timeline.json")
     hvd.start_timeline(timeline, mark_cycles=True)
     before = hvd.engine_stats()["mpi_calls"]

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from hvdlite.core.frontend import bf16_to_f32, f32_to_bf16, sparse_allgather_async
+from hvdlite.core.frontend import sparse_allgather_async
+from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
 
 MPI_SIZES = (2, 3)
 

@@ -14,8 +14,8 @@ MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 300
 
 #: two very different settings: everything fused in big chunks, versus nothing fused and 256-byte chunks
-BIG = dict(fusion_threshold=64 << 20, allreduce_chunk_bytes=64 << 20, cycle_time=0.5)
-SMALL = dict(fusion_threshold=0, allreduce_chunk_bytes=256, cycle_time=5.0)
+BIG = dict(fusion_threshold_bytes=64 << 20, allreduce_chunk_bytes=64 << 20, cycle_time_ms=0.5)
+SMALL = dict(fusion_threshold_bytes=0, allreduce_chunk_bytes=256, cycle_time_ms=5.0)
 
 
 def _rank_order(values: np.ndarray) -> np.ndarray:

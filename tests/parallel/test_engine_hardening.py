@@ -13,7 +13,7 @@ SPAWN_TIMEOUT = 420
 
 @pytest.mark.parametrize("fusion", [4 << 20, 0], ids=["fusion", "no-fusion"])
 def test_empty_groups_return_empty_lists_at_once(fusion: int, reinit, size: int) -> None:
-    reinit(fusion_threshold=fusion)
+    reinit(fusion_threshold_bytes=fusion)
     assert hvd.grouped_allreduce([]) == []
     assert hvd.grouped_allgather([]) == []
     assert hvd.grouped_reducescatter([]) == []
@@ -24,7 +24,7 @@ def test_empty_groups_return_empty_lists_at_once(fusion: int, reinit, size: int)
 
 def test_settings_that_shape_traffic_are_rank_zeros(reinit, rank: int, size: int, capsys) -> None:
     # Every rank but 0 asks for no fusion, tiny chunks and no cache: rank 0's values must win everywhere.
-    settings = {} if rank == 0 else {"fusion_threshold": 0, "allreduce_chunk_bytes": 8, "cache_capacity": 0}
+    settings = {} if rank == 0 else {"fusion_threshold_bytes": 0, "allreduce_chunk_bytes": 8, "cache_capacity": 0}
     capsys.readouterr()
     reinit(**settings)
     warned = [line.split("WARNING: ", 1)[1] for line in capsys.readouterr().err.splitlines()
@@ -33,9 +33,9 @@ def test_settings_that_shape_traffic_are_rank_zeros(reinit, rank: int, size: int
         assert warned == []
     else:
         assert sorted(w.split()[1] for w in warned) == ["allreduce_chunk_bytes", "cache_capacity",
-                                                        "fusion_threshold"], warned
+                                                        "fusion_threshold_bytes"], warned
     from hvdlite.core.frontend import setting
-    assert (setting("fusion_threshold"), setting("allreduce_chunk_bytes"), setting("cache_capacity")) == \
+    assert (setting("fusion_threshold_bytes"), setting("allreduce_chunk_bytes"), setting("cache_capacity")) == \
         (4 << 20, 1 << 20, 1024)
     handles = [hvd.allreduce_async(np.full(5, float(i + rank)), op=hvd.Sum, name=f"agreed.{i}") for i in range(8)]
     for i, h in enumerate(handles):
@@ -78,7 +78,7 @@ def test_bad_argument_fails_at_submit_and_engine_goes_on(size: int) -> None:
 
 def test_gradient_overlap_auto_is_one_verdict_for_the_job(reinit, rank: int) -> None:
     from hvdlite.core import frontend
-    from hvdlite.core.runtime import local_overlap_verdict
+    from hvdlite.core.overlap import local_overlap_verdict
     reinit(gradient_overlap="auto")
     # rank 0 runs on an accelerator (its own view: overlap), the others claim every core (theirs: no overlap)
     threads = None if rank == 0 else 10**6

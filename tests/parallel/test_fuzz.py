@@ -25,9 +25,9 @@ SPAWN_TIMEOUT = 400
 #: Engine settings each block of seeds runs under (fusion off, tiny chunks, evicting or no cache...).
 SETTINGS = [
     {},
-    {"fusion_threshold": 0},
-    {"cache_capacity": 3, "allreduce_chunk_bytes": 16, "fusion_threshold": 64},
-    {"cache_capacity": 0, "cycle_time": 0},
+    {"fusion_threshold_bytes": 0},
+    {"cache_capacity": 3, "allreduce_chunk_bytes": 16, "fusion_threshold_bytes": 64},
+    {"cache_capacity": 0, "cycle_time_ms": 0},
 ]
 REPLAY = os.environ.get("HVDT_FUZZ_SEED")
 PER_BLOCK = int(os.environ.get("HVDT_FUZZ_PROGRAMS", "20"))

@@ -98,7 +98,7 @@ def test_matches_single_process_on_whole_batch(name: str, overlap: bool, rank: i
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "at_step"])
 def test_many_small_buckets(overlap: bool, reinit: Callable[..., None], rank: int, size: int) -> None:
-    reinit(fusion_threshold=80)  # 10 float64 elements: parameters split over many buckets and rows
+    reinit(fusion_threshold_bytes=80)  # 10 float64 elements: parameters split over many buckets and rows
     cls, kwargs = OPTIMIZERS["adamw"]
     model, opt = run_zero(cls, kwargs, rank, size, setup=lambda o: setattr(o, "overlap", overlap))
     assert len(opt._buckets) >= 6

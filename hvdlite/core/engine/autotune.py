@@ -1,6 +1,6 @@
 """Autotune: rank 0 scores the engine's settings while training runs and proposes better ones (GP + EI).
 
-Tuned: ``fusion_threshold``, ``cycle_time`` and ``allreduce_chunk_bytes``, the settings the engine reads on
+Tuned: ``fusion_threshold_bytes``, ``cycle_time_ms`` and ``allreduce_chunk_bytes``, the settings the engine reads on
 every cycle. (``gradient_overlap`` is not tuned: a frontend reads it once, when its optimizer is built, and
 "auto" is agreed by a collective of the training threads; the engine cannot switch it between cycles.)
 
@@ -32,16 +32,16 @@ from ..reduce_ops import storage_dtype
 from .requests import Kind
 
 MIB = 1 << 20
-TUNED = ("fusion_threshold", "cycle_time", "allreduce_chunk_bytes")
+TUNED = ("fusion_threshold_bytes", "cycle_time_ms", "allreduce_chunk_bytes")
 #: (low, high, log scale) of each tuned setting (bytes, ms, bytes).
 BOUNDS: dict[str, tuple[float, float, bool]] = {
-    "fusion_threshold": (0.0, 64.0 * MIB, False),
-    "cycle_time": (0.1, 20.0, True),
+    "fusion_threshold_bytes": (0.0, 64.0 * MIB, False),
+    "cycle_time_ms": (0.1, 20.0, True),
     "allreduce_chunk_bytes": (64.0 * 1024, 64.0 * MIB, True),
 }
 #: Fixed points scored after the start settings, before the Gaussian process has enough samples to guide.
-TEST_POINTS = ({"fusion_threshold": 4 * MIB, "cycle_time": 1.0, "allreduce_chunk_bytes": 1 * MIB},
-               {"fusion_threshold": 16 * MIB, "cycle_time": 0.3, "allreduce_chunk_bytes": 4 * MIB})
+TEST_POINTS = ({"fusion_threshold_bytes": 4 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 1 * MIB},
+               {"fusion_threshold_bytes": 16 * MIB, "cycle_time_ms": 0.3, "allreduce_chunk_bytes": 4 * MIB})
 LOG_COLUMNS = ("phase", "sample", *TUNED, "score_bytes_per_s", "steps", "bytes", "seconds")
 #: Kinds whose signature holds only the shape beyond the first dimension: their bytes are not known here.
 _ROW_SHAPED = (Kind.ALLGATHER, Kind.ALLTOALL)
@@ -76,7 +76,7 @@ def from_unit(x: Iterable[float]) -> dict[str, Any]:
         low, high, log = BOUNDS[name]
         u = min(max(float(u), 0.0), 1.0)
         value = low * (high / low) ** u if log else low + u * (high - low)
-        if name == "cycle_time":
+        if name == "cycle_time_ms":
             settings[name] = round(min(max(value, low), high), 2)
         else:
             settings[name] = int(min(max(round(value / 1024) * 1024, low), high))
@@ -190,14 +190,14 @@ class Autotuner:
         values = {name: proposal[name] for name in TUNED}
         for name, value in values.items():
             setattr(self.config, name, value)
-        self.executor.fusion_threshold = values["fusion_threshold"]
+        self.executor.fusion_threshold_bytes = values["fusion_threshold_bytes"]
         self.executor.chunk_bytes = values["allreduce_chunk_bytes"]
         self.history.append((cycle, values))
         if proposal.get("final"):
             self.active = False
             self.final = values
-            logger.info("autotune chose fusion_threshold=%d, cycle_time=%g, allreduce_chunk_bytes=%d",
-                        values["fusion_threshold"], values["cycle_time"], values["allreduce_chunk_bytes"])
+            logger.info("autotune chose fusion_threshold_bytes=%d, cycle_time_ms=%g, allreduce_chunk_bytes=%d",
+                        values["fusion_threshold_bytes"], values["cycle_time_ms"], values["allreduce_chunk_bytes"])
         if self.rank == 0:
             self._waiting = False
             self._started = False

@@ -10,10 +10,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16, resolve_op,
+from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16,
                           scale_inplace, scaled_copy, storage_dtype)
 from . import adasum, polling
-from .fusion import Item, Marker, aligned_empty
+from .fusion import Item, Marker, aligned_empty, over_cap, packable
 from .mpi import MPIOps, counts_displacements
 from .requests import Kind
 from .timeline import Timeline
@@ -25,11 +25,11 @@ class Executor:
     """Runs batches built by engine/fusion.py; one method per kind, chosen by an explicit table."""
 
     def __init__(self, mpi_ops: MPIOps, comm_of: Callable[[int], Any], size_of: Callable[[int], int],
-                 fusion_threshold: int, chunk_bytes: int, timeline: Timeline) -> None:
+                 fusion_threshold_bytes: int, chunk_bytes: int, timeline: Timeline) -> None:
         self.ops = mpi_ops
         self.comm_of = comm_of
         self.size_of = size_of
-        self.fusion_threshold = fusion_threshold
+        self.fusion_threshold_bytes = fusion_threshold_bytes
         self.chunk_bytes = chunk_bytes
         self.timeline = timeline
         self._fusion = np.empty(0, dtype=np.uint8)
@@ -56,7 +56,8 @@ class Executor:
     def _allreduce(self, items: list[Item]) -> list[tuple[Item, Any]]:
         first = items[0].resp
         comm = self.comm_of(first.ps_id)
-        op = resolve_op(first.sig.op)
+        op = first.sig.op
+        assert op is not None  # resolved at submit for every reduction
         pre, post = first.sig.prescale, first.sig.postscale
         if op is Adasum:
             return self._adasum(comm, items, pre, post)
@@ -64,15 +65,14 @@ class Executor:
             post = average_scale(post, self.size_of(first.ps_id))
         small: list[Item] = []
         small_bytes = 0
-        limit = min(self.fusion_threshold, self.chunk_bytes)
         for item in items:
             nbytes = item.src.nbytes
             if nbytes == 0:
                 if item.dst is None:
                     item.dst = item.src.copy()
                 continue
-            if self.fusion_threshold > 0 and nbytes < limit:
-                if small and small_bytes + nbytes > self.fusion_threshold:
+            if packable(nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
+                if over_cap(len(small), small_bytes, nbytes, self.fusion_threshold_bytes):
                     self._reduce_small(comm, small, op, pre, post)
                     small, small_bytes = [], 0
                 small.append(item)
@@ -158,7 +158,7 @@ class Executor:
 
     def _fusion_buffer(self, nbytes: int) -> np.ndarray:
         if self._fusion.nbytes < nbytes:
-            self._fusion = np.empty(max(nbytes, self.fusion_threshold), dtype=np.uint8)
+            self._fusion = np.empty(max(nbytes, self.fusion_threshold_bytes), dtype=np.uint8)
         return self._fusion[:nbytes]
 
     def _reduce_fused(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
@@ -270,14 +270,15 @@ class Executor:
             elif is_root and item.dst is not item.src:
                 np.copyto(item.dst, item.src)
             self.timeline.begin(item.resp.name, "MPI_BCAST")
-            if self.fusion_threshold > 0 and item.dst.nbytes < min(self.fusion_threshold, self.chunk_bytes):
+            if packable(item.dst.nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
                 packed.append(item)
             elif item.dst.nbytes:
                 self._wait(comm.Ibcast([item.dst.reshape(-1).view(np.uint8), BYTE], root=root))
         start = 0
         while start < len(packed):  # pack up to the fusion threshold per Bcast
             group, nbytes = [], 0
-            while start < len(packed) and (not group or nbytes + packed[start].dst.nbytes <= self.fusion_threshold):
+            while start < len(packed) and not over_cap(len(group), nbytes, packed[start].dst.nbytes,
+                                                       self.fusion_threshold_bytes):
                 group.append(packed[start])
                 nbytes += packed[start].dst.nbytes
                 start += 1
@@ -302,7 +303,8 @@ class Executor:
         first = items[0].resp
         comm = self.comm_of(first.ps_id)
         nranks, me = comm.Get_size(), comm.Get_rank()
-        op = resolve_op(first.sig.op)
+        op = first.sig.op
+        assert op is not None  # resolved at submit for every reduction
         pre, post = first.sig.prescale, first.sig.postscale
         if op is Average:
             post = average_scale(post, nranks)

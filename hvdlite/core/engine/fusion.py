@@ -53,7 +53,19 @@ class Marker:
         self.resp, self.req = resp, req
 
 
-def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold: int) -> list[list[Any]]:
+def packable(nbytes: int, threshold: int, chunk_bytes: int) -> bool:
+    """Whether a tensor of ``nbytes`` is copied into a fusion buffer with others (fusion on, and the tensor
+    smaller than both the threshold and the chunk size; larger ones are sent in place)."""
+    return threshold > 0 and nbytes < min(threshold, chunk_bytes)
+
+
+def over_cap(count: int, filled: int, nbytes: int, threshold: int) -> bool:
+    """The fusion cap, applied in one place: whether a tensor of ``nbytes`` must start a new pack instead of
+    joining one of ``count`` tensors and ``filled`` bytes (a pack always takes its first tensor)."""
+    return count > 0 and filled + nbytes > threshold
+
+
+def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold_bytes: int) -> list[list[Any]]:
     """Group this cycle's responses: compatible tensors of fusable kinds share a batch."""
     keyed: dict[tuple, list[Any]] = {}
     filled: dict[tuple, int] = {}  # agreed bytes in each open batch of a capped kind
@@ -63,13 +75,13 @@ def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold: in
         kind = resp.sig.kind
         if not keys:
             order.append([Marker(resp, req)])
-        elif fusion_threshold > 0 and kind.fusable:
+        elif fusion_threshold_bytes > 0 and kind.fusable:
             capped = kind is Kind.ALLGATHER or kind is Kind.REDUCESCATTER  # these copy a whole batch at once
             for index, key in enumerate(keys):
                 item = Item(resp, req, index)
                 nbytes = _agreed_bytes(item) if capped else 0
                 batch = keyed.get(key)
-                if batch is None or (capped and batch and filled[key] + nbytes > fusion_threshold):
+                if batch is None or (capped and over_cap(len(batch), filled[key], nbytes, fusion_threshold_bytes)):
                     batch = keyed[key] = []
                     filled[key] = 0
                     order.append(batch)

@@ -95,6 +95,10 @@ class Handle:
         self._finalize = (lambda result: convert(inner(result))) if inner else convert
         return self
 
+    def first(self) -> "Handle":
+        """Make ``wait()`` return the first result of a grouped request (a request of one tensor); returns self."""
+        return self.then(lambda results: results[0])
+
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"<hvdlite.Handle {self.name!r} {state}>"

@@ -46,7 +46,7 @@ class Engine:
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
         comms = deterministic.ordered(process_sets.comm, mpi_ops) if config.deterministic else process_sets.comm
-        self.executor = Executor(mpi_ops, comms, process_sets.size, config.fusion_threshold,
+        self.executor = Executor(mpi_ops, comms, process_sets.size, config.fusion_threshold_bytes,
                                  config.allreduce_chunk_bytes, timeline)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
@@ -136,7 +136,7 @@ class Engine:
         Otherwise it backs off, doubling its pause from the cycle time up to ``idle_heartbeat_seconds``;
         a local submission ends the pause at once.
         """
-        cycle_s = self.config.cycle_time / 1000.0
+        cycle_s = self.config.cycle_time_ms / 1000.0
         with self._cv:
             if self._pending:  # left over: pace cycles so waiting for peers does not spin
                 delay = self._last_cycle + cycle_s - time.monotonic()
@@ -318,7 +318,7 @@ class Engine:
             self._join_cycle = -1
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
-        for batch in batches(work, self.executor.fusion_threshold):
+        for batch in batches(work, self.executor.fusion_threshold_bytes):
             try:
                 results = self.executor.run(batch)
             except (HvdliteError, _Stop):  # the job's end (a wedged wait included), not this batch's error

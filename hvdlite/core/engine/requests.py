@@ -53,7 +53,7 @@ class Signature(NamedTuple):
 
     kind: Kind
     ps_id: int
-    op: Optional[str]
+    op: Optional[ReduceOp]  # resolved once, at submit; compared and pickled by name like Kind
     prescale: float
     postscale: float
     root: int
@@ -72,7 +72,7 @@ def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: flo
                    root: int, tensors: tuple, extra: Any = None) -> Signature:
     """The signature, shared with every equal one made before (a training step makes the same ones
     again and again: sharing them keeps the per-op objects few)."""
-    sig = _new_signature(Signature, (kind, ps_id, None if op is None else _OP_VALUES[op], float(prescale),
+    sig = _new_signature(Signature, (kind, ps_id, op, float(prescale),
                                      float(postscale), int(root), tensors, extra))
     if len(_SIGNATURES) >= _INTERN_LIMIT:
         _SIGNATURES.clear()
@@ -99,7 +99,6 @@ _LAYOUTS: dict = {}
 
 
 _new_signature = tuple.__new__  # NamedTuple's own __new__ is Python code: this is on the per-op path
-_OP_VALUES = {op: op.value for op in ReduceOp}
 
 
 class _SignatureFields:

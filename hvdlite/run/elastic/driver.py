@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -17,7 +16,8 @@ from typing import Any, Mapping, Optional
 from ..commands import build_command, child_environment, format_command
 from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_hosts, slurm_allocation,
                      total_slots)
-from ..launchers import SRUN, LauncherError
+from ..launchers import SRUN, LaunchError
+from ..process import kill_group
 from .discovery import Blacklist, DiscoveryError, assign, run_discovery_script, slurm_nodes
 from .server import DriverServer
 
@@ -204,7 +204,7 @@ class ElasticDriver:
                 next_check = now + DISCOVERY_INTERVAL_S
                 changed = self._hosts_changed(server, hosts)
         code = proc.returncode
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         ranks = server.snapshot()
         if ranks and len(ranks) == size and all(r.ended == "done" for r in ranks):
             return 0, "done"
@@ -251,26 +251,19 @@ class ElasticDriver:
         try:
             proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             proc.wait()
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_elastic(args: argparse.Namespace, env: Mapping[str, str], plan_launch: Any) -> int:
     """Entry point from hvdlite-run's main when an elastic flag is given."""
     try:
         driver = ElasticDriver(args, env, plan_launch)
-    except (HostSpecError, LauncherError, DiscoveryError, ValueError) as exc:
+    except (HostSpecError, LaunchError, DiscoveryError, ValueError) as exc:
         print(f"hvdlite-run: error: {exc}", file=sys.stderr, flush=True)
         return 2
     try:
         return driver.run()
-    except (HostSpecError, LauncherError) as exc:
+    except (HostSpecError, LaunchError) as exc:
         logger.error("%s", exc)
         return 2

@@ -8,10 +8,9 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from hvdlite.core import basics
+from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
 from hvdlite.core import Average
-from hvdlite.core.frontend import basics
-
-globals().update(basics())  # init, rank, size, ..., process sets, ops (Average, Sum, Adasum, ...), errors
 
 from .. import mpi_ops as _ops
 from .. import reduction as _reduction
@@ -20,6 +19,7 @@ from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from .saving import load_model
+from .replicas import check_replicas
 from .variables import broadcast_global_variables
 from . import elastic  # noqa: E402  (hvd.elastic)
 
@@ -52,13 +52,8 @@ def reducescatter(value: Any, name: Optional[str] = None, op: Any = Average) -> 
 
 
 __all__ = [
-    "elastic",
-    "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size", "cross_size",
-    "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
-    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet",
-    "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum", "Compression", "callbacks",
-    "DistributedOptimizer", "PartialDistributedOptimizer", "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter",
-    "load_model", "SyncBatchNormalization", "HvdliteError", "HorovodInternalError",
+    "elastic", "Compression", "callbacks", "DistributedOptimizer", "PartialDistributedOptimizer",
+    "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter", "load_model",
+    "SyncBatchNormalization", "check_replicas",
 ]
-__all__ += sorted(set(basics()) - set(__all__))  # every runtime name basics() re-exports
-from .replicas import check_replicas  # noqa: E402  (over the core's numpy-only one)
+__all__ += basics.__all__  # init, rank, size, ..., process sets, errors, reduce ops

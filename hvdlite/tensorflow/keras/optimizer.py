@@ -8,18 +8,17 @@ saved model loads back with plain Keras (as the plain optimizer) or with ``hvd.l
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
-from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core import Adasum, Average, Sum
-from hvdlite.core.frontend import resolve_op
+from hvdlite.core import Adasum, Average, ProcessSet, Sum, global_process_set
+from hvdlite.core.frontend import check_gradient_options, mixin_class
 
 from ..compression import Compression
 from ..mpi_ops import check_not_xla, dense
-from ..reduction import reduce_gradients, variable_names
+from ..reduction import reduce_partially, variable_names
 
 
 class _HvdState:
@@ -55,24 +54,12 @@ class DistributedOptimizerMixin:
                                                                 name="hvdlite_gradient_accumulator")
                 self._hvd.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdlite_backward_passes")
 
-    def _hvd_reduce(self, grads: List[Any], variables: List[Any]) -> List[Any]:
+    def _hvd_reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
         s = self._hvd.settings
         local = [id(v) in self._hvd.local_vars for v in variables]
-        shared = iter(reduce_gradients([g for g, is_local in zip(grads, local) if not is_local], s["compression"],
-                                       s["sparse_as_dense"], s["op"], s["gradient_predivide_factor"],
-                                       s["process_set"],
-                                       variable_names([v for v, is_local in zip(variables, local) if not is_local])))
-        size = s["process_set"].size()
-        out = []
-        for g, is_local in zip(grads, local):
-            if not is_local:
-                out.append(next(shared))
-            elif g is not None and s["scale_local_gradients"] and size > 1:
-                out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
-                           if isinstance(g, tf.IndexedSlices) else g / size)
-            else:
-                out.append(g)
-        return out
+        names = variable_names([v for v, is_local in zip(variables, local) if not is_local])
+        return reduce_partially(grads, local, names, s["compression"], s["sparse_as_dense"], s["op"],
+                                s["gradient_predivide_factor"], s["process_set"], s["scale_local_gradients"])
 
     def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
         """Reduce ``grads`` over the ranks (every ``backward_passes_per_step`` calls), then apply them."""
@@ -93,7 +80,7 @@ class DistributedOptimizerMixin:
                 self.build(variables)
         return self._hvd_accumulate_and_apply(grads, variables)
 
-    def _hvd_accumulate_and_apply(self, grads: List[Any], variables: List[Any]) -> Any:
+    def _hvd_accumulate_and_apply(self, grads: list[Any], variables: list[Any]) -> Any:
         s = self._hvd.settings
         steps = s["backward_passes_per_step"]
         accumulators = [self._hvd.accumulators[id(v)] for v in variables]
@@ -122,9 +109,7 @@ class DistributedOptimizerMixin:
 
 def distributed_class(base: type, settings: dict) -> type:
     """The distributed subclass of optimizer class ``base`` with these hvdlite settings."""
-    cls = type(base.__name__, (DistributedOptimizerMixin, base),
-               {"__module__": base.__module__, "__qualname__": base.__qualname__, "_hvd_base": base,
-                "_hvd_settings": dict(settings), "__doc__": base.__doc__})
+    cls = mixin_class(DistributedOptimizerMixin, base, _hvd_settings=dict(settings))
     registered = keras.saving.get_registered_name(base)
     if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
         try:
@@ -149,13 +134,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     locally (averaged if ``average_aggregated_gradients``) and reduced and applied every N-th step; the
     other steps only advance ``optimizer.iterations``. ``groups``, ``device_*`` are accepted and ignored.
     """
-    reduce_op = resolve_op(op)
+    reduce_op, backward_passes_per_step = check_gradient_options(op, gradient_predivide_factor,
+                                                                 backward_passes_per_step)
     if reduce_op not in (Average, Sum, Adasum):
         raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")
-    if gradient_predivide_factor != 1.0 and reduce_op is not Average:
-        raise ValueError("gradient_predivide_factor is only supported with op=hvd.Average")
-    if int(backward_passes_per_step) < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
         raise ValueError("groups must be a positive integer or a list of lists of variables")
     if not isinstance(optimizer, keras.optimizers.Optimizer):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import gc
-from typing import Any, List
+from typing import Any
 
 import keras
 
@@ -18,7 +18,7 @@ def _is_rng_state(variable: Any) -> bool:
     return getattr(variable, "name", "") == _RNG_STATE_NAME
 
 
-def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> List[Any]:
+def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> list[Any]:
     """The model's variables, then its optimizer's (building the optimizer's state first if asked)."""
     variables = [v for v in model.variables if not _is_rng_state(v)]
     optimizer = getattr(model, "optimizer", None)
@@ -46,7 +46,7 @@ def broadcast_global_variables(root_rank: int) -> None:
     """
     gc.collect()
     models = sorted((o for o in gc.get_objects() if isinstance(o, keras.Model)), key=lambda m: m.name)
-    variables: List[Any] = []
+    variables: list[Any] = []
     seen: set = set()
     for model in models:
         for v in model_and_optimizer_variables(model):

@@ -1,7 +1,7 @@
-"""Policy both frontends share, written once: sparse reductions by allgather, and SyncBatchNorm's moments."""
+"""Sparse gradients (indices, values) combined across ranks by allgather, as Horovod does, for every frontend."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 import numpy as np
 
@@ -10,7 +10,7 @@ from .engine.handles import Handle
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import ReduceOp, bf16_to_f32, f32_to_bf16, resolve_op
 
-T = TypeVar("T")
+__all__ = ["check_sparse", "sparse_allgather_async"]
 
 
 def check_sparse(op: Any, name: Optional[str], prescale_factor: float = 1.0,
@@ -50,36 +50,3 @@ def sparse_allgather_async(indices: np.ndarray, values: np.ndarray, op: Any, nam
             return all_indices, all_values / n  # true division, as Horovod: integer values become floats
         return handle.then(average)
     return handle.then(lambda result: (result[0], result[1]))
-
-
-def sync_moments(x: T, weights: Optional[T], sum_over: Callable[[T], T], grouped_allreduce_sum: Callable[[list], list],
-                 expand: Callable[[T], T]) -> tuple[T, T, T]:
-    """SyncBatchNorm's statistics over every rank of a process set, in two passes (numerically stable):
-    the global mean first, then the mean of squared deviations from it.
-
-    Works on any framework's tensors: ``sum_over`` sums over the batch (and spatial) axes, ``expand`` makes
-    per-channel values broadcast against ``x``, ``grouped_allreduce_sum`` sums a list of tensors across the
-    set (differentiably, so gradients flow through it). ``weights`` (a mask, or None) weights each element.
-    Returns (mean, biased variance, element count per channel).
-    """
-    weighted = x if weights is None else x * weights
-    count = sum_over(x ** 0) if weights is None else sum_over(weights)  # x ** 0 is 1 even for inf and nan
-    total, n = grouped_allreduce_sum([sum_over(weighted), count])
-    mean = total / n
-    centred = x - expand(mean)
-    squares = centred * centred if weights is None else centred * centred * weights
-    (var_sum,) = grouped_allreduce_sum([sum_over(squares)])
-    return mean, var_sum / n, n
-
-
-def basics() -> dict[str, Any]:
-    """The runtime names every frontend re-exports (init, rank, size, ..., process sets, errors, ops)."""
-    from . import __all__ as public
-    from .. import core
-    skip = {"Config", "engine_stats"}
-    return {name: getattr(core, name) for name in public if name not in skip
-            and not name.startswith(("allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-                                     "grouped_", "synchronize", "poll", "join", "barrier"))}
-
-
-__all__ = ["check_sparse", "sparse_allgather_async", "sync_moments", "basics"]

@@ -1,0 +1,61 @@
+"""The abort-on-error excepthook: an uncaught exception on one rank ends the whole job, after its traceback."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from .engine import mpi
+
+__all__ = ["install_excepthook"]
+
+_previous_excepthook: Any = None
+_previous_threading_hook: Any = None
+_ABORT_GRACE_S = 1.0  # seconds between printing an uncaught exception and MPI_Abort
+
+
+def install_excepthook(current: Callable[[], Any]) -> None:
+    """On an uncaught exception in any thread, print it, then abort the whole job (other ranks would
+    otherwise wait for this one forever). Hooks installed before hvdlite's (not Python's defaults) run
+    first, so a script's own error reporting still happens. ``current()`` returns the live runtime state
+    (its ``rank``, ``size``) or None."""
+    global _previous_excepthook, _previous_threading_hook
+    if _previous_excepthook is not None:
+        return
+    _previous_excepthook = sys.excepthook
+    _previous_threading_hook = threading.excepthook
+
+    def abort_job(exc_type: Any, exc: BaseException, tb: Any, thread: str = "") -> None:
+        state = current()
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        where = f" in thread {thread}" if thread else ""
+        sys.stderr.write(f"[hvdlite rank {state.rank if state else '?'}] uncaught exception{where}; aborting "
+                         f"the whole job so other ranks do not wait for this one:\n{text}")
+        sys.stderr.flush()
+        if state is not None and state.size > 1 and not issubclass(exc_type, KeyboardInterrupt):
+            # The launcher forwards this rank's output and its abort request on separate channels; when
+            # the abort wins, the traceback above can be lost. Give the output a moment to get through.
+            time.sleep(_ABORT_GRACE_S)
+            mpi.abort(1)
+            # MPICH's MPI_Abort can return while the launcher tears the job down; exiting through the
+            # interpreter would run hvdlite's shutdown and bury this error under "shut down" on the peers.
+            os._exit(1)
+
+    def main_thread_hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        if _previous_excepthook not in (None, sys.__excepthook__):
+            _previous_excepthook(exc_type, exc, tb)
+        abort_job(exc_type, exc, tb)
+
+    def thread_hook(args: Any) -> None:
+        if args.exc_type is SystemExit:
+            return
+        if _previous_threading_hook not in (None, threading.__excepthook__):
+            _previous_threading_hook(args)
+        abort_job(args.exc_type, args.exc_value, args.exc_traceback,
+                  args.thread.name if args.thread is not None else "?")
+
+    sys.excepthook = main_thread_hook
+    threading.excepthook = thread_hook

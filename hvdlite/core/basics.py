@@ -1,0 +1,28 @@
+"""The runtime names every frontend re-exports (init, rank, size, ..., process sets, reduce ops, errors).
+
+Part of the frontend interface: a frontend writes ``from hvdlite.core.basics import *`` and
+``__all__ += basics.__all__``, so the list is written once and every name is visible to type checkers.
+"""
+from __future__ import annotations
+
+from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
+                          nccl_built, rocm_built)
+from .engine.handles import Handle
+from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, LaunchError, NotInitializedError,
+                     ReplicaDivergenceError, ShutdownError, StallError, TensorMismatchError)
+from .process_set_ops import add_process_set, remove_process_set
+from .process_sets import ProcessSet, global_process_set
+from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
+                      mpi_threads_supported, rank, shutdown, size)
+from .timeline_control import start_timeline, stop_timeline, straggler_report
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
+    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set", "start_timeline", "stop_timeline",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Handle", "HvdliteError",
+    "HorovodInternalError", "NotInitializedError", "TensorMismatchError", "DuplicateNameError",
+    "ShutdownError", "StallError", "LaunchError", "ReplicaDivergenceError", "straggler_report",
+]

@@ -1,0 +1,31 @@
+"""The documented interface between the core and the launcher (``hvdlite.run``): what the launcher may use.
+
+Every other core module is private to the core (``tests/test_layering.py`` checks this).
+
+- ``Config``, ``environ()``, ``getenv(name)``: the settings and the HVDLITE_/HOROVOD_ environment they read.
+- ``launcher_rank()``: this process's rank and the job's size as its launcher announced them.
+- ``int_or_none(text)``: an integer environment value, or None when unset or not a number.
+- ``probe_mpi_library()``: the MPI library mpi4py loads (text, version), without initializing MPI.
+- ``logger``: the rank-prefixed ``hvdlite`` logger.
+- the build flags (``mpi_built()``, ``nccl_built()``, ...) and ``LaunchError``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
+from .config import Config, environ, getenv
+from .errors import LaunchError
+from .launch_check import int_or_none, launcher_rank
+from .log import logger
+
+__all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "probe_mpi_library", "logger",
+           "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+           "rocm_built"]
+
+
+def probe_mpi_library() -> Optional[tuple[str, tuple[int, int]]]:
+    """(MPI_Get_library_version's text, (major, minor)) of the library mpi4py loads, without initializing
+    MPI; None without mpi4py."""
+    from .engine import mpi  # the one module that loads mpi4py
+    return mpi.probe_library()

@@ -1,0 +1,47 @@
+"""The gradient_overlap policy: whether frontends start gradient reductions during backward, agreed per set."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .affinity import core_sharing
+from .engine.requests import Kind
+from .process_sets import ProcessSet
+from .reduce_ops import ReduceOp
+from .runtime import state
+
+__all__ = ["local_overlap_verdict", "gradient_overlap"]
+
+
+def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
+    """This rank's own view of gradient_overlap=auto (see gradient_overlap(), which agrees on it).
+
+    ``compute_threads`` is how many CPU threads this rank's backward pass uses, or None when it runs
+    on an accelerator (the CPU then has time for the engine). "auto" overlaps when every rank on the
+    node can have a core for its engine besides its compute threads.
+    """
+    current = state()
+    setting = current.config.gradient_overlap
+    if setting != "auto":
+        return setting == "on"
+    if compute_threads is None:
+        return True
+    sharing, mine = core_sharing(current.local_size)
+    return mine >= sharing * (compute_threads + 1)
+
+
+def gradient_overlap(compute_threads: Optional[int], process_set: Optional[ProcessSet] = None) -> bool:
+    """Whether a frontend starts gradient reductions during backward (see Config.gradient_overlap),
+    decided once for the process set: every member calls this (when building its optimizer), and the
+    set overlaps only if every member's own view says so, so all issue the same sequence of collectives."""
+    current = state()
+    verdict = local_overlap_verdict(compute_threads)
+    if current.config.gradient_overlap != "auto":
+        return verdict  # the setting itself is agreed at init()
+    ps = process_set if process_set is not None else current.psets.sets[0]
+    ps_id = ps.process_set_id or 0
+    name = current.names.name("gradient_overlap.agreement", None, ps_id)
+    handle = current.submit(Kind.ALLREDUCE, name, ps_id, [np.array([int(verdict)], dtype=np.int32)],
+                            ["int32"], op=ReduceOp.MIN)
+    return bool(handle.wait()[0][0])

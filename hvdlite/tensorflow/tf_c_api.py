@@ -1,0 +1,150 @@
+"""A ctypes binding of TensorFlow's stable C API (ops.h, kernels.h) for one pass-through op whose kernel
+is a Python function: load the library, and build the op's shape and kernel callbacks."""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+__all__ = ["load", "make_callbacks", "check", "fail", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL"]
+
+#: TF_Code values (tensorflow/c/tf_status.h).
+INVALID_ARGUMENT = 3
+FAILED_PRECONDITION = 9
+INTERNAL = 13
+
+_VOIDP = ctypes.c_void_p
+_CREATE = ctypes.CFUNCTYPE(_VOIDP, _VOIDP)
+_COMPUTE = ctypes.CFUNCTYPE(None, _VOIDP, _VOIDP)
+_DELETE = ctypes.CFUNCTYPE(None, _VOIDP)
+_SHAPE = ctypes.CFUNCTYPE(None, _VOIDP, _VOIDP)
+
+#: (argtypes, restype) of every C function used; all live in libtensorflow_framework.
+_SIGNATURES = {
+    "TF_NewStatus": ([], _VOIDP),
+    "TF_DeleteStatus": ([_VOIDP], None),
+    "TF_SetStatus": ([_VOIDP, ctypes.c_int, ctypes.c_char_p], None),
+    "TF_GetCode": ([_VOIDP], ctypes.c_int),
+    "TF_Message": ([_VOIDP], ctypes.c_char_p),
+    "TF_NewOpDefinitionBuilder": ([ctypes.c_char_p], _VOIDP),
+    "TF_OpDefinitionBuilderAddAttr": ([_VOIDP, ctypes.c_char_p], None),
+    "TF_OpDefinitionBuilderAddInput": ([_VOIDP, ctypes.c_char_p], None),
+    "TF_OpDefinitionBuilderAddOutput": ([_VOIDP, ctypes.c_char_p], None),
+    "TF_OpDefinitionBuilderSetIsStateful": ([_VOIDP, ctypes.c_bool], None),
+    "TF_OpDefinitionBuilderSetShapeInferenceFunction": ([_VOIDP, _SHAPE], None),
+    "TF_RegisterOpDefinition": ([_VOIDP, _VOIDP], None),
+    "TF_ShapeInferenceContextNumInputs": ([_VOIDP], ctypes.c_int64),
+    "TF_NewShapeHandle": ([], _VOIDP),
+    "TF_DeleteShapeHandle": ([_VOIDP], None),
+    "TF_ShapeInferenceContextGetInput": ([_VOIDP, ctypes.c_int, _VOIDP, _VOIDP], None),
+    "TF_ShapeInferenceContextSetOutput": ([_VOIDP, ctypes.c_int, _VOIDP, _VOIDP], None),
+    "TF_NewKernelBuilder": ([ctypes.c_char_p, ctypes.c_char_p, _CREATE, _COMPUTE, _DELETE], _VOIDP),
+    "TF_RegisterKernelBuilder": ([ctypes.c_char_p, _VOIDP, _VOIDP], None),
+    "TF_NumInputs": ([_VOIDP], ctypes.c_int),
+    "TF_GetInput": ([_VOIDP, ctypes.c_int, ctypes.POINTER(_VOIDP), _VOIDP], None),
+    "TF_SetOutput": ([_VOIDP, ctypes.c_int, _VOIDP, _VOIDP], None),
+    "TF_OpKernelContext_Failure": ([_VOIDP, _VOIDP], None),
+    "TF_TensorData": ([_VOIDP], _VOIDP),
+    "TF_TensorByteSize": ([_VOIDP], ctypes.c_size_t),
+    "TF_DeleteTensor": ([_VOIDP], None),
+}
+
+
+def load() -> ctypes.CDLL:
+    """libtensorflow_framework with the argument and result types of every C function used set."""
+    lib_dir = tf.sysconfig.get_lib()
+    names = [n for n in os.listdir(lib_dir) if n.startswith("libtensorflow_framework.so")
+             or n.startswith("libtensorflow_framework.") and n.endswith(".dylib")]
+    if not names:
+        raise OSError(f"no libtensorflow_framework library in {lib_dir}")
+    lib = ctypes.CDLL(os.path.join(lib_dir, sorted(names)[0]))
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        fn = getattr(lib, name)  # AttributeError if this TensorFlow lacks the symbol
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib
+
+
+def fail(lib: ctypes.CDLL, ctx: int, code: int, message: str) -> None:
+    status = lib.TF_NewStatus()
+    try:
+        lib.TF_SetStatus(status, code, message.encode("utf-8", "replace"))
+        lib.TF_OpKernelContext_Failure(ctx, status)
+    finally:
+        lib.TF_DeleteStatus(status)
+
+
+def make_callbacks(lib: ctypes.CDLL, op_name: str, take_error: Callable[[int], Optional[tuple[int, str]]]) \
+        -> list[object]:
+    """The C callbacks (shape, create, compute, delete) of op ``op_name`` and its kernel, returned so the
+    caller keeps them alive forever. The kernel fails with ``take_error(token)`` for a nonzero token."""
+
+    def shape(ctx: int, status: int) -> None:
+        # output i has the shape of input i + 1 (input 0 is the token)
+        handle = lib.TF_NewShapeHandle()
+        try:
+            for i in range(1, int(lib.TF_ShapeInferenceContextNumInputs(ctx))):
+                lib.TF_ShapeInferenceContextGetInput(ctx, i, handle, status)
+                if lib.TF_GetCode(status) != 0:
+                    return
+                lib.TF_ShapeInferenceContextSetOutput(ctx, i - 1, handle, status)
+                if lib.TF_GetCode(status) != 0:
+                    return
+        except BaseException as exc:  # never let an exception die in a C callback
+            lib.TF_SetStatus(status, INTERNAL, f"{op_name} shape function: {exc!r}".encode())
+        finally:
+            lib.TF_DeleteShapeHandle(handle)
+
+    def create(_construction: int) -> Optional[int]:
+        return None
+
+    def compute(_kernel: int, ctx: int) -> None:
+        status = lib.TF_NewStatus()
+        try:
+            _forward(lib, ctx, status, op_name, take_error)
+        except BaseException as exc:  # never let an exception die in a C callback
+            fail(lib, ctx, INTERNAL, f"{op_name} kernel: {exc!r}")
+        finally:
+            lib.TF_DeleteStatus(status)
+
+    def delete(_kernel: int) -> None:
+        return None
+
+    return [_SHAPE(shape), _CREATE(create), _COMPUTE(compute), _DELETE(delete)]
+
+
+def _forward(lib: ctypes.CDLL, ctx: int, status: int, op_name: str,
+             take_error: Callable[[int], Optional[tuple[int, str]]]) -> None:
+    """The kernel: fail with the stored error of input 0's token, else pass inputs 1.. through as outputs."""
+    tensor = _VOIDP()
+    lib.TF_GetInput(ctx, 0, ctypes.byref(tensor), status)
+    if lib.TF_GetCode(status) != 0:
+        lib.TF_OpKernelContext_Failure(ctx, status)
+        return
+    try:
+        if lib.TF_TensorByteSize(tensor) != 8:
+            raise ValueError("the token input is not an int64 scalar")
+        token = ctypes.c_int64.from_address(lib.TF_TensorData(tensor)).value
+    finally:
+        lib.TF_DeleteTensor(tensor)
+    error = take_error(token) if token else None
+    if token and error is None:
+        error = (INTERNAL, f"{op_name}: no error stored under token {token} (was the step run twice?)")
+    if error is not None:
+        fail(lib, ctx, *error)
+        return
+    for i in range(1, lib.TF_NumInputs(ctx)):
+        tensor = _VOIDP()
+        lib.TF_GetInput(ctx, i, ctypes.byref(tensor), status)
+        if lib.TF_GetCode(status) == 0:
+            lib.TF_SetOutput(ctx, i - 1, tensor, status)
+            lib.TF_DeleteTensor(tensor)
+        if lib.TF_GetCode(status) != 0:
+            lib.TF_OpKernelContext_Failure(ctx, status)
+            return
+
+
+def check(lib: ctypes.CDLL, status: int, what: str) -> None:
+    if lib.TF_GetCode(status) != 0:
+        raise RuntimeError(f"{what}: {lib.TF_Message(status).decode(errors='replace')}")
