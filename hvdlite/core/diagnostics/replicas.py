@@ -47,7 +47,7 @@ def numpy_leaf(value: Any) -> Optional[np.ndarray]:
 
 def digest(array: np.ndarray) -> int:
     """64 bits of the array's bytes: crc32 and adler32 (both release the GIL; ~4 GB/s together)."""
-    data = memoryview(np.ascontiguousarray(array)).cast("B")
+    data = memoryview(np.ascontiguousarray(array)).cast("B")  # type: ignore[arg-type]
     return (zlib.crc32(data) << 32) | zlib.adler32(data)
 
 

@@ -80,24 +80,25 @@ class Stragglers:
         lateness = submitted - submitted.min(axis=0)  # seconds after the first submission, per rank and op
         last = np.bincount(np.argmax(submitted, axis=0), minlength=self.size)
         self.windows += 1
-        self._report = report = {
-            "window_ops": int(lateness.shape[1]), "windows": self.windows,
-            "threshold_ms": float(self.config.straggler_threshold_ms),
-            "ranks": {r: {"mean_ms": round(float(lateness[r].mean()) * 1e3, 4),
-                          "p95_ms": round(float(np.percentile(lateness[r], 95)) * 1e3, 4),
-                          "last_share": round(float(last[r]) / lateness.shape[1], 4)} for r in range(self.size)},
-            "straggler": None}
-        worst = max(range(self.size), key=lambda r: (report["ranks"][r]["mean_ms"], -r))
-        stats = report["ranks"][worst]
+        ranks: dict[int, dict[str, float]] = {
+            r: {"mean_ms": round(float(lateness[r].mean()) * 1e3, 4),
+                "p95_ms": round(float(np.percentile(lateness[r], 95)) * 1e3, 4),
+                "last_share": round(float(last[r]) / lateness.shape[1], 4)} for r in range(self.size)}
+        worst = max(range(self.size), key=lambda r: (ranks[r]["mean_ms"], -r))
+        stats = ranks[worst]
+        straggler: Optional[int] = None
         if self.size > 1 and stats["last_share"] >= 0.5 and stats["mean_ms"] > self.config.straggler_threshold_ms:
-            report["straggler"] = worst
+            straggler = worst
             if self.rank == 0 and self._named != worst:
                 logger.warning("rank %d is the straggler: it submitted last in %.0f%% of the last %d ops, "
                                "%.1f ms after the first rank on average (p95 %.1f ms; straggler_threshold_ms=%g). "
                                "hvd.straggler_report() has every rank's figures.", worst,
-                               stats["last_share"] * 100, report["window_ops"], stats["mean_ms"], stats["p95_ms"],
+                               stats["last_share"] * 100, lateness.shape[1], stats["mean_ms"], stats["p95_ms"],
                                self.config.straggler_threshold_ms)
-        self._named = report["straggler"]
+        self._named = straggler
+        self._report = {"window_ops": int(lateness.shape[1]), "windows": self.windows,
+                        "threshold_ms": float(self.config.straggler_threshold_ms), "ranks": ranks,
+                        "straggler": straggler}
         stamps, self._sent_stamps = self._sent_stamps, []
         if timeline.enabled and len(stamps) == ops and lateness.shape[1] == ops:  # no joined rank's gaps
             for i, ts in enumerate(stamps):
