@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def callsite_costs(small_op_us: float) -> dict:
     """The added per-op work on the submit path, and a capture."""
-    from hvdlite.core.diagnostics import callsite
+    from hvdlite.core.engine import callsite
     hvd.allreduce(np.ones(4, np.float32), name="cached", op=hvd.Sum)
     sig, known = callsite.known["cached"], callsite.known
     n = 200_000

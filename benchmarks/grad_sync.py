@@ -12,6 +12,9 @@ repetition starts with a barrier; its time is the slowest rank's; the figure is 
   (c) gloo_*            torch.distributed gloo all_reduce, per tensor (async, then wait) and on one buffer.
   (d) hvdlite_async     hvd.allreduce_async_ on every tensor, then synchronize, as the optimizer does.
   (e) hvdlite_grouped   hvd.grouped_allreduce_ of all tensors.
+  (g) hvdlite_optimizer hvdlite.torch.DistributedOptimizer's own sync: every parameter's real post-accumulate
+                        hook is called in backward's order (gradients are already views of the buckets, as
+                        from the second step on), then synchronize(): bucketed, in place, through the comm hook.
   (f) hvd_module_async  (d) through --hvd-module NAME (e.g. horovod.torch), on torch tensors when the
                         module's name contains "torch", else on numpy arrays.
   diagnostics:          mpi_fused_copy (copy into one buffer, chunked Allreduce, copy out: the cost of a
@@ -38,7 +41,7 @@ import hvdlite as hvd  # noqa: E402
 
 GROUPS = {"mpi_flat_out_of_place": "a", "mpi_flat_in_place": "a", "mpi_per_tensor": "b",
           "gloo_per_tensor": "c", "gloo_flat": "c", "hvdlite_async": "d", "hvdlite_grouped": "e",
-          "hvd_module_async": "f", "mpi_fused_copy": "diag", "hvdlite_async_sum": "diag"}
+          "hvd_module_async": "f", "hvdlite_optimizer": "g", "mpi_fused_copy": "diag", "hvdlite_async_sum": "diag"}
 
 
 def group_of(method: str) -> str:
@@ -88,12 +91,15 @@ class Bench:
         #: method -> (enter, leave), run untimed around each of its repetitions
         self.hooks: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {}
         self.module_inputs: list[Any] = []
+        self.resets: list[Callable[[], Any]] = []
 
     def reset(self) -> None:
         """Bring values back to 1 so repeated in-place sums never overflow."""
         for t in self.tensors:
             t.fill_(1.0)
         self.flat.fill(1.0)
+        for fn in self.resets:
+            fn()
 
     def methods(self) -> dict[str, Callable[[], None]]:
         from mpi4py import MPI
@@ -118,6 +124,7 @@ class Bench:
             out["gloo_flat"] = lambda: dist.all_reduce(flat_t)
         out["hvdlite_async"] = lambda: self._hvd_async(hvd, self.arrays, self.op, "")
         out["hvdlite_async_sum"] = lambda: self._hvd_async(hvd, self.arrays, hvd.Sum, "sum.")
+        out["hvdlite_optimizer"] = self._optimizer()
         out["hvdlite_grouped"] = lambda: hvd.grouped_allreduce_(self.arrays, name=f"{self.model}.grouped",
                                                                 op=self.op)
         if self.args.hvd_module:
@@ -167,6 +174,30 @@ class Bench:
             self.comm.Allreduce(MPI.IN_PLACE, flat[i:i + step], op=MPI.SUM)
         for a, off, n in spans:
             np.copyto(a.reshape(-1), flat[off:off + n])
+
+    def _optimizer(self) -> Callable[[], None]:
+        """DistributedOptimizer over parameters of the model's shapes (SGD, lr 0: step() changes nothing)."""
+        import torch
+        import hvdlite.torch as hvd_torch
+        params = [torch.nn.Parameter(torch.ones(s, dtype=torch.float32)) for s in self.shapes]
+        opt = hvd_torch.DistributedOptimizer(torch.optim.SGD(params, lr=0.0),
+                                             named_parameters=[(f"{self.model}.p{i}", p)
+                                                               for i, p in enumerate(params)])
+        ordered = [params[i] for i in self.order]
+        hooks = [list(p._post_accumulate_grad_hooks.values()) for p in ordered]  # what autograd calls
+
+        def sync() -> None:
+            for p, fns in zip(ordered, hooks):
+                for fn in fns:
+                    fn(p)
+            opt.synchronize()
+
+        for p in params:
+            p.grad = torch.ones_like(p)
+        sync()  # the first step agrees on the layout; afterwards each gradient is a view of its bucket
+        self.resets.append(lambda: [p.grad.fill_(1.0) for p in params])
+        self.optimizer = opt
+        return sync
 
     def _hvd_async(self, module: Any, inputs: list[Any], op: Any, prefix: str) -> None:
         handles = [module.allreduce_async_(x, name=prefix + n, op=op) for x, n in zip(inputs, self.names)]

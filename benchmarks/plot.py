@@ -13,7 +13,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 COLORS = {"a": "#7f7f7f", "b": "#bcbd22", "c": "#1f77b4", "d": "#d62728", "e": "#ff7f0e", "f": "#9467bd",
-          "diag": "#c7c7c7"}
+          "g": "#2ca02c", "diag": "#c7c7c7"}
 
 
 def load(path: Path) -> list[dict[str, Any]]:

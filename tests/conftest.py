@@ -1,18 +1,21 @@
 """Shared test helpers: launching real MPI jobs of the project's worker scripts, with timeouts."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import site
 import subprocess
 import sys
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
+#: The variable that tells a worker where to write its structured results (see tests/workers/report.py).
+REPORT_DIR_VARIABLE = "HVDT_WORKER_REPORT_DIR"
 PARALLEL = Path(__file__).resolve().parent / "parallel"
 
 # tests/parallel/ runs inside MPI ranks (see tests/test_parallel.py); the outer pytest only spawns it.
@@ -29,10 +32,12 @@ def mpiexec_path() -> str:
 
 def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
             env: Optional[Mapping[str, str]] = None, check: bool = True,
-            mpi_args: Sequence[str] = (), python: bool = True) -> subprocess.CompletedProcess:
+            mpi_args: Sequence[str] = (), python: bool = True,
+            report_dir: Optional[Path] = None) -> subprocess.CompletedProcess:
     """Run ``python script args`` under ``mpiexec -n n``; fail the test on a non-zero exit or timeout.
 
-    ``script`` is a path, or a file name under tests/workers/.
+    ``script`` is a path, or a file name under tests/workers/. With ``report_dir``, the workers' structured
+    results (tests/workers/report.py) land there: read them with :func:`worker_reports`.
     """
     path = Path(script)
     if python and not path.is_absolute() and not path.exists():
@@ -41,6 +46,8 @@ def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
     full_env.update(env or {})
+    if report_dir is not None:
+        full_env[REPORT_DIR_VARIABLE] = str(report_dir)
     cmd = [mpiexec_path(), "-n", str(n), *mpi_args, *([sys.executable] if python else []), str(path), *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
@@ -51,6 +58,15 @@ def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+def worker_reports(report_dir: Path) -> dict[int, dict[str, Any]]:
+    """The structured results the ranks of a worker job wrote (tests/workers/report.py), by rank."""
+    found = {}
+    for path in sorted(Path(report_dir).glob("rank*.json")):
+        entry = json.loads(path.read_text())
+        found[int(entry["rank"])] = entry
+    return found
 
 
 def make_child_venv(path: Path, timeout: float = 120) -> Path:

@@ -34,7 +34,7 @@ class Op:
     op: str = "Sum"
     pre: float = 1.0
     post: float = 1.0
-    root: int = 0                 # set rank of the broadcast root
+    root: int = 0                 # set rank of the broadcast root (passed as root_rank=members[root])
     splits: Optional[dict] = None  # alltoall: world rank -> its splits (None: even)
     rows: Optional[dict] = None   # allgather/alltoall: world rank -> first dimension of each tensor
     inplace: bool = False

@@ -45,7 +45,7 @@ def test_grad_sync_smoke(tmp_path: Path) -> None:
     assert records[-1]["kind"] == "done"
     expected = {"mpi_flat_out_of_place", "mpi_flat_in_place", "mpi_flat_chunked_1MB", "mpi_flat_chunked_2MB",
                 "mpi_flat_chunked_4MB", "mpi_per_tensor", "mpi_fused_copy", "gloo_per_tensor", "gloo_flat",
-                "hvdlite_async", "hvdlite_async_sum", "hvdlite_grouped", "hvd_module_async"}
+                "hvdlite_async", "hvdlite_async_sum", "hvdlite_grouped", "hvdlite_optimizer", "hvd_module_async"}
     for model, tensors in (("resnet50", 161), ("bert-base", 199)):
         methods = by_method(records, model=model)
         assert set(methods) == expected, (model, sorted(methods))
@@ -55,9 +55,10 @@ def test_grad_sync_smoke(tmp_path: Path) -> None:
             assert r["tensors"] == tensors and r["ranks"] == 2 and r["reps"] == 2, r
             assert_positive(r, "ms", "ms_min", "ms_max", "bytes", "bytes_per_s", "ratio")
             assert r["ratio"] >= 1.0 or r["group"] != "a", r  # the denominator is the fastest of (a)
-        assert {methods[m]["group"] for m in methods} == {"a", "b", "c", "d", "e", "f", "diag"}
+        assert {methods[m]["group"] for m in methods} == {"a", "b", "c", "d", "e", "f", "g", "diag"}
         assert methods["hvd_module_async"]["module"] == "hvdlite.torch"
         assert methods["hvdlite_grouped"]["engine_cycles_per_rep"] >= 1
+        assert methods["hvdlite_optimizer"]["mpi_calls_per_rep"] >= 1  # the optimizer's buckets were reduced
 
 
 LATENCY_KEYS = ("latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite", "latency_hvdlite_torch")

@@ -179,7 +179,7 @@ def test_timeline_is_valid_json_with_phases(initialized, tmp_path) -> None:
     names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
     assert {"grp", "big"} <= names
     phases = {e.get("name") for e in events}
-    assert {"NEGOTIATE", "QUEUE", "MPI_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "CYCLE_START"} <= phases
+    assert {"NEGOTIATE_ALLREDUCE", "QUEUE", "MPI_ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "CYCLE_START"} <= phases
 
 
 def test_timeline_from_environment(tmp_path, monkeypatch) -> None:
@@ -288,3 +288,46 @@ def test_sync_moments_is_two_pass_mean_and_biased_variance() -> None:
     for c in range(3):
         sel = x[:, c][mask[:, c] > 0]
         np.testing.assert_allclose([mean[c], var[c], n[c]], [sel.mean(), sel.var(), 2 * sel.size], rtol=1e-9)
+
+
+def _partial_trace(text: str) -> list:
+    """The events of a timeline still being written (or left by a killed job): the array is not closed yet."""
+    assert text.startswith("[\n") and "timeline_end" not in text, text[-300:]
+    return json.loads(text.rstrip().rstrip(",") + "]")
+
+
+def test_timeline_names_negotiation_per_op_and_writes_within_100_ms(initialized, tmp_path) -> None:
+    path = tmp_path / "live.json"
+    hvd.start_timeline(str(path))
+    hvd.allreduce(np.ones(3), name="live.reduce")
+    hvd.allgather(np.ones((1, 2)), name="live.gather")
+    hvd.broadcast(np.ones(2), 0, name="live.bcast")
+    hvd.allreduce(np.ones(4, np.float32), op=hvd.Adasum, name="live.adasum")
+    time.sleep(0.1)
+    events = _partial_trace(path.read_text())  # before stop_timeline(): what a hung job would leave
+    hvd.stop_timeline()
+    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    begun = {(rows[e["pid"]], e["name"]) for e in events if e.get("ph") == "B"}
+    assert {("live.reduce", "NEGOTIATE_ALLREDUCE"), ("live.gather", "NEGOTIATE_ALLGATHER"),
+            ("live.bcast", "NEGOTIATE_BROADCAST"), ("live.adasum", "NEGOTIATE_ADASUM"),
+            ("live.reduce", "MPI_ALLREDUCE"), ("live.bcast", "MPI_BCAST")} <= begun, begun
+    ends = [e for e in events if e.get("ph") == "E" and rows.get(e["pid"]) == "live.adasum"]
+    assert ends, "the last op's phases have ended in the file"
+
+
+def test_a_killed_job_leaves_its_last_timeline_events(tmp_path) -> None:
+    import subprocess
+    import sys
+    path = tmp_path / "killed.json"
+    script = ("import os, signal, time, numpy as np, hvdlite as hvd\n"
+              "hvd.init()\n"
+              f"hvd.start_timeline({str(path)!r})\n"
+              "hvd.allreduce(np.ones(3), name='last.op')\n"
+              "time.sleep(0.1)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    events = _partial_trace(path.read_text())
+    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert ("last.op", "NEGOTIATE_ALLREDUCE") in {(rows[e["pid"]], e["name"]) for e in events if e.get("ph") == "B"}
+    assert any(e.get("ph") == "E" and rows.get(e["pid"]) == "last.op" for e in events), events

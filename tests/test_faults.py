@@ -8,12 +8,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 import pytest
 
 from cluster.fixtures import wait_gone
-from conftest import ROOT, WORKERS, mpiexec_path
+from conftest import REPORT_DIR_VARIABLE, ROOT, WORKERS, mpiexec_path, worker_reports
 
 WORKER = str(WORKERS / "faults.py")
 
@@ -147,8 +148,9 @@ def test_kill_9_of_one_rank_under_hvdlite_run_names_the_rank_and_ends_the_job_wi
     assert not alive, f"the programs of pids {alive} still run:\n{job.text}"
 
 
-def _mpmd(odd_env: dict, odd_rank: int, n: int = 3) -> subprocess.CompletedProcess:
-    """``n`` ranks; rank ``odd_rank`` alone runs with ``odd_env`` added (MPMD: one block per rank)."""
+def _mpmd(odd_env: dict, odd_rank: int, report_dir: Path, n: int = 3) -> subprocess.CompletedProcess:
+    """``n`` ranks; rank ``odd_rank`` alone runs with ``odd_env`` added (MPMD: one block per rank); their
+    structured results go to ``report_dir``."""
     cmd = [mpiexec_path()]
     for r in range(n):
         if r:
@@ -159,7 +161,8 @@ def _mpmd(odd_env: dict, odd_rank: int, n: int = 3) -> subprocess.CompletedProce
                 cmd += ["-env", key, value]
         cmd += [sys.executable, WORKER, "env"]
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=_env(), cwd=ROOT)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                              env=_env({REPORT_DIR_VARIABLE: str(report_dir)}), cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{' '.join(cmd)} timed out (a hang: the ranks issued different MPI calls?)\n{exc.stdout}"
                     f"\n{exc.stderr}")
@@ -174,13 +177,16 @@ ODD_SETTINGS = {
 
 @pytest.mark.parametrize("odd_rank", [0, 2], ids=["odd-rank0", "odd-rank2"])
 @pytest.mark.parametrize("setting", list(ODD_SETTINGS) + ["all"])
-def test_per_rank_environments_that_differ_never_give_a_wrong_value(setting: str, odd_rank: int) -> None:
+def test_per_rank_environments_that_differ_never_give_a_wrong_value(setting: str, odd_rank: int,
+                                                                    tmp_path: Path) -> None:
     names = list(ODD_SETTINGS) if setting == "all" else [setting]
-    proc = _mpmd({ODD_SETTINGS[s][0]: ODD_SETTINGS[s][1] for s in names}, odd_rank)
+    proc = _mpmd({ODD_SETTINGS[s][0]: ODD_SETTINGS[s][1] for s in names}, odd_rank, tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for r in range(3):
-        assert f"OK rank {r}" in proc.stdout, out  # every result exact (the worker asserts each one)
+    reports = worker_reports(tmp_path)
+    assert sorted(reports) == [0, 1, 2], out
+    for report in reports.values():  # every step's results exact (the worker compares each one)
+        assert report["steps"] == 20 and report["wrong"] == [], report
     warned = [r for r in range(3) if f"[hvdlite rank {r}] WARNING: setting" in proc.stderr]
     expected = [odd_rank] if odd_rank else [1, 2]  # rank 0's values are adopted: the others differ from it
     assert warned == expected, out

@@ -1,10 +1,11 @@
 """The package's layering, checked from the source with ast (no import, single process, fast).
 
-- frontends (hvdlite/torch, hvdlite/tensorflow, hvdlite/keras) import from the core only ``hvdlite.core``
-  (its public names) and ``hvdlite.core.frontend`` (the documented frontend interface);
+- every module belongs to a layer of ``LAYERS``, and imports only its own layer and what ``MAY_IMPORT`` (the
+  written table of who may import whom) lists for it: a whole layer (``"x.*"``) or one interface module
+  (``hvdlite.core.frontend`` for the frontends, ``hvdlite.core.launch`` for the launcher);
+- no layer imports a framework it does not serve (``MUST_NOT_IMPORT``), and exactly one module imports mpi4py;
 - no import cycle among hvdlite modules (imports inside functions count: see CYCLES_COUNT_LAZY_IMPORTS);
-- every module is under 400 lines;
-- exactly one module imports mpi4py.
+- every module is under 400 lines.
 """
 from __future__ import annotations
 
@@ -15,10 +16,45 @@ from typing import Iterator
 PACKAGE = Path(__file__).resolve().parent.parent / "hvdlite"
 #: The only module allowed to import mpi4py.
 MPI_MODULE = "hvdlite.core.engine.mpi"
-#: The core modules a frontend may import.
-#: The public core, its documented frontend interface, and the public elastic package (``hvd.elastic``).
-FRONTEND_MAY_IMPORT = {"hvdlite.core", "hvdlite.core.frontend", "hvdlite.core.basics", "hvdlite.core.elastic"}
-FRONTENDS = ("hvdlite.torch", "hvdlite.tensorflow", "hvdlite.keras")
+#: The layers, most specific first: a module belongs to the first whose name prefixes its own.
+LAYERS = ("hvdlite.core.engine", "hvdlite.core.elastic", "hvdlite.core", "hvdlite.torch",
+          "hvdlite.tensorflow.keras", "hvdlite.tensorflow", "hvdlite.keras", "hvdlite.run.elastic", "hvdlite.run",
+          "hvdlite")
+#: What the frontends may use of the core: the public core package (``hvdlite.core``'s __init__), its
+#: documented frontend interface (``frontend``, and ``basics``: the runtime names they re-export), and the
+#: public elastic package (``hvd.elastic``).
+FRONTEND_INTERFACE = {"hvdlite.core", "hvdlite.core.frontend", "hvdlite.core.basics", "hvdlite.core.elastic.*"}
+#: Who may import whom, besides its own layer: ``"layer.*"`` is any module of that layer, a plain name is
+#: that one module.
+MAY_IMPORT: dict[str, set[str]] = {
+    # the top package re-exports the public core; ``hvdlite.run(fn)`` loads the launcher lazily
+    "hvdlite": {"hvdlite.core", "hvdlite.core.elastic.*", "hvdlite.run.*"},
+    # the core's runtime and API drive the engine; nothing else may
+    "hvdlite.core": {"hvdlite.core.engine.*"},
+    # the engine stands on the core's leaf modules only (never on the runtime or the API above it)
+    "hvdlite.core.engine": {"hvdlite.core.config", "hvdlite.core.errors", "hvdlite.core.log",
+                            "hvdlite.core.process_sets", "hvdlite.core.reduce_ops"},
+    "hvdlite.core.elastic": {"hvdlite.core.*"},
+    "hvdlite.torch": FRONTEND_INTERFACE,
+    "hvdlite.tensorflow": FRONTEND_INTERFACE | {"hvdlite.tensorflow.keras.*"},
+    "hvdlite.tensorflow.keras": FRONTEND_INTERFACE | {"hvdlite.tensorflow.*"},
+    "hvdlite.keras": {"hvdlite.tensorflow.keras.*"},
+    # the launcher sees the core only through its documented surface (and the package's version)
+    "hvdlite.run": {"hvdlite", "hvdlite.core.launch", "hvdlite.run.elastic.*"},
+    "hvdlite.run.elastic": {"hvdlite.run.*"},
+}
+#: Outside packages a layer must not import: a frontend never loads the other framework, the core none.
+MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
+    "hvdlite.core": ("torch", "tensorflow", "keras", "tf_keras"),
+    "hvdlite.core.engine": ("torch", "tensorflow", "keras", "tf_keras"),
+    "hvdlite.core.elastic": ("torch", "tensorflow", "keras", "tf_keras"),
+    "hvdlite.torch": ("tensorflow", "keras", "tf_keras"),
+    "hvdlite.tensorflow": ("torch",),
+    "hvdlite.tensorflow.keras": ("torch",),
+    "hvdlite.keras": ("torch",),
+    "hvdlite.run": ("torch", "tensorflow", "keras", "tf_keras"),
+    "hvdlite.run.elastic": ("torch", "tensorflow", "keras", "tf_keras"),
+}
 MAX_LINES = 400
 #: Whether an import inside a function counts as an edge of the import graph for the cycle check. A lazy
 #: import that closes a loop (runtime -> api -> runtime) hides a cycle from Python, not from the reader.
@@ -98,17 +134,54 @@ def _package_dependency(imported: str) -> str | None:
     return imported or None
 
 
-def test_frontends_import_only_the_core_package_and_its_frontend_interface() -> None:
+def layer(module: str) -> str:
+    """The layer of an hvdlite module (the first of LAYERS that is it or a package above it)."""
+    return next(name for name in LAYERS if module == name or module.startswith(name + "."))
+
+
+def _allowed(importer: str, target: str) -> bool:
+    """Whether module ``importer`` may import hvdlite module ``target`` under MAY_IMPORT."""
+    own = layer(importer)
+    if layer(target) == own:
+        return True
+    return any(target == entry or (entry.endswith(".*") and layer(target) == entry[:-2])
+               for entry in MAY_IMPORT[own])
+
+
+def test_every_import_follows_the_table() -> None:
     leaks = []
     for module in MODULES:
-        if not module.startswith(FRONTENDS):
-            continue
         for imported, line in _imports(module, lazy=True):
-            if (imported == "hvdlite.core" or imported.startswith("hvdlite.core.")) \
-                    and imported not in FRONTEND_MAY_IMPORT:
-                leaks.append(f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} imports {imported}")
-    assert not leaks, ("frontends may import only " + " and ".join(sorted(FRONTEND_MAY_IMPORT)) +
-                       " from the core; add what they need to hvdlite.core.frontend:\n" + "\n".join(leaks))
+            target = _package_dependency(imported)
+            if target is not None and not _allowed(module, target):
+                leaks.append(f"{MODULES[module].relative_to(PACKAGE.parent)}:{line}: {layer(module)} imports "
+                             f"{target}; it may import {sorted(MAY_IMPORT[layer(module)])} (see MAY_IMPORT; the "
+                             f"frontends' needs go in hvdlite.core.frontend, the launcher's in hvdlite.core.launch)")
+    assert not leaks, "imports against the layering table:\n" + "\n".join(leaks)
+
+
+def test_no_layer_loads_a_framework_it_does_not_serve() -> None:
+    leaks = [f"{MODULES[module].relative_to(PACKAGE.parent)}:{line} imports {imported}"
+             for module in MODULES for imported, line in _imports(module, lazy=True)
+             if imported.split(".")[0] in MUST_NOT_IMPORT.get(layer(module), ())]
+    assert not leaks, "\n".join(leaks)
+
+
+def test_the_table_covers_every_package_and_names_real_modules() -> None:
+    """Every package is a layer with a row in the table, and every entry names a module or layer that exists
+    (a stale row would allow what nobody checks)."""
+    packages = {module for module in MODULES if _is_package(module)}
+    assert packages <= set(MAY_IMPORT), sorted(packages - set(MAY_IMPORT))
+    assert set(MAY_IMPORT) == set(LAYERS) and set(MUST_NOT_IMPORT) <= set(LAYERS)
+    for entries in MAY_IMPORT.values():
+        for entry in entries:
+            assert (entry[:-2] in LAYERS) if entry.endswith(".*") else entry in MODULES, entry
+    # the rules can fail: a frontend reaching into the engine, the launcher into the runtime
+    assert not _allowed("hvdlite.torch.async_ops", "hvdlite.core.engine.handles")
+    assert not _allowed("hvdlite.run.task", "hvdlite.core.runtime")
+    assert not _allowed("hvdlite.core.engine.loop", "hvdlite.core.runtime")
+    assert not _allowed("hvdlite.torch.wrap", "hvdlite.tensorflow.reduction")
+    assert _allowed("hvdlite.tensorflow.keras.optimizer", "hvdlite.tensorflow.reduction")
 
 
 def _graph() -> dict[str, set[str]]:

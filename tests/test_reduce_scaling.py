@@ -74,3 +74,32 @@ def test_scale_is_a_float_equal_to_the_quotient() -> None:
 def test_bool_refuses_scaling() -> None:
     with pytest.raises(TypeError, match="scale factors are not defined for bool tensors"):
         scale_inplace(np.array([True]), "bool", 2.0)
+
+
+@pytest.mark.parametrize("factor", [1.0 / 3, 0.1, 1.7, 0.5, 2.0])
+def test_float32_is_scaled_by_a_double_factor_rounded_once(factor: float) -> None:
+    x = (np.random.default_rng(5).standard_normal(100_003) * 50).astype(np.float32)
+    want = (x.astype(np.float64) * factor).astype(np.float32)  # Horovod: float(double factor * x)
+    got = x.copy()
+    scale_inplace(got, "float32", factor)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    into = np.empty_like(x)
+    scaled_copy(into, x, "float32", factor)
+    np.testing.assert_array_equal(into.view(np.uint32), want.view(np.uint32))
+    avg = x.copy()
+    scale_inplace(avg, "float32", average_scale(factor, 3))
+    np.testing.assert_array_equal(avg.view(np.uint32), (x.astype(np.float64) * (factor / 3)).astype(np.float32)
+                                  .view(np.uint32))
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 7, 12, 99])
+def test_float32_average_equals_the_double_product_for_every_bit_pattern(n: int) -> None:
+    """Odd n takes float32 division, even n float64: both must equal float32(double(x) * (1/n)), subnormal
+    and huge values included."""
+    bits = np.random.default_rng(n).integers(0, 2**32, size=1 << 20, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x)]
+    want = (x.astype(np.float64) * (1.0 / n)).astype(np.float32)
+    got = x.copy()
+    scale_inplace(got, "float32", average_scale(1.0, n))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -12,9 +12,9 @@ from .api import (allgather, allgather_async, allreduce, allreduce_,
                   grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, join, poll,
                   reducescatter, reducescatter_async, synchronize)
 from .config import Config
-from .diagnostics.replicas import check_replicas
-from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, LaunchError, NotInitializedError,
-                     ReplicaDivergenceError, ShutdownError, StallError, TensorMismatchError)
+from .replicas import check_replicas
+from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, InvalidArgumentError, LaunchError,
+                     NotInitializedError, ReplicaDivergenceError, ShutdownError, StallError, TensorMismatchError)
 from .engine.handles import Handle
 from .objects import allgather_object, broadcast_object
 from .process_set_ops import add_process_set, remove_process_set
@@ -39,6 +39,6 @@ __all__ = [
     "allgather_object", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "start_timeline", "stop_timeline", "engine_stats", "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ReduceOp", "Handle", "Config", "HvdliteError", "HorovodInternalError", "NotInitializedError",
-    "TensorMismatchError", "DuplicateNameError", "ShutdownError", "StallError", "LaunchError",
+    "TensorMismatchError", "InvalidArgumentError", "DuplicateNameError", "ShutdownError", "StallError", "LaunchError",
     "ReplicaDivergenceError", "check_replicas", "straggler_report",
 ]

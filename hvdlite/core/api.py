@@ -1,7 +1,8 @@
 """The collectives on numpy arrays: each submits a named request to the engine and returns a handle."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+import operator
+from typing import Any, Callable, Optional, Sequence, cast
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def _prepare_all(arrays: Sequence[Any], hints: Optional[Sequence[Optional[str]]]
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
-def _submit(kind: Kind, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
+def _submit(kind: Kind, name: str, ps_id: int, inputs: Sequence[np.ndarray], dtypes: Sequence[str],
             **options: Any) -> Handle:
     return state().submit(kind, name, ps_id, inputs, dtypes, **options)
 
@@ -74,7 +75,7 @@ def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray])
 
 
 def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], hints: list[Optional[str]],
-          dtypes: list[str]) -> tuple[Optional[list], Any]:
+          dtypes: list[str]) -> tuple[Optional[list[Any]], Any]:
     """Caller-given outputs of allgather/reducescatter: the engine writes each result straight into its
     output where it fits (C-contiguous, the result's shape), else it is copied there; wait() returns them."""
     if outputs is None:
@@ -140,14 +141,15 @@ def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[s
 def allreduce(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set).wait()
+    return cast(np.ndarray,
+                allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set).wait())
 
 
 def allreduce_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
-                           inplace=True).wait()
+    return cast(np.ndarray, allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
+                           inplace=True).wait())
 
 
 def allreduce_async_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None,
@@ -161,15 +163,17 @@ def grouped_allreduce(arrays: Sequence[Any], average: Optional[bool] = None, nam
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set,
                       outputs: Optional[Sequence[Any]] = None) -> list[np.ndarray]:
-    return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, outputs=outputs).wait()
+    return cast("list[np.ndarray]",
+                grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                   process_set, outputs=outputs).wait())
 
 
 def grouped_allreduce_(arrays: Sequence[np.ndarray], average: Optional[bool] = None, name: Optional[str] = None,
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, inplace=True).wait()
+    return cast("list[np.ndarray]",
+                grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
+                                   process_set, inplace=True).wait())
 
 
 def grouped_allreduce_async_(arrays: Sequence[np.ndarray], average: Optional[bool] = None,
@@ -203,43 +207,42 @@ def allgather_async(array: Any, name: Optional[str] = None, process_set: Process
 
 
 def allgather(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return allgather_async(array, name, process_set).wait()
+    return cast(np.ndarray, allgather_async(array, name, process_set).wait())
 
 
 def grouped_allgather(arrays: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_allgather_async(arrays, name, process_set).wait()
+    return cast("list[np.ndarray]", grouped_allgather_async(arrays, name, process_set).wait())
 
 
 # -- broadcast ----------------------------------------------------------------------------------------
 def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, inplace: bool = False,
                     dtype_hint: Optional[str] = None) -> Handle:
-    """Copy ``array`` from ``root_rank`` (a rank of the process set) to every member."""
+    """Copy ``array`` from ``root_rank`` to every member. As in Horovod, ``root_rank`` is a rank of the whole
+    job (also with ``process_set=``); one that is not a member of the set fails the op with ValueError on
+    every member (checked in negotiation, where every member sees every member's root)."""
     name = _auto_name("broadcast", name, process_set)
     ps_id = _pset_id(process_set, "broadcast", name)
-    set_size = state().psets.size(ps_id)
-    if not 0 <= int(root_rank) < set_size:
-        raise ValueError(f"broadcast {name!r}: root_rank {root_rank} is out of range for a process set of "
-                         f"{set_size} ranks")
+    root = operator.index(root_rank)
     a, dtype = _prepare(array, dtype_hint)
     outputs: list[Optional[np.ndarray]] = [a if inplace else None]
     finalize = None
     if inplace and a is not np.asarray(array):
         finalize = _write_back([np.asarray(array)], [a])
-    handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=int(root_rank),
+    handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=root,
                      finalize=finalize)
     return handle.first()
 
 
 def broadcast(array: Any, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return broadcast_async(array, root_rank, name, process_set).wait()
+    return cast(np.ndarray, broadcast_async(array, root_rank, name, process_set).wait())
 
 
 def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return broadcast_async(array, root_rank, name, process_set, inplace=True).wait()
+    return cast(np.ndarray, broadcast_async(array, root_rank, name, process_set, inplace=True).wait())
 
 
 def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
@@ -273,7 +276,7 @@ def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
 
 def alltoall(array: Any, splits: Any = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set) -> tuple[np.ndarray, np.ndarray]:
-    return alltoall_async(array, splits, name, process_set).wait()
+    return cast("tuple[np.ndarray, np.ndarray]", alltoall_async(array, splits, name, process_set).wait())
 
 
 # -- reducescatter ------------------------------------------------------------------------------------
@@ -312,14 +315,14 @@ def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,
 def reducescatter(array: Any, name: Optional[str] = None, op: Any = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> np.ndarray:
-    return reducescatter_async(array, name, op, process_set, prescale_factor, postscale_factor).wait()
+    return cast(np.ndarray, reducescatter_async(array, name, op, process_set, prescale_factor, postscale_factor).wait())
 
 
 def grouped_reducescatter(arrays: Sequence[Any], name: Optional[str] = None, op: Any = None,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[np.ndarray]:
-    return grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
-                                       postscale_factor).wait()
+    return cast("list[np.ndarray]", grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
+                                       postscale_factor).wait())
 
 
 # -- synchronisation ----------------------------------------------------------------------------------

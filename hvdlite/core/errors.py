@@ -18,6 +18,11 @@ class TensorMismatchError(HvdliteError, ValueError):
     """Ranks submitted the same tensor name with different shapes, dtypes or arguments."""
 
 
+class InvalidArgumentError(HvdliteError, ValueError):
+    """An argument of a collective cannot work (for example a root rank outside the process set); every
+    member of the set gets this error for the op (Horovod raises ValueError)."""
+
+
 class DuplicateNameError(HvdliteError, ValueError):
     """A collective was submitted under a name that is already in flight (Horovod raises ValueError)."""
 

@@ -32,8 +32,8 @@ from typing import Any
 
 from .compression import CastCompressor, Compressor, NoneCompressor
 from .config import Config
-from .diagnostics.replicas import check_named as check_named_replicas
-from .diagnostics.replicas import flatten as flatten_tensors
+from .replicas import check_named as check_named_replicas
+from .replicas import flatten as flatten_tensors
 from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 _rank_label = "?"
 
@@ -13,11 +14,11 @@ class _RankFilter(logging.Filter):
         return True
 
 
-class _StderrHandler(logging.StreamHandler):
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever ``sys.stderr`` is at the time (it may be redirected after import)."""
 
-    @property  # type: ignore[override]
-    def stream(self):  # noqa: ANN201
+    @property
+    def stream(self) -> Any:
         return sys.stderr
 
     @stream.setter

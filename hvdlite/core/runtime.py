@@ -11,7 +11,7 @@ from . import log
 from .abort import install_excepthook
 from .affinity import core_sharing
 from .config import Config
-from .diagnostics import callsite
+from .engine import callsite
 from .engine import mpi, polling
 from .engine.autotune import require_library
 from .engine.handles import Handle
@@ -33,14 +33,14 @@ class State:
     def __init__(self, world: Any, config: Config) -> None:
         self.config = config
         self.world = world
-        self.rank = world.Get_rank()
-        self.size = world.Get_size()
+        self.rank: int = world.Get_rank()
+        self.size: int = world.Get_size()
         self.local_comm = mpi.split_shared(world, key=self.rank)
-        self.local_rank = self.local_comm.Get_rank()
-        self.local_size = self.local_comm.Get_size()
+        self.local_rank: int = self.local_comm.Get_rank()
+        self.local_size: int = self.local_comm.Get_size()
         self.cross_comm = world.Split(self.local_rank, key=self.rank)
-        self.cross_rank = self.cross_comm.Get_rank()
-        self.cross_size = self.cross_comm.Get_size()
+        self.cross_rank: int = self.cross_comm.Get_rank()
+        self.cross_size: int = self.cross_comm.Get_size()
         node_sizes = self.cross_comm.allgather(self.local_size) if self.local_rank == 0 else None
         self.homogeneous = len(set(self.local_comm.bcast(node_sizes, root=0))) == 1
         self.engine_comm = world.Dup()
@@ -53,7 +53,7 @@ class State:
         self.psets = Registry(self.engine_comm, self.rank, self.size)
         polling.share_cores(*core_sharing(self.local_size))
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
-                             self.presence_comm)
+                             self.presence_comm, on_verdict=self.names.learn)
 
     def close(self) -> None:
         self.engine.stop()
@@ -65,10 +65,10 @@ class State:
             for comm in (self.presence_comm, self.engine_comm, self.cross_comm, self.local_comm, self.world):
                 comm.Free()
 
-    def submit(self, kind: Kind, name: str, ps_id: int, inputs: list[np.ndarray], dtypes: list[str],
+    def submit(self, kind: Kind, name: str, ps_id: int, inputs: Sequence[np.ndarray], dtypes: Sequence[str],
                outputs: Optional[list[Optional[np.ndarray]]] = None, op: Optional[ReduceOp] = None,
                prescale: float = 1.0, postscale: float = 1.0, root: int = 0, splits: Any = None,
-               extra: Any = None, shape_of: Callable[[np.ndarray], tuple] = lambda a: tuple(a.shape),
+               extra: Any = None, shape_of: Callable[[np.ndarray], tuple[Any, ...]] = lambda a: tuple(a.shape),
                finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
         """Hand one named request to the engine; the handle completes when every member has run it."""
         shapes = tensor_layout(dtypes[0], shape_of(inputs[0])) if len(inputs) == 1 else \
@@ -129,7 +129,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
 
     ``comm`` may be an mpi4py communicator or a list of ranks of MPI_COMM_WORLD; ``process_sets``
     registers ProcessSets at once; other keywords override settings (see ``Config``).
-    Calling init() again while initialized does nothing.
+    Calling init() again while initialized does nothing, unless the engine has ended with an error (a
+    job-wide error ends it on every rank): then every rank's init() starts a fresh engine.
     """
     global _state, _atexit_registered
     if isinstance(process_sets, str):
@@ -139,7 +140,12 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
         process_sets = None
     with _lock:
         if _state is not None:
-            return
+            if _state.engine.error is None:
+                return
+            # The engine ended with a job-wide error (shutdown, a wedged peer, an engine failure), which
+            # ended it on every rank in the same round: every rank's init() starts afresh, generated names too.
+            ended, _state = _state, None
+            ended.close()
         config = Config.from_env(**settings)
         if config.autotune:
             require_library()

@@ -41,7 +41,7 @@ def sparse_allgather_async(indices: np.ndarray, values: np.ndarray, op: Any, nam
     if reduce_op is ReduceOp.AVERAGE:
         n = process_set.size()
 
-        def average(result: list) -> tuple:
+        def average(result: list[Any]) -> tuple[Any, ...]:
             all_indices, all_values = result
             if values_dtype_hint == "bfloat16":  # uint16 bits: divide the values, not the bits
                 return all_indices, f32_to_bf16(bf16_to_f32(all_values) / np.float32(n))

@@ -1,15 +1,16 @@
 """SyncBatchNorm's statistics over a process set, written once for every framework's tensors."""
 from __future__ import annotations
 
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
-T = TypeVar("T")
+#: A framework's tensor type (arithmetic on it is the framework's own; the checker sees Any).
+T = TypeVar("T", bound=Any)
 
 __all__ = ["sync_moments"]
 
 
-def sync_moments(x: T, weights: Optional[T], sum_over: Callable[[T], T], grouped_allreduce_sum: Callable[[list], list],
-                 expand: Callable[[T], T]) -> tuple[T, T, T]:
+def sync_moments(x: T, weights: Optional[T], sum_over: Callable[[T], T],
+                 grouped_allreduce_sum: Callable[[list[Any]], list[Any]], expand: Callable[[T], T]) -> tuple[T, T, T]:
     """SyncBatchNorm's statistics over every rank of a process set, in two passes (numerically stable):
     the global mean first, then the mean of squared deviations from it.
 

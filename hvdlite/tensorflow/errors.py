@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdlite.core import HvdliteError, TensorMismatchError
+from hvdlite.core import HvdliteError, InvalidArgumentError, TensorMismatchError
 
 __all__ = ["MismatchError", "ArgumentError", "as_tf_error"]
 
@@ -27,6 +27,7 @@ def as_tf_error(exc: BaseException) -> BaseException:
     """The TensorFlow error type a Horovod program catches for ``exc`` (``exc`` itself when there is none)."""
     if isinstance(exc, TensorMismatchError):
         return MismatchError(str(exc))
-    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, HvdliteError):
+    if isinstance(exc, InvalidArgumentError) or (isinstance(exc, (ValueError, TypeError))
+                                                 and not isinstance(exc, HvdliteError)):
         return ArgumentError(str(exc))
     return exc

@@ -205,7 +205,7 @@ def _allgather_grad(xs: list[tf.Tensor], dys: list[tf.Tensor], process_set: Proc
 # -- broadcast --------------------------------------------------------------------------------------
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
-    """Copy ``tensor`` from ``root_rank`` (a rank of the process set) to every member."""
+    """Copy ``tensor`` from ``root_rank`` (a rank of the whole job, as in Horovod) to every member."""
     root = int(root_rank)
 
     def bcast(array: np.ndarray) -> list[np.ndarray]:
@@ -217,7 +217,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
 
         def grad(dy: Any) -> tf.Tensor:
             reduced = _allreduce(dense(dy), op=Average, process_set=process_set)
-            return reduced if process_set.rank() == root else tf.zeros_like(reduced)
+            return reduced if core.rank() == root else tf.zeros_like(reduced)
         return y, grad
 
     return forward(tf.convert_to_tensor(tensor))

@@ -33,6 +33,8 @@ class DistributedAdasumOptimizer(_DistributedOptimizer):
     ``skip_synchronize()`` is refused.
     """
 
+    _bucketed = False  # each unit's local step and delta are its own submission
+
     def _submit_params(self, params: list[torch.Tensor]) -> list[Any]:  # type: ignore[override]
         """Step ``params`` locally, then start the Adasum of their deltas (one grouped allreduce)."""
         with torch.no_grad():
@@ -73,6 +75,7 @@ class DistributedAdasumOptimizer(_DistributedOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._refresh()
         self._submit_waiting()  # without overlap: one local step and one grouped submission for all of them
         try:
             with torch.no_grad():
@@ -84,9 +87,7 @@ class DistributedAdasumOptimizer(_DistributedOptimizer):
                             q.copy_(start + delta.to(start.dtype))
         finally:
             self._handles.clear()
-            self._grads_waiting = False
-            for p in self._allreduce_delay:
-                self._allreduce_delay[p] = self.backward_passes_per_step
+            self._readiness.reset()
             self._synchronized = False
         return loss
 

@@ -15,6 +15,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core import rank as core_rank
 from hvdlite.core.frontend import resolve_op
 
 from .compression import Compression
@@ -113,7 +114,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         averaged = _allreduce_grads([grad], Average, 1.0, 1.0, ctx.process_set)[0]
-        if ctx.process_set.rank() != ctx.root_rank:  # root_rank is relative to the set, as in the forward
+        if core_rank() != ctx.root_rank:  # root_rank is a rank of the whole job, as in the forward
             averaged = torch.zeros_like(averaged)
         return averaged, None, None, None
 

@@ -70,7 +70,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     if isinstance(model, ProcessSet):
         process_set = model
     state_dict = optimizer.state_dict()
-    is_root = process_set.rank() == root_rank
+    is_root = core.rank() == root_rank  # a rank of the whole job, as in Horovod
     meta = None
     if is_root:
         meta = ({pid: {k: _TensorSpec(v) if isinstance(v, torch.Tensor) else v for k, v in entry.items()}

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 
 from hvdlite.core import ProcessSet
-from hvdlite.core.frontend import gradient_overlap, resolve_op
+from hvdlite.core.frontend import resolve_op, setting
 
 from .async_ops import Average, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .bucket_sync import BucketSync
+from .comm_hooks import compression_hook
+from .compression import Compression
+from .grad_ready import Readiness, ReadinessOwner
 
 Unit = Union[torch.Tensor, tuple]  # one parameter, or a group of parameters reduced together
 
@@ -25,72 +28,85 @@ class _Pending:
         self.densified, self.sparse = densified, sparse
 
 
-class _DistributedOptimizer:
-    """Mixed in front of the user's optimizer class: ``isinstance(opt, UserOptimizer)`` stays true."""
+class _DistributedOptimizer(ReadinessOwner):
+    """Mixed in front of the user's optimizer class: ``isinstance(opt, UserOptimizer)`` stays true.
+
+    Dense gradients of parameters outside ``groups=`` live in flat buckets (bucket_sync) reduced through a
+    comm hook; sparse gradients, ``groups=`` units and parameters the bucket layout does not cover yet take
+    the per-unit path below. Readiness (hooks, pass counting, no_sync, guards) is grad_ready's.
+    """
+
+    _bucketed = True  # the Adasum mixin submits local deltas per unit instead
 
     # -- set-up -----------------------------------------------------------------------------------
     def _hvd_setup(self, named_parameters: Optional[Iterable], compression: Any, backward_passes_per_step: int,
                    op: Any, gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
                    process_set: ProcessSet) -> None:
         self._compression = compression
-        self.backward_passes_per_step = int(backward_passes_per_step)
-        if self.backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self.op = resolve_op(op)
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
         self._parameter_names: dict[torch.Tensor, str] = _check_names(named_parameters, self.param_groups)
-        self._allreduce_delay: dict[torch.Tensor, int] = {}
         self._handles: dict[Unit, list[_Pending]] = {}
-        self._hooked: set[torch.Tensor] = set()
-        self._hook_handles: list[Any] = []
         self._requires_update: list[torch.Tensor] = []
         self._sparse_dims: dict[torch.Tensor, int] = {}
         self._synchronized = False
         self._should_synchronize = True
         self._unit_of: dict[torch.Tensor, Unit] = _make_groups(groups, self.param_groups)
         self._is_grouped = not (groups is None or isinstance(groups, int) and groups == 0)
-        self._enabled = process_set.included() and process_set.size() > 1
-        self._grads_waiting = False  # backward produced gradients that synchronize() has not finished
-        on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
-        #: Submit each allreduce from backward (overlap), or all of them at synchronize().
-        #: Decided once for the process set (an uneven job must not mix modes: different collectives).
-        self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None, process_set) \
-            if self._enabled else False
+        self._readiness = Readiness(process_set, backward_passes_per_step, self._on_grad_ready,
+                                    self._on_local_grad, self._all_params())
+        self._enabled = self._readiness.enabled
+        pre, post = 1.0, 1.0
+        if self.op == Average:
+            pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        self._buckets = BucketSync(process_set, setting("fusion_threshold_bytes"), self._bucket_eligible)
+        self._buckets.hook = compression_hook(compression, self.op, pre, post)
+        self._use_buckets = self._bucketed and not self._is_grouped and self._enabled
         self._refresh()
+
+    def _all_params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _bucket_eligible(self, p: torch.Tensor) -> bool:
+        return not isinstance(self._unit_of.get(p), tuple) and p.layout == torch.strided
 
     def _refresh(self) -> None:
         """Name and hook any parameter that is new or newly requires a gradient."""
         self._requires_update = []
-        me = weakref.ref(self)
         for i, group in enumerate(self.param_groups):
             for j, p in enumerate(group["params"]):
                 self._parameter_names.setdefault(p, f"allreduce.noname.{i}.{j}")
-                self._allreduce_delay.setdefault(p, self.backward_passes_per_step)
                 self._unit_of.setdefault(p, (p,) if self._is_grouped else p)
-                if not p.requires_grad:
-                    continue
-                self._requires_update.append(p)
-                if self._enabled and p not in self._hooked:
-                    self._hook_handles.append(p.register_post_accumulate_grad_hook(_make_hook(me)))
-                    self._hooked.add(p)
-                    _owners[id(p)] = me  # a newer DistributedOptimizer over p silences older ones' hooks
+                if p.requires_grad:
+                    self._requires_update.append(p)
+        self._readiness.watch(self._all_params())
+
+    def _signature(self) -> tuple:
+        return tuple((id(p), p.requires_grad, p.dtype, p.device, p.numel()) for p in self._all_params())
 
     # -- during backward ----------------------------------------------------------------------------
-    def _on_grad_ready(self, p: torch.Tensor) -> None:
-        if p not in self._allreduce_delay:
-            return
-        if self._allreduce_delay[p] <= 0:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                "Increase backward_passes_per_step to accumulate gradients locally.")
-        self._allreduce_delay[p] -= 1
-        self._grads_waiting = True
-        if not self.overlap or self._allreduce_delay[p] > 0:
+    def _on_local_grad(self, p: torch.Tensor) -> None:
+        """A pass inside no_sync(): nothing is submitted; the gradient moves into its bucket once."""
+        if self._use_buckets:
+            self._buckets.record(p)
+            self._buckets.collect(p)
+
+    def _on_grad_ready(self, p: torch.Tensor, complete: bool) -> None:
+        if self._use_buckets:
+            self._buckets.record(p)
+            if not self._buckets.agreed:
+                return  # the first step: everything is submitted at synchronize(), once the layout is agreed
+            if complete and self._buckets.ready_one(p, self.overlap):
+                return
+            if not complete:
+                self._buckets.collect(p)
+                return
+        if not complete or not self.overlap:
             return  # without overlap, synchronize() submits them all once backward is done with the CPU
         unit = self._unit_of[p]
-        if isinstance(unit, tuple) and not all(self._allreduce_delay[q] == 0 for q in unit if q.requires_grad):
+        if isinstance(unit, tuple) and not all(self._readiness.complete(q) for q in unit if q.requires_grad):
             return
         if unit not in self._handles:
             self._handles[unit] = self._submit(unit)
@@ -140,10 +156,11 @@ class _DistributedOptimizer:
     def _submit_waiting(self) -> None:
         """Submit every unit whose reduction has not started yet: one by one when overlapping, else in one
         grouped submission (per-tensor requests would cost more than they overlap)."""
-        self._refresh()
         seen: set[int] = set()
         waiting: list[Unit] = []
         for p in self._requires_update:
+            if self._use_buckets and self._buckets.covers(p):
+                continue
             unit = self._unit_of[p]
             if id(unit) not in seen:
                 seen.add(id(unit))
@@ -162,15 +179,26 @@ class _DistributedOptimizer:
         if not self._enabled:
             self._synchronized = True
             return
+        self._refresh()
+        signature = self._signature() if self._use_buckets else ()
+        if self._use_buckets and not self._buckets.agreed:
+            self._buckets.agree(self._all_params())  # the first step: one collective fixes the layout
+            self._buckets.plan(self._all_params(), signature)
+        if self._use_buckets:
+            self._buckets.check(signature)
+            self._buckets.submit_waiting()
         self._submit_waiting()
-        with torch.no_grad():
-            for entries in self._handles.values():
-                for entry in entries:
-                    self._finish(entry)
-        self._handles.clear()
-        self._grads_waiting = False
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = self.backward_passes_per_step
+        try:
+            self._buckets.finish()
+            with torch.no_grad():
+                for entries in self._handles.values():
+                    for entry in entries:
+                        self._finish(entry)
+        finally:
+            self._handles.clear()
+            self._readiness.reset()
+        if self._use_buckets and signature != self._buckets.signature:
+            self._buckets.plan(self._all_params(), signature)  # frozen, unfrozen, new, moved: re-plan
         self._synchronized = True
 
     def _finish(self, entry: _Pending) -> None:
@@ -208,39 +236,41 @@ class _DistributedOptimizer:
     step.hooked = True  # type: ignore[attr-defined]  # torch's step hooks run once, in the wrapped step
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._grads_waiting:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                                 "cause a race condition.")
+        """As the wrapped optimizer's; refused while this step's reductions are pending. The buckets stay
+        allocated (set_to_none only unsets ``.grad``); the next backward moves the gradients back in."""
+        self._readiness.check_zero_grad()
         return super().zero_grad(set_to_none)  # type: ignore[misc]
 
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        self.backward_passes_per_step = int(passes)
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = self.backward_passes_per_step
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Reduce each gradient bucket with ``hook(state, bucket) -> future`` (hvdlite.torch.comm_hooks;
+        DDP's protocol); once, before the first backward. Sparse gradients keep their own path."""
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook: hook must be callable as hook(state, bucket), got {hook!r}")
+        if self._buckets.hook is not None and getattr(self, "_user_hook", False):
+            raise RuntimeError("register_comm_hook() may be called only once per optimizer")
+        if self._compression is not Compression.none or self.op != Average or self.gradient_predivide_factor != 1:
+            raise ValueError("register_comm_hook: the hook defines the reduction; build the DistributedOptimizer "
+                             "without compression=, op= and gradient_predivide_factor= (found "
+                             f"compression={getattr(self._compression, '__name__', self._compression)}, "
+                             f"op={self.op}, gradient_predivide_factor={self.gradient_predivide_factor})")
+        if not self._bucketed or self._is_grouped:
+            raise ValueError("register_comm_hook: comm hooks reduce gradient buckets; they cannot be combined "
+                             "with groups= or op=hvd.Adasum")
+        if self._buckets.agreed or self._readiness.waiting:
+            raise RuntimeError("register_comm_hook() must be called before the first backward pass")
+        self._buckets.hook, self._buckets.state, self._user_hook = hook, state, True
 
     def load_state_dict(self, state_dict: dict) -> None:
         for entries in self._handles.values():  # never leave a collective unwaited
             for entry in entries:
                 synchronize(entry.handle)
         self._handles.clear()
-        self._grads_waiting = False
+        self._buckets.drain()
         self._synchronized = False
         self._should_synchronize = True
-        self.set_backward_passes_per_step(self.backward_passes_per_step)
+        self._readiness.reset()
         super().load_state_dict(state_dict)  # type: ignore[misc]
 
-
-#: id(parameter) -> the DistributedOptimizer whose hook reduces its gradient (the last one built over it).
-_owners: dict[int, "weakref.ref[_DistributedOptimizer]"] = {}
-
-
-def _make_hook(me: "weakref.ref[_DistributedOptimizer]") -> Any:
-    def hook(param: torch.Tensor) -> None:
-        opt, owner = me(), _owners.get(id(param))
-        if opt is not None and opt._enabled and owner is not None and owner() is opt:
-            opt._on_grad_ready(param)
-    return hook
 
 
 def _check_names(named_parameters: Optional[Iterable], param_groups: list[dict]) -> dict[torch.Tensor, str]:

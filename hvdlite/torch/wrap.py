@@ -26,9 +26,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
                          check_replicas_every_steps: int = 0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that step() applies gradients averaged (``op``) over ``process_set``.
 
-    Each parameter's allreduce starts from a hook as soon as backward() has accumulated its
-    gradient (or, when ``gradient_overlap`` decides against overlap, all of them at step());
-    step() waits for them, then runs the wrapped optimizer's step. The result is an
+    Dense gradients are views of flat buckets; a bucket's in-place allreduce starts from a hook as
+    soon as backward() has accumulated its last gradient (or, when ``gradient_overlap`` decides against
+    overlap, all of them at step()); step() waits for them, then runs the wrapped optimizer's step. The result is an
     instance of a subclass of ``type(optimizer)`` sharing its param_groups, state and hooks; use it
     instead of the original. For gradient clipping call ``synchronize()``, clip, then ``step()``
     inside ``with optimizer.skip_synchronize():``. ``check_replicas_every_steps=N`` (hvdlite only) runs

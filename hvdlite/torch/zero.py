@@ -8,17 +8,18 @@ collectives write into buffers kept across steps, so a step allocates no whole-m
 from __future__ import annotations
 
 import itertools
-import weakref
 from typing import Any, Callable, Optional
 
 import torch
 
 import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.frontend import gradient_overlap, setting
+from hvdlite.core.frontend import setting
 
 from .compression import Compression
-from .async_ops import Average, grouped_allgather_async, grouped_reducescatter_async, synchronize
+from .async_ops import (Average, Sum, allreduce_async_, grouped_allgather_async, grouped_reducescatter_async,
+                        synchronize)
+from .grad_ready import Readiness, ReadinessOwner, check_passes
 from .zero_layout import Bucket, is_elementwise, plan_buckets, shard_state
 
 _instances = itertools.count()
@@ -26,7 +27,7 @@ _instances = itertools.count()
 _NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor", "Muon")
 
 
-class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
     """Shard ``optimizer_class``'s state over ``process_set``: a drop-in for ``DistributedOptimizer``.
 
     ``ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)`` averages the gradients
@@ -47,37 +48,31 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             raise ValueError(f"ZeroRedundancyOptimizer cannot shard {optimizer_class.__name__}: its update "
                              f"couples the elements of a parameter, and shards are flat ranges; use "
                              f"DistributedOptimizer for it")
-        if int(backward_passes_per_step) < 1:
-            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        check_passes(backward_passes_per_step)
         self._ready = False
         super().__init__(params, defaults)
         self.optimizer_class = optimizer_class
         self.process_set = process_set
         self._compression = compression
-        self.backward_passes_per_step = int(backward_passes_per_step)
         member = process_set.included()
         self._n = process_set.size() if member else 1
         self._rank = process_set.rank() if member else 0
-        self._enabled = member and self._n > 1
         self._uid = f"zero{next(_instances)}"
-        self._cap = setting("fusion_threshold_bytes") or 4 * 1024 * 1024
+        self._cap = setting("fusion_threshold_bytes")  # 0 (fusion off): one bucket per parameter
         self._buckets: list[Bucket] = []
         self._bucket_of: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
-        self._delay: dict[int, int] = {}
         self._ready_params: list[int] = []
         self._handles: dict[int, tuple[Any, list[int], list[Any]]] = {}
-        self._grads_waiting = False
         self._consolidated: Optional[dict] = None
-        self._me = weakref.ref(self)
+        #: Hooks, pass counting, no_sync() and the overlap verdict (start each bucket's reducescatter from
+        #: backward, or all of them at step(); decided once for the process set).
+        self._readiness = Readiness(process_set, backward_passes_per_step, self._on_grad_ready,
+                                    self._on_local_grad, [p for g in self.param_groups for p in g["params"]])
+        self._enabled = self._readiness.enabled
         for gi, group in enumerate(self.param_groups):
             self._add_buckets(gi, group["params"])
         self.optim = optimizer_class(self._local_groups(), **defaults)
         self._sync_groups(self.optim.param_groups, self.param_groups)
-        on_cpu = all(p.device.type == "cpu" for g in self.param_groups for p in g["params"])
-        #: Start each bucket's reducescatter from backward (overlap), or all of them at step(); decided once
-        #: for the process set.
-        self.overlap = gradient_overlap(torch.get_num_threads() if on_cpu else None, process_set) \
-            if self._enabled else False
         self._ready = True
 
     # -- layout -------------------------------------------------------------------------------------
@@ -91,9 +86,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             self._ready_params.append(0)
             for i, p in enumerate(bucket.params):
                 self._bucket_of[id(p)] = (k, i)
-                self._delay[id(p)] = self.backward_passes_per_step
-                if self._enabled:
-                    p.register_post_accumulate_grad_hook(_make_hook(self._me))
+            self._readiness.watch(bucket.params)
         return new
 
     def _local_groups(self) -> list[dict]:
@@ -118,20 +111,21 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._sync_groups(self.optim.param_groups[-1:], self.param_groups[-1:])
 
     # -- during backward ----------------------------------------------------------------------------
-    def _on_grad_ready(self, p: torch.Tensor) -> None:
+    def _on_local_grad(self, p: torch.Tensor) -> None:
+        """A pass inside no_sync(): the gradient moves into its bucket (later passes add in place)."""
+        where = self._bucket_of.get(id(p))
+        if where is not None:
+            with torch.no_grad():
+                self._buckets[where[0]].collect(where[1])
+
+    def _on_grad_ready(self, p: torch.Tensor, complete: bool) -> None:
         where = self._bucket_of.get(id(p))
         if where is None:
             return
         k, i = where
-        if self._delay[id(p)] <= 0:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                "Increase backward_passes_per_step to accumulate gradients locally.")
         with torch.no_grad():
             self._buckets[k].collect(i)  # frees autograd's gradient now; later passes accumulate in place
-        self._delay[id(p)] -= 1
-        self._grads_waiting = True
-        if self._delay[id(p)] > 0:
+        if not complete:
             return
         self._ready_params[k] += 1
         if self.overlap and self._ready_params[k] == len(self._buckets[k].params) and k not in self._handles:
@@ -183,9 +177,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def _reset(self) -> None:
         self._handles.clear()
-        self._grads_waiting = False
-        for key in self._delay:
-            self._delay[key] = self.backward_passes_per_step
+        self._readiness.reset()
         self._ready_params = [0] * len(self._buckets)
 
     # -- public API ---------------------------------------------------------------------------------
@@ -198,10 +190,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for bucket in self._buckets:  # a parameter whose .data was replaced goes back into its bucket
             bucket.adopt(self._rank)
+        present = self._presence()
         self._reduce()
+        held = self._hold(present.wait() if present is not None else None)
         self._sync_groups(self.param_groups, self.optim.param_groups)
         self.optim.step()  # updates this rank's rows of the parameters in place
         self._sync_groups(self.optim.param_groups, self.param_groups)
+        for bucket, a, b, saved, states in held:  # parameters no rank had a gradient for: as if not stepped
+            bucket.shard[a:b].copy_(saved)
+            for i, value in enumerate(self._per_element(bucket)):
+                value[a:b].copy_(states[i]) if states is not None else value[a:b].zero_()
         if self._enabled and self._buckets:  # every rank's updated rows, into the parameters' buffers
             synchronize(grouped_allgather_async([b.shard.view(1, b.row) for b in self._buckets],
                                                 name=f"{self._uid}.params", process_set=self.process_set,
@@ -210,10 +208,40 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             bucket.shard.grad = None
         return loss
 
+    def _presence(self) -> Any:
+        """Start counting, over the set, the ranks that have a gradient for each parameter (one small
+        allreduce, waited for after the gradients' own reductions)."""
+        flags = torch.tensor([int(p.grad is not None) for b in self._buckets for p in b.params], dtype=torch.int32)
+        if not self._enabled or flags.numel() == 0:
+            return None if self._enabled else _Done(flags)
+        return allreduce_async_(flags, name=f"{self._uid}.present", op=Sum, process_set=self.process_set)
+
+    def _per_element(self, bucket: Bucket) -> list[torch.Tensor]:
+        state = self.optim.state.get(bucket.shard, {})
+        return [v for k, v in sorted(state.items()) if is_elementwise(k, v, bucket.shard)]
+
+    def _hold(self, present: Optional[torch.Tensor]) -> list[tuple[Bucket, int, int, torch.Tensor, Any]]:
+        """This rank's elements of parameters no rank has a gradient for, with their per-element optimizer
+        state, saved before the local step (torch's optimizers leave such a parameter alone; weight decay
+        and momentum would move it here). A scalar state such as Adam's step count is per bucket row."""
+        held: list[tuple[Bucket, int, int, torch.Tensor, Any]] = []
+        if present is None or bool(present.all()):
+            return held
+        flags = iter(present.tolist())
+        for bucket in self._buckets:
+            lo, hi = bucket.span(self._rank)
+            assert bucket.shard is not None
+            fresh = not self.optim.state.get(bucket.shard)  # its state is created by this step: from zeros
+            for off, n in zip(bucket.offsets, bucket.numels):
+                a, b = max(lo, off) - lo, min(hi, off + n) - lo
+                if next(flags) or a >= b:
+                    continue
+                states = None if fresh else [v[a:b].clone() for v in self._per_element(bucket)]
+                held.append((bucket, a, b, bucket.shard[a:b].clone(), states))
+        return held
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._grads_waiting:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step(). This is prohibited as it can cause a race condition.")
+        self._readiness.check_zero_grad()
         super().zero_grad(set_to_none)  # gradients are views of the buckets: set_to_none releases those too
         for bucket in self._buckets:
             bucket.shard.grad = None
@@ -221,7 +249,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 bucket.grads = None
 
     def set_backward_passes_per_step(self, passes: int) -> None:
-        self.backward_passes_per_step = int(passes)
+        self._readiness.set_passes(passes)
         self._reset()
 
     def consolidate_state_dict(self, to: int = 0) -> None:
@@ -299,10 +327,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 f"{len(self._buckets)} buckets)")
 
 
-def _make_hook(me: "weakref.ref[ZeroRedundancyOptimizer]") -> Callable[[torch.Tensor], None]:
-    def hook(param: torch.Tensor) -> None:
-        opt = me()
-        if opt is not None and opt._enabled:
-            opt._on_grad_ready(param)
-    return hook
+class _Done:
+    """A finished 'handle' for a set of one rank."""
 
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+    def wait(self) -> torch.Tensor:
+        return self.value

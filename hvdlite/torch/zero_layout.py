@@ -1,8 +1,10 @@
-"""ZeroRedundancyOptimizer's flat buckets: which elements each rank owns, and moving tensors in and out of them.
+"""Flat gradient buckets (ZeroRedundancyOptimizer's and DistributedOptimizer's): which elements each rank owns,
+and moving tensors in and out of them.
 
 A bucket is a run of parameters of one param group and dtype, laid end to end and padded to a multiple of
 the set size N; rank r owns the r-th of its N equal rows. A reducescatter of the bucket's gradients viewed
 as (N, S) hands each rank exactly its row, and an allgather of the rows rebuilds the whole bucket.
+DistributedOptimizer plans its buckets with N = 1 (one row, no padding) and allreduces each one in place.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class Bucket:
     values: Optional[torch.Tensor] = None  # the flat bucket the parameters are views of
     grads: Optional[torch.Tensor] = None  # the flat bucket the gradients are views of (None after set_to_none)
     shard_grad: Optional[torch.Tensor] = None  # this rank's averaged row of ``grads``, kept across steps
+    _views: tuple = (None, [])  # (the ``grads`` they were cut from, per-parameter views of it)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -62,14 +65,23 @@ class Bucket:
         if self.grads is None:
             self.grads = torch.empty(self.padded, dtype=self.dtype, device=self.params[0].device)
             self.grads[self.offsets[-1] + self.numels[-1]:].zero_()  # padding
+        views = self.grad_views()
         for j in range(len(self.params)) if i is None else (i,):
-            p, off, n = self.params[j], self.offsets[j], self.numels[j]
-            g, view = p.grad, self.grads[off:off + n]
+            p, view = self.params[j], views[j]
+            g = p.grad
+            if g is view:
+                continue
             if g is None:
                 view.zero_()
-            elif g.data_ptr() != view.data_ptr() or g.shape != p.shape:
-                view.copy_(g.reshape(-1))
-                p.grad = view.view(p.shape)
+            elif g.data_ptr() != view.data_ptr() or g.shape != view.shape:
+                view.copy_(g.reshape(view.shape))
+                p.grad = view
+
+    def grad_views(self) -> list[torch.Tensor]:
+        """Per-parameter views (parameter shapes) of ``grads``, cut once per buffer."""
+        if self._views[0] is not self.grads:
+            self._views = (self.grads, self.split(self.grads) if self.grads is not None else [])
+        return self._views[1]
 
     def averaged(self) -> torch.Tensor:
         """The buffer this rank's averaged gradient row goes to (allocated once)."""
@@ -96,10 +108,13 @@ class Bucket:
 
 
 def plan_buckets(groups: Iterable[tuple[int, list[torch.Tensor]]], size: int, cap_bytes: int,
-                 uid: str, start: int = 0) -> list[Bucket]:
-    """Cut each group's trainable parameters into buckets of about ``cap_bytes``, in reverse order (the
-    order backward produces gradients), one dtype and device per bucket. Depends only on the parameters'
-    shapes, dtypes and order, so every rank of the set computes the same plan."""
+                 uid: str, start: int = 0, *, in_order: bool = False,
+                 first_cap_bytes: Optional[int] = None) -> list[Bucket]:
+    """Cut each group's trainable parameters into buckets of at most ``cap_bytes`` (a parameter larger than
+    that gets a bucket of its own; 0: one bucket per parameter), one dtype and device per bucket, the first
+    bucket capped at ``first_cap_bytes`` (default ``cap_bytes``). Parameters are taken in reverse order (the
+    order backward produces gradients), or as given with ``in_order``. Depends only on the parameters' shapes,
+    dtypes and order, so every rank of the set computes the same plan from the same (agreed) order."""
     buckets: list[Bucket] = []
     for gi, params in groups:
         current: list[torch.Tensor] = []
@@ -114,9 +129,11 @@ def plan_buckets(groups: Iterable[tuple[int, list[torch.Tensor]]], size: int, ca
                                       size, row))
             current.clear()
 
-        for p in reversed([p for p in params if p.requires_grad]):
+        trainable = [p for p in params if p.requires_grad]
+        for p in trainable if in_order else reversed(trainable):
+            cap = first_cap_bytes if first_cap_bytes is not None and not buckets else cap_bytes
             if current and (p.dtype != current[0].dtype or p.device != current[0].device
-                            or nbytes + p.numel() * p.element_size() > cap_bytes):
+                            or nbytes + p.numel() * p.element_size() > cap):
                 close()
                 nbytes = 0
             current.append(p)

@@ -151,7 +151,7 @@ def test_fusion_uses_fewer_mpi_calls_and_timeline(fusion: int, reinit: Callable[
         phases = {e.get("name") for e in events}
         names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
         assert {f"small.{i}" for i in range(200)} <= names, "every tensor has a timeline row"
-        assert {"NEGOTIATE", "QUEUE", "MPI_ALLREDUCE"} <= phases, phases
+        assert {"NEGOTIATE_ALLREDUCE", "QUEUE", "MPI_ALLREDUCE"} <= phases, phases
         assert "CYCLE_START" in phases, phases
         if fusion:
             assert {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} <= phases, phases

@@ -69,7 +69,7 @@ def _submit(op: Op, rank: int, sets: dict) -> Any:
             return hvd.grouped_allgather_async(arrays, name=op.name, process_set=ps, dtype_hints=hints), arrays
         return hvd.allgather_async(arrays[0], name=op.name, process_set=ps, dtype_hint=hints[0]), arrays
     if op.kind == "broadcast":
-        return hvd.broadcast_async(arrays[0], op.root, name=op.name, process_set=ps, inplace=op.inplace,
+        return hvd.broadcast_async(arrays[0], op.members[op.root], name=op.name, process_set=ps, inplace=op.inplace,
                                    dtype_hint=hints[0]), arrays
     splits = None if op.splits is None else list(op.splits[rank])
     return hvd.alltoall_async(arrays[0], splits=splits, name=op.name, process_set=ps,

@@ -285,9 +285,9 @@ def test_gradients_over_a_process_set_without_rank_0(staging: str) -> None:
         GS = ups((M * (M + 1) // 2, 2), ranks=grad_members)
         check("set allgather", lambda v: hvd.allgather(v, process_set=grad_set), ranged,
               (GS.sum(0) / M)[me * (me + 1) // 2:me * (me + 1) // 2 + me + 1])
-        for root in range(M):  # root_rank is relative to the set
+        for root in grad_members:  # root_rank is a rank of the whole job, as in Horovod
             check(f"set broadcast root {root}", lambda v: hvd.broadcast(v, root, process_set=grad_set), X,
-                  US.sum(0) / M if me == root else torch.zeros(4, 3, dtype=torch.float64))
+                  US.sum(0) / M if R == root else torch.zeros(4, 3, dtype=torch.float64))
         big = torch.randn(2 * N, 3, generator=torch.Generator().manual_seed(80 + R), dtype=torch.float64)
         check("set reducescatter Sum", lambda v: hvd.reducescatter(v, op=hvd.Sum, process_set=grad_set),
               big[:2 * M], M * torch.cat(list(ups((2, 3), ranks=grad_members))))
@@ -303,9 +303,9 @@ def test_process_set_collectives(staging: str) -> None:
         got = hvd.allreduce(torch.tensor([float(R)]), op=hvd.Sum, process_set=edge)
         same(got, torch.tensor([float(sum(members))]), "process set allreduce")
         same(hvd.allgather(torch.tensor([R]), process_set=edge), torch.tensor(members), "process set allgather")
-        root = len(members) - 1  # relative to the set
-        same(hvd.broadcast(torch.tensor([R]), root, process_set=edge), torch.tensor([members[root]]), "set root")
-        assert hvd.broadcast_object({"r": R}, root_rank=root, process_set=edge) == {"r": members[root]}
+        root = members[-1]  # a rank of the whole job, as in Horovod
+        same(hvd.broadcast(torch.tensor([R]), root, process_set=edge), torch.tensor([root]), "set root")
+        assert hvd.broadcast_object({"r": R}, root_rank=root, process_set=edge) == {"r": root}
         hvd.barrier(process_set=edge)
     else:
         assert edge.rank() == -1

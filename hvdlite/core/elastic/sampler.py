@@ -1,7 +1,7 @@
 """Which samples of an epoch each rank takes in an elastic job, so a resumed epoch repeats and skips nothing."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class ElasticShards:
     def _order(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.num_samples))
-        return np.random.RandomState(self.seed + self.epoch).permutation(self.num_samples).tolist()
+        return cast(list[int], np.random.RandomState(self.seed + self.epoch).permutation(self.num_samples).tolist())
 
     def reset(self) -> None:
         """Deal the epoch's unprocessed samples out to the current world (called after every restart)."""

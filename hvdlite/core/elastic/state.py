@@ -169,7 +169,7 @@ class ObjectState(State):
 
     def _apply(self, snapshot: dict[str, Any]) -> None:
         for name, (kind, value) in snapshot.items():
-            current = getattr(self, name, None)
+            current: Any = getattr(self, name, None)
             if kind == "stateful" and _stateful(current):
                 current.load_state_dict(value)
             else:

@@ -7,7 +7,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from ..log import logger
 
@@ -57,10 +57,10 @@ class CommitStore:
         data = self._read()
         return data["payload"] if data else None
 
-    def _read(self) -> Optional[dict]:
+    def _read(self) -> Optional[dict[Any, Any]]:
         try:
             with open(self.path, "rb") as handle:
-                return pickle.load(handle)
+                return cast(dict[Any, Any], pickle.load(handle))
         except FileNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 - a damaged commit counts as none; another host has one

@@ -22,7 +22,7 @@ import csv
 import math
 import time
 import warnings
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, cast
 
 import numpy as np
 
@@ -136,7 +136,7 @@ class BayesTuner:
         improvement = mu - y.max() - 0.01
         z = improvement / sigma
         ei = improvement * ndtr(z) + sigma * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
-        return cand[int(np.argmax(ei))]
+        return cast(np.ndarray, cand[int(np.argmax(ei))])
 
 
 class Autotuner:
@@ -260,5 +260,5 @@ class Autotuner:
             self._log = None
 
 
-def _nbytes(tensors: Iterable[tuple[str, tuple]]) -> int:
+def _nbytes(tensors: Iterable[tuple[str, tuple[Any, ...]]]) -> int:
     return sum(math.prod(shape) * storage_dtype(dtype).itemsize for dtype, shape in tensors)

@@ -130,6 +130,11 @@ def _wait(request: Any) -> None:
     polling.wait(request, POLL_CAP)
 
 
+def comms(comm_of: Callable[[int], Any], mpi_ops: MPIOps, enabled: bool) -> Callable[[int], Any]:
+    """The executor's ``comm_of`` (process set id -> communicator): wrapped in OrderedComms when ``enabled``."""
+    return ordered(comm_of, mpi_ops) if enabled else comm_of
+
+
 def ordered(comm_of: Callable[[int], Any], mpi_ops: MPIOps) -> Callable[[int], Any]:
     """``comm_of`` (process set id -> communicator) with each communicator wrapped in an OrderedComm."""
     wrapped: dict[int, OrderedComm] = {}
@@ -143,4 +148,4 @@ def ordered(comm_of: Callable[[int], Any], mpi_ops: MPIOps) -> Callable[[int], A
     return ordered_comm_of
 
 
-__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "ordered", "reduce_scatter", "slices"]
+__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "ordered", "reduce_scatter", "slices"]

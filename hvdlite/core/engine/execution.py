@@ -25,10 +25,10 @@ class Executor:
     """Runs batches built by engine/fusion.py; one method per kind, chosen by an explicit table."""
 
     def __init__(self, mpi_ops: MPIOps, comm_of: Callable[[int], Any], size_of: Callable[[int], int],
-                 fusion_threshold_bytes: int, chunk_bytes: int, timeline: Timeline) -> None:
+                 fusion_threshold_bytes: int, chunk_bytes: int, timeline: Timeline,
+                 members_of: Callable[[int], list[int]]) -> None:
         self.ops = mpi_ops
-        self.comm_of = comm_of
-        self.size_of = size_of
+        self.comm_of, self.size_of, self.members_of = comm_of, size_of, members_of  # by process set id
         self.fusion_threshold_bytes = fusion_threshold_bytes
         self.chunk_bytes = chunk_bytes
         self.timeline = timeline
@@ -86,7 +86,7 @@ class Executor:
     def _adasum(self, comm: Any, items: list[Item], pre: float, post: float) -> list[tuple[Item, Any]]:
         """Adasum of a batch (one dtype): each tensor is its own vector; half precision works in float32."""
         dtype = items[0].dtype
-        work = np.float64 if dtype == "float64" else np.float32
+        work: type[np.floating[Any]] = np.float64 if dtype == "float64" else np.float32
         sizes = [item.src.size for item in items]
         bounds, start = [], 0
         for n in sizes:
@@ -259,7 +259,7 @@ class Executor:
         BYTE = self.ops.BYTE
         first = items[0].resp
         comm = self.comm_of(first.ps_id)
-        root = first.sig.root
+        root = self.members_of(first.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
         is_root = comm.Get_rank() == root
         packed: list[Item] = []
         for item in items:
@@ -276,7 +276,8 @@ class Executor:
                 self._wait(comm.Ibcast([item.dst.reshape(-1).view(np.uint8), BYTE], root=root))
         start = 0
         while start < len(packed):  # pack up to the fusion threshold per Bcast
-            group, nbytes = [], 0
+            group: list[Item] = []
+            nbytes = 0
             while start < len(packed) and not over_cap(len(group), nbytes, packed[start].dst.nbytes,
                                                        self.fusion_threshold_bytes):
                 group.append(packed[start])
@@ -380,7 +381,7 @@ class Executor:
         return [(items[0], items[0].resp.last_joined)]
 
 
-def _fits(dst: Optional[np.ndarray], shape: tuple, dtype: str) -> bool:
+def _fits(dst: Optional[np.ndarray], shape: tuple[Any, ...], dtype: str) -> bool:
     """Whether a caller-given output (allgather/reducescatter ``outputs``) can take the result directly."""
     return dst is not None and dst.shape == shape and dst.dtype == storage_dtype(dtype) and dst.flags.c_contiguous
 

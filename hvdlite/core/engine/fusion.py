@@ -16,7 +16,7 @@ ALIGN = 64  # bytes; TensorFlow and others wrap 64-byte-aligned buffers without 
 _ALIGN_FROM = 4096  # below this a copy by the consumer costs less than aligning
 
 
-def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
+def aligned_empty(shape: tuple[Any, ...], dtype: Any) -> np.ndarray:
     """An uninitialised array whose data starts on an ALIGN-byte boundary (small ones: numpy's own)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
@@ -24,7 +24,8 @@ def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
         return np.empty(shape, dtype)
     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
     start = -raw.__array_interface__["data"][0] % ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    out: np.ndarray = raw[start:start + nbytes].view(dtype).reshape(shape)
+    return out
 
 
 class Item:
@@ -36,10 +37,10 @@ class Item:
         self.resp, self.req, self.index = resp, req, index
         dtype, shape = resp.sig.tensors[index]
         self.dtype: str = dtype
-        self.shape: tuple = shape
+        self.shape: tuple[Any, ...] = shape
         if req is not None:
             self.src: np.ndarray = req.inputs[index]
-            self.dst: Optional[np.ndarray] = req.outputs[index]
+            self.dst: Any = req.outputs[index]  # an np.ndarray, or None until the executor allocates it
         else:  # a joined rank stands in: zeros for allreduce/broadcast, no rows for allgather
             gather = resp.kind is Kind.ALLGATHER
             self.src = np.zeros((0,) + tuple(shape) if gather else tuple(shape), dtype=storage_dtype(dtype))
@@ -67,8 +68,8 @@ def over_cap(count: int, filled: int, nbytes: int, threshold: int) -> bool:
 
 def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold_bytes: int) -> list[list[Any]]:
     """Group this cycle's responses: compatible tensors of fusable kinds share a batch."""
-    keyed: dict[tuple, list[Any]] = {}
-    filled: dict[tuple, int] = {}  # agreed bytes in each open batch of a capped kind
+    keyed: dict[tuple[Any, ...], list[Any]] = {}
+    filled: dict[tuple[Any, ...], int] = {}  # agreed bytes in each open batch of a capped kind
     order: list[list[Any]] = []
     for resp, req in work:
         keys = resp.batch_keys
@@ -97,4 +98,4 @@ def _agreed_bytes(item: Item) -> int:
     """Bytes of ``item`` every rank agrees on: the whole tensor for reducescatter, one row (row counts may
     differ between ranks) for allgather. Allgather and reducescatter batches are cut at the fusion
     threshold by this measure, so their staging copies stay bounded and every rank cuts at the same place."""
-    return math.prod(item.shape) * storage_dtype(item.dtype).itemsize
+    return int(math.prod(item.shape)) * storage_dtype(item.dtype).itemsize

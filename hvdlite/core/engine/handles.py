@@ -28,7 +28,7 @@ class Handle:
 
     def __init__(self, name: str, finalize: Optional[Callable[[Any], Any]] = None) -> None:
         self.name = name
-        self._waiters: Optional[list] = None
+        self._waiters: Optional[list[Any]] = None
         self._done = False
         self._result: Any = None
         self._error: Optional[BaseException] = None

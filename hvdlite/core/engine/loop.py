@@ -9,45 +9,46 @@ import collections
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..config import Config
-from ..diagnostics import callsite
-from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError, TensorMismatchError
+from ..errors import (DuplicateNameError, HvdliteError, InvalidArgumentError, ShutdownError, StallError,
+                      TensorMismatchError)
 from ..log import logger
-from . import deterministic, polling, stalls
+from . import deterministic, polling, stalls, stragglers
 from .autotune import Autotuner
 from .execution import Executor
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
-from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, RankMessage, ResponseCache, Stalled,
-                          allgather_messages, decide)
+from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache, Stalled,
+                          allgather_messages, decide, pending_message)
 from .psets import Registry
 from .requests import Kind, Request, Response
-from .stragglers import Stragglers
-from .timeline import Timeline
+from .timeline import Timeline, negotiate_activity
 
 
 class Engine:
     """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
-                 process_sets: Registry, presence_comm: Any) -> None:
+                 process_sets: Registry, presence_comm: Any,
+                 on_verdict: Callable[[str, int], None] = lambda name, ps_id: None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
+        self.on_verdict = on_verdict  # told of every name a stall verdict fails, on every rank
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
-        comms = deterministic.ordered(process_sets.comm, mpi_ops) if config.deterministic else process_sets.comm
-        self.executor = Executor(mpi_ops, comms, process_sets.size, config.fusion_threshold_bytes,
-                                 config.allreduce_chunk_bytes, timeline)
+        self.executor = Executor(mpi_ops, deterministic.comms(process_sets.comm, mpi_ops, config.deterministic),
+                                 process_sets.size, config.fusion_threshold_bytes, config.allreduce_chunk_bytes,
+                                 timeline, process_sets.members)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
@@ -68,7 +69,7 @@ class Engine:
         self.busy_cycles = 0
         self._idle_pause = 0.0
         self.autotune = Autotuner(config, self.rank, self.executor)
-        self.stragglers = Stragglers(config, self.rank, self.size)
+        self.stragglers = stragglers.Stragglers(config, self.rank, self.size)
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
 
@@ -174,7 +175,7 @@ class Engine:
             if req.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
-                self.timeline.begin(req.name, "NEGOTIATE", kind=req.kind.label)
+                self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
@@ -245,17 +246,15 @@ class Engine:
     def _full_round(self, shutdown: bool) -> list[Response]:
         self.full_cycles += 1
         now = time.monotonic()
-        msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
-                          shutdown=shutdown, join_cycle=self._join_cycle, tune=self.autotune.outgoing(),
-                          sites=callsite.sites_of(self._pending.values()), waits=self.stragglers.outgoing())
+        msg = pending_message(self._pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
+                              tune=self.autotune.outgoing(), waits=self.stragglers.outgoing())
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise _Stop(self._shutdown_message(stopping))
-        if messages[0].waits is not None:
-            self.stragglers.adopt([m.waits for m in messages], self.timeline)
+        self.stragglers.adopt([m.waits for m in messages], self.timeline)  # a straggler window, if complete
         if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
             self.autotune.adopt(messages[0].tune, self.cycles)
         responses, stalled = decide(messages, self.psets.members_table(), self.size)
@@ -289,8 +288,10 @@ class Engine:
         for resp in responses:
             req = pending.get(resp.key)
             if resp.error is not None:
+                if resp.error_kind == "stall":
+                    self.on_verdict(resp.name, resp.ps_id)
                 if req is not None:
-                    kind = StallError if resp.error_kind == "stall" else TensorMismatchError
+                    kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
                     self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
                 continue
             sig = resp.sig
@@ -377,6 +378,9 @@ class Engine:
         for req in waiting:
             req.handle.set_error(error)
         self.timeline.stop()
+
+
+_ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
 
 
 class _Stop(Exception):

@@ -50,12 +50,12 @@ def probe_library() -> Optional[tuple[str, tuple[int, int]]]:
 
 
 def thread_multiple() -> bool:
-    return _MPI.Query_thread() >= _MPI.THREAD_MULTIPLE
+    return bool(_MPI.Query_thread() >= _MPI.THREAD_MULTIPLE)
 
 
 # -- communicators -------------------------------------------------------------------------------------
 def world_size() -> int:
-    return _MPI.COMM_WORLD.Get_size()
+    return int(_MPI.COMM_WORLD.Get_size())
 
 
 def make_world(comm: Any) -> Any:
@@ -109,7 +109,7 @@ def status() -> Any:
 
 
 def ANY_SOURCE() -> int:  # noqa: N802 - MPI's name
-    return _MPI.ANY_SOURCE
+    return int(_MPI.ANY_SOURCE)
 
 
 def abort(code: int = 1) -> None:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, cast
 
 import numpy as np
 
-from ..diagnostics import callsite
-from . import polling
+from . import callsite, polling
 from .mpi import counts_displacements
 from .requests import FIELD_LABELS, Kind, Response, Signature
 
@@ -31,7 +30,7 @@ class RankMessage:
     reqs: list[tuple[str, Signature, float]]  # (name, signature, age in seconds)
     shutdown: bool = False
     join_cycle: int = -1  # cycle at which this rank joined, -1 if it has not
-    tune: Optional[dict] = None  # rank 0 only: autotune settings every rank adopts after this round
+    tune: Optional[dict[Any, Any]] = None  # rank 0 only: autotune settings every rank adopts after this round
     sites: Optional[dict] = None  # (process set, name) -> "file:line" of the user's code that submitted it
     waits: Any = None  # straggler window complete: (submitted, agreed) times per agreed op, on this rank's clock
 
@@ -60,7 +59,7 @@ class ResponseCache:
         self.capacity = capacity
         self.my_rank = my_rank
         self.words = (capacity + 63) // 64
-        self.by_name: dict[tuple[int, str], int] = {}
+        self.by_name: dict[tuple[int, Optional[str]], int] = {}
         self.names: list[Optional[str]] = [None] * capacity
         self.sigs: list[Optional[Signature]] = [None] * capacity
         self.responses: list[Optional[Response]] = [None] * capacity  # reused each time the bit is ready
@@ -89,7 +88,9 @@ class ResponseCache:
                 bit = self.names.index(None)
             else:
                 bit = min((b for b in range(self.capacity)), key=lambda b: (self.last_used[b], b))
-                del self.by_name[(self.sigs[bit].ps_id, self.names[bit])]  # type: ignore[union-attr]
+                old = self.sigs[bit]
+                assert old is not None  # the cache is full: every bit holds an entry
+                del self.by_name[(old.ps_id, self.names[bit])]
             self.by_name[key] = bit
             self.names[bit] = name
         self.sigs[bit] = sig
@@ -128,7 +129,7 @@ class ResponseCache:
         for bit in np.flatnonzero(self.valid & ~missing_anywhere).tolist():
             last_used[bit] = tick
             out.append(responses[bit])
-        return out
+        return cast(list[Response], out)  # valid bits hold a response
 
 
 class PendingBits:
@@ -167,7 +168,14 @@ class PendingBits:
                 self.mine[req.cache_bit] = False
 
 
-def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list] = None) -> list[RankMessage]:
+def pending_message(pending: Iterable[Any], now: float, **fields: Any) -> RankMessage:
+    """This rank's message of a full round: its pending (name, signature, age), their call sites, ``fields``."""
+    pending = list(pending)
+    return RankMessage([(r.name, r.sig, now - r.submitted) for r in pending], sites=callsite.sites_of(pending),
+                       **fields)
+
+
+def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any]] = None) -> list[RankMessage]:
     """Every rank's message, in rank order: the sizes, then the pickled bytes, each non-blocking and polled
     (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size."""
     payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
@@ -220,6 +228,11 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
                                    _sites(messages, key, present) + _waiting_instead(messages, missing)))
             continue
         sigs = {rank: sig for rank, (sig, _) in entries.items()}
+        error = invalid_argument(name, sigs, members)
+        if error is not None:
+            responses.append(Response(name, first_sig, error=error + _sites(messages, key, present),
+                                      error_kind="invalid"))
+            continue
         error = describe_mismatch(name, sigs)
         if error is not None:
             error += _sites(messages, key, present)
@@ -270,6 +283,27 @@ def _elsewhere(table: dict[tuple[int, str], dict[int, tuple[Signature, float]]],
     return "; ".join(notes)
 
 
+def invalid_argument(name: str, sigs: dict[int, Signature], members: list[int]) -> Optional[str]:
+    """An argument some member passed that cannot work, checked here where every member sees every member's
+    arguments: each member fails the op with the same ValueError (none raises alone, none stalls)."""
+    first = sigs[min(sigs)]
+    if first.kind is Kind.BROADCAST:
+        bad = {rank: sig.root for rank, sig in sigs.items() if sig.root not in members}
+        if bad:
+            detail = "; ".join(f"{_ranks(ranks)}: {root}" for root, ranks in _group(bad).items())
+            return (f"broadcast of {name!r}: root_rank is not a member of the process set ({detail}); the set's "
+                    f"ranks are {members}. root_rank is a rank of the whole job (as in Horovod), also with "
+                    f"process_set=; pass one of the set's ranks")
+    return None
+
+
+def _group(values: dict[int, Any]) -> dict[Any, list[int]]:
+    groups: dict[Any, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        groups.setdefault(value, []).append(rank)
+    return groups
+
+
 def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:
     """None if all ranks agree, else a message naming what differs and on which ranks."""
     distinct = set(sigs.values())
@@ -292,7 +326,7 @@ def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:
     return f"Mismatched {kind} for tensor {name!r}: ranks submitted different arguments"
 
 
-def _tensor_difference(kind: Kind, values: dict[int, tuple]) -> tuple[str, dict[int, object]]:
+def _tensor_difference(kind: Kind, values: dict[int, tuple[Any, ...]]) -> tuple[str, dict[int, object]]:
     if len({len(v) for v in values.values()}) > 1:
         return "number of tensors", {r: len(v) for r, v in values.items()}
     if len({tuple(t[0] for t in v) for v in values.values()}) > 1:
@@ -301,7 +335,7 @@ def _tensor_difference(kind: Kind, values: dict[int, tuple]) -> tuple[str, dict[
     return label, {r: _one(tuple(t[1] for t in v)) for r, v in values.items()}
 
 
-def _one(values: tuple) -> object:
+def _one(values: tuple[Any, ...]) -> object:
     return values[0] if len(values) == 1 else list(values)
 
 

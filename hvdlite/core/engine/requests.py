@@ -57,7 +57,7 @@ class Signature(NamedTuple):
     prescale: float
     postscale: float
     root: int
-    tensors: tuple  # ((dtype name, shape), ...); for allgather/alltoall the shape beyond the first dimension
+    tensors: tuple[Any, ...]  # ((dtype name, shape), ...); for allgather/alltoall the shape beyond the first dimension
     extra: Any = None
 
 
@@ -69,7 +69,7 @@ FIELD_LABELS = {
 
 
 def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: float, postscale: float,
-                   root: int, tensors: tuple, extra: Any = None) -> Signature:
+                   root: int, tensors: tuple[Any, ...], extra: Any = None) -> Signature:
     """The signature, shared with every equal one made before (a training step makes the same ones
     again and again: sharing them keeps the per-op objects few)."""
     sig = _new_signature(Signature, (kind, ps_id, op, float(prescale),
@@ -82,7 +82,7 @@ def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: flo
         return sig
 
 
-def tensor_layout(dtype: str, shape: tuple) -> tuple:
+def tensor_layout(dtype: str, shape: tuple[Any, ...]) -> tuple[Any, ...]:
     """``((dtype, shape),)``, the signature's tensors for one tensor, shared like signatures."""
     key = (dtype, shape)
     layout = _LAYOUTS.get(key)
@@ -94,8 +94,8 @@ def tensor_layout(dtype: str, shape: tuple) -> tuple:
 
 
 _INTERN_LIMIT = 1 << 16  # distinct signatures remembered; past it the tables start again
-_SIGNATURES: dict = {}
-_LAYOUTS: dict = {}
+_SIGNATURES: dict[Signature, Signature] = {}
+_LAYOUTS: dict[Any, Any] = {}
 
 
 _new_signature = tuple.__new__  # NamedTuple's own __new__ is Python code: this is on the per-op path
@@ -137,7 +137,7 @@ class Request(Handle, _SignatureFields):
         self.submitted = time.monotonic()
         self.cache_bit = -1
         self.cache_version = -1
-        self.results: Optional[list] = None  # multi-tensor results, made when the first one arrives
+        self.results: Optional[list[Any]] = None  # multi-tensor results, made when the first one arrives
         self.remaining = len(inputs)
         self.site: Optional[tuple] = None  # the user's (file, line), captured on a response-cache miss only
 
@@ -153,7 +153,7 @@ class Response(_SignatureFields):
     __slots__ = ("name", "sig", "error", "error_kind", "joined", "last_joined", "key", "batch_keys")
 
     def __init__(self, name: str, sig: Signature, error: Optional[str] = None, error_kind: str = "mismatch",
-                 joined: frozenset = frozenset(), last_joined: int = -1) -> None:
+                 joined: frozenset[Any] = frozenset(), last_joined: int = -1) -> None:
         self.name = name
         self.sig = sig
         self.error = error

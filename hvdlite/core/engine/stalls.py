@@ -1,10 +1,12 @@
 """The stall inspector's words and verdicts: what is logged, and which stalled names fail, when ranks wait."""
 from __future__ import annotations
 
+from typing import cast
+
 from ..config import Config
 from ..log import logger
 from .negotiation import Stalled
-from .requests import Response
+from .requests import Response, Signature
 
 
 def warn(stalled: list[Stalled], cfg: Config, since_last_warning: float) -> bool:
@@ -32,7 +34,7 @@ def verdict(stalled: list[Stalled], cfg: Config) -> list[Response]:
     failed = []
     for s in stalled:
         note = f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""
-        failed.append(Response(s.name, s.sig, error_kind="stall", error=(
+        failed.append(Response(s.name, cast(Signature, s.sig), error_kind="stall", error=(
             f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s (stall_shutdown_time_seconds={limit:g}): "
             f"ranks {s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.{note}{s.where}")))
     return failed

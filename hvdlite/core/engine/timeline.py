@@ -5,11 +5,22 @@ import json
 import os
 import threading
 import time
-from typing import IO, Optional
+from typing import IO, Any, Optional
+
+FLUSH_S = 0.05  # events reach the file within this long (a job that hangs or is killed leaves them behind)
+
+
+def negotiate_activity(kind: Any, op: Any = None) -> str:
+    """Horovod's name of the negotiation phase: ``NEGOTIATE_`` and the request type (``NEGOTIATE_ALLREDUCE``,
+    ``NEGOTIATE_BROADCAST``, ...; an Adasum allreduce is ``NEGOTIATE_ADASUM``)."""
+    if op is not None and getattr(op, "value", None) == "Adasum":
+        return "NEGOTIATE_ADASUM"
+    return "NEGOTIATE_" + str(kind).upper()
 
 
 class Timeline:
-    """Writes trace events; one row ("process") per tensor name. Cheap no-ops while disabled."""
+    """Writes trace events; one row ("process") per tensor name. Cheap no-ops while disabled. While it
+    writes, a small thread flushes the file every ``FLUSH_S`` when there is something new."""
 
     def __init__(self) -> None:
         self._file: Optional[IO[str]] = None
@@ -19,6 +30,9 @@ class Timeline:
         self._t0 = time.perf_counter()
         self.mark_cycles = False
         self.enabled = False
+        self._dirty = False
+        self._flusher: Optional[threading.Thread] = None
+        self._stop_flushing = threading.Event()
 
     def start(self, path: str, mark_cycles: bool = False) -> None:
         with self._lock:
@@ -32,12 +46,24 @@ class Timeline:
             self._open.clear()
             self.mark_cycles = mark_cycles
             self.enabled = True
+            self._stop_flushing = threading.Event()
+            self._flusher = threading.Thread(target=self._flush_loop, args=(self._stop_flushing,),
+                                             name="hvdlite-timeline", daemon=True)
+            self._flusher.start()
+
+    def _flush_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(FLUSH_S):
+            with self._lock:
+                if self._file is not None and self._dirty:
+                    self._file.flush()
+                    self._dirty = False
 
     def stop(self) -> None:
         with self._lock:
             self._close_locked()
 
     def _close_locked(self) -> None:
+        self._stop_flushing.set()
         if self._file is None:
             return
         now = self._now()
@@ -65,9 +91,10 @@ class Timeline:
     def _now(self) -> float:
         return round((time.perf_counter() - self._t0) * 1e6, 3)
 
-    def _write(self, event: dict) -> None:
+    def _write(self, event: dict[Any, Any]) -> None:
         assert self._file is not None
         self._file.write(json.dumps(event, separators=(",", ":")) + ",\n")
+        self._dirty = True
 
     def _row(self, name: str) -> int:
         row = self._rows.get(name)

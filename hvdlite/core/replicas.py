@@ -7,10 +7,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..api import allgather, grouped_allgather
-from ..errors import ReplicaDivergenceError
-from ..objects import allgather_object
-from ..process_sets import ProcessSet, global_process_set
+from .api import allgather, grouped_allgather
+from .errors import ReplicaDivergenceError
+from .objects import allgather_object
+from .process_sets import ProcessSet, global_process_set
 
 Named = list  # [(name, numpy array), ...]
 

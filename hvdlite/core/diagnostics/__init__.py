@@ -1,1 +1,0 @@
-"""Diagnostics beyond the collectives: the user's call site of each op, and the replica-divergence check."""

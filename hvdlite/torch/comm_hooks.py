@@ -1,0 +1,103 @@
+"""Communication hooks for DistributedOptimizer's gradient buckets (DDP's GradBucket protocol):
+allreduce_hook (the default), fp16_compress_hook, bf16_compress_hook, and compression= as a hook."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from hvdlite.core import ProcessSet
+
+from .async_ops import Average, allreduce_async_, grouped_allreduce_async_
+from .compression import Compression
+from .zero_layout import Bucket
+
+__all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "compression_hook"]
+
+#: hook(state, bucket) -> anything with .wait() returning the reduced, averaged flat tensor
+CommHook = Callable[[Any, "GradBucket"], Any]
+
+
+class GradBucket:
+    """One bucket of gradients as a hook sees it (torch.distributed.GradBucket's method names)."""
+
+    def __init__(self, index: int, bucket: Bucket, last: bool, process_set: ProcessSet) -> None:
+        self._index, self._bucket, self._last = index, bucket, last
+        self.process_set = process_set
+        #: stable and unique per bucket: the prefix of the names of the collectives a hook submits
+        self.name = bucket.name
+        assert bucket.grads is not None
+        self._buffer = bucket.grads
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        """The flat, contiguous 1-D tensor holding the bucket's gradients (they are views of it)."""
+        return self._buffer
+
+    def gradients(self) -> list[torch.Tensor]:
+        return list(self._bucket.grad_views())
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self._bucket.params)
+
+    def is_last(self) -> bool:
+        """Whether this is the last bucket of the backward pass (every bucket runs once per step)."""
+        return self._last
+
+    def __repr__(self) -> str:
+        return f"GradBucket({self.name}, index {self._index}, {self._buffer.numel()} elements)"
+
+
+def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
+    """Average the bucket over its process set, in place (the default)."""
+    return allreduce_async_(bucket.buffer(), name=bucket.name, op=Average, process_set=bucket.process_set)
+
+
+def _cast_hook(bucket: GradBucket, wire_dtype: torch.dtype) -> Any:
+    buffer = bucket.buffer()
+    if not buffer.dtype.is_floating_point or buffer.dtype == wire_dtype:
+        return allreduce_hook(None, bucket)
+    wire = buffer.to(wire_dtype)
+    handle = allreduce_async_(wire, name=bucket.name, op=Average, process_set=bucket.process_set)
+    return handle.then(lambda _: buffer.copy_(wire))
+
+
+def fp16_compress_hook(state: Any, bucket: GradBucket) -> Any:
+    """Average the bucket sent as float16 (half the bytes; range up to 65504), then cast back."""
+    return _cast_hook(bucket, torch.float16)
+
+
+def bf16_compress_hook(state: Any, bucket: GradBucket) -> Any:
+    """Average the bucket sent as bfloat16 (half the bytes; float32's range, 8 bits of mantissa)."""
+    return _cast_hook(bucket, torch.bfloat16)
+
+
+def compression_hook(compression: Any, op: Any, prescale: float, postscale: float) -> CommHook:
+    """DistributedOptimizer's ``compression=``, ``op`` and ``gradient_predivide_factor`` as one hook.
+
+    No compression reduces the bucket in place. The built-in casts (elementwise) compress the whole bucket
+    at once; any other compressor gets each gradient with its own shape, as Horovod hands it one tensor at
+    a time. Either way each element goes through the same casts and the same reduction as before buckets.
+    """
+    def reduce(state: Any, bucket: GradBucket) -> Any:
+        buffer = bucket.buffer()
+        if compression is Compression.none:
+            return allreduce_async_(buffer, name=bucket.name, op=op, prescale_factor=prescale,
+                                    postscale_factor=postscale, process_set=bucket.process_set)
+        whole = compression in (Compression.fp16, Compression.bf16)
+        grads = [buffer] if whole else bucket.gradients()
+        pairs = [compression.compress(g) for g in grads]
+        wires = [w for w, _ in pairs]
+        handle = grouped_allreduce_async_(wires, name=bucket.name, op=op, prescale_factor=prescale,
+                                          postscale_factor=postscale, process_set=bucket.process_set)
+
+        def back(_: Any) -> torch.Tensor:
+            for grad, wire, (_w, ctx) in zip(grads, wires, pairs):
+                out = compression.decompress(wire, ctx)
+                if out.data_ptr() != grad.data_ptr():
+                    grad.copy_(out.reshape(grad.shape))
+            return buffer
+        return handle.then(back)
+    return reduce

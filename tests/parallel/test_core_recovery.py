@@ -1,0 +1,137 @@
+"""After one rank's error the ranks agree again: the last rank fails before it submits an unnamed collective
+(a bad root, an exception between two collectives, a wrong argument type) while the others submit it; once
+the episode is over (the same error everywhere, or the stall verdict), every rank calls init() and 30 unnamed
+allreduces, allgathers and broadcasts are exact. Each kind of episode, one after the other, in one job."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import hvdlite as hvd
+from exact import same
+
+MPI_SIZES = (2, 3)
+SPAWN_TIMEOUT = 240
+R, N = hvd.rank(), hvd.size()
+LAST = N - 1
+SETTINGS = dict(stall_check_time_seconds=0.2, stall_shutdown_time_seconds=1.0, idle_heartbeat_seconds=0.05)
+EPISODE_S = 3.0  # every rank waits this long from the episode's start: well past the verdict (about 1.2 s)
+
+
+def bad_root_out_of_range(start: float) -> None:
+    """Checked in negotiation: every rank gets the same ValueError, nothing stalls."""
+    with pytest.raises(ValueError, match=rf"rank {LAST}: {N}\)"):
+        hvd.broadcast(np.ones(3), N if R == LAST else 0)
+
+
+def bad_root_type(start: float) -> None:
+    """Refused on the last rank before it submits; the others get the stall verdict."""
+    if R == LAST:
+        with pytest.raises(TypeError):
+            hvd.broadcast(np.ones(3), "0")  # type: ignore[arg-type]
+    else:
+        with pytest.raises(hvd.StallError, match=rf"ranks \[{LAST}\] never submitted it"):
+            hvd.broadcast(np.ones(3), 0)
+
+
+def exception_between_collectives(start: float) -> None:
+    """The user's code raises on the last rank between two collectives: it never generates the second name."""
+    try:
+        same(hvd.allreduce(np.ones(2), op=hvd.Sum), np.full(2, float(N)), "before")
+        if R == LAST:
+            raise KeyError("the user's code failed here")
+        hvd.allreduce(np.ones(2), op=hvd.Sum)
+        raise AssertionError("the allreduce the last rank skipped completed")
+    except KeyError:
+        assert R == LAST
+    except hvd.StallError as error:
+        assert R != LAST and f"ranks [{LAST}] never submitted it" in str(error), error
+
+
+def wrong_argument_type(start: float) -> None:
+    if R == LAST:
+        with pytest.raises(TypeError, match="not supported"):
+            hvd.allgather(np.array(["not", "numbers"]))
+    else:
+        with pytest.raises(hvd.StallError):
+            hvd.allgather(np.ones((1, 2)))
+
+
+def mismatched_dtype(start: float) -> None:
+    """A wrong dtype on one rank is checked in negotiation: the same error everywhere, no stall."""
+    with pytest.raises(hvd.TensorMismatchError, match="dtype differs"):
+        hvd.allreduce(np.ones(2, np.int32 if R == LAST else np.float32))
+
+
+EPISODES: list[Callable[[float], None]] = [bad_root_out_of_range, bad_root_type, exception_between_collectives,
+                                           wrong_argument_type, mismatched_dtype]
+
+
+def check_in_step(label: str) -> None:
+    for i in range(30):
+        same(hvd.allreduce(np.full(3, float(R + i)), op=hvd.Sum), np.full(3, float(N * i + N * (N - 1) // 2)),
+             f"{label}: allreduce {i}")
+        same(hvd.allgather(np.full((1, 2), R * 100 + i, np.int64)),
+             np.array([[r * 100 + i] * 2 for r in range(N)], np.int64), f"{label}: allgather {i}")
+        root = i % N
+        same(hvd.broadcast(np.full(2, R + 0.5 * i), root), np.full(2, root + 0.5 * i), f"{label}: broadcast {i}")
+
+
+def test_every_episode_then_thirty_unnamed_collectives(reinit: Callable[..., None]) -> None:
+    reinit(**SETTINGS)
+    for episode in EPISODES:
+        hvd.init(**SETTINGS)
+        hvd.barrier()  # the episode starts together on every rank
+        start = time.monotonic()
+        episode(start)
+        time.sleep(max(0.0, start + EPISODE_S - time.monotonic()))
+        hvd.init(**SETTINGS)
+        check_in_step(episode.__name__)
+
+
+def test_generated_names_start_again_after_an_engine_ending_error(reinit: Callable[..., None]) -> None:
+    """A job-wide error that ends the engine (here: one rank shuts down while the others wait) ends it on
+    every rank; the next init() on every rank starts a fresh engine whose generated names start again."""
+    reinit(**SETTINGS)
+    same(hvd.allreduce(np.ones(1), op=hvd.Sum), np.full(1, float(N)), "before")
+    if R == LAST:
+        hvd.shutdown()
+    else:
+        with pytest.raises(hvd.ShutdownError):
+            hvd.allreduce(np.ones(1), op=hvd.Sum)
+        with pytest.raises(hvd.ShutdownError):  # the engine stays ended until init()
+            hvd.allgather(np.ones(1))
+    hvd.init(**SETTINGS)
+    check_in_step("after the engine ended")
+
+
+def test_communicator_sets_are_resolved_when_registered_and_duplicates_refused(reinit: Callable[..., None]) -> None:
+    """ProcessSet(mpi4py communicator) gets its ranks when init()/add_process_set registers it, so a duplicate
+    (of the global set, of a set of ranks, of another communicator's set) is refused with ValueError on every
+    rank, as Horovod refuses it."""
+    import re
+
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    reinit()  # restarted with the defaults after this test
+    members = list(range(1, N))
+    sub = world.Split(0 if R in members else MPI.UNDEFINED, R)  # MPI.COMM_NULL on rank 0
+    cases = [([hvd.ProcessSet(sub), hvd.ProcessSet(members)], members),
+             ([hvd.ProcessSet(world.Dup())], list(range(N))),
+             ([hvd.ProcessSet(sub), hvd.ProcessSet(sub)], members)]
+    for sets, ranks in cases:
+        hvd.shutdown()
+        with pytest.raises(ValueError, match=re.escape(f"a process set with ranks {ranks} is already registered")):
+            hvd.init(comm=world, process_sets=sets)
+    hvd.shutdown()
+    ps = hvd.ProcessSet(sub)
+    hvd.init(comm=world, process_sets=[ps])
+    assert ps.ranks == members and ps.size() == N - 1 and ps.included() == (R in members)
+    if R in members:
+        same(hvd.broadcast(np.full(2, float(R)), N - 1, process_set=ps), np.full(2, float(N - 1)), "comm set")
+    hvd.remove_process_set(ps)
+    if sub != MPI.COMM_NULL:
+        sub.Free()
