@@ -18,3 +18,15 @@ def test_example_converges_on_two_ranks(example: str, checkpoint: str, tmp_path)
     assert len(found) == 1, f"expected one test_accuracy line (rank 0 only):\n{proc.stdout}\n{proc.stderr}"
     assert float(found[0]) >= 0.95, proc.stdout
     assert (tmp_path / checkpoint).is_file(), list(tmp_path.iterdir())
+
+
+def test_keras2_example_converges_on_two_ranks_and_its_h5_checkpoint_loads(tmp_path) -> None:
+    """examples/keras2_digits.py: a Horovod-era Keras 2 script (tf-keras with TF_USE_LEGACY_KERAS=1)."""
+    proc = run_mpi(ROOT / "examples" / "keras2_digits.py", 2,
+                   args=["--checkpoint-dir", str(tmp_path), "--epochs", "8"], timeout=300,
+                   env={**TF_ENV, "TF_USE_LEGACY_KERAS": "1"})
+    found = re.findall(r"^test_accuracy=([0-9.]+)$", proc.stdout, flags=re.M)
+    assert len(found) == 1, f"expected one test_accuracy line (rank 0 only):\n{proc.stdout}\n{proc.stderr}"
+    assert float(found[0]) >= 0.95, proc.stdout
+    assert re.findall(r"^restored_accuracy=([0-9.]+)$", proc.stdout, flags=re.M) == found, proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digits_keras2.h5"]

@@ -2,11 +2,15 @@
 
 A file's sizes are its ``MPI_SIZES = (...)`` line (default 2 and 3); its optional ``SPAWN_TIMEOUT = S`` line
 bounds the whole job, so a deadlock fails fast. Each failure is reported with the in-rank test's name and
-the rank it failed on.
+the rank it failed on. A file's optional ``VARIANTS = ("", "NAME=VALUE ...")`` line runs it once per entry,
+each time with those environment variables set in the ranks ("" is the plain run); the variant joins the
+test id (``test_keras_fit-np2-TF_USE_LEGACY_KERAS=1``). Variables that must be set before an import (such as
+TF_USE_LEGACY_KERAS, read when TensorFlow is imported) can only be varied this way, per process.
 """
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -25,15 +29,19 @@ def _cases() -> list:
         text = path.read_text()
         sizes = [int(s) for s in re.findall(r"\d+", _setting(text, "MPI_SIZES", "(2, 3)"))]
         timeout = float(_setting(text, "SPAWN_TIMEOUT", "600"))
-        for n in sizes:
-            cases.append(pytest.param(path.name, n, timeout, id=f"{path.stem}-np{n}",
-                                      marks=pytest.mark.timeout(timeout + 60)))
+        variants = re.findall(r'"([^"]*)"', _setting(text, "VARIANTS", '("",)'))
+        for variant in variants:
+            env = dict(item.split("=", 1) for item in shlex.split(variant))
+            for n in sizes:
+                cases.append(pytest.param(path.name, n, timeout, env,
+                                          id="-".join(filter(None, [f"{path.stem}-np{n}", variant.replace(" ", "-")])),
+                                          marks=pytest.mark.timeout(timeout + 60)))
     return cases
 
 
-@pytest.mark.parametrize("module,n,timeout", _cases())
-def test_in_ranks(module: str, n: int, timeout: float, tmp_path: Path) -> None:
-    run_parallel(module, n, tmp_path / "reports", timeout=timeout)
+@pytest.mark.parametrize("module,n,timeout,env", _cases())
+def test_in_ranks(module: str, n: int, timeout: float, env: dict, tmp_path: Path) -> None:
+    run_parallel(module, n, tmp_path / "reports", timeout=timeout, env=env)
 
 
 def test_harness_names_the_failed_test_and_rank_and_keeps_ranks_in_step(tmp_path: Path) -> None:

@@ -29,19 +29,20 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 optimizer so it averages (``op=hvd.Sum``: sums; ``op=hvd.Adasum``: combines with Adasum)
+    """Wrap a Keras 3 or tf-keras optimizer so it averages (``op=hvd.Sum``: sums; ``op=hvd.Adasum``: combines
+    with Adasum)
     gradients over all ranks before applying them.
 
     This is ``hvdlite.tensorflow.keras.DistributedOptimizer``; TF1 ``tf.compat.v1.train.Optimizer`` objects
     are not supported (use DistributedGradientTape, or BroadcastGlobalVariablesHook with your own reduction).
     """
-    import keras
-
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"hvdlite.tensorflow.DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3); "
-                         f"got {type(optimizer).__module__}.{type(optimizer).__name__}. For a custom training loop "
-                         f"use hvd.DistributedGradientTape instead.")
+    from .keras_families import family_of
     from .keras.optimizer import DistributedOptimizer as _keras_distributed
+
+    try:
+        family_of(optimizer, "optimizer", "hvdlite.tensorflow.DistributedOptimizer")
+    except ValueError as error:
+        raise ValueError(f"{error}. For a custom training loop use hvd.DistributedGradientTape instead.") from None
 
     return _keras_distributed(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
                               compression=compression, sparse_as_dense=sparse_as_dense,

@@ -35,9 +35,11 @@ class _KerasModel:
     def _optimizer_variables(self) -> list[Any]:
         if self.optimizer is None:
             return []
-        if not getattr(self.optimizer, "built", True):
-            self.optimizer.build(self.model.trainable_variables)
-        return list(self.optimizer.variables)
+        from .keras_families import family_of  # Keras 3 or tf-keras, as the optimizer is
+
+        family = family_of(self.optimizer, "optimizer", "TensorFlowKerasState")
+        family.build_optimizer(self.optimizer, self.model.trainable_variables)
+        return family.optimizer_variables(self.optimizer)
 
     def state_dict(self) -> dict[str, Any]:
         return {"weights": [np.array(w) for w in self.model.get_weights()],

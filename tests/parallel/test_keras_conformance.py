@@ -1,22 +1,25 @@
 """Horovod Keras programs run unchanged: DistributedOptimizer / PartialDistributedOptimizer with Horovod's
 positional orders (local layers keep local gradients), BroadcastGlobalVariablesCallback(root_rank, device,
 local_variables) and register_local_var, BestModelCheckpoint's positional order and its filepath attribute,
-load_model(..., legacy_opts)."""
+load_model(..., legacy_opts), elastic KerasState; a model and an optimizer of different Keras are refused. Runs
+under Keras 3 and, in the TF_USE_LEGACY_KERAS=1 variant, under tf-keras (Keras 2)."""
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import hvdlite.tensorflow as hvd_tf
 import hvdlite.tensorflow.keras as hvd
+from keras_family import LEGACY, SGD, SUFFIX, apply, keras, optimizer_variables, variable
 
 MPI_SIZES = (2, 3)
 SPAWN_TIMEOUT = 300
+VARIANTS = ("", "TF_USE_LEGACY_KERAS=1")
 
 
 def small_model(rank: int) -> keras.Model:
@@ -26,19 +29,20 @@ def small_model(rank: int) -> keras.Model:
 
 
 def test_distributed_optimizer_positional_order() -> None:
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), "dist", "", "", hvd.Compression.fp16, True, 1.0,
+    opt = hvd.DistributedOptimizer(SGD(0.1), "dist", "", "", hvd.Compression.fp16, True, 1.0,
                                    hvd.Sum, 2, True, 0, None, hvd.global_process_set, False)
     s = opt._hvd.settings
-    assert (opt.name, s["compression"], s["sparse_as_dense"], s["op"], s["backward_passes_per_step"],
+    assert (opt._name if LEGACY else opt.name, s["compression"], s["sparse_as_dense"], s["op"],
+            s["backward_passes_per_step"],
             s["average_aggregated_gradients"], s["scale_local_gradients"]) == \
         ("dist", hvd.Compression.fp16, True, hvd.Sum, 2, True, False)
     with pytest.raises(ValueError, match="op currently only supports hvd.Average, hvd.Sum and hvd.Adasum"):
-        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Max)
+        hvd.DistributedOptimizer(SGD(0.1), op=hvd.Max)
 
 
 def test_partial_distributed_optimizer_keeps_local_gradients(rank: int, size: int) -> None:
     model = small_model(0)  # the same weights everywhere
-    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), None, "", "", hvd.Compression.none, False,
+    opt = hvd.PartialDistributedOptimizer(SGD(1.0), None, "", "", hvd.Compression.none, False,
                                           1.0, hvd.Average, 1, False, None, hvd.global_process_set,
                                           model.get_layer("local"))
     before = [w.numpy().copy() for w in model.trainable_weights]
@@ -47,7 +51,7 @@ def test_partial_distributed_optimizer_keeps_local_gradients(rank: int, size: in
         loss = tf.reduce_sum(model(x))
     grads = tape.gradient(loss, model.trainable_weights)
     everyone = hvd_tf.allgather_object([g.numpy() for g in grads])
-    opt.apply(grads, model.trainable_weights)
+    apply(opt, grads, model.trainable_weights)
     local_ids = {id(w) for w in model.get_layer("local").trainable_weights}
     for i, (w, old) in enumerate(zip(model.trainable_weights, before)):
         if id(w) in local_ids:  # not reduced: this rank's own gradient, divided by the size (Horovod's scaling)
@@ -56,14 +60,15 @@ def test_partial_distributed_optimizer_keeps_local_gradients(rank: int, size: in
             mean = sum(g[i] for g in everyone) / size
             np.testing.assert_allclose(w.numpy(), old - mean, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="local_layers must be Keras layers"):
-        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=["dense"])
+        hvd.PartialDistributedOptimizer(SGD(1.0), local_layers=["dense"])
 
 
 def test_broadcast_callback_leaves_local_variables_alone(rank: int, size: int) -> None:
     model = small_model(rank)
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.compile(optimizer=hvd.DistributedOptimizer(SGD(0.1)), loss="mse")
     local_kernel = model.get_layer("local").kernel
-    mine = {w.path: w.numpy().copy() for w in model.weights}
+    key = (lambda w: w.name) if LEGACY else (lambda w: w.path)
+    mine = {key(w): w.numpy().copy() for w in model.weights}
     root = size - 1
     callback = hvd.callbacks.BroadcastGlobalVariablesCallback(root, "", local_kernel)
     callback.register_local_var(model.get_layer("local").bias)
@@ -71,18 +76,21 @@ def test_broadcast_callback_leaves_local_variables_alone(rank: int, size: int) -
     callback.on_train_begin()
     roots = hvd_tf.broadcast_object(mine, root_rank=root)
     for w in model.weights:
-        keep = w.path in (local_kernel.path, model.get_layer("local").bias.path)
-        np.testing.assert_array_equal(w.numpy(), mine[w.path] if keep else roots[w.path])
+        keep = key(w) in (key(local_kernel), key(model.get_layer("local").bias))
+        np.testing.assert_array_equal(w.numpy(), mine[key(w)] if keep else roots[key(w)])
     with pytest.raises(ValueError, match="All local variables must be of tf.Variable type"):
         hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[np.zeros(2)])
 
 
 def test_best_model_checkpoint_positional_order_and_filepath(rank: int) -> None:
+    """(Keras 3's ModelCheckpoint underneath; under tf-keras it checks the same on a Keras 3 model.)"""
+    k3 = __import__("keras")
     callback = hvd.callbacks.BestModelCheckpoint("loss", 0, True, "min", "epoch")
     assert (callback.monitor, callback.save_weights_only, callback.save_best_only, callback.save_freq,
             callback.filepath) == ("loss", True, True, "epoch", None)
-    model = small_model(rank)
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    k3.utils.set_random_seed(40 + rank)
+    model = k3.Sequential([k3.Input((3,)), k3.layers.Dense(2)])
+    model.compile(optimizer=hvd.DistributedOptimizer(k3.optimizers.SGD(0.01)), loss="mse")
     x, y = np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32)
     with pytest.raises(ValueError, match=r"set callback.filepath = 'best.keras' \(as Horovod's Spark estimator"):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[callback])
@@ -95,12 +103,72 @@ def test_best_model_checkpoint_positional_order_and_filepath(rank: int) -> None:
 
 
 def test_load_model_accepts_legacy_opts(rank: int) -> None:
+    """Keras 3 ignores legacy_opts; tf-keras loads a legacy optimizer as its legacy class."""
     model = small_model(0)
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    adam = keras.optimizers.legacy.Adam if LEGACY else keras.optimizers.Adam
+    model.compile(optimizer=hvd.DistributedOptimizer(adam(0.01)), loss="mse")
     model.fit(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), epochs=1, verbose=0)
-    path = os.path.join(tempfile.mkdtemp(prefix=f"hvdlite-load-{rank}-"), "m.keras")
+    path = os.path.join(tempfile.mkdtemp(prefix=f"hvdlite-load-{rank}-"), "m" + SUFFIX)
     model.save(path)
     for legacy in (False, True):
         loaded = hvd.load_model(path, None, None, hvd.Compression.none, legacy)
-        assert isinstance(loaded.optimizer, keras.optimizers.Adam) and hasattr(loaded.optimizer, "_hvd")
+        assert isinstance(loaded.optimizer, adam) and hasattr(loaded.optimizer, "_hvd"), type(loaded.optimizer)
         assert int(loaded.optimizer.iterations.numpy()) == 1
+
+
+def test_keras_state_commits_and_restores_model_and_optimizer(rank: int, size: int) -> None:
+    """hvd.elastic.KerasState with the elastic callbacks in fit: commit, restore, sync from rank 0."""
+    model = small_model(rank)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    x, y = np.ones((8, 3), np.float32) * (rank + 1), np.zeros((8, 2), np.float32)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.elastic.UpdateEpochStateCallback(state),
+                         hvd.elastic.UpdateBatchStateCallback(state),
+                         hvd.elastic.CommitStateCallback(state, batches_per_commit=1)])
+    assert (state.epoch, state.batch) == (2, 0)
+    committed = [w.copy() for w in model.get_weights()]
+    committed += [v.numpy().copy() for v in optimizer_variables(model.optimizer)]
+    assert int(model.optimizer.iterations.numpy()) == 4
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # uncommitted progress, then back to the commit
+    state.restore()
+    now = model.get_weights() + [v.numpy() for v in optimizer_variables(model.optimizer)]
+    for a, b in zip(now, committed):
+        np.testing.assert_array_equal(a, b)
+    if rank == 0:
+        model.set_weights([w + 1.0 for w in model.get_weights()])
+    state.sync()  # everyone takes rank 0's state
+    everyone = hvd_tf.allgather_object([w for w in model.get_weights()])
+    for other in everyone:
+        for a, b in zip(other, model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_model_and_an_optimizer_of_different_keras_are_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """Keras 3 with tf-keras (or the reverse) is refused naming both and TF_USE_LEGACY_KERAS; wrapping an
+    optimizer of the Keras that tf.keras is not warns (compile() would refuse the mix with an obscure error)."""
+    import keras as k3
+    import tf_keras as k2
+
+    for model_keras, opt_keras in ((k3, k2), (k2, k3)):
+        model = model_keras.Sequential([model_keras.Input((3,)), model_keras.layers.Dense(2)])
+        caplog.clear()
+        hvdlite_logger = logging.getLogger("hvdlite")  # it does not propagate: give it pytest's handler
+        hvdlite_logger.addHandler(caplog.handler)
+        try:
+            optimizer = hvd.DistributedOptimizer(opt_keras.optimizers.SGD(0.1))
+        finally:
+            hvdlite_logger.removeHandler(caplog.handler)
+        warned = [rec.getMessage() for rec in caplog.records if "while tf.keras is" in rec.getMessage()]
+        assert len(warned) == (1 if (opt_keras is k3) == LEGACY else 0), warned
+        pattern = r"the model \(.*\) is (Keras 3|tf-keras \(Keras 2\)) but the optimizer .* is " \
+                  r"(tf-keras \(Keras 2\)|Keras 3).*TF_USE_LEGACY_KERAS=1"
+        with pytest.raises(ValueError, match=pattern):
+            hvd.elastic.KerasState(model, optimizer)
+        model.optimizer = optimizer  # as if compile had taken it
+        callback = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+        callback.set_model(model)
+        with pytest.raises(ValueError, match=pattern):
+            callback.on_train_begin()
+        with pytest.raises(ValueError, match=r"the optimizer .* but the local layer .*TF_USE_LEGACY_KERAS"):
+            hvd.PartialDistributedOptimizer(opt_keras.optimizers.SGD(0.1), local_layers=model.layers[0])

@@ -1,16 +1,22 @@
-"""Keras 3 fit with hvd.elastic.KerasState and the elastic callbacks on digits (tests/test_elastic.py).
+"""Keras fit with hvd.elastic.KerasState and the elastic callbacks on digits (tests/test_elastic.py); Keras 3,
+or tf-keras (Keras 2) when TF_USE_LEGACY_KERAS=1.
 
 Rank 0 prints ``epoch=E size=S`` after each epoch, ``reset: size=S`` after a restart and
 ``test_accuracy=<float>`` at the end."""
 import argparse
+import os
 import time
 
-import keras
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import hvdlite.keras as hvd
+
+if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+    import tf_keras as keras
+else:
+    import keras
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=4)

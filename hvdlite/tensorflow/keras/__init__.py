@@ -1,6 +1,7 @@
-"""hvdlite.tensorflow.keras (also ``hvdlite.keras``): Horovod's Keras API on Keras 3 with the TensorFlow backend.
+"""hvdlite.tensorflow.keras (also ``hvdlite.keras``): Horovod's Keras API on Keras 3 and on tf-keras (Keras 2).
 
-``import hvdlite.tensorflow.keras as hvd`` replaces ``import horovod.tensorflow.keras as hvd``.
+``import hvdlite.tensorflow.keras as hvd`` replaces ``import horovod.tensorflow.keras as hvd``. Which Keras
+is served is decided per object (the optimizer wrapped, the model a callback gets): see ../keras_families.py.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..compression import Compression
 from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from . import optimizer_keras2  # noqa: F401  (registers the tf-keras optimizer mixin)
 from .saving import load_model
 from .replicas import check_replicas
 from .variables import broadcast_global_variables

@@ -1,4 +1,4 @@
-"""Keras 3 callbacks for data-parallel training: broadcast, metric averaging, lr warm-up/schedule, checkpoint."""
+"""Keras callbacks (Keras 3 and tf-keras) for data-parallel training: broadcast, metric averaging, lr, checkpoint."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +13,7 @@ from hvdlite.core import Average
 from hvdlite.core.frontend import logger
 
 from ..functions import broadcast_variables
+from ..keras_families import family_of, model_family
 from .replicas import CheckReplicasCallback  # noqa: F401  (hvd.callbacks.CheckReplicasCallback)
 from .variables import model_and_optimizer_variables
 
@@ -27,7 +28,28 @@ def _say(message: str) -> None:
         print_msg(message)
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class AnyKerasCallback(keras.callbacks.Callback):
+    """A Keras 3 callback that tf-keras' ``model.fit`` accepts as well, so one callback class serves both.
+
+    tf-keras asks each callback which batch hooks it implements (and whether it takes tensor logs: no).
+    """
+
+    _supports_tf_logs = False
+
+    def _overrides(self, *hooks: str) -> bool:
+        return any(getattr(type(self), h) is not getattr(keras.callbacks.Callback, h) for h in hooks)
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return self._overrides("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return self._overrides("on_test_batch_begin", "on_test_batch_end")
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return self._overrides("on_predict_batch_begin", "on_predict_batch_end")
+
+
+class BroadcastGlobalVariablesCallback(AnyKerasCallback):
     """Broadcast the model's and optimizer's variables from ``root_rank`` once, before training moves on.
 
     With a built model (e.g. one that starts with ``keras.Input``) this happens in ``on_train_begin``, after
@@ -56,6 +78,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         """Leave ``var`` out of the broadcast: each rank keeps its own value."""
         self.local_variables.append(var)
 
+    def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        model_family(self.model, type(self).__name__)  # refuses a model and optimizer of different Keras
+        if not self.broadcast_done and self.model.built:
+            self._broadcast()
+
     def _broadcast(self) -> None:
         local = {id(v) for v in self.local_variables}
         local |= {id(getattr(v, "value", None)) for v in self.local_variables if isinstance(v, keras.Variable)}
@@ -63,10 +90,6 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                      if id(v) not in local and id(getattr(v, "value", None)) not in local]
         broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
-
-    def on_train_begin(self, logs: Optional[dict] = None) -> None:
-        if not self.broadcast_done and self.model.built:
-            self._broadcast()
 
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if not self.broadcast_done:
@@ -77,7 +100,7 @@ def _is_variable(value: Any) -> bool:
     return isinstance(value, (tf.Variable, keras.Variable))
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(AnyKerasCallback):
     """Replace each epoch-end metric (training and validation) by its average over all ranks.
 
     Keras 3 passes one logs dict to the callbacks in list order and appends its own History and progress
@@ -102,10 +125,10 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 def _current_lr(optimizer: Any) -> float:
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    return float(np.asarray(optimizer.learning_rate))  # a Keras 3 variable, a tf.Variable or a float
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(AnyKerasCallback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` to ``end_epoch``.
 
     ``multiplier`` is a constant (exponential decay: ``multiplier ** (epoch - start_epoch)``) or a function
@@ -141,6 +164,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                          f"pass steps_per_epoch= to {type(self).__name__}()")
 
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
+        model_family(self.model, type(self).__name__)
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = self._autodetect_steps_per_epoch()
 
@@ -175,16 +199,16 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 
 def _correct_momentum(optimizer: Any, ratio: float) -> None:
-    """Keras 2's momentum correction on Keras 3: scale SGD's velocity once, which is the same update.
+    """Horovod's momentum correction, as one scaling of the momentum buffers (either Keras).
 
-    Keras 2 let Horovod multiply the momentum hyper-parameter by ``ratio`` for one step; SGD's next
-    velocity ``(momentum * ratio) * v - lr * g`` equals ``momentum * (ratio * v) - lr * g``.
+    Horovod multiplied the momentum hyper-parameter by ``ratio`` for one step; SGD's next velocity
+    ``(momentum * ratio) * v - lr * g`` equals ``momentum * (ratio * v) - lr * g``, and scaling the buffer
+    also works where the momentum is a constant of a traced function (Keras 3, tf-keras' 2.11+ optimizers).
     """
-    if not getattr(optimizer, "momentum", 0) or not getattr(optimizer, "built", False):
+    if not float(np.asarray(getattr(optimizer, "momentum", 0) or 0)):
         return
-    for velocity in getattr(optimizer, "momentums", None) or []:
-        if velocity is not None:
-            velocity.assign(velocity * ratio)
+    for velocity in family_of(optimizer, "optimizer", "momentum_correction").velocities(optimizer):
+        velocity.assign(velocity * ratio)
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import keras
-
 from hvdlite.core.elastic import HostsUpdatedInterrupt, ObjectState, State, run
 from hvdlite.tensorflow.elastic import TensorFlowKerasState
+
+from .callbacks import AnyKerasCallback
+from ..keras_families import model_family
 
 __all__ = ["run", "State", "ObjectState", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "HostsUpdatedInterrupt"]
@@ -16,10 +17,11 @@ class KerasState(TensorFlowKerasState):
     """Horovod's ``hvd.elastic.KerasState(model, optimizer=None, **kwargs)``."""
 
     def __init__(self, model: Any, optimizer: Optional[Any] = None, **kwargs: Any) -> None:
+        model_family(model, "KerasState", optimizer)  # refuses a model and optimizer of different Keras
         super().__init__(model, optimizer=optimizer, **kwargs)
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class CommitStateCallback(AnyKerasCallback):
     """Commit the state every ``batches_per_commit`` batches and at the end of every epoch."""
 
     def __init__(self, state: State, batches_per_commit: int = 1) -> None:
@@ -39,7 +41,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_remaining = self.batches_per_commit
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class UpdateBatchStateCallback(AnyKerasCallback):
     """Keep ``state.batch`` at the number of batches done in the current epoch."""
 
     def __init__(self, state: State) -> None:
@@ -53,7 +55,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = 0
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class UpdateEpochStateCallback(AnyKerasCallback):
     """Count finished epochs in ``state.epoch`` (resume with ``fit(..., epochs=total - state.epoch)``)."""
 
     def __init__(self, state: State) -> None:

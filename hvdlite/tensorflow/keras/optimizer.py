@@ -1,22 +1,24 @@
-"""DistributedOptimizer for Keras 3: a subclass of the user's optimizer class that reduces gradients first.
+"""DistributedOptimizer: a subclass of the user's optimizer class that reduces gradients first (either Keras).
 
 Keras 3's ``model.fit`` (TensorFlow backend) calls ``optimizer.apply_gradients`` -> ``optimizer.apply``
-inside a tf.function; custom loops call either. The wrapper overrides ``apply`` only, so every path reduces
-the gradients exactly once. The class is built on the fly as ``type(name, (mixin, UserOptimizer), ...)``,
-so ``isinstance(opt, keras.optimizers.Adam)`` holds, ``get_config`` is the plain optimizer's config and a
-saved model loads back with plain Keras (as the plain optimizer) or with ``hvd.load_model`` (wrapped).
+inside a tf.function; custom loops call either. The Keras 3 wrapper overrides ``apply`` only, so every path
+reduces the gradients exactly once (tf-keras: ``apply_gradients``, see optimizer_keras2.py). The class is built
+on the fly as ``type(name, (mixin, UserOptimizer), ...)``, so ``isinstance(opt, keras.optimizers.Adam)``
+holds, ``get_config`` is the plain optimizer's config and a saved model loads back with plain Keras (as the
+plain optimizer) or with ``hvd.load_model`` (wrapped).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
 from hvdlite.core import Adasum, Average, ProcessSet, Sum, global_process_set
-from hvdlite.core.frontend import check_gradient_options, mixin_class
+from hvdlite.core.frontend import check_gradient_options, logger, mixin_class
 
 from ..compression import Compression
+from ..keras_families import KERAS3, Family, family_of, same_family, tf_keras_family
 from ..mpi_ops import check_not_xla, dense
 from ..reduction import reduce_partially, variable_names
 
@@ -32,7 +34,7 @@ class _HvdState:
 
 
 class DistributedOptimizerMixin:
-    """The methods a distributed optimizer class adds in front of the wrapped optimizer class."""
+    """What a distributed optimizer class of either Keras family adds in front of the wrapped optimizer class."""
 
     _hvd_base: type
     _hvd_settings: dict = {}
@@ -45,14 +47,14 @@ class DistributedOptimizerMixin:
         """Keep the gradient of ``var`` local (not reduced; divided by the set size if scale_local_gradients)."""
         self._hvd.local_vars.add(id(var))
 
-    def build(self, variables: Sequence[Any]) -> None:
-        super().build(variables)  # type: ignore[misc]
-        if self._hvd.settings["backward_passes_per_step"] > 1:
-            with tf.init_scope():  # created once, outside any tf.function being traced
-                for v in variables:
-                    self._hvd.accumulators[id(v)] = tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
-                                                                name="hvdlite_gradient_accumulator")
-                self._hvd.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdlite_backward_passes")
+    def _hvd_make_accumulators(self, variables: Sequence[Any]) -> None:
+        if self._hvd.settings["backward_passes_per_step"] == 1 or self._hvd.counter is not None:
+            return
+        with tf.init_scope():  # created once, outside any tf.function being traced
+            for v in variables:
+                self._hvd.accumulators[id(v)] = tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
+                                                            name="hvdlite_gradient_accumulator")
+            self._hvd.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdlite_backward_passes")
 
     def _hvd_reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
         s = self._hvd.settings
@@ -60,6 +62,47 @@ class DistributedOptimizerMixin:
         names = variable_names([v for v, is_local in zip(variables, local) if not is_local])
         return reduce_partially(grads, local, names, s["compression"], s["sparse_as_dense"], s["op"],
                                 s["gradient_predivide_factor"], s["process_set"], s["scale_local_gradients"])
+
+    def _hvd_accumulate_and_apply(self, grads: list[Any], variables: list[Any],
+                                  apply: Callable[[list[Any], list[Any]], Any]) -> Any:
+        """Sum ``grads`` locally; every ``backward_passes_per_step``-th call reduce the sums and ``apply`` them
+        (the plain optimizer's own apply), the other calls only advance ``iterations``."""
+        s = self._hvd.settings
+        steps = s["backward_passes_per_step"]
+        self._hvd_make_accumulators(variables)
+        accumulators = [self._hvd.accumulators[id(v)] for v in variables]
+        for g, acc in zip(grads, accumulators):
+            if g is not None:
+                acc.assign_add(tf.cast(dense(g), acc.dtype))
+        counter: Any = self._hvd.counter
+        counter.assign_add(1)
+
+        def reduce_and_apply() -> tf.Tensor:
+            summed = [None if g is None else acc.read_value() for g, acc in zip(grads, accumulators)]
+            if s["average_aggregated_gradients"]:
+                summed = [None if g is None else g / steps for g in summed]
+            apply(self._hvd_reduce(summed, variables), variables)
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc))
+            counter.assign(0)
+            return tf.constant(True)
+
+        def only_count() -> tf.Tensor:
+            self.iterations.assign_add(1)  # type: ignore[attr-defined]
+            return tf.constant(False)
+
+        return tf.cond(counter.read_value() >= steps, reduce_and_apply, only_count)
+
+
+class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
+    """Keras 3: ``apply`` (which ``apply_gradients`` calls) reduces the gradients."""
+
+    def build(self, variables: Sequence[Any]) -> None:
+        super().build(variables)  # type: ignore[misc]
+        self._hvd_make_accumulators(variables)
+
+    def _hvd_apply_plain(self, grads: list[Any], variables: list[Any]) -> Any:
+        return super(DistributedOptimizerMixin, self).apply(grads, variables)  # type: ignore[misc]
 
     def apply(self, grads: Sequence[Any], trainable_variables: Optional[Sequence[Any]] = None) -> Any:
         """Reduce ``grads`` over the ranks (every ``backward_passes_per_step`` calls), then apply them."""
@@ -78,39 +121,18 @@ class DistributedOptimizerMixin:
         if not self.built:  # type: ignore[attr-defined]
             with keras.name_scope(self.name, caller=self):  # type: ignore[attr-defined]
                 self.build(variables)
-        return self._hvd_accumulate_and_apply(grads, variables)
-
-    def _hvd_accumulate_and_apply(self, grads: list[Any], variables: list[Any]) -> Any:
-        s = self._hvd.settings
-        steps = s["backward_passes_per_step"]
-        accumulators = [self._hvd.accumulators[id(v)] for v in variables]
-        for g, acc in zip(grads, accumulators):
-            if g is not None:
-                acc.assign_add(tf.cast(dense(g), acc.dtype))
-        counter = self._hvd.counter
-        counter.assign_add(1)
-
-        def reduce_and_apply() -> tf.Tensor:
-            summed = [None if g is None else acc.read_value() for g, acc in zip(grads, accumulators)]
-            if s["average_aggregated_gradients"]:
-                summed = [None if g is None else g / steps for g in summed]
-            super(DistributedOptimizerMixin, self).apply(self._hvd_reduce(summed, variables), variables)
-            for acc in accumulators:
-                acc.assign(tf.zeros_like(acc))
-            counter.assign(0)
-            return tf.constant(True)
-
-        def only_count() -> tf.Tensor:
-            self.iterations.assign_add(1)  # type: ignore[attr-defined]
-            return tf.constant(False)
-
-        return tf.cond(counter.read_value() >= steps, reduce_and_apply, only_count)
+        return self._hvd_accumulate_and_apply(grads, variables, self._hvd_apply_plain)
 
 
-def distributed_class(base: type, settings: dict) -> type:
-    """The distributed subclass of optimizer class ``base`` with these hvdlite settings."""
-    cls = mixin_class(DistributedOptimizerMixin, base, _hvd_settings=dict(settings))
-    registered = keras.saving.get_registered_name(base)
+#: The distributed mixin of each Keras family but Keras 3's (optimizer_keras2.py adds tf-keras' on import).
+FAMILY_MIXINS: dict[Family, type] = {}
+
+
+def distributed_class(base: type, settings: dict, family: Optional[Family] = None) -> type:
+    """The distributed subclass of optimizer class ``base`` (of Keras ``family``) with these hvdlite settings."""
+    mixin = FAMILY_MIXINS[family] if family is not None and family is not KERAS3 else Keras3DistributedOptimizerMixin
+    cls = mixin_class(mixin, base, _hvd_settings=dict(settings))
+    registered = keras.saving.get_registered_name(base)  # Keras 3's registry (a tf-keras class: its own name)
     if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
         try:
             from keras.src.saving import object_registration
@@ -126,7 +148,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
                          backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 optimizer (SGD, Adam, AdamW, ...) so it averages gradients over ranks before applying.
+    """Wrap a Keras 3 or tf-keras optimizer (SGD, Adam, ..., tf.keras.optimizers.legacy.*) so it averages
+    gradients over ranks before applying.
 
     Returns a new optimizer of a subclass of ``type(optimizer)`` built from ``optimizer.get_config()``.
     ``op`` is hvd.Average (default), hvd.Sum or hvd.Adasum (the gradients are combined with Adasum, which
@@ -140,9 +163,12 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
         raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")
     if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
         raise ValueError("groups must be a positive integer or a list of lists of variables")
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3), got "
-                         f"{type(optimizer).__module__}.{type(optimizer).__name__}")
+    family = family_of(optimizer, "optimizer", "DistributedOptimizer")
+    if family is not tf_keras_family():  # legitimate, but mostly a mix-up that compile() reports obscurely
+        logger.warning(f"DistributedOptimizer: wrapping a {family.name} optimizer ({type(optimizer).__module__}."
+                       f"{type(optimizer).__name__}) while tf.keras is {tf_keras_family().name}; a model compiled "
+                       f"with it must be {family.name} too (TF_USE_LEGACY_KERAS=1 before TensorFlow's import makes "
+                       f"tf.keras tf-keras; `import keras` is always Keras 3)")
     base = getattr(type(optimizer), "_hvd_base", type(optimizer))
     settings = dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=reduce_op,
                     gradient_predivide_factor=float(gradient_predivide_factor),
@@ -152,7 +178,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    return distributed_class(base, settings).from_config(config)
+    return distributed_class(base, settings, family).from_config(config)
 
 
 def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
@@ -164,14 +190,16 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
                                 scale_local_gradients: bool = True) -> Any:
     """A DistributedOptimizer whose ``local_layers`` (a Keras layer or a list of them) keep their own
     gradients: those are not reduced, only divided by the set size if ``scale_local_gradients``."""
+    family = family_of(optimizer, "optimizer", "PartialDistributedOptimizer")
     if local_layers is None:
         local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
+    elif family.owns(local_layers, "layer") or not isinstance(local_layers, (list, tuple)):
         local_layers = [local_layers]
     layers = list(local_layers)
-    for layer in layers:
-        if not isinstance(layer, keras.layers.Layer):
-            raise ValueError(f"local_layers must be Keras layers (keras.layers.Layer), got {type(layer).__name__}")
+    for layer in layers:  # each a layer of the optimizer's Keras
+        layer_family = family_of(layer, "layer", "PartialDistributedOptimizer: local_layers must be Keras layers; each")
+        same_family("PartialDistributedOptimizer", ("optimizer", optimizer, family),
+                    ("local layer", layer, layer_family))
     wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                    gradient_predivide_factor, op, backward_passes_per_step,
                                    average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
@@ -183,13 +211,13 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
 
 def copy_optimizer_state(source: Any, target: Any, trainable_variables: Sequence[Any]) -> None:
     """Build ``target`` on ``trainable_variables`` and give it ``source``'s slot variables and step count."""
-    if not getattr(source, "built", False):
+    family = family_of(source, "optimizer", "copy_optimizer_state")
+    if not family.optimizer_built(source):
         return
-    if not target.built:
-        with keras.name_scope(target.name, caller=target):
-            target.build(list(trainable_variables))
-    if len(source.variables) != len(target.variables):
+    family.build_optimizer(target, trainable_variables)
+    theirs, ours = family.optimizer_variables(source), family.optimizer_variables(target)
+    if len(theirs) != len(ours):
         raise ValueError(f"cannot carry the state of optimizer {source.name!r} over: it has "
-                         f"{len(source.variables)} variables, the distributed one {len(target.variables)}")
-    for src, dst in zip(source.variables, target.variables):
+                         f"{len(theirs)} variables, the distributed one {len(ours)}")
+    for src, dst in zip(theirs, ours):
         dst.assign(src)

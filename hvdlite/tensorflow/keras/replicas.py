@@ -9,6 +9,7 @@ import keras
 from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core.frontend import check_named_replicas
 
+from ..keras_families import FAMILIES
 from ..replicas import check_tensors, named_variables
 from .variables import model_and_optimizer_variables
 
@@ -20,7 +21,7 @@ def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> in
     tensor is gathered and ``hvd.ReplicaDivergenceError`` is raised on every rank naming it, the ranks that
     differ and the largest absolute difference. Every rank must call it. Layers' random-seed state (Dropout)
     is left out: it differs per rank on purpose."""
-    if isinstance(obj, keras.Model):
+    if any(family.owns(obj, "model") for family in FAMILIES):  # Keras 3 or tf-keras
         return check_named_replicas(named_variables(model_and_optimizer_variables(obj, build_optimizer=False)),
                                     process_set)
     return check_tensors(obj, process_set)

@@ -1,40 +1,54 @@
-"""load_model: load a saved Keras 3 model and hand it back with its optimizer wrapped for hvdlite."""
+"""load_model: load a saved Keras model (Keras 3 or tf-keras) and hand it back with its optimizer wrapped."""
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import keras
-
 from hvdlite.core.frontend import logger
 
 from ..compression import Compression
+from ..keras_families import KERAS2, KERAS3, tf_keras_family
 from .optimizer import DistributedOptimizer, DistributedOptimizerMixin, copy_optimizer_state
 
 
 def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
                custom_objects: Optional[dict] = None, compression: type = Compression.none,
                legacy_opts: bool = False) -> Any:
-    """Load a ``.keras`` (or ``.h5``) model; its optimizer comes back as a DistributedOptimizer.
+    """Load a saved model; its optimizer comes back as a DistributedOptimizer with the state saved with it.
 
-    The optimizer keeps the state that was saved with it (step count, slot variables). Optimizer classes
-    in ``custom_optimizers`` and objects in ``custom_objects`` are made known to Keras for loading.
-    ``legacy_opts`` (Horovod: wrap ``tf.keras.optimizers.legacy`` classes) is accepted and ignored: Keras 3 has
-    no legacy optimizers, so the saved optimizer's own class is used.
+    A ``.keras`` file is loaded with Keras 3; an ``.h5`` file or a SavedModel directory with the Keras that
+    ``tf.keras`` is (tf-keras when TF_USE_LEGACY_KERAS=1, else Keras 3). Optimizer classes in
+    ``custom_optimizers`` and objects in ``custom_objects`` are made known to Keras for loading. With
+    ``legacy_opts`` (Horovod's meaning) tf-keras loads the optimizer as its ``tf.keras.optimizers.legacy``
+    class; Keras 3 has no legacy optimizers, so there it is ignored.
     """
-    if legacy_opts:
+    family = KERAS3 if str(filepath).endswith(".keras") else tf_keras_family()
+    if legacy_opts and family is KERAS3:
         logger.debug("load_model: legacy_opts=True ignored (Keras 3 has no legacy optimizers)")
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or ():
         objects.setdefault(cls.__name__, cls)
-        objects.setdefault(keras.saving.get_registered_name(cls), cls)
-    model = keras.models.load_model(filepath, custom_objects=objects)
+        objects.setdefault(family.module().saving.get_registered_name(cls), cls)
+    model = family.load_model(filepath, objects, legacy_opts)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or isinstance(optimizer, DistributedOptimizerMixin):
         return model
     wrapped = DistributedOptimizer(optimizer, compression=compression)
+    if family is KERAS2:  # the optimizer keeps its restored (or still pending) state: it becomes the wrapper
+        _become(optimizer, wrapped)
+        return model
     copy_optimizer_state(optimizer, wrapped, model.trainable_variables)
     model.optimizer = wrapped
     compile_config = getattr(model, "_compile_config", None)
     if compile_config is not None and isinstance(getattr(compile_config, "config", None), dict):
         compile_config.config["optimizer"] = wrapped  # so that saving the model again saves this optimizer
     return model
+
+
+def _become(optimizer: Any, wrapped: Any) -> None:
+    """Turn ``optimizer`` into an instance of ``wrapped``'s class with its hvdlite state, in place.
+
+    tf-keras restores an optimizer's state by the object (an .h5 file's variables, a checkpoint's pending slot
+    values), so the loaded optimizer itself, not a copy of its variables, becomes the distributed one.
+    """
+    optimizer.__class__ = type(wrapped)
+    optimizer._hvd = wrapped._hvd

@@ -1,14 +1,13 @@
-"""Which Keras 3 variables hvdlite synchronizes: a model's and its optimizer's, or those of every live model."""
+"""Which Keras variables hvdlite synchronizes: a model's and its optimizer's, or those of every live model."""
 from __future__ import annotations
 
 import gc
 from typing import Any
 
-import keras
-
 from hvdlite import core
 
 from ..functions import broadcast_variables
+from ..keras_families import FAMILIES, model_family
 
 #: Random-number state of layers such as Dropout: left per rank, so ranks keep drawing different masks.
 _RNG_STATE_NAME = "seed_generator_state"
@@ -20,14 +19,14 @@ def _is_rng_state(variable: Any) -> bool:
 
 def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> list[Any]:
     """The model's variables, then its optimizer's (building the optimizer's state first if asked)."""
+    family = model_family(model, "hvdlite (the model and its optimizer)")
     variables = [v for v in model.variables if not _is_rng_state(v)]
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
-        if build_optimizer and not optimizer.built and model.built:
-            with keras.name_scope(optimizer.name, caller=optimizer):
-                optimizer.build(model.trainable_variables)
-        if optimizer.built:
-            variables += list(optimizer.variables)
+        if build_optimizer and model.built:
+            family.build_optimizer(optimizer, model.trainable_variables)
+        if family.optimizer_built(optimizer):
+            variables += family.optimizer_variables(optimizer)
     seen: set = set()
     unique = []
     for v in variables:
@@ -38,22 +37,27 @@ def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> l
 
 
 def broadcast_global_variables(root_rank: int) -> None:
-    """Broadcast the variables of every live Keras model (and its optimizer) from ``root_rank``.
+    """Broadcast the variables of every live Keras model (and its optimizer), of either Keras, from ``root_rank``.
 
-    Keras 3 has no global variable collection, so hvdlite finds the live ``keras.Model`` objects, takes
-    them in name order, and first checks that every rank holds the same variables (names, shapes, dtypes)
-    and that no two share a name (models are matched by name: give each model its own).
+    Neither Keras 3 nor tf-keras in TF 2 has a global variable collection, so hvdlite finds the live Keras
+    models (``keras.Model``, then ``tf.keras.Model``), takes them in name order, and first checks that every
+    rank holds the same variables (names, shapes, dtypes) and that no two share a name (models are matched
+    by name: give each model its own).
     """
     gc.collect()
-    models = sorted((o for o in gc.get_objects() if isinstance(o, keras.Model)), key=lambda m: m.name)
     variables: list[Any] = []
+    keys: list[str] = []
     seen: set = set()
-    for model in models:
-        for v in model_and_optimizer_variables(model):
-            if id(v) not in seen:
-                seen.add(id(v))
-                variables.append(v)
-    signature = [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]
+    for family in (f for f in FAMILIES if f.available()):
+        model_classes = family.kinds()["model"]
+        models = sorted((o for o in gc.get_objects() if isinstance(o, model_classes)), key=lambda m: m.name)
+        for model in models:
+            for v in model_and_optimizer_variables(model):
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    variables.append(v)
+                    keys.append(family.variable_key(v))
+    signature = [(key, tuple(v.shape), str(v.dtype)) for key, v in zip(keys, variables)]
     everyone = core.allgather_object(signature)
     for other_rank, other in enumerate(everyone):
         if other != signature:

@@ -1,0 +1,48 @@
+"""The tf-keras (Keras 2) side of DistributedOptimizer: ``apply_gradients`` reduces the gradients first.
+
+tf-keras' ``model.fit`` and ``optimizer.minimize`` end in ``apply_gradients`` for both optimizer families
+(the 2.11+ ``tf.keras.optimizers.*`` and ``tf.keras.optimizers.legacy.*``), so overriding it reduces every
+gradient exactly once on every path, as the Keras 3 wrapper's ``apply`` does. (Horovod 0.28 reduced in the
+legacy optimizers' ``_compute_gradients``, i.e. in ``minimize``/``fit`` only.) A caller that opts out of the
+optimizer's own aggregation (``skip_gradients_aggregation=True``, legacy ``experimental_aggregate_gradients=
+False``) reduces the gradients itself, so they are applied as given.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..mpi_ops import check_not_xla
+from ..keras_families import KERAS2
+from .optimizer import FAMILY_MIXINS, DistributedOptimizerMixin
+
+__all__ = ["Keras2DistributedOptimizerMixin"]
+
+
+class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
+    """tf-keras: ``apply_gradients`` reduces (every ``backward_passes_per_step`` calls), then applies."""
+
+    def apply_gradients(self, grads_and_vars: Any, name: Optional[str] = None, *args: Any, **kwargs: Any) -> Any:
+        """Reduce the gradients over the ranks, then apply them with the wrapped optimizer."""
+        pairs = list(grads_and_vars)
+        if not pairs or self._hvd_caller_aggregates(args, kwargs):
+            return super().apply_gradients(pairs, name, *args, **kwargs)  # type: ignore[misc]
+        check_not_xla("DistributedOptimizer.apply_gradients()")
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+
+        def apply(reduced: list[Any], on: list[Any]) -> Any:
+            return super(Keras2DistributedOptimizerMixin, self).apply_gradients(  # type: ignore[misc]
+                list(zip(reduced, on)), name, *args, **kwargs)
+
+        if self._hvd.settings["backward_passes_per_step"] == 1:
+            return apply(self._hvd_reduce(grads, variables), variables)
+        return self._hvd_accumulate_and_apply(grads, variables, apply)
+
+    def _hvd_caller_aggregates(self, args: tuple, kwargs: dict) -> bool:
+        """Whether the caller turned the optimizer's own gradient aggregation off."""
+        if KERAS2.is_legacy(self):  # apply_gradients(grads_and_vars, name, experimental_aggregate_gradients)
+            return not (args[0] if args else kwargs.get("experimental_aggregate_gradients", True))
+        return bool(args[0] if args else kwargs.get("skip_gradients_aggregation", False)) or \
+            not kwargs.get("experimental_aggregate_gradients", True)
+
+
+FAMILY_MIXINS[KERAS2] = Keras2DistributedOptimizerMixin
