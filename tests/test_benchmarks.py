@@ -276,3 +276,23 @@ def test_powersgd_bytes_smoke(tmp_path: Path) -> None:
     one, two = methods["powersgd_rank1"], methods["powersgd_rank2"]
     assert 0 < one["bytes_per_step"] < two["bytes_per_step"] < full, (one, two)
     assert one["ratio"] == one["bytes_per_step"] / full and one["tensors_compressed"] > 0 and one["ranks"] == 2
+
+
+def test_diagnostics_smoke(tmp_path: Path) -> None:
+    """The diagnostics benchmark reports every setting's small-op and gradient-sync times, the call-site check
+    and check_replicas against a (tiny) ResNet-50 step."""
+    out = tmp_path / "diagnostics.json"
+    proc = run_mpi(BENCH / "diagnostics.py", 2, timeout=300, args=[
+        "--reps", "1", "--sessions", "1", "--inflight", "20", "--scale", "0.001", "--batch", "1", "--image", "32",
+        "--out", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    methods = by_method(records, bench="diagnostics")
+    for what in ("small_ops", "grad_sync"):
+        assert_positive(methods[f"{what}_default"], "ms", "straggler_overhead")
+        assert_positive(methods[f"{what}_stragglers_off"], "ms")
+        assert_positive(methods[f"{what}_deterministic"], "ms", "deterministic_cost")
+    assert_positive(methods["callsite_check"], "callsite_capture_us", "small_op_us")
+    assert_positive(methods["resnet50_train_step"], "ms", "check_replicas_module_ms", "check_replicas_optimizer_ms",
+                    "module_ratio_to_step", "optimizer_ratio_to_step")

@@ -12,8 +12,9 @@ from .api import (allgather, allgather_async, allreduce, allreduce_,
                   grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, join, poll,
                   reducescatter, reducescatter_async, synchronize)
 from .config import Config
+from .replicas import check_replicas
 from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, InvalidArgumentError, LaunchError,
-                     NotInitializedError, ShutdownError, StallError, TensorMismatchError)
+                     NotInitializedError, ReplicaDivergenceError, ShutdownError, StallError, TensorMismatchError)
 from .engine.handles import Handle
 from .objects import allgather_object, broadcast_object
 from .process_set_ops import add_process_set, remove_process_set
@@ -23,7 +24,7 @@ from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_ena
                           nccl_built, rocm_built)
 from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
                       mpi_threads_supported, rank, shutdown, size)
-from .timeline_control import engine_stats, start_timeline, stop_timeline
+from .timeline_control import engine_stats, start_timeline, stop_timeline, straggler_report
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -39,4 +40,5 @@ __all__ = [
     "start_timeline", "stop_timeline", "engine_stats", "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ReduceOp", "Handle", "Config", "HvdliteError", "HorovodInternalError", "NotInitializedError",
     "TensorMismatchError", "InvalidArgumentError", "DuplicateNameError", "ShutdownError", "StallError", "LaunchError",
+    "ReplicaDivergenceError", "check_replicas", "straggler_report",
 ]

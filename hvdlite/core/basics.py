@@ -9,13 +9,13 @@ from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_ena
                           nccl_built, rocm_built)
 from .engine.handles import Handle
 from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, InvalidArgumentError, LaunchError,
-                     NotInitializedError, ShutdownError, StallError, TensorMismatchError)
+                     NotInitializedError, ReplicaDivergenceError, ShutdownError, StallError, TensorMismatchError)
 from .process_set_ops import add_process_set, remove_process_set
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
                       mpi_threads_supported, rank, shutdown, size)
-from .timeline_control import start_timeline, stop_timeline
+from .timeline_control import start_timeline, stop_timeline, straggler_report
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -24,5 +24,6 @@ __all__ = [
     "global_process_set", "add_process_set", "remove_process_set", "start_timeline", "stop_timeline",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Handle", "HvdliteError",
     "HorovodInternalError", "NotInitializedError", "TensorMismatchError", "DuplicateNameError",
-    "ShutdownError", "StallError", "LaunchError", "InvalidArgumentError",
+    "ShutdownError", "StallError", "LaunchError", "InvalidArgumentError", "ReplicaDivergenceError",
+    "straggler_report",
 ]

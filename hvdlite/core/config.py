@@ -88,6 +88,17 @@ class Config:
     #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.
     launch_sentinel: bool = True
 
+    #: Straggler attribution: agreed ops of the global process set per window; every window the ranks swap
+    #: how long each of their requests waited, in one full negotiation round (0 turns it off).
+    straggler_window_ops: int = 1000
+    #: A rank last in at least half the window's ops by more than this on average is named in one log line.
+    straggler_threshold_ms: float = 5.0
+
+    #: Reproducible reductions: hvdlite sums (and multiplies) floating-point elements itself, in rank order,
+    #: so every result is bit-identical for a given number of ranks whatever the fusion, chunking, cycle time,
+    #: autotune, submission order or MPI library (see hvdlite/core/engine/deterministic.py).
+    deterministic: bool = False
+
     #: Tune fusion_threshold_bytes, cycle_time_ms and allreduce_chunk_bytes while training runs (Bayesian optimisation
     #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.
     autotune: bool = False
@@ -108,7 +119,8 @@ class Config:
               "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
               "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune", "gpu_operations",
               "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall", "gpu_reducescatter",
-              "cpu_operations")
+              "cpu_operations", "straggler_window_ops", "straggler_threshold_ms",
+              "deterministic")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
     #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals: Horovod's

@@ -35,6 +35,22 @@ class StallError(HvdliteError):
     """A collective waited longer than ``stall_shutdown_time_seconds`` for other ranks."""
 
 
+class ReplicaDivergenceError(HvdliteError):
+    """``check_replicas`` found a tensor that is not bit-identical on every rank (raised on every rank).
+
+    ``tensor``: the first differing tensor's name; ``ranks``: the ranks whose copy differs from the most
+    common one; ``max_abs_diff``: the largest absolute difference to it; ``tensors``: every differing name.
+    """
+
+    def __init__(self, message: str, tensor: str = "", ranks: tuple = (), max_abs_diff: float = float("nan"),
+                 tensors: tuple = ()) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.ranks = ranks
+        self.max_abs_diff = max_abs_diff
+        self.tensors = tensors
+
+
 class LaunchError(HvdliteError):
     """The job cannot be launched, or was launched in a way that cannot work: raised by ``hvd.init()`` (for
     example srun without PMI) and by ``hvdlite-run`` (no usable mpiexec/mpirun/srun)."""

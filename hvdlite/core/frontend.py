@@ -25,6 +25,8 @@ module is private to the core.
 - ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
   core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
   ``plane_agreed(name)`` says whether every rank of the running job has that plane.
+- ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
+  on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from typing import Any
 
 from .compression import CastCompressor, Compressor, NoneCompressor
 from .config import Config
+from .replicas import check_named as check_named_replicas
+from .replicas import flatten as flatten_tensors
 from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap
@@ -45,7 +49,8 @@ from .sync_bn import sync_moments
 __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_class", "Compressor",
            "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
-           "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed"]
+           "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
+           "check_named_replicas", "flatten_tensors"]
 
 
 def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,

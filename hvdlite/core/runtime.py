@@ -11,6 +11,7 @@ from . import log
 from .abort import install_excepthook
 from .affinity import core_sharing
 from .config import Config
+from .engine import callsite
 from .engine import mpi, polling
 from .engine.autotune import require_library
 from .engine.handles import Handle
@@ -48,6 +49,7 @@ class State:
         self.thread_multiple = mpi.thread_multiple()
         self.mpi_ops = mpi.MPIOps()
         self.names = Names()
+        callsite.forget_all()
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
         polling.share_cores(*core_sharing(self.local_size))
@@ -80,6 +82,8 @@ class State:
                              plane_of(inputs, f"{kind} {name!r}") if inputs else "")
         req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), dtypes,
                       op=op, splits=splits, finalize=finalize)
+        if callsite.known.get(name) is not sig:  # a new name or signature: steady state skips the capture
+            req.site = callsite.note(name, sig)
         self.engine.submit(req)
         return req
 

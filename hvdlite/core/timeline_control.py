@@ -1,9 +1,12 @@
-"""The public controls of the running job's observability: the Chrome-trace timeline and the engine's counters."""
+"""The public controls of the running job's observability: the Chrome-trace timeline, the engine's counters and
+the straggler report."""
 from __future__ import annotations
+
+from typing import Any
 
 from .runtime import state
 
-__all__ = ["start_timeline", "stop_timeline", "engine_stats"]
+__all__ = ["start_timeline", "stop_timeline", "engine_stats", "straggler_report"]
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
@@ -21,3 +24,10 @@ def stop_timeline() -> None:
 def engine_stats() -> dict[str, int]:
     """Counters of the engine: negotiation cycles, full rounds, MPI data calls."""
     return state().engine.stats()
+
+
+def straggler_report() -> dict[str, Any]:
+    """Per rank, how late it submitted the ops of the last complete window of ``straggler_window_ops`` agreed
+    ops: mean and p95 milliseconds after the first rank, and the share of ops it submitted last; plus the
+    rank named as the straggler (or None). The same dict on every rank; zeros before the first window."""
+    return state().engine.stragglers.report()

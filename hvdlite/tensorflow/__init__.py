@@ -58,6 +58,12 @@ __all__ = [
     "grouped_reducescatter", "join", "barrier", "broadcast_variables", "broadcast_global_variables",
     "broadcast_object", "broadcast_object_fn", "allgather_object", "DistributedGradientTape",
     "PartialDistributedGradientTape", "DistributedOptimizer", "Compression", "SyncBatchNormalization",
-    "XLANotSupportedError", "BroadcastGlobalVariablesHook",
+    "XLANotSupportedError", "BroadcastGlobalVariablesHook", "check_replicas",
 ]
 __all__ += basics.__all__  # init, rank, size, ..., process sets, errors, reduce ops
+
+
+def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
+    """hvd.check_replicas for Keras models, optimizers and TF/numpy tensors (hvdlite.tensorflow.keras's)."""
+    from .keras.replicas import check_replicas as check  # Keras is imported only when this is used
+    return check(obj, process_set)

@@ -13,6 +13,7 @@ from .collectives import (allgather, allreduce, alltoall, broadcast, grouped_all
 from .compression import Compression, Compressor
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .wrap import DistributedOptimizer
+from .replicas import check_replicas
 from .sync_batch_norm import SyncBatchNorm
 from .zero import ZeroRedundancyOptimizer
 from . import elastic  # noqa: E402  (hvd.elastic.TorchState, ElasticSampler, run)
@@ -26,6 +27,7 @@ __all__ = [
     "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize",
     "Compression", "Compressor", "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "SyncBatchNorm", "ZeroRedundancyOptimizer", "elastic",
+    "check_replicas",
 ]
 __all__ += basics.__all__  # init, rank, size, ..., process sets, errors, reduce ops
 

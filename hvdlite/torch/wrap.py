@@ -15,13 +15,15 @@ from .adasum_optimizer import DistributedAdasumOptimizer
 from .async_ops import Adasum, Average
 from .compression import Compression
 from .optimizer import _DistributedOptimizer
+from .replicas import check_every
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Optional[Iterable] = None,
                          compression: Any = Compression.none, backward_passes_per_step: int = 1,
                          op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+                         process_set: ProcessSet = global_process_set,
+                         check_replicas_every_steps: int = 0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that step() applies gradients averaged (``op``) over ``process_set``.
 
     Dense gradients are views of flat buckets; a bucket's in-place allreduce starts from a hook as
@@ -29,7 +31,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     overlap, all of them at step()); step() waits for them, then runs the wrapped optimizer's step. The result is an
     instance of a subclass of ``type(optimizer)`` sharing its param_groups, state and hooks; use it
     instead of the original. For gradient clipping call ``synchronize()``, clip, then ``step()``
-    inside ``with optimizer.skip_synchronize():``.
+    inside ``with optimizer.skip_synchronize():``. ``check_replicas_every_steps=N`` (hvdlite only) runs
+    ``hvd.check_replicas`` on the parameters and optimizer state after every N-th step().
     """
     core.size()  # raises NotInitializedError (saying to call hvd.init()) before init
     if isinstance(optimizer, _DistributedOptimizer):
@@ -56,4 +59,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     opt.__dict__.update(attrs)
     opt._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
                    groups, sparse_as_dense, process_set)
+    check_every(opt, int(check_replicas_every_steps))
     return opt

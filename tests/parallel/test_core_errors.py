@@ -2,6 +2,9 @@
 the engine goes on working after each one."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -36,11 +39,13 @@ def test_mismatch_message_is_exact_and_identical_everywhere(rank: int, size: int
     last = size - 1
     with pytest.raises(hvd.TensorMismatchError) as info:
         hvd.allreduce(np.ones(4 if rank == last else 3), name="t.exact")
+    line = sys._getframe().f_lineno - 1
     text = str(info.value).split(": ", 1)[1]  # drop the "rank r:" prefix; the rest is identical everywhere
     agreeing = f"ranks {', '.join(map(str, range(last)))}: (3,)" if last > 1 else "rank 0: (3,)"
     assert text == (f"Mismatched allreduce for tensor 't.exact': the shape differs across ranks ({agreeing}; "
                     f"rank {last}: (4,)). Every rank must submit a name with the same shape; give different "
-                    f"tensors different names.")
+                    f"tensors different names. Submitted at: ranks {', '.join(map(str, range(size)))}: "
+                    f"{os.path.relpath(__file__)}:{line}.")
     assert len(set(hvd.allgather_object(text))) == 1
 
 

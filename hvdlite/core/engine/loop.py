@@ -17,15 +17,15 @@ from ..config import Config
 from ..errors import (DuplicateNameError, HvdliteError, InvalidArgumentError, ShutdownError, StallError,
                       TensorMismatchError)
 from ..log import logger
-from . import polling, stalls
+from . import deterministic, polling, stalls, stragglers
 from .autotune import Autotuner
 from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
-from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, RankMessage, ResponseCache, Stalled,
-                          allgather_messages, decide)
+from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache, Stalled,
+                          allgather_messages, decide, pending_message)
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .timeline import Timeline, negotiate_activity
@@ -47,8 +47,9 @@ class Engine:
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
-        self.executor = Executor(mpi_ops, process_sets.comm, process_sets.size, config.fusion_threshold_bytes,
-                                 config.allreduce_chunk_bytes, timeline, process_sets.members)
+        self.executor = Executor(mpi_ops, deterministic.comms(process_sets.comm, mpi_ops, config.deterministic),
+                                 process_sets.size, config.fusion_threshold_bytes, config.allreduce_chunk_bytes,
+                                 timeline, process_sets.members)
         self.planes = PlaneExecutor(planes, process_sets.comm, process_sets.members, timeline, _Stop)
         self._cv = threading.Condition()
         self._queue: collections.deque[Request] = collections.deque()
@@ -70,6 +71,7 @@ class Engine:
         self.busy_cycles = 0
         self._idle_pause = 0.0
         self.autotune = Autotuner(config, self.rank, self.executor)
+        self.stragglers = stragglers.Stragglers(config, self.rank, self.size)
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
 
@@ -187,8 +189,8 @@ class Engine:
             flags |= FLAG_FULL
         if self._pending:
             flags |= FLAG_BUSY
-        if self.autotune.wants_round():  # rank 0's new settings travel in a full round
-            flags |= FLAG_FULL
+        if self.autotune.wants_round() or self.stragglers.wants_round():  # rank 0's new settings, or the
+            flags |= FLAG_FULL                                           # straggler times, travel in a full round
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
@@ -202,6 +204,7 @@ class Engine:
         else:
             responses = cache.ready(missing, self.cycles)
         if responses:
+            self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline)
             self.autotune.observe(responses)
             self._execute(responses)
 
@@ -245,14 +248,15 @@ class Engine:
     def _full_round(self, shutdown: bool) -> list[Response]:
         self.full_cycles += 1
         now = time.monotonic()
-        msg = RankMessage([(r.name, r.sig, now - r.submitted) for r in self._pending.values()],
-                          shutdown=shutdown, join_cycle=self._join_cycle, tune=self.autotune.outgoing())
+        msg = pending_message(self._pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
+                              tune=self.autotune.outgoing(), waits=self.stragglers.outgoing())
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise _Stop(self._shutdown_message(stopping))
+        self.stragglers.adopt([m.waits for m in messages], self.timeline)  # a straggler window, if complete
         if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
             self.autotune.adopt(messages[0].tune, self.cycles)
         responses, stalled = decide(messages, self.psets.members_table(), self.size)

@@ -150,6 +150,10 @@ class MPIOps:
             return self._half[(dtype, Sum if op is Average else op)]
         return self._builtin[op]
 
+    def half_ops(self) -> dict[tuple[str, ReduceOp], Any]:
+        """The user-defined MPI ops of float16 and bfloat16, by (dtype, op)."""
+        return dict(self._half)
+
     def free(self) -> None:
         for op in self._half.values():
             op.Free()

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional, Sequence, cast
 
 import numpy as np
 
-from . import polling
+from . import callsite, polling
 from .mpi import counts_displacements
 from .requests import FIELD_LABELS, Kind, Response, Signature
 
@@ -31,6 +31,8 @@ class RankMessage:
     shutdown: bool = False
     join_cycle: int = -1  # cycle at which this rank joined, -1 if it has not
     tune: Optional[dict[Any, Any]] = None  # rank 0 only: autotune settings every rank adopts after this round
+    sites: Optional[dict] = None  # (process set, name) -> "file:line" of the user's code that submitted it
+    waits: Any = None  # straggler window complete: (submitted, agreed) times per agreed op, on this rank's clock
 
 
 @dataclasses.dataclass
@@ -42,6 +44,7 @@ class Stalled:
     age: float
     sig: Optional[Signature] = None
     note: str = ""  # e.g. the missing ranks used the name in another process set
+    where: str = ""  # the submitting ranks' lines, and what the missing ranks were waiting on instead
 
 
 class ResponseCache:
@@ -165,6 +168,13 @@ class PendingBits:
                 self.mine[req.cache_bit] = False
 
 
+def pending_message(pending: Iterable[Any], now: float, **fields: Any) -> RankMessage:
+    """This rank's message of a full round: its pending (name, signature, age), their call sites, ``fields``."""
+    pending = list(pending)
+    return RankMessage([(r.name, r.sig, now - r.submitted) for r in pending], sites=callsite.sites_of(pending),
+                       **fields)
+
+
 def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any]] = None) -> list[RankMessage]:
     """Every rank's message, in rank order: the sizes, then the pickled bytes, each non-blocking and polled
     (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size."""
@@ -214,14 +224,18 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
             missing = sorted(set(members) - present - stand_ins)
             stalled.append(Stalled(name, kind, sorted(present), missing,
                                    max(age for _, age in entries.values()), first_sig,
-                                   _elsewhere(table, ps_id, name, missing)))
+                                   _elsewhere(table, ps_id, name, missing),
+                                   _sites(messages, key, present) + _waiting_instead(messages, missing)))
             continue
         sigs = {rank: sig for rank, (sig, _) in entries.items()}
         error = invalid_argument(name, sigs, members)
         if error is not None:
-            responses.append(Response(name, first_sig, error=error, error_kind="invalid"))
+            responses.append(Response(name, first_sig, error=error + _sites(messages, key, present),
+                                      error_kind="invalid"))
             continue
         error = describe_mismatch(name, sigs)
+        if error is not None:
+            error += _sites(messages, key, present)
         if error is None and stand_ins and not kind.join_tolerant:
             error = (f"{kind} of {name!r} cannot run while ranks {sorted(stand_ins)} have called join(); "
                      f"only allreduce, allgather, broadcast and barrier can")
@@ -235,6 +249,25 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         sig = table[(0, join_name)][min(table[(0, join_name)])][0]
         responses.append(Response(join_name, sig, last_joined=last))
     return responses, stalled
+
+
+def _sites(messages: Sequence[RankMessage], key: tuple[int, str], ranks: Iterable[int]) -> str:
+    """Where each of ``ranks`` submitted ``key`` in the user's code (from their messages)."""
+    return callsite.describe({r: (messages[r].sites or {}).get(key) for r in ranks})
+
+
+def _waiting_instead(messages: Sequence[RankMessage], missing: list[int], most: int = 3) -> str:
+    """What each missing rank had pending instead of a stalled name, with its lines."""
+    parts = []
+    for rank in missing:
+        sites = messages[rank].sites or {}
+        pending = [f"{name!r} at {sites.get((sig.ps_id, name), 'an unknown line')}"
+                   for name, sig, _ in messages[rank].reqs[:most]]
+        more = len(messages[rank].reqs) - most
+        listed = ", ".join(pending) + (f" and {more} more" if more > 0 else "")
+        parts.append(f" Rank {rank} was waiting on {listed} instead." if pending
+                     else f" Rank {rank} had submitted nothing.")
+    return "".join(parts)
 
 
 def _elsewhere(table: dict[tuple[int, str], dict[int, tuple[Signature, float]]], ps_id: int, name: str,

@@ -124,7 +124,7 @@ class Request(Handle, _SignatureFields):
     that only the garbage collector could free)."""
 
     __slots__ = ("sig", "inputs", "outputs", "dtypes", "op", "splits", "submitted", "cache_bit",
-                 "cache_version", "results", "remaining")
+                 "cache_version", "results", "remaining", "site")
 
     def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
                  outputs: Sequence[Optional[np.ndarray]], dtypes: Sequence[str], op: Optional[ReduceOp] = None,
@@ -141,6 +141,7 @@ class Request(Handle, _SignatureFields):
         self.cache_version = -1
         self.results: Optional[list[Any]] = None  # multi-tensor results, made when the first one arrives
         self.remaining = len(inputs)
+        self.site: Optional[tuple] = None  # the user's (file, line), captured on a response-cache miss only
 
     @property
     def handle(self) -> Handle:

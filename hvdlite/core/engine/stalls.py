@@ -16,7 +16,7 @@ def warn(stalled: list[Stalled], cfg: Config, since_last_warning: float) -> bool
     if worst < cfg.stall_check_time_seconds or since_last_warning < cfg.stall_check_time_seconds:
         return False
     lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
-             f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "")
+             f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "") + s.where
              for s in stalled]
     logger.warning("One or more collectives have waited over %g s for other ranks. The missing "
                    "ranks have not submitted them (they may be stuck, have skipped the op, or "
@@ -36,7 +36,7 @@ def verdict(stalled: list[Stalled], cfg: Config) -> list[Response]:
         note = f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""
         failed.append(Response(s.name, cast(Signature, s.sig), error_kind="stall", error=(
             f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s (stall_shutdown_time_seconds={limit:g}): "
-            f"ranks {s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.{note}")))
+            f"ranks {s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.{note}{s.where}")))
     return failed
 
 

@@ -76,6 +76,18 @@ class Timeline:
         self.enabled = False
         self._open.clear()
 
+    def now(self) -> float:
+        """Microseconds since the timeline's origin, as its events are stamped."""
+        return self._now()
+
+    def counter(self, name: str, ts: float, values: dict) -> None:
+        """A counter event (one line per key in the trace viewer) at time ``ts`` (from ``now()``)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._file is not None:
+                self._write({"name": name, "ph": "C", "ts": ts, "pid": 0, "tid": 0, "args": values})
+
     def _now(self) -> float:
         return round((time.perf_counter() - self._t0) * 1e6, 3)
 

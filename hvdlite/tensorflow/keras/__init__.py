@@ -21,6 +21,7 @@ from . import callbacks
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from . import optimizer_keras2  # noqa: F401  (registers the tf-keras optimizer mixin)
 from .saving import load_model
+from .replicas import check_replicas
 from .variables import broadcast_global_variables
 from . import elastic  # noqa: E402  (hvd.elastic)
 
@@ -55,6 +56,6 @@ def reducescatter(value: Any, name: Optional[str] = None, op: Any = Average) -> 
 __all__ = [
     "elastic", "Compression", "callbacks", "DistributedOptimizer", "PartialDistributedOptimizer",
     "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter", "load_model",
-    "SyncBatchNormalization",
+    "SyncBatchNormalization", "check_replicas",
 ]
 __all__ += basics.__all__  # init, rank, size, ..., process sets, errors, reduce ops

@@ -14,6 +14,7 @@ from hvdlite.core.frontend import logger
 
 from ..functions import broadcast_variables
 from ..keras_families import family_of, model_family
+from .replicas import CheckReplicasCallback  # noqa: F401  (hvd.callbacks.CheckReplicasCallback)
 from .variables import model_and_optimizer_variables
 
 

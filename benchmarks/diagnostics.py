@@ -1,0 +1,175 @@
+"""Cost of issue 25's diagnostics: straggler attribution (on vs off) and deterministic reductions (vs the
+default) on 1,000 small ops and on ResNet-50's gradient sync, the call-site check on the submit path, and
+hvd.check_replicas on ResNet-50 vs a training step.
+
+Run:   mpiexec -n 2 python benchmarks/diagnostics.py [--out benchmarks/results/diagnostics.json]
+Smoke: mpiexec -n 2 python benchmarks/diagnostics.py --reps 2 --sessions 1 --inflight 50 --scale 0.01 --batch 1 --image 64
+
+Methods (one JSON line each, after a machine line; times are the slowest rank's, medians over repetitions):
+  small_ops_<setting>          --inflight named 4-float ``allreduce_async`` (numpy, Sum), then synchronize each.
+  grad_sync_<setting>          ResNet-50's 161 gradient tensors (``--scale`` of their size), one named in-place
+                               ``allreduce_async_`` each (Average), then synchronize all.
+     settings: ``default`` (straggler attribution on, window 1000), ``stragglers_off`` (window 0; the default's
+     ``straggler_overhead`` is default / stragglers_off) and ``deterministic`` (``deterministic_cost`` is
+     deterministic / default).
+  callsite_check               what a submission of a known name adds (one dict lookup and an identity check
+                               that decide not to capture), in us per op; ``callsite_capture`` the capture on a miss
+                               (a stack 8 frames deep), and ``share_of_small_op`` against small_ops_default.
+  straggler_bookkeeping        the engine thread's straggler work measured on its own (min of repeats, so a loaded
+                               machine disturbs it little): ``record_us_per_op`` per agreed op, ``adopt_ms`` per
+                               window of 1000 ops, ``share_of_small_op`` against small_ops_stragglers_off.
+  resnet50_train_step          one ResNet-50 training step (--batch images of --image pixels, SGD with momentum,
+                               DistributedOptimizer); ``check_replicas_module`` / ``check_replicas_optimizer``
+                               the check of the model (parameters and buffers) and of the optimizer (parameters
+                               and momentum), with ``ratio_to_step``.
+Sessions alternate the settings (hvdlite re-initialised each time), so all see the same machine state.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import _common  # noqa: E402
+import shapes  # noqa: E402
+import hvdlite as hvd  # noqa: E402
+import hvdlite.torch as hvd_torch  # noqa: E402
+
+
+SETTINGS = {"default": {}, "stragglers_off": {"straggler_window_ops": 0}, "deterministic": {"deterministic": True}}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--inflight", type=int, default=1000, help="small allreduces per repetition")
+    p.add_argument("--reps", type=int, default=7, help="repetitions per session and method")
+    p.add_argument("--sessions", type=int, default=3, help="sessions per straggler setting (alternating)")
+    p.add_argument("--scale", type=float, default=1.0, help="fraction of ResNet-50's gradient sizes")
+    p.add_argument("--batch", type=int, default=8, help="images per rank in the training step")
+    p.add_argument("--image", type=int, default=224, help="image side in pixels")
+    p.add_argument("--out", default=None, help="also write the JSON lines to this file")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from mpi4py import MPI
+    args = parse_args(argv)
+    comm = MPI.COMM_WORLD
+    out = _common.Output(comm.Get_rank(), args.out)
+    out.emit(_common.machine_info("diagnostics", comm.Get_size(), note="taken while other work loads the machine"))
+    series = {f"{what}_{setting}": _common.Series(f"{what}_{setting}") for what in ("small_ops", "grad_sync")
+              for setting in SETTINGS}
+    small = [np.ones(4, np.float32) for _ in range(args.inflight)]
+    grads = [np.ones(s, np.float32) for s in shapes.scaled_shapes(shapes.gradient_shapes("resnet50"), args.scale)]
+
+    def small_ops() -> None:
+        handles = [hvd.allreduce_async(a, name=f"s{i}", op=hvd.Sum) for i, a in enumerate(small)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def grad_sync() -> None:
+        handles = [hvd.allreduce_async_(g, name=f"g{i}", op=hvd.Average) for i, g in enumerate(grads)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    for _ in range(args.sessions):
+        for setting, settings in SETTINGS.items():
+            hvd.init(**settings)
+            small_ops(), grad_sync()  # warm the response cache
+            for _ in range(args.reps):
+                series[f"small_ops_{setting}"].times.append(_common.timed(comm, small_ops))
+                series[f"grad_sync_{setting}"].times.append(_common.timed(comm, grad_sync))
+            hvd.shutdown()
+    results = {name: _common.summarize(comm, s) for name, s in series.items()}
+    for what in ("small_ops", "grad_sync"):
+        default = results[f"{what}_default"]["ms"]
+        out.emit({"bench": "diagnostics", "method": f"{what}_stragglers_off", **results[f"{what}_stragglers_off"]})
+        out.emit({"bench": "diagnostics", "method": f"{what}_default", **results[f"{what}_default"],
+                  "straggler_overhead": default / results[f"{what}_stragglers_off"]["ms"]})
+        out.emit({"bench": "diagnostics", "method": f"{what}_deterministic", **results[f"{what}_deterministic"],
+                  "deterministic_cost": results[f"{what}_deterministic"]["ms"] / default})
+
+    hvd.init()
+    small_ops()  # --inflight cached names, whose responses straggler_costs records
+    out.emit({"bench": "diagnostics", "method": "callsite_check", **callsite_costs(
+        results["small_ops_default"]["ms"] * 1e3 / args.inflight)})
+    out.emit({"bench": "diagnostics", "method": "straggler_bookkeeping", **straggler_costs(
+        comm.Get_size(), results["small_ops_stragglers_off"]["ms"] * 1e3 / args.inflight)})
+    out.emit({"bench": "diagnostics", "method": "resnet50_train_step", **replica_costs(comm, args)})
+    hvd.shutdown()
+    out.close()
+
+
+def callsite_costs(small_op_us: float) -> dict:
+    """The added per-op work on the submit path, and a capture."""
+    from hvdlite.core.engine import callsite
+    hvd.allreduce(np.ones(4, np.float32), name="cached", op=hvd.Sum)
+    sig, known = callsite.known["cached"], callsite.known
+    n = 200_000
+    lookup_us = min(timeit.repeat(lambda: known.get("cached") is not sig, number=n, repeat=5)) / n * 1e6
+    empty_us = min(timeit.repeat(lambda: None, number=n, repeat=5)) / n * 1e6
+
+    def deep(k: int) -> object:
+        return callsite.capture(1) if k == 0 else deep(k - 1)
+    capture_us = min(timeit.repeat(lambda: deep(8), number=20_000, repeat=5)) / 20_000 * 1e6
+    added = max(lookup_us - empty_us, 0.0)
+    return {"us_per_op": added, "callsite_capture_us": capture_us, "small_op_us": small_op_us,
+            "share_of_small_op": added / small_op_us}
+
+
+def straggler_costs(size: int, small_op_us: float) -> dict:
+    """Stragglers.record for 1000 agreed cached ops, and adopt() of a window from every rank."""
+    from types import SimpleNamespace
+    from hvdlite.core.config import Config
+    from hvdlite.core.engine.stragglers import Stragglers
+    from hvdlite.core.engine.timeline import Timeline
+    from hvdlite.core.runtime import state
+    cache = state().engine.cache
+    responses = [r for r in cache.responses if r is not None][:1000]
+    pending = {r.key: SimpleNamespace(submitted=0.0) for r in responses}
+    tracker, timeline = Stragglers(Config(), 0, size), Timeline()
+
+    def record() -> None:
+        tracker.record(responses, pending, 1.0, timeline)
+        tracker._submitted.clear()
+        tracker._agreed.clear()
+    record_us = min(timeit.repeat(record, number=20, repeat=5)) / 20 / len(responses) * 1e6
+    window = [np.random.default_rng(r).random((2, 1000)) for r in range(size)]
+    adopt_ms = min(timeit.repeat(lambda: tracker.adopt(window, timeline), number=5, repeat=3)) / 5 * 1e3
+    return {"record_us_per_op": record_us, "adopt_ms": adopt_ms, "ops": len(responses),
+            "small_op_us": small_op_us, "share_of_small_op": (record_us + adopt_ms * 1e3 / 1000) / small_op_us}
+
+
+def replica_costs(comm: object, args: argparse.Namespace) -> dict:
+    torch.manual_seed(0)
+    model = shapes.MODELS["resnet50"]()
+    opt = hvd_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                         named_parameters=model.named_parameters())
+    x = torch.randn(args.batch, 3, args.image, args.image)
+    y = torch.randint(0, 1000, (args.batch,))
+    model.eval()  # equal BatchNorm buffers on every rank, so the check passes and is timed in full
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    step()
+    steps, modules, optimizers = (_common.Series(n) for n in ("step", "module", "optimizer"))
+    for _ in range(max(3, args.reps // 2)):
+        steps.times.append(_common.timed(comm, step))
+        modules.times.append(_common.timed(comm, lambda: hvd_torch.check_replicas(model)))
+        optimizers.times.append(_common.timed(comm, lambda: hvd_torch.check_replicas(opt)))
+    s, m, o = (_common.summarize(comm, x) for x in (steps, modules, optimizers))
+    return {**s, "batch": args.batch, "image": args.image, "check_replicas_module_ms": m["ms"],
+            "check_replicas_optimizer_ms": o["ms"], "module_ratio_to_step": m["ms"] / s["ms"],
+            "optimizer_ratio_to_step": o["ms"] / s["ms"], "tensors_module": len(model.state_dict())}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The user's line that submitted an op: captured when a name is first submitted (or with a new signature),
+never in steady state; shown in stall and mismatch errors."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import sysconfig
+from typing import Any, Iterable, Optional
+
+#: Packages whose frames are never the user's line: hvdlite itself and the frameworks that call into it
+#: (a gradient hook runs under torch.autograd, a Keras callback under keras' training loop).
+FRAMEWORK_PACKAGES = ("hvdlite", "torch", "tensorflow", "keras", "tf_keras", "lightning", "pytorch_lightning",
+                      "lightning_fabric", "numpy", "mpi4py", "horovod")
+_REMEMBER_LIMIT = 1 << 16  # (process set, name) entries remembered; past it the table starts again
+
+Site = tuple  # (file name, line)
+
+
+def _internal_prefixes() -> tuple[str, ...]:
+    """Directory prefixes of the framework packages (found without importing them) and of the standard library."""
+    prefixes = []
+    for package in FRAMEWORK_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        for location in (spec.submodule_search_locations or []) if spec is not None else []:
+            prefixes.append(os.path.join(os.path.realpath(location), ""))
+            prefixes.append(os.path.join(os.path.abspath(location), ""))
+    return tuple(dict.fromkeys(prefixes))
+
+
+_PREFIXES = _internal_prefixes()
+_STDLIB = tuple(dict.fromkeys(os.path.join(os.path.realpath(sysconfig.get_paths()[key]), "")
+                              for key in ("stdlib", "platstdlib")))
+_internal_code: dict[Any, bool] = {}  # code object -> whether its frames are skipped
+_remembered: dict[tuple[int, str], Site] = {}  # (process set, name) -> the site of its last captured submission
+#: name -> the (interned) signature it was last captured with: the per-op test is one lookup and an identity check
+known: dict[str, Any] = {}
+
+
+def _is_internal(filename: str) -> bool:
+    if filename.startswith("<"):  # <frozen ...>, <string>: no line a user could open
+        return True
+    path = os.path.realpath(filename) if os.path.isabs(filename) else os.path.abspath(filename)
+    if path.startswith(_PREFIXES):
+        return True
+    return path.startswith(_STDLIB) and "-packages" + os.sep not in path
+
+
+def capture(depth: int = 2) -> Optional[Site]:
+    """(file, line) of the innermost frame outside hvdlite, the frameworks and the standard library, from
+    ``depth`` frames above this call; None when every frame is internal (e.g. a graph-mode kernel's thread)."""
+    frame: Any = sys._getframe(depth)
+    internal = _internal_code
+    while frame is not None:
+        code = frame.f_code
+        skip = internal.get(code)
+        if skip is None:
+            if len(internal) >= _REMEMBER_LIMIT:
+                internal.clear()
+            skip = internal[code] = _is_internal(code.co_filename)
+        if not skip:
+            return (code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    return None
+
+
+def note(name: str, sig: Any, depth: int = 2) -> Optional[Site]:
+    """A name submitted for the first time or with another signature (the caller checked ``known``): capture
+    its site and keep it for later errors about the same name, whose submissions are not captured."""
+    site = capture(depth)
+    if len(_remembered) >= _REMEMBER_LIMIT:
+        _remembered.clear()
+        known.clear()
+    known[name] = sig
+    if site is not None:
+        _remembered[(sig.ps_id, name)] = site
+    return site
+
+
+def forget_all() -> None:
+    """A new init(): names start again."""
+    _remembered.clear()
+    known.clear()
+
+
+def show(site: Optional[Site]) -> str:
+    """``file:line``, the file relative to the working directory when it lies below it."""
+    if site is None:
+        return "an unknown line (no frame outside hvdlite and the frameworks)"
+    filename, line = site
+    try:
+        rel = os.path.relpath(filename)
+        filename = rel if not rel.startswith(os.pardir) else filename
+    except ValueError:  # another drive (Windows)
+        pass
+    return f"{filename}:{line}"
+
+
+def sites_of(requests: Iterable[Any]) -> dict[tuple[int, str], str]:
+    """For a full negotiation round: each pending request's site, as text, keyed (process set, name)."""
+    out = {}
+    for req in requests:
+        key = (req.sig.ps_id, req.name)
+        site = req.site if req.site is not None else _remembered.get(key)
+        if site is not None:
+            out[key] = show(site)
+    return out
+
+
+def describe(sites: dict[int, Optional[str]]) -> str:
+    """`` Submitted at: rank 0: train.py:12; rank 1: train.py:15.`` (ranks sharing a line grouped)."""
+    groups: dict[str, list[int]] = {}
+    for rank, site in sorted(sites.items()):
+        groups.setdefault(site or "an unknown line", []).append(rank)
+    parts = [f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {site}"
+             for site, ranks in groups.items()]
+    return f" Submitted at: {'; '.join(parts)}." if parts else ""
+
+
+__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "forget_all", "known", "note", "show", "sites_of"]

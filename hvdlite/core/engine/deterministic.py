@@ -1,0 +1,151 @@
+"""Reproducible reductions (``deterministic=True``): hvdlite, not MPI, sums each element, in rank order.
+
+Every element's result is ``((x_0 + x_1) + x_2) + ...`` over the ranks of the process set, in rank order,
+whatever buffer, chunk or fused batch the element travels in: a piece of a buffer is split into one slice per
+rank; an all-to-all gives each rank every rank's contribution to its slice; it combines them in rank order
+and an all-gather returns the slices (a reduce-scatter stops before the all-gather). The bytes moved are a
+ring allreduce's; the result depends only on the number of ranks, never on fusion, chunking, the cycle
+time, the autotune, submission order or the MPI library's algorithms. Only floating-point sums and products
+take this path: integers, booleans, Min and Max are exact in any order, so MPI reduces them as usual.
+The engine's executor sees only communicators: with the setting on, each is wrapped in an OrderedComm.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..reduce_ops import (HALF_DTYPES, Max, Min, Product, ReduceOp, Sum, bf16_to_f32, f32_to_bf16, numpy_reduction,
+                          storage_dtype)
+from . import polling
+from .mpi import MPIOps, counts_displacements
+
+POLL_CAP = 1e-4  # seconds between polls while the training thread computes (as the MPI path)
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def applies(dtype: str, op: ReduceOp) -> bool:
+    """Whether the order of the reduction can change its bits (floating-point sums and products)."""
+    return dtype in FLOAT_DTYPES and op is not Min and op is not Max
+
+
+def slices(n: int, parts: int) -> list[int]:
+    """Elements of each rank's slice of an ``n``-element piece (the first ``n % parts`` one more)."""
+    base, extra = divmod(n, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+def reduce_scatter(comm: Any, send: np.ndarray, counts: list[int], dtype: str, op: ReduceOp, datatype: Any,
+                   wait: Callable[[Any], None], out: Optional[np.ndarray] = None) -> np.ndarray:
+    """This rank's slice (``counts[rank]`` elements, slices in rank order in ``send``) of the rank-order
+    reduction of every rank's ``send``."""
+    nranks, me = comm.Get_size(), comm.Get_rank()
+    mine = counts[me]
+    store = storage_dtype(dtype)
+    received = np.empty((nranks, mine), dtype=store)
+    send_counts, send_displs = counts_displacements(counts)
+    recv_counts, recv_displs = counts_displacements([mine] * nranks)
+    wait(comm.Ialltoallv([send, (send_counts, send_displs), datatype],
+                         [received, (recv_counts, recv_displs), datatype]))
+    combine = numpy_reduction(op)
+    if dtype == "bfloat16":  # rounded to bfloat16 after every step, as the MPI path's operator does
+        acc = bf16_to_f32(received[0])
+        for r in range(1, nranks):
+            acc = bf16_to_f32(f32_to_bf16(combine(acc, bf16_to_f32(received[r]))))
+        result = f32_to_bf16(acc)
+        if out is None:
+            return result
+        out[...] = result
+        return out
+    view = received.view(np.float16) if dtype == "float16" else received
+    acc = view[0] if out is None else out.view(view.dtype)
+    if out is not None:
+        np.copyto(acc, view[0])
+    for r in range(1, nranks):
+        combine(acc, view[r], out=acc)
+    return acc.view(store) if dtype in HALF_DTYPES else acc
+
+
+def allreduce(comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str, op: ReduceOp, datatype: Any,
+              wait: Callable[[Any], None]) -> None:
+    """Reduce ``dst`` (or ``src`` into ``dst``) across ``comm`` in rank order, element by element."""
+    counts = slices(dst.shape[0], comm.Get_size())
+    mine = reduce_scatter(comm, dst.copy() if src is None else src, counts, dtype, op, datatype, wait)
+    recv_counts, recv_displs = counts_displacements(counts)
+    wait(comm.Iallgatherv([mine, datatype], [dst, (recv_counts, recv_displs), datatype]))
+
+
+class _Done:
+    """A finished request (the rank-order reduction ran before it was returned)."""
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        return True
+
+    def Wait(self) -> None:  # noqa: N802 - mpi4py's name
+        return None
+
+
+_DONE = _Done()
+
+
+class OrderedComm:
+    """An engine communicator whose floating-point ``Iallreduce`` and ``Ireduce_scatter`` reduce in rank order
+    (hvdlite's own, above); every other call goes to the wrapped communicator."""
+
+    def __init__(self, comm: Any, mpi_ops: MPIOps) -> None:
+        self.comm = comm
+        self._mpi_ops = mpi_ops
+        dt, mpi = mpi_ops.datatypes, mpi_ops.MPI
+        self._kinds = [(dt["float32"], mpi.SUM, "float32", Sum), (dt["float64"], mpi.SUM, "float64", Sum),
+                       (dt["float32"], mpi.PROD, "float32", Product), (dt["float64"], mpi.PROD, "float64", Product)]
+        self._kinds += [(dt[d], mpi_op, d, op) for (d, op), mpi_op in mpi_ops.half_ops().items() if applies(d, op)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.comm, name)
+
+    def _kind(self, datatype: Any, mpi_op: Any) -> Optional[tuple[str, ReduceOp]]:
+        for dt, o, dtype, op in self._kinds:
+            if o == mpi_op and dt == datatype:
+                return dtype, op
+        return None
+
+    def Iallreduce(self, send: Any, recv: list, mpi_op: Any) -> Any:  # noqa: N802 - mpi4py's name
+        kind = self._kind(recv[1], mpi_op)
+        if kind is None:
+            return self.comm.Iallreduce(send, recv, mpi_op)
+        src = None if send is self._mpi_ops.IN_PLACE else send[0]
+        allreduce(self.comm, src, recv[0], kind[0], kind[1], recv[1], _wait)
+        return _DONE
+
+    def Ireduce_scatter(self, send: list, recv: list, counts: Any, mpi_op: Any) -> Any:  # noqa: N802
+        kind = self._kind(recv[1], mpi_op)
+        if kind is None:
+            return self.comm.Ireduce_scatter(send, recv, counts, mpi_op)
+        reduce_scatter(self.comm, send[0], list(counts), kind[0], kind[1], recv[1], _wait, out=recv[0])
+        return _DONE
+
+
+def _wait(request: Any) -> None:
+    polling.wait(request, POLL_CAP)
+
+
+def comms(comm_of: Callable[[int], Any], mpi_ops: MPIOps, enabled: bool) -> Callable[[int], Any]:
+    """The executor's ``comm_of`` (process set id -> communicator): wrapped in OrderedComms when ``enabled``."""
+    return ordered(comm_of, mpi_ops) if enabled else comm_of
+
+
+def ordered(comm_of: Callable[[int], Any], mpi_ops: MPIOps) -> Callable[[int], Any]:
+    """``comm_of`` (process set id -> communicator) with each communicator wrapped in an OrderedComm."""
+    wrapped: dict[int, OrderedComm] = {}
+
+    def ordered_comm_of(ps_id: int) -> Any:
+        comm = comm_of(ps_id)
+        found = wrapped.get(ps_id)
+        if found is None or found.comm is not comm:
+            found = wrapped[ps_id] = OrderedComm(comm, mpi_ops)
+        return found
+    return ordered_comm_of
+
+
+__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "ordered", "reduce_scatter", "slices"]

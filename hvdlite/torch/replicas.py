@@ -1,0 +1,76 @@
+"""hvd.check_replicas for torch: a module's parameters and buffers, an optimizer's parameters and state, or
+tensors; and DistributedOptimizer's check every N steps."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core.frontend import check_named_replicas, flatten_tensors
+
+
+def _leaf(value: Any) -> Optional[np.ndarray]:
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.dtype is torch.bfloat16:
+            t = t.float()  # exact: every bfloat16 is a float32
+        return t.cpu().resolve_conj().numpy()
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (bool, int, float, np.generic)):
+        return np.asarray(value)
+    return None
+
+
+def named_tensors(obj: Any) -> list:
+    """(name, numpy array) for a module (state_dict: parameters and buffers), an optimizer (each parameter,
+    its state, and the groups' numeric hyperparameters), or a nested collection of tensors."""
+    if isinstance(obj, torch.nn.Module):
+        return flatten_tensors(obj.state_dict(), _leaf)
+    if isinstance(obj, torch.optim.Optimizer):
+        names = getattr(obj, "_parameter_names", {})
+        named: list = []
+        for g, group in enumerate(obj.param_groups):
+            for i, p in enumerate(group["params"]):
+                name = names.get(p, f"param_groups[{g}].params[{i}]")
+                named += flatten_tensors(p, _leaf, name)
+                named += flatten_tensors(dict(obj.state.get(p, {})), _leaf, f"{name} state")
+            named += flatten_tensors({k: v for k, v in group.items() if k != "params"}, _leaf,
+                                     f"param_groups[{g}]")
+        return named
+    return flatten_tensors(obj, _leaf)
+
+
+def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
+    """Check that ``obj`` (a torch module, an optimizer, or a collection of tensors, numpy arrays and numbers)
+    is bit-identical on every rank of ``process_set``; returns how many tensors were compared.
+
+    Each tensor is reduced to a 64-bit digest and the digests are gathered (one small collective); when any
+    differs, only the first differing tensor is gathered, and ``hvd.ReplicaDivergenceError`` is raised on every
+    rank naming it, the ranks that differ and the largest absolute difference. Every rank must call it.
+    """
+    return check_named_replicas(named_tensors(obj), process_set)
+
+
+def check_every(opt: torch.optim.Optimizer, steps: int) -> None:
+    """After every ``steps``-th ``opt.step()``, check its parameters and state (DistributedOptimizer's
+    ``check_replicas_every_steps``)."""
+    if steps <= 0:
+        return
+    step = opt.step
+    count = [0]
+
+    @functools.wraps(step)
+    def checked_step(*args: Any, **kwargs: Any) -> Any:
+        result = step(*args, **kwargs)
+        count[0] += 1
+        if count[0] % steps == 0:
+            check_replicas(opt, opt.process_set)  # type: ignore[attr-defined]
+        return result
+    opt.step = checked_step  # type: ignore[method-assign]
+
+
+__all__ = ["check_every", "check_replicas", "named_tensors"]

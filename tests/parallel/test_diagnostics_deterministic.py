@@ -1,0 +1,76 @@
+"""deterministic=True: every reduction is the rank-order sum of the ranks' values, element by element, so a
+training run gives bit-identical weights under very different fusion, chunk and cycle settings, with the
+autotune switching them mid-run, and whatever order the ranks submit in."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hvdlite as hvd_core
+import hvdlite.torch as hvd
+
+MPI_SIZES = (2, 3, 4)
+SPAWN_TIMEOUT = 300
+
+#: two very different settings: everything fused in big chunks, versus nothing fused and 256-byte chunks
+BIG = dict(fusion_threshold_bytes=64 << 20, allreduce_chunk_bytes=64 << 20, cycle_time_ms=0.5)
+SMALL = dict(fusion_threshold_bytes=0, allreduce_chunk_bytes=256, cycle_time_ms=5.0)
+
+
+def _rank_order(values: np.ndarray) -> np.ndarray:
+    acc = values[0].copy()
+    for v in values[1:]:
+        acc = acc + v
+    return acc
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_each_element_is_the_rank_order_sum_in_any_submission_order(reinit, dtype: type, rank: int,
+                                                                    size: int) -> None:
+    reinit(deterministic=True, **SMALL)
+    rng = np.random.default_rng(rank)
+    xs = [(rng.normal(size=n) * 10.0 ** rng.integers(-3, 4, size=n)).astype(dtype) for n in (1, 5, 300, 4099)]
+    order = list(range(len(xs)))[::(-1 if rank % 2 else 1)]  # odd ranks submit in reverse order
+    handles = {i: hvd_core.allreduce_async(xs[i], op=hvd_core.Sum, name=f"det.{i}") for i in order}
+    for i, x in enumerate(xs):
+        got = hvd_core.synchronize(handles[i])
+        expected = _rank_order(hvd_core.allgather(x[None], name=f"det.all.{i}"))
+        assert got.dtype == expected.dtype and np.array_equal(got, expected), i
+    x = xs[3][:size * 7].copy()
+    got = hvd_core.reducescatter(x, op=hvd_core.Sum, name="det.rs")
+    everyone = hvd_core.allgather(x[None], name="det.rs.all")
+    assert np.array_equal(got, _rank_order(everyone)[rank * 7:(rank + 1) * 7])
+
+
+def _train(reinit, rank: int, **settings: object) -> list[np.ndarray]:
+    reinit(deterministic=True, **settings)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 10))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    for _ in range(12):
+        x, y = torch.randn(16, 20, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    weights = [p.detach().numpy().copy() for p in model.parameters()]
+    assert hvd.check_replicas(model) == len(weights)  # bit-identical on every rank
+    return weights
+
+
+def test_training_gives_the_same_bits_under_very_different_fusion_and_chunk_settings(reinit, rank: int) -> None:
+    a = _train(reinit, rank, **BIG)
+    b = _train(reinit, rank, **SMALL)
+    for x, y in zip(a, b):
+        assert x.tobytes() == y.tobytes()
+
+
+def test_training_gives_the_same_bits_with_the_autotune_switching_settings(reinit, rank: int) -> None:
+    a = _train(reinit, rank, **SMALL)
+    b = _train(reinit, rank, autotune=True, autotune_warmup_samples=1, autotune_steps_per_sample=2,
+               autotune_bayes_opt_max_samples=3)
+    for x, y in zip(a, b):
+        assert x.tobytes() == y.tobytes()
