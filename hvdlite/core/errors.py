@@ -42,8 +42,8 @@ class ReplicaDivergenceError(HvdliteError):
     common one; ``max_abs_diff``: the largest absolute difference to it; ``tensors``: every differing name.
     """
 
-    def __init__(self, message: str, tensor: str = "", ranks: tuple = (), max_abs_diff: float = float("nan"),
-                 tensors: tuple = ()) -> None:
+    def __init__(self, message: str, tensor: str = "", ranks: tuple[int, ...] = (), max_abs_diff: float = float("nan"),
+                 tensors: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.tensor = tensor
         self.ranks = ranks

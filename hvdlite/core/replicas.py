@@ -12,7 +12,7 @@ from .errors import ReplicaDivergenceError
 from .objects import allgather_object
 from .process_sets import ProcessSet, global_process_set
 
-Named = list  # [(name, numpy array), ...]
+Named = list[tuple[str, np.ndarray]]  # [(name, numpy array), ...]
 
 _FIX = ("Data-parallel replicas must stay bit-identical: broadcast the initial state from one rank "
         "(broadcast_parameters / broadcast_optimizer_state / broadcast_variables), keep buffers such as "
@@ -93,7 +93,7 @@ def _max_abs_diff(row: np.ndarray, reference: np.ndarray) -> float:
     return float(np.max(np.abs(row.astype(np.float64) - reference)))
 
 
-def _different_layouts(layout: list, ranks: list[int], process_set: ProcessSet) -> None:
+def _different_layouts(layout: list[Any], ranks: list[int], process_set: ProcessSet) -> None:
     """The ranks hold different sets of tensors: name the first difference (rare, so objects are gathered)."""
     layouts = allgather_object(layout, name="hvdlite.check_replicas.layouts", process_set=process_set)
     base = layouts[0]

@@ -14,7 +14,7 @@ FRAMEWORK_PACKAGES = ("hvdlite", "torch", "tensorflow", "keras", "tf_keras", "li
                       "lightning_fabric", "numpy", "mpi4py", "horovod")
 _REMEMBER_LIMIT = 1 << 16  # (process set, name) entries remembered; past it the table starts again
 
-Site = tuple  # (file name, line)
+Site = tuple[str, int]  # (file name, line)
 
 
 def _internal_prefixes() -> tuple[str, ...]:

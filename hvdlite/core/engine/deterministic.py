@@ -110,7 +110,7 @@ class OrderedComm:
                 return dtype, op
         return None
 
-    def Iallreduce(self, send: Any, recv: list, mpi_op: Any) -> Any:  # noqa: N802 - mpi4py's name
+    def Iallreduce(self, send: Any, recv: list[Any], mpi_op: Any) -> Any:  # noqa: N802 - mpi4py's name
         kind = self._kind(recv[1], mpi_op)
         if kind is None:
             return self.comm.Iallreduce(send, recv, mpi_op)
@@ -118,7 +118,7 @@ class OrderedComm:
         allreduce(self.comm, src, recv[0], kind[0], kind[1], recv[1], _wait)
         return _DONE
 
-    def Ireduce_scatter(self, send: list, recv: list, counts: Any, mpi_op: Any) -> Any:  # noqa: N802
+    def Ireduce_scatter(self, send: list[Any], recv: list[Any], counts: Any, mpi_op: Any) -> Any:  # noqa: N802
         kind = self._kind(recv[1], mpi_op)
         if kind is None:
             return self.comm.Ireduce_scatter(send, recv, counts, mpi_op)

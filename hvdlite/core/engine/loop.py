@@ -255,7 +255,7 @@ class Engine:
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
-            raise _Stop(self._shutdown_message(stopping))
+            raise _Stop(stalls.shutdown_message(self.rank, stopping))
         self.stragglers.adopt([m.waits for m in messages], self.timeline)  # a straggler window, if complete
         if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
             self.autotune.adopt(messages[0].tune, self.cycles)
@@ -267,14 +267,6 @@ class Engine:
             if resp.error is None:
                 self.cache.put(resp.name, resp.sig, self.psets.members(resp.ps_id), self.cycles)
         return responses
-
-    def _shutdown_message(self, stopping: list[int]) -> str:
-        if self.rank in stopping and len(stopping) == 1:
-            return f"rank {self.rank}: hvdlite was shut down on this rank (hvd.shutdown() or process exit)"
-        who = ", ".join(map(str, stopping))
-        return (f"rank {self.rank}: hvdlite was shut down because rank(s) {who} called hvd.shutdown() or "
-                f"exited while this rank still expected collectives. Look at rank(s) {who} for the cause; "
-                f"every rank must run the same collectives before finishing.")
 
     def _handle_stalls(self, stalled: list[Stalled]) -> list[Response]:
         now = time.monotonic()

@@ -141,7 +141,7 @@ class Request(Handle, _SignatureFields):
         self.cache_version = -1
         self.results: Optional[list[Any]] = None  # multi-tensor results, made when the first one arrives
         self.remaining = len(inputs)
-        self.site: Optional[tuple] = None  # the user's (file, line), captured on a response-cache miss only
+        self.site: Optional[tuple[str, int]] = None  # the user's (file, line), captured on a response-cache miss only
 
     @property
     def handle(self) -> Handle:

@@ -47,3 +47,13 @@ def wedged_message(rank: int, size: int, absent: list[int], waited: float, limit
             f"(stall_shutdown_time_seconds={limit:g}): rank(s) {absent} answer no messages (stopped, "
             f"or blocked with the GIL held); rank(s) {answered} did. Pending on this rank: "
             f"{names or 'nothing'}. hvdlite cannot go on with this job: end it and look at rank(s) {absent}.")
+
+
+def shutdown_message(rank: int, stopping: list[int]) -> str:
+    """Why this rank's engine ends when ranks ``stopping`` said in a round that they shut down."""
+    if rank in stopping and len(stopping) == 1:
+        return f"rank {rank}: hvdlite was shut down on this rank (hvd.shutdown() or process exit)"
+    who = ", ".join(map(str, stopping))
+    return (f"rank {rank}: hvdlite was shut down because rank(s) {who} called hvd.shutdown() or "
+            f"exited while this rank still expected collectives. Look at rank(s) {who} for the cause; "
+            f"every rank must run the same collectives before finishing.")

@@ -37,7 +37,7 @@ class Stragglers:
         self._named: Optional[int] = None  # the rank last named in the log
         self.windows = 0
 
-    def record(self, responses: list, pending: dict, now: float, timeline: Timeline) -> None:
+    def record(self, responses: list[Any], pending: dict[Any, Any], now: float, timeline: Timeline) -> None:
         """After a round ending at ``now``: the times of each agreed op of the global set (NaN where a joined
         rank had no request), in agreed order."""
         if self.config.straggler_window_ops <= 0:

@@ -80,7 +80,7 @@ class Timeline:
         """Microseconds since the timeline's origin, as its events are stamped."""
         return self._now()
 
-    def counter(self, name: str, ts: float, values: dict) -> None:
+    def counter(self, name: str, ts: float, values: dict[str, Any]) -> None:
         """A counter event (one line per key in the trace viewer) at time ``ts`` (from ``now()``)."""
         if not self.enabled:
             return
