@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -136,11 +138,34 @@ def test_init_accepts_dynamic_process_sets() -> None:
     assert not hvd.is_initialized()
 
 
+BUILD_FLAGS = """
+import json, hvdlite as hvd
+names = ("mpi_built", "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "ddl_built", "ccl_built",
+         "cuda_built", "rocm_built")
+flags = lambda: {n: getattr(hvd, n)() for n in names}
+core_only = flags()
+import torch, torch.distributed as dist, hvdlite.torch  # registers the torch.distributed data plane
+expected = {"gloo": dist.is_available() and dist.is_gloo_available(), "cuda": torch.backends.cuda.is_built(),
+            "nccl": dist.is_available() and dist.is_nccl_available() and torch.backends.cuda.is_built()}
+print(json.dumps({"core_only": core_only, "with_torch": flags(), "expected": expected}))
+"""
+
+
 def test_build_flags_are_truthful(initialized) -> None:
-    assert hvd.mpi_built() and hvd.mpi_enabled()
-    assert not any(f() for f in (hvd.gloo_built, hvd.gloo_enabled, hvd.nccl_built, hvd.ddl_built,
-                                 hvd.ccl_built, hvd.cuda_built, hvd.rocm_built))
+    """The flags answer for what the loaded frontends can run here: the core alone has MPI only; importing
+    hvdlite.torch adds what this torch build has (gloo on the CPU wheel). Checked in a fresh process, so the
+    answer does not depend on which test imported hvdlite.torch first."""
+    assert hvd.mpi_built() and hvd.mpi_enabled() and not hvd.gloo_enabled()  # CPU tensors take MPI by default
     assert isinstance(hvd.mpi_threads_supported(), bool)
+    proc = subprocess.run([sys.executable, "-c", BUILD_FLAGS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    core, torch_flags, expected = got["core_only"], got["with_torch"], got["expected"]
+    assert core["mpi_built"] and core["mpi_enabled"], core
+    assert not any(v for k, v in core.items() if not k.startswith("mpi")), core
+    assert torch_flags["gloo_built"] == expected["gloo"] and torch_flags["gloo_built"], torch_flags  # CPU wheel
+    assert torch_flags["nccl_built"] == expected["nccl"] and torch_flags["cuda_built"] == expected["cuda"]
+    assert not any(torch_flags[k] for k in ("gloo_enabled", "ddl_built", "ccl_built", "rocm_built")), torch_flags
 
 
 def test_single_process_collectives(initialized) -> None:
