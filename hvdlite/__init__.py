@@ -1,6 +1,8 @@
 """hvdlite: Horovod-style data-parallel training over MPI; ``import hvdlite as hvd`` works on numpy arrays."""
 from __future__ import annotations
 
+from types import ModuleType
+
 from .core import *  # noqa: F401,F403
 from .core import __all__ as _core_all
 from .core import elastic
@@ -9,7 +11,7 @@ __version__ = "0.1.0"
 __all__ = list(_core_all) + ["__version__", "elastic"]
 
 
-def __getattr__(name: str):  # noqa: ANN201 - lazy: `hvdlite.run(fn, ...)` without importing the launcher early
+def __getattr__(name: str) -> ModuleType:  # lazy: `hvdlite.run(fn, ...)` without importing the launcher early
     if name == "run":
         import importlib
         return importlib.import_module(".run", __name__)

@@ -8,8 +8,10 @@ here as that rank's own exception (its type and message), with the rank's traceb
 """
 from __future__ import annotations
 
+import linecache
 import os
 import pickle
+import re
 import secrets
 import socket
 import sys
@@ -149,7 +151,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dic
         code = run_process(cmd, child_env, srun=launcher.kind == SRUN)
     finally:
         server.close()
-    return _collect(server.results, count, code)
+    return _collect(server.results, count, code, getattr(getattr(func, "__code__", None), "co_filename", ""))
 
 
 def _importable_paths() -> list[str]:
@@ -159,11 +161,28 @@ def _importable_paths() -> list[str]:
     return [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p) and not os.path.abspath(p).startswith(roots)]
 
 
-def _collect(results: dict[int, tuple[str, bytes, str]], count: int, code: int) -> list[Any]:
+_DYNAMIC_FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (.+)$', re.M)
+
+
+def _restore_source(text: str, source: str) -> str:
+    """Put the caller's file and source lines back into a rank's traceback: cloudpickle (3.1.3 and later) names
+    the code of a function it pickled by value ``<dynamic-code>``, keeping its line numbers."""
+    if not source or not os.path.isfile(source):
+        return text
+
+    def frame(match: "re.Match[str]") -> str:
+        indent, line, name = match.group(1), int(match.group(2)), match.group(3)
+        code = linecache.getline(source, line).strip()
+        return f'{indent}File "{source}", line {line}, in {name}' + (f"\n{indent}  {code}" if code else "")
+    return _DYNAMIC_FRAME.sub(frame, text)
+
+
+def _collect(results: dict[int, tuple[str, bytes, str]], count: int, code: int, source: str = "") -> list[Any]:
     errors = sorted(rank for rank, (status, _, _) in results.items() if status == "error")
     if errors:
         rank = errors[0]
         _, data, text = results[rank]
+        text = _restore_source(text, source)
         try:
             exc = pickle.loads(data)
         except Exception:  # noqa: BLE001 - an exception type the caller cannot unpickle

@@ -102,7 +102,9 @@ def test_compression_bf16(size: int) -> None:
 
 
 #: Core names that are not part of the runtime every frontend re-exports (collectives have framework versions).
+# check_replicas: each frontend has its own, which also takes its framework's models and tensors (asserted below)
 NOT_RUNTIME = ("Config", "engine_stats", "allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+               "check_replicas",
                "grouped_", "synchronize", "poll", "join", "barrier")
 
 
@@ -114,6 +116,8 @@ def test_runtime_names_are_the_core_objects() -> None:
             assert getattr(module, name) is getattr(core, name), (module.__name__, name)
             assert name in module.__all__, (module.__name__, name)
     assert hvd.Adasum is core.Adasum and hvdk.PartialDistributedOptimizer is not None
+    for module in (hvd, hvdk):
+        assert "check_replicas" in module.__all__ and module.check_replicas is not core.check_replicas
 
 
 def test_broadcast_global_variables_eager_raises_as_horovod() -> None:
