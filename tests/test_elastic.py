@@ -71,9 +71,13 @@ def test_reset_limit_stops_the_job() -> None:
     assert "test_accuracy=" not in out.split("reset 1")[-1].split("stopping")[-1]
 
 
-def test_keras_fit_with_elastic_callbacks_survives_a_killed_rank() -> None:
+@pytest.mark.parametrize("legacy_keras", ["0", "1"], ids=["keras3", "tf_keras"])
+def test_keras_fit_with_elastic_callbacks_survives_a_killed_rank(legacy_keras: str) -> None:
+    """Keras 3, and Keras 2 (tf-keras with TF_USE_LEGACY_KERAS=1): KerasState and the elastic callbacks carry the
+    training over a killed rank."""
     run = ElasticRun([PYTHON, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3", PYTHON,
-                      str(ROOT / "tests" / "workers" / "keras_elastic.py"), "--epochs", "4", "--sleep", "0.02"])
+                      str(ROOT / "tests" / "workers" / "keras_elastic.py"), "--epochs", "4", "--sleep", "0.02"],
+                     env={**base_env(), "TF_USE_LEGACY_KERAS": legacy_keras})
     ranks = run.rank_pids(3)
     run.wait_for(r"^epoch=1 size=3 commit=\d+$", timeout=400)
     os.kill(ranks[1][1], signal.SIGKILL)

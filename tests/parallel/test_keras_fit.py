@@ -375,3 +375,24 @@ def test_jit_compile_cannot_reduce_gradients_and_the_error_names_the_fix() -> No
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=True)
     with pytest.raises(hvd_tf.XLANotSupportedError, match="jit_compile=False"):
         model.fit(X[mine], Y[mine], batch_size=b, epochs=1, verbose=0)
+
+
+def test_check_replicas_callback_passes_equal_replicas_and_names_a_perturbed_kernel() -> None:
+    """hvd.callbacks.CheckReplicasCallback in model.fit under either Keras: equal replicas pass after every batch;
+    a kernel perturbed on the last rank is named on every rank, with its difference."""
+    model = make_model(100 + r)  # different on every rank until the broadcast
+    model.compile(optimizer=hvd.DistributedOptimizer(SGD(0.05, momentum=0.9)), loss="mse")
+    every_batch = hvd.callbacks.CheckReplicasCallback(every_n_batches=1)
+    model.fit(X[mine], Y[mine], batch_size=b, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), every_batch,
+                         hvd.callbacks.CheckReplicasCallback()])
+    assert every_batch._batches == 2 * N // b
+    kernel = model.layers[-1].kernel
+    if r == n - 1:
+        kernel.assign_add(np.eye(5, 2, dtype=np.float32) * 0.5)
+    with pytest.raises(hvd.ReplicaDivergenceError) as info:
+        model.fit(X[mine], Y[mine], batch_size=b, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.CheckReplicasCallback(every_n_batches=1)])
+    assert info.value.ranks == (n - 1,) and "kernel" in info.value.tensor, str(info.value)
+    assert info.value.max_abs_diff == pytest.approx(0.5, abs=1e-4), str(info.value)
+    assert len(set(hvd_tf.allgather_object(str(info.value)))) == 1
