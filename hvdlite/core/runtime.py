@@ -79,7 +79,7 @@ class State:
         shapes = tensor_layout(dtypes[0], shape_of(inputs[0])) if len(inputs) == 1 else \
             tuple([(d, shape_of(a)) for a, d in zip(inputs, dtypes)])
         sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra,
-                             plane_of(inputs, f"{kind} {name!r}") if inputs else "")
+                             plane_of(inputs, kind, name))
         req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), dtypes,
                       op=op, splits=splits, finalize=finalize)
         if callsite.known.get(name) is not sig:  # a new name or signature: steady state skips the capture

@@ -211,11 +211,12 @@ class PlaneTable:
                 factory.closing(boot)
 
 
-def plane_of(inputs: Sequence[Any], what: str) -> str:
-    """The data plane a request's buffers name (all the same, or a clear error)."""
+def plane_of(inputs: Sequence[Any], kind: Any, name: str) -> str:
+    """The data plane the buffers of request ``kind`` ``name`` name (all the same, or a clear error; "" for none).
+    On every submission: the error's text is built only when it is raised."""
     names = {getattr(a, "plane", "") for a in inputs}
     if len(names) > 1:
-        raise TypeError(f"{what}: the tensors of one grouped op must all be on one kind of device (host memory "
+        raise TypeError(f"{kind} {name!r}: the tensors of one grouped op must all be on one kind of device (host memory "
                         f"or the rank's GPU); got tensors for data planes {sorted(n or 'mpi' for n in names)}. "
                         f"Move them to one device first, or submit them as separate ops")
     return names.pop() if names else ""
