@@ -55,25 +55,6 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
     return allreduce_async_(bucket.buffer(), name=bucket.name, op=Average, process_set=bucket.process_set)
 
 
-def _cast_hook(bucket: GradBucket, wire_dtype: torch.dtype) -> Any:
-    buffer = bucket.buffer()
-    if not buffer.dtype.is_floating_point or buffer.dtype == wire_dtype:
-        return allreduce_hook(None, bucket)
-    wire = buffer.to(wire_dtype)
-    handle = allreduce_async_(wire, name=bucket.name, op=Average, process_set=bucket.process_set)
-    return handle.then(lambda _: buffer.copy_(wire))
-
-
-def fp16_compress_hook(state: Any, bucket: GradBucket) -> Any:
-    """Average the bucket sent as float16 (half the bytes; range up to 65504), then cast back."""
-    return _cast_hook(bucket, torch.float16)
-
-
-def bf16_compress_hook(state: Any, bucket: GradBucket) -> Any:
-    """Average the bucket sent as bfloat16 (half the bytes; float32's range, 8 bits of mantissa)."""
-    return _cast_hook(bucket, torch.bfloat16)
-
-
 def compression_hook(compression: Any, op: Any, prescale: float, postscale: float) -> CommHook:
     """DistributedOptimizer's ``compression=``, ``op`` and ``gradient_predivide_factor`` as one hook.
 
@@ -101,3 +82,17 @@ def compression_hook(compression: Any, op: Any, prescale: float, postscale: floa
             return buffer
         return handle.then(back)
     return reduce
+
+
+_FP16 = compression_hook(Compression.fp16, Average, 1.0, 1.0)
+_BF16 = compression_hook(Compression.bf16, Average, 1.0, 1.0)
+
+
+def fp16_compress_hook(state: Any, bucket: GradBucket) -> Any:
+    """Average the bucket sent as float16 (half the bytes; range up to 65504), then cast back."""
+    return _FP16(state, bucket)
+
+
+def bf16_compress_hook(state: Any, bucket: GradBucket) -> Any:
+    """Average the bucket sent as bfloat16 (half the bytes; float32's range, 8 bits of mantissa)."""
+    return _BF16(state, bucket)
