@@ -58,11 +58,11 @@ class _DistributedOptimizer(ReadinessOwner):
         self._readiness = Readiness(process_set, backward_passes_per_step, self._on_grad_ready,
                                     self._on_local_grad, self._all_params())
         self._enabled = self._readiness.enabled
-        pre, post = 1.0, 1.0
-        if self.op == Average:
-            pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        #: (prescale, postscale) of every gradient reduction: gradient_predivide_factor splits Average's division
+        self._scales = (1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor) \
+            if self.op == Average else (1.0, 1.0)
         self._buckets = BucketSync(process_set, setting("fusion_threshold_bytes"), self._bucket_eligible)
-        self._buckets.hook = compression_hook(compression, self.op, pre, post)
+        self._buckets.hook = compression_hook(compression, self.op, *self._scales)
         self._use_buckets = self._bucketed and not self._is_grouped and self._enabled
         self._refresh()
 
@@ -132,9 +132,7 @@ class _DistributedOptimizer(ReadinessOwner):
             grads = [q.grad.to_dense() if d else q.grad for q, d in zip(dense, densified)]
             pairs = [self._compression.compress(g) for g in grads]
             wire = [w for w, _ in pairs]
-            pre, post = 1.0, 1.0
-            if self.op == Average:
-                pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+            pre, post = self._scales
             handle = grouped_allreduce_async_(wire, name=self._parameter_names[dense[0]], op=self.op,
                                               prescale_factor=pre, postscale_factor=post,
                                               process_set=self.process_set)
