@@ -18,7 +18,13 @@ repetition starts with a barrier; its time is the slowest rank's; the figure is 
   (f) hvd_module_async  (d) through --hvd-module NAME (e.g. horovod.torch), on torch tensors when the
                         module's name contains "torch", else on numpy arrays.
   diagnostics:          mpi_fused_copy (copy into one buffer, chunked Allreduce, copy out: the cost of a
-                        fusion buffer), hvdlite_async_sum ((d) with Sum: no scaling pass).
+                        fusion buffer), hvdlite_async_sum ((d) with Sum: no scaling pass); the transport's
+                        non-blocking collective on the flat buffer in the same chunks as (a): mpi_nb_wait_*
+                        (Iallreduce + Wait per chunk), mpi_nb_test_* (Iallreduce polled by Test, as the engine
+                        polls), mpi_nb_test_avg_* (the same, each chunk scaled by 1/size after it completes,
+                        Average as the engine did per chunk); hvdlite_optimizer_inflight1/4: (g) with the
+                        engine keeping 1 (each chunk waited for, then scaled: the earlier engine) or 4 chunk
+                        collectives in flight instead of the default 2.
 Tensors are submitted in reverse order, as backpropagation produces them. hvdlite methods use Average
 (as DistributedOptimizer does) unless --op sum. One JSON object per line: a machine line, then one line per
 model and method with ms, algorithm bandwidth (bytes/s) and the ratio to (a).
@@ -39,12 +45,15 @@ import numpy as np  # noqa: E402
 import _common  # noqa: E402
 import hvdlite as hvd  # noqa: E402
 
+DIAG_PREFIXES = ("mpi_nb_", "hvdlite_optimizer_")  # probes and variants: diagnostics, never the limit
 GROUPS = {"mpi_flat_out_of_place": "a", "mpi_flat_in_place": "a", "mpi_per_tensor": "b",
           "gloo_per_tensor": "c", "gloo_flat": "c", "hvdlite_async": "d", "hvdlite_grouped": "e",
           "hvd_module_async": "f", "hvdlite_optimizer": "g", "mpi_fused_copy": "diag", "hvdlite_async_sum": "diag"}
 
 
 def group_of(method: str) -> str:
+    if method.startswith(DIAG_PREFIXES):
+        return "diag"
     return "a" if method.startswith("mpi_flat_chunked") else GROUPS[method]
 
 
@@ -111,6 +120,11 @@ class Bench:
         for mb in [float(x) for x in self.args.chunk_mb.split(",") if x]:
             label = f"{mb:g}MB"
             out[f"mpi_flat_chunked_{label}"] = self._chunked(max(1, int(mb * 2 ** 20) // 4))
+        for mb in [float(x) for x in self.args.chunk_mb.split(",") if x]:
+            label, step = f"{mb:g}MB", max(1, int(mb * 2 ** 20) // 4)
+            out[f"mpi_nb_wait_{label}"] = self._nonblocking(step, "wait", False)
+            out[f"mpi_nb_test_{label}"] = self._nonblocking(step, "test", False)
+            out[f"mpi_nb_test_avg_{label}"] = self._nonblocking(step, "test", True)
         out["mpi_per_tensor"] = self._mpi_per_tensor
         out["mpi_fused_copy"] = self._fused_copy
         if not self.args.no_gloo:
@@ -125,6 +139,8 @@ class Bench:
         out["hvdlite_async"] = lambda: self._hvd_async(hvd, self.arrays, self.op, "")
         out["hvdlite_async_sum"] = lambda: self._hvd_async(hvd, self.arrays, hvd.Sum, "sum.")
         out["hvdlite_optimizer"] = self._optimizer()
+        for depth in (1, 4):  # the same sync with other chunk pipeline depths (1: each chunk waited for alone)
+            out[f"hvdlite_optimizer_inflight{depth}"] = self._with_depth(out["hvdlite_optimizer"], depth)
         out["hvdlite_grouped"] = lambda: hvd.grouped_allreduce_(self.arrays, name=f"{self.model}.grouped",
                                                                 op=self.op)
         if self.args.hvd_module:
@@ -138,11 +154,13 @@ class Bench:
                 self.hvd_module.shutdown()
                 self.hooks["hvd_module_async"] = (self.hvd_module.init, self.hvd_module.shutdown)
         if self.args.methods:
-            wanted = [m for m in self.args.methods.split(",") if m]
-            unknown = [m for m in wanted if m not in out]
+            wanted = [m for m in self.args.methods.split(",") if m]  # NAME, or PREFIX* for every match
+            unknown = [m for m in wanted if m not in out and not (m.endswith("*") and
+                                                                 any(n.startswith(m[:-1]) for n in out))]
             if unknown:
                 raise SystemExit(f"unknown methods {unknown}; available: {', '.join(out)}")
-            out = {m: out[m] for m in out if m in wanted or m.startswith("mpi_flat")}
+            out = {m: out[m] for m in out if m in wanted or m.startswith("mpi_flat")
+                   or any(m.startswith(w[:-1]) for w in wanted if w.endswith("*"))}
         return out
 
     def _chunked(self, step: int) -> Callable[[], None]:
@@ -153,6 +171,28 @@ class Bench:
         def run() -> None:
             for piece in pieces:
                 comm.Allreduce(MPI.IN_PLACE, piece, op=MPI.SUM)
+        return run
+
+    def _nonblocking(self, step: int, how: str, scale: bool) -> Callable[[], None]:
+        """The chunked in-place reduction with Iallreduce: completed by Wait, or polled by Test in a loop
+        (as the engine's polling.wait does while a user thread waits); ``scale``: each chunk is then
+        multiplied by 1/size (Average's pass) before the next starts."""
+        from mpi4py import MPI
+        comm, flat = self.comm, self.flat
+        pieces = [flat[i:i + step] for i in range(0, flat.size, step)]
+        factor = np.float32(1.0 / comm.Get_size())
+
+        def run() -> None:
+            for piece in pieces:
+                req = comm.Iallreduce(MPI.IN_PLACE, piece, op=MPI.SUM)
+                if how == "wait":
+                    req.Wait()
+                else:
+                    test = req.Test
+                    while not test():
+                        pass
+                if scale:
+                    np.multiply(piece, factor, out=piece)
         return run
 
     def _mpi_per_tensor(self) -> None:
@@ -199,6 +239,20 @@ class Bench:
         self.optimizer = opt
         return sync
 
+    @staticmethod
+    def _with_depth(fn: Callable[[], None], depth: int) -> Callable[[], None]:
+        """``fn`` with the engine's chunk pipeline at ``depth`` (hvdlite/core/engine/chunks.py's IN_FLIGHT;
+        read when each chunk starts, and the engine is idle between repetitions)."""
+        from hvdlite.core.engine import chunks
+
+        def run() -> None:
+            saved, chunks.IN_FLIGHT = chunks.IN_FLIGHT, depth
+            try:
+                fn()
+            finally:
+                chunks.IN_FLIGHT = saved
+        return run
+
     def _hvd_async(self, module: Any, inputs: list[Any], op: Any, prefix: str) -> None:
         handles = [module.allreduce_async_(x, name=prefix + n, op=op) for x, n in zip(inputs, self.names)]
         for h in handles:
@@ -211,7 +265,7 @@ def run_model(args: argparse.Namespace, comm: Any, model: str, output: _common.O
     series = {name: _common.Series(name) for name in methods}
     hvd_stats = {name: [0, 0] for name in methods if name.startswith("hvdlite")}
     for rnd in range(args.warmup + args.reps):
-        if rnd % 10 == 0:
+        if rnd % 5 == 0:  # up to ~15 in-place sums of the flat buffer per round: 2**75 at most
             bench.reset()
         for name, fn in methods.items():
             before = hvd.engine_stats() if name in hvd_stats else None

@@ -11,6 +11,13 @@ Methods (Average over all ranks of the 214 gradients of keras.applications.ResNe
   core_oop    hvdlite.core grouped_allreduce on numpy arrays, fresh outputs
   core_inplace hvdlite.core grouped_allreduce_ on numpy arrays, in place
   raw         mpi4py Allreduce in place on one flat buffer in 1 MiB chunks (the transport's limit)
+  handoff     tf.function: the 214 tensors to numpy and back through one numpy_function that reduces nothing
+              (outputs from reused buffers, as today's path): TensorFlow's share of the graph path
+  concat_split tf.function: the 214 tensors concatenated into one flat tensor and split back to their shapes,
+              nothing reduced: what a flat-bucket path would add (TensorFlow makes each gradient a tensor of
+              its own, so a bucket costs a copy in and a copy out)
+  core_flat   hvdlite.core allreduce_ of one flat numpy buffer of all the gradients, in place: the engine's
+              time for a flat bucket (concat_split + core_flat + a one-tensor handoff: a flat-bucket path)
 --fit: also time model.fit steps (batch 16 per rank) of the same model with graph_old's and today's path.
 Rank 0 prints the median per method and its ratio to the first method.
 """
@@ -29,7 +36,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--methods", default="graph_old,graph_gate,graph,eager,core_oop,core_inplace,raw")
+    parser.add_argument("--methods", default="graph_old,graph_gate,graph,eager,core_oop,core_inplace,raw,"
+                        "handoff,concat_split,core_flat")
     parser.add_argument("--fit", action="store_true")
     args = parser.parse_args()
     import numpy as np
@@ -89,12 +97,25 @@ def main() -> None:
         for s in range(0, flat.size, step):
             comm.Allreduce(MPI.IN_PLACE, flat[s:s + step], MPI.SUM)
 
+    from hvdlite.tensorflow.buffers import ReusableOutputs
+    pool = ReusableOutputs()
+    dtypes = [g.dtype for g in grads]
+    handoff = tf.function(lambda gs: [tf.reduce_sum(g[..., :1]) for g in tf.numpy_function(
+        lambda *a: pool.like(a), gs, dtypes, stateful=True)[:3]])
+    shapes = [g.shape for g in grads]
+    sizes = [int(np.prod(s)) for s in shapes]
+    concat_split = tf.function(lambda gs: [tf.reduce_sum(g[..., :1]) for g in [
+        tf.reshape(p, s) for p, s in zip(tf.split(tf.concat([tf.reshape(g, [-1]) for g in gs], 0), sizes),
+                                         shapes)][:3]])
+    bucket = flat.copy()
+
     methods: Dict[str, Callable[[], Any]] = {
         "graph_old": traced(True), "graph_gate": traced(True, gate=False), "graph": traced(False),
         "eager": lambda: reduce_gradients(grads, names=names),
         "core_oop": lambda: core.grouped_allreduce(arrays, op=core.Average, name="oop"),
         "core_inplace": lambda: core.grouped_allreduce_(outputs, op=core.Average, name="inplace"),
-        "raw": raw}
+        "raw": raw, "handoff": lambda: handoff(grads), "concat_split": lambda: concat_split(grads),
+        "core_flat": lambda: core.allreduce_(bucket, op=core.Average, name="flat")}
     timed = {m: methods[m] for m in args.methods.split(",") if m}
     report(comm, timed, args.rounds, "reduce")
     if args.fit:

@@ -356,3 +356,66 @@ def test_a_killed_job_leaves_its_last_timeline_events(tmp_path) -> None:
     rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
     assert ("last.op", "NEGOTIATE_ALLREDUCE") in {(rows[e["pid"]], e["name"]) for e in events if e.get("ph") == "B"}
     assert any(e.get("ph") == "E" and rows.get(e["pid"]) == "last.op" for e in events), events
+
+
+# -- chunk pipeline (engine/chunks.py) ----------------------------------------------------------------
+class _Request:
+    """A request that completes when waited for (a real MPI request's Test/Wait surface)."""
+
+    def __init__(self, log: list, name: str) -> None:
+        self.log, self.name, self.done = log, name, False
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        self.log.append(("test", self.name))
+        return self.done
+
+
+def _pipeline(log: list, fail_wait_on: str = ""):
+    from hvdlite.core.engine.chunks import ChunkPipeline
+
+    def wait(request: _Request) -> None:
+        if request.name == fail_wait_on:
+            raise RuntimeError(f"peer gone while waiting on {request.name}")
+        request.done = True
+        log.append(("wait", request.name))
+    return ChunkPipeline(wait)
+
+
+def test_chunk_pipeline_keeps_chunks_in_flight_and_scales_each_as_it_completes(monkeypatch) -> None:
+    from hvdlite.core.engine import chunks
+    from hvdlite.core.reduce_ops import average_scale
+    monkeypatch.setattr(chunks, "SCALE_SLICE_BYTES", 16)  # 4 float32 per slice: the next chunk is tested between
+    log: list = []
+    pipe = _pipeline(log)
+    data = np.arange(30, dtype=np.float32) * 3
+    pieces = [data[0:10], data[10:20], data[20:30]]
+    for i, piece in enumerate(pieces):
+        pipe.post(_Request(log, f"c{i}"), piece, "float32", average_scale(1.0, 3),
+                  (lambda i=i: log.append(("done", f"c{i}"))) if i == 2 else None)
+        # with 2 in flight, posting chunk i completes chunk i - 1 (chunk i travels while i - 1 is scaled)
+        assert [e for e in log if e[0] == "wait"] == [("wait", f"c{k}") for k in range(i)]
+        if i == 1:
+            np.testing.assert_array_equal(data[:10], np.arange(10, dtype=np.float32))  # scaled (x3 / 3)
+            np.testing.assert_array_equal(data[10:], np.arange(10, 30, dtype=np.float32) * 3)  # not yet
+            assert log.count(("test", "c1")) == 2  # chunk 1 polled between chunk 0's 3 slices
+    pipe.drain()
+    np.testing.assert_array_equal(data, np.arange(30, dtype=np.float32))
+    assert log[-2:] == [("wait", "c2"), ("done", "c2")]
+
+
+def test_chunk_pipeline_after_an_error_waits_for_chunks_in_flight_unless_waiting_failed() -> None:
+    log: list = []
+    pipe = _pipeline(log)
+    data = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="a numpy step failed"):
+        with pipe.batch():
+            pipe.post(_Request(log, "a"), data[:4], "float32", 1.0)
+            raise ValueError("a numpy step failed")
+    assert log == [("wait", "a")]  # MPI still owned that buffer: the chunk completed before the error went on
+    log.clear()
+    pipe = _pipeline(log, fail_wait_on="b")
+    with pytest.raises(RuntimeError, match="peer gone while waiting on b"):
+        with pipe.batch():
+            pipe.post(_Request(log, "b"), data[:4], "float32", 1.0)
+            pipe.post(_Request(log, "c"), data[4:], "float32", 1.0)
+    assert log == []  # the wait itself failed (the job is ending): nothing is waited for again

@@ -95,6 +95,21 @@ def test_large_tensor_takes_the_chunked_in_place_path() -> None:
     same(hvd.allreduce(large, op=hvd.Sum), (np.arange(700_000, dtype=np.float32) % 13) * N + TRI, "large")
 
 
+def test_average_of_a_batch_of_chunked_and_fused_tensors_with_chunks_in_flight() -> None:
+    """Large tensors travel as 1 MiB chunks, two in flight, each scaled (Average) in slices while the next
+    travels; small ones fuse between them. Every element must be Horovod's float32(double(sum) * (1 / n))."""
+    sizes = [700_000, 5, 300_000, 17, 262_145]  # 2.8 MB, fused, 1.2 MB, fused, one chunk and one element
+
+    def grads(rank: int) -> list:  # multiples of 1/64 below 2**10: every sum is exact in any order
+        rng = np.random.default_rng(100 + rank)
+        return [(rng.integers(-2 ** 16, 2 ** 16, n) / 64).astype(np.float32) for n in sizes]
+    got = grads(R)
+    hvd.grouped_allreduce_(got, op=hvd.Average, name="avg.chunked.batch")
+    for i, g in enumerate(got):
+        total = sum(grads(k)[i].astype(np.float64) for k in range(N))
+        same(g, (total * (1.0 / N)).astype(np.float32), f"average chunked {i}")
+
+
 def test_grouped_allreduce_mixed_dtypes_and_in_place() -> None:
     g = hvd.grouped_allreduce([value(R, "float32"), value(R, "int64", shape=(3,)), np.ones(0)], op=hvd.Sum)
     same(g[0], every("float32").sum(0).astype("float32"), "grouped f32")

@@ -5,6 +5,7 @@ so one slow collective never freezes the engine inside MPI, and the training thr
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Optional
 
@@ -13,12 +14,11 @@ import numpy as np
 from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16,
                           scale_inplace, scaled_copy, storage_dtype)
 from . import adasum, polling
+from .chunks import DATA_POLL_CAP, ChunkPipeline
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
 from .mpi import MPIOps, counts_displacements
 from .requests import Kind
 from .timeline import Timeline
-
-DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the training thread computes
 
 
 class Executor:
@@ -33,6 +33,7 @@ class Executor:
         self.chunk_bytes = chunk_bytes
         self.timeline = timeline
         self._fusion = np.empty(0, dtype=np.uint8)
+        self._chunks = ChunkPipeline(self._wait)
         self.mpi_calls = 0
         self.adasum_levels = adasum.LevelComms()
         self._table: dict[Kind, Callable[[list[Any]], list[tuple[Any, Any]]]] = {
@@ -65,22 +66,23 @@ class Executor:
             post = average_scale(post, self.size_of(first.ps_id))
         small: list[Item] = []
         small_bytes = 0
-        for item in items:
-            nbytes = item.src.nbytes
-            if nbytes == 0:
-                if item.dst is None:
-                    item.dst = item.src.copy()
-                continue
-            if packable(nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
-                if over_cap(len(small), small_bytes, nbytes, self.fusion_threshold_bytes):
-                    self._reduce_small(comm, small, op, pre, post)
-                    small, small_bytes = [], 0
-                small.append(item)
-                small_bytes += nbytes
-            else:
-                self._reduce_direct(comm, item, op, pre, post)
-        if small:
-            self._reduce_small(comm, small, op, pre, post)
+        with self._chunks.batch():  # the batch's chunks travel back to back (engine/chunks.py)
+            for item in items:
+                nbytes = item.src.nbytes
+                if nbytes == 0:
+                    if item.dst is None:
+                        item.dst = item.src.copy()
+                    continue
+                if packable(nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
+                    if over_cap(len(small), small_bytes, nbytes, self.fusion_threshold_bytes):
+                        self._reduce_small(comm, small, op, pre, post)
+                        small, small_bytes = [], 0
+                    small.append(item)
+                    small_bytes += nbytes
+                else:
+                    self._reduce_direct(comm, item, op, pre, post)
+            if small:
+                self._reduce_small(comm, small, op, pre, post)
         return [(item, item.dst) for item in items]
 
     def _adasum(self, comm: Any, items: list[Item], pre: float, post: float) -> list[tuple[Item, Any]]:
@@ -117,10 +119,9 @@ class Executor:
 
     def _reduce_small(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
         """A lone small tensor needs no fusion buffer (and no copies); several share one MPI call."""
-        if len(items) == 1:
-            self._reduce_direct(comm, items[0], op, pre, post)
-        else:
-            self._reduce_fused(comm, items, op, pre, post)
+        if len(items) > 1:
+            return self._reduce_fused(comm, items, op, pre, post)
+        self._reduce_direct(comm, items[0], op, pre, post)
 
     def _reduce_direct(self, comm: Any, item: Item, op: ReduceOp, pre: float, post: float) -> None:
         tl = self.timeline
@@ -135,14 +136,13 @@ class Executor:
         elif dst is item.src and pre != 1.0:
             scale_inplace(dst, item.dtype, pre)
         tl.begin(item.resp.name, "MPI_ALLREDUCE")
-        self._chunked_allreduce(comm, item.src.reshape(-1) if out_of_place else None, dst.reshape(-1),
-                                item.dtype, op, post)
-        tl.end(item.resp.name)
+        self._chunked_allreduce(comm, item.src.reshape(-1) if out_of_place else None, dst.reshape(-1), item.dtype,
+                                op, post, functools.partial(tl.end, item.resp.name) if tl.enabled else None)
 
     def _chunked_allreduce(self, comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
-                           op: ReduceOp, post: float) -> None:
-        """Reduce ``dst`` (or ``src`` into ``dst``) in pieces of chunk_bytes, scaling each piece
-        while it is still in cache."""
+                           op: ReduceOp, post: float, on_done: Optional[Callable[[], None]] = None) -> None:
+        """Start reducing ``dst`` (or ``src`` into ``dst``) in pieces of chunk_bytes, each scaled as it completes
+        while the next travel (engine/chunks.py; drained before results go back); ``on_done``: after the last."""
         datatype = self.ops.datatype(dtype)
         mpi_op = self.ops.op(dtype, op)
         step = max(1, self.chunk_bytes // max(1, dst.itemsize))
@@ -150,11 +150,10 @@ class Executor:
         for start in range(0, n, step):
             piece = dst[start:start + step]
             send = self.ops.IN_PLACE if src is None else [src[start:start + step], datatype]
-            # Non-blocking on every rank (a blocking and a non-blocking collective never match): it
-            # is polled continuously while a user thread waits, and with short sleeps while the
-            # training thread computes, so the engine does not spin on its core.
-            self._wait(comm.Iallreduce(send, [piece, datatype], mpi_op))
-            scale_inplace(piece, dtype, post)
+            # Non-blocking on every rank (a blocking and a non-blocking collective never match); polled
+            # continuously while a user thread waits, with short sleeps while the training thread computes.
+            self._chunks.post(comm.Iallreduce(send, [piece, datatype], mpi_op), piece, dtype, post,
+                              on_done if start + step >= n else None)
 
     def _fusion_buffer(self, nbytes: int) -> np.ndarray:
         if self._fusion.nbytes < nbytes:
@@ -190,6 +189,7 @@ class Executor:
                 tl.end(item.resp.name)
                 tl.begin(item.resp.name, "MPI_ALLREDUCE")
         self._chunked_allreduce(comm, None, buf, dtype, op, post)
+        self._chunks.drain()  # the packed results are copied out (and the fusion buffer reused) next
         offset = 0
         for item in items:
             if tracing:

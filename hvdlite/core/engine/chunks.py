@@ -1,0 +1,98 @@
+"""Chunked reductions with several chunks in flight: a chunk is scaled as soon as it completes, while the next travel.
+
+The executor cuts large reductions into chunks of ``allreduce_chunk_bytes``. Waiting for each chunk before
+starting the next leaves the transport idle while the engine scales the finished chunk (Average's pass) and
+while the request is handed back; here up to ``IN_FLIGHT`` chunk collectives are outstanding, so one is always
+travelling. Every rank starts the same chunks in the same order (the chunks come from agreed batches), so the
+collectives match whatever the depth: the depth changes only when this rank waits, never what is sent.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from ..reduce_ops import scale_inplace
+
+DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the training thread computes
+#: Chunk collectives outstanding at once. While the oldest is polled, MPI progresses the later ones too.
+IN_FLIGHT = 2
+#: A completed chunk is scaled in slices of this many bytes, polling the next chunk between them, so the
+#: transport keeps moving during the scaling pass.
+SCALE_SLICE_BYTES = 256 * 1024
+
+
+class ChunkPipeline:
+    """The chunk collectives one executor has in flight, completed in the order they were started."""
+
+    def __init__(self, wait: Callable[[Any], None]) -> None:
+        self._wait = wait
+        #: (request, piece, dtype, factor, on_done) per outstanding chunk, oldest first
+        self._inflight: collections.deque[tuple[Any, np.ndarray, str, float, Optional[Callable[[], None]]]] = \
+            collections.deque()
+        self._in_wait = False
+
+    def post(self, request: Any, piece: np.ndarray, dtype: str, factor: float,
+             on_done: Optional[Callable[[], None]] = None) -> None:
+        """Take a started chunk collective; ``piece`` is multiplied by ``factor`` once it completes, then
+        ``on_done`` runs. Completes the oldest chunks while ``IN_FLIGHT`` or more are outstanding."""
+        self._inflight.append((request, piece, dtype, factor, on_done))
+        while len(self._inflight) >= max(1, IN_FLIGHT):
+            self._complete_oldest()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Around one batch: every chunk started inside has completed when it ends without an error."""
+        try:
+            yield
+            self.drain()
+        except BaseException:
+            self.settle()
+            raise
+
+    def drain(self) -> None:
+        """Complete every outstanding chunk."""
+        while self._inflight:
+            self._complete_oldest()
+
+    def settle(self) -> None:
+        """After an error: complete what is in flight (MPI may still write into those buffers), unless the
+        error came from waiting on MPI itself (the job is ending: waiting again could only hang)."""
+        if self._in_wait:
+            self._inflight.clear()
+            self._in_wait = False
+            return
+        pending = [entry[0] for entry in self._inflight]
+        self._inflight.clear()
+        for request in pending:
+            self._in_wait = True
+            self._wait(request)
+            self._in_wait = False
+
+    def _complete_oldest(self) -> None:
+        request, piece, dtype, factor, on_done = self._inflight.popleft()
+        self._in_wait = True
+        self._wait(request)
+        self._in_wait = False
+        if factor != 1.0:
+            self._scale(piece, dtype, factor)
+        if on_done is not None:
+            on_done()
+
+    def _scale(self, piece: np.ndarray, dtype: str, factor: float) -> None:
+        """Scale ``piece`` in slices, testing the next outstanding chunk between them (MPI progresses
+        every outstanding request in a test)."""
+        step = max(1, SCALE_SLICE_BYTES // max(1, piece.itemsize))
+        if not self._inflight or piece.shape[0] <= step:
+            scale_inplace(piece, dtype, factor)
+            return
+        test = self._inflight[0][0].Test
+        for start in range(0, piece.shape[0], step):
+            if start:
+                test()
+            scale_inplace(piece[start:start + step], dtype, factor)
+
+
+__all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT", "SCALE_SLICE_BYTES"]
