@@ -22,9 +22,9 @@ repetition starts with a barrier; its time is the slowest rank's; the figure is 
                         non-blocking collective on the flat buffer in the same chunks as (a): mpi_nb_wait_*
                         (Iallreduce + Wait per chunk), mpi_nb_test_* (Iallreduce polled by Test, as the engine
                         polls), mpi_nb_test_avg_* (the same, each chunk scaled by 1/size after it completes,
-                        Average as the engine did per chunk); hvdlite_optimizer_inflight1/4: (g) with the
-                        engine keeping 1 (each chunk waited for, then scaled: the earlier engine) or 4 chunk
-                        collectives in flight instead of the default 2.
+                        Average as the engine did per chunk); hvdlite_optimizer_inflight1/2: (g) with the
+                        engine keeping 1 (each chunk waited for, then scaled: the earlier engine) or 2 chunk
+                        collectives in flight instead of the default 4.
 Tensors are submitted in reverse order, as backpropagation produces them. hvdlite methods use Average
 (as DistributedOptimizer does) unless --op sum. One JSON object per line: a machine line, then one line per
 model and method with ms, algorithm bandwidth (bytes/s) and the ratio to (a).
@@ -139,7 +139,7 @@ class Bench:
         out["hvdlite_async"] = lambda: self._hvd_async(hvd, self.arrays, self.op, "")
         out["hvdlite_async_sum"] = lambda: self._hvd_async(hvd, self.arrays, hvd.Sum, "sum.")
         out["hvdlite_optimizer"] = self._optimizer()
-        for depth in (1, 4):  # the same sync with other chunk pipeline depths (1: each chunk waited for alone)
+        for depth in (1, 2):  # the same sync at other chunk pipeline depths (1: each chunk waited for alone)
             out[f"hvdlite_optimizer_inflight{depth}"] = self._with_depth(out["hvdlite_optimizer"], depth)
         out["hvdlite_grouped"] = lambda: hvd.grouped_allreduce_(self.arrays, name=f"{self.model}.grouped",
                                                                 op=self.op)

@@ -360,14 +360,10 @@ def test_a_killed_job_leaves_its_last_timeline_events(tmp_path) -> None:
 
 # -- chunk pipeline (engine/chunks.py) ----------------------------------------------------------------
 class _Request:
-    """A request that completes when waited for (a real MPI request's Test/Wait surface)."""
+    """A request that completes when the pipeline's wait function is called on it."""
 
     def __init__(self, log: list, name: str) -> None:
-        self.log, self.name, self.done = log, name, False
-
-    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
-        self.log.append(("test", self.name))
-        return self.done
+        self.log, self.name = log, name
 
 
 def _pipeline(log: list, fail_wait_on: str = ""):
@@ -376,31 +372,29 @@ def _pipeline(log: list, fail_wait_on: str = ""):
     def wait(request: _Request) -> None:
         if request.name == fail_wait_on:
             raise RuntimeError(f"peer gone while waiting on {request.name}")
-        request.done = True
         log.append(("wait", request.name))
     return ChunkPipeline(wait)
 
 
-def test_chunk_pipeline_keeps_chunks_in_flight_and_scales_each_as_it_completes(monkeypatch) -> None:
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_chunk_pipeline_keeps_chunks_in_flight_and_scales_each_as_it_completes(monkeypatch, depth: int) -> None:
     from hvdlite.core.engine import chunks
     from hvdlite.core.reduce_ops import average_scale
-    monkeypatch.setattr(chunks, "SCALE_SLICE_BYTES", 16)  # 4 float32 per slice: the next chunk is tested between
+    monkeypatch.setattr(chunks, "IN_FLIGHT", depth)
     log: list = []
     pipe = _pipeline(log)
-    data = np.arange(30, dtype=np.float32) * 3
-    pieces = [data[0:10], data[10:20], data[20:30]]
-    for i, piece in enumerate(pieces):
-        pipe.post(_Request(log, f"c{i}"), piece, "float32", average_scale(1.0, 3),
-                  (lambda i=i: log.append(("done", f"c{i}"))) if i == 2 else None)
-        # with 2 in flight, posting chunk i completes chunk i - 1 (chunk i travels while i - 1 is scaled)
-        assert [e for e in log if e[0] == "wait"] == [("wait", f"c{k}") for k in range(i)]
-        if i == 1:
-            np.testing.assert_array_equal(data[:10], np.arange(10, dtype=np.float32))  # scaled (x3 / 3)
-            np.testing.assert_array_equal(data[10:], np.arange(10, 30, dtype=np.float32) * 3)  # not yet
-            assert log.count(("test", "c1")) == 2  # chunk 1 polled between chunk 0's 3 slices
+    data = np.arange(60, dtype=np.float32) * 3
+    for i in range(6):
+        pipe.post(_Request(log, f"c{i}"), data[10 * i:10 * i + 10], "float32", average_scale(1.0, 3),
+                  (lambda i=i: log.append(("done", f"c{i}"))) if i == 5 else None)
+        # posting chunk i completes chunk i - (depth - 1): the later ones travel while it is scaled
+        completed = max(0, i + 2 - depth)
+        assert [e for e in log if e[0] == "wait"] == [("wait", f"c{k}") for k in range(completed)], (i, log)
+        np.testing.assert_array_equal(data[:10 * completed], np.arange(10 * completed, dtype=np.float32))
+        np.testing.assert_array_equal(data[10 * completed:], np.arange(10 * completed, 60, dtype=np.float32) * 3)
     pipe.drain()
-    np.testing.assert_array_equal(data, np.arange(30, dtype=np.float32))
-    assert log[-2:] == [("wait", "c2"), ("done", "c2")]
+    np.testing.assert_array_equal(data, np.arange(60, dtype=np.float32))
+    assert log[-2:] == [("wait", "c5"), ("done", "c5")]
 
 
 def test_chunk_pipeline_after_an_error_waits_for_chunks_in_flight_unless_waiting_failed() -> None:

@@ -96,8 +96,8 @@ def test_large_tensor_takes_the_chunked_in_place_path() -> None:
 
 
 def test_average_of_a_batch_of_chunked_and_fused_tensors_with_chunks_in_flight() -> None:
-    """Large tensors travel as 1 MiB chunks, two in flight, each scaled (Average) in slices while the next
-    travels; small ones fuse between them. Every element must be Horovod's float32(double(sum) * (1 / n))."""
+    """Large tensors travel as 1 MiB chunks, several in flight, each scaled (Average) while later ones
+    travel; small ones fuse between them. Every element must be Horovod's float32(double(sum) * (1 / n))."""
     sizes = [700_000, 5, 300_000, 17, 262_145]  # 2.8 MB, fused, 1.2 MB, fused, one chunk and one element
 
     def grads(rank: int) -> list:  # multiples of 1/64 below 2**10: every sum is exact in any order

@@ -1,4 +1,4 @@
-"""Chunked reductions with several chunks in flight: a chunk is scaled as soon as it completes, while the next travel.
+"""Chunked reductions with several chunks in flight: a chunk is scaled as soon as it completes, while later ones travel.
 
 The executor cuts large reductions into chunks of ``allreduce_chunk_bytes``. Waiting for each chunk before
 starting the next leaves the transport idle while the engine scales the finished chunk (Average's pass) and
@@ -17,11 +17,10 @@ import numpy as np
 from ..reduce_ops import scale_inplace
 
 DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the training thread computes
-#: Chunk collectives outstanding at once. While the oldest is polled, MPI progresses the later ones too.
-IN_FLIGHT = 2
-#: A completed chunk is scaled in slices of this many bytes, polling the next chunk between them, so the
-#: transport keeps moving during the scaling pass.
-SCALE_SLICE_BYTES = 256 * 1024
+#: Chunk collectives outstanding at once (IN_FLIGHT x allreduce_chunk_bytes of MPI's buffers in use).
+#: While the oldest is polled, MPI progresses the later ones too. benchmarks/README.md has the measurements
+#: (grad_sync.py's hvdlite_optimizer_inflight* diagnostics run the same sync at other depths).
+IN_FLIGHT = 4
 
 
 class ChunkPipeline:
@@ -76,23 +75,9 @@ class ChunkPipeline:
         self._in_wait = True
         self._wait(request)
         self._in_wait = False
-        if factor != 1.0:
-            self._scale(piece, dtype, factor)
+        scale_inplace(piece, dtype, factor)  # while the later chunks travel
         if on_done is not None:
             on_done()
 
-    def _scale(self, piece: np.ndarray, dtype: str, factor: float) -> None:
-        """Scale ``piece`` in slices, testing the next outstanding chunk between them (MPI progresses
-        every outstanding request in a test)."""
-        step = max(1, SCALE_SLICE_BYTES // max(1, piece.itemsize))
-        if not self._inflight or piece.shape[0] <= step:
-            scale_inplace(piece, dtype, factor)
-            return
-        test = self._inflight[0][0].Test
-        for start in range(0, piece.shape[0], step):
-            if start:
-                test()
-            scale_inplace(piece[start:start + step], dtype, factor)
 
-
-__all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT", "SCALE_SLICE_BYTES"]
+__all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT"]
