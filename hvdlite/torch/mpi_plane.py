@@ -7,6 +7,7 @@ stream's event, then the plane's own copies); no device-wide synchronize.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -70,20 +71,13 @@ class MPIGroup:
 
     def alltoall_base(self, out: torch.Tensor, tensor: torch.Tensor, recv_splits: list, send_splits: list,
                       options: Any) -> _Done:
-        row = tensor.element_size() * _rest(tensor)
+        row = tensor.element_size() * math.prod(tensor.shape[1:])
         self._ready(tensor, out)
         self.comm.alltoallv(tensor, [s * row for s in send_splits], out, [r * row for r in recv_splits])
         return _DONE
 
     def shutdown(self) -> None:
         self.comm.free()
-
-
-def _rest(t: torch.Tensor) -> int:
-    n = 1
-    for d in t.shape[1:]:
-        n *= d
-    return n
 
 
 __all__ = ["MPIGroup", "NAME", "REDUCE_DTYPES", "MOVE_DTYPES"]

@@ -16,6 +16,8 @@ import torch
 
 import hvdlite.torch as hvd
 import hvdlite.torch.mpi_ops as mpi_ops
+import hvdlite.core as core
+from hvdlite.core.frontend import PlaneBuffer
 from hvdlite.core.runtime import state
 from hvdlite.torch import tensors
 from hvdlite.torch.plane import FACTORY
@@ -298,3 +300,21 @@ def test_cuda_aware_mpi_plane_on_cpu_tensors(rank: int, size: int, reinit: Any) 
     splits = [[2] + [1] * (n - 1)]
     mine = plane.reducescatter([torch.ones(n + 1, 2) * (r + 1)], "float32", hvd.Sum, 1.0, 1.0, splits)[0]
     assert torch.equal(mine, torch.full((splits[0][r], 2), float(sum(range(1, n + 1)))))
+    # the whole engine path (negotiation, fusion, the plane executor) with the same buffers a CUDA tensor gives,
+    # against the MPI path's results on the same CPU tensors
+    def on_plane(t: torch.Tensor) -> PlaneBuffer:
+        return PlaneBuffer("mpi_cuda", t, str(t.dtype).replace("torch.", ""), tuple(t.shape))
+    xs = [torch.arange(6.0).reshape(2, 3) * (r + 1), torch.full((4,), float(r)), torch.arange(3.0) - r]
+    got = core.grouped_allreduce([on_plane(x) for x in xs], op=hvd.Average, name="mpi_cuda.grouped")
+    for g, want in zip(got, hvd.grouped_allreduce(xs, op=hvd.Average)):
+        assert isinstance(g, torch.Tensor) and torch.equal(g, want)
+    x = torch.full((r + 1, 2), r, dtype=torch.int64)
+    assert torch.equal(core.allgather(on_plane(x), name="mpi_cuda.gather"), hvd.allgather(x))
+    x = torch.arange(4.0) + r
+    assert torch.equal(core.broadcast(on_plane(x), 1, name="mpi_cuda.bcast"), hvd.broadcast(x, 1))
+    x, splits = torch.arange(float(sum(send))) + 100 * r, torch.tensor(send)
+    out, recv = core.alltoall(on_plane(x), splits=np.array(send), name="mpi_cuda.a2a")
+    want, want_splits = hvd.alltoall(x, splits)
+    assert torch.equal(out, want) and list(recv) == want_splits.tolist()
+    x = torch.arange(float(2 * n + 1)) * (r + 1)
+    assert torch.equal(core.reducescatter(on_plane(x), op=hvd.Sum, name="mpi_cuda.rs"), hvd.reducescatter(x, op=hvd.Sum))
