@@ -19,8 +19,9 @@ import traceback
 
 NCCL_MISSING = "--nccl-missing" in sys.argv[1:]
 if NCCL_MISSING:  # before torch is imported: the last rank of the job sees no GPU
-    _rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    _size = int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+    _rank, _size = (int(next((os.environ[v] for v in names if v in os.environ), default)) for names, default in (
+        (("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"), "0"),
+        (("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"), "1")))
     if _size > 1 and _rank == _size - 1:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
@@ -223,10 +224,13 @@ def cuda_aware_mpi() -> str | None:
     """The collectives and DistributedOptimizer again with HOROVOD_GPU_OPERATIONS=MPI, on CUDA-aware MPI."""
     aware, how = FACTORY.mpi_cuda
     results["mpi_cuda_aware"] = [aware, how]
+    everyone = hvd.allgather_object((aware, CUDA, how))  # every rank decides alike (init() below is collective)
     if not aware:
         return f"skipped: MPI not CUDA-aware ({how})"
-    if not CUDA:
-        return "skipped: no CUDA device"
+    if not all(a for a, _, _ in everyone):
+        return f"skipped: MPI not CUDA-aware on every rank ({[h for a, _, h in everyone if not a]})"
+    if not all(c for _, c, _ in everyone):
+        return "skipped: no CUDA device on every rank"
     hvd.shutdown()
     hvd.init(gpu_operations="MPI")
     try:
@@ -244,8 +248,9 @@ def cuda_aware_mpi() -> str | None:
 
 def other_device_error() -> str | None:
     """A CUDA tensor on another GPU than the rank's own (the current device) is refused, naming the fix."""
-    if not CUDA or torch.cuda.device_count() < 2:
-        return f"skipped: needs 2 or more GPUs (this machine has {torch.cuda.device_count() if CUDA else 0})"
+    gpus = min(hvd.allgather_object(torch.cuda.device_count() if CUDA else 0))  # every rank decides alike
+    if gpus < 2:
+        return f"skipped: needs 2 or more GPUs per rank's node (the job's smallest node has {gpus})"
     if plane_of_allreduce(torch.ones(2, device=DEV)) != "nccl":
         return "skipped: the check is NCCL's (the job's CUDA allreduce does not take NCCL here)"
     other = torch.device("cuda", (DEV.index + 1) % torch.cuda.device_count())
