@@ -47,14 +47,18 @@ class TorchPlane(DataPlane):
         self.rank = boot.rank
         self.size = boot.size
         self._checked_devices = False
+        self._waits: list = []  # producing streams' events, waited for on the batch's device (see _device)
+        self._gpu: Any = None  # this rank's GPU, once a CUDA batch has named it
 
     # -- ordering and waiting -------------------------------------------------------------------------
     def wait_ready(self, events: list) -> None:
-        for event in events:  # the GPU waits for the producing stream; the host does not...
-            if self.name == mpi_plane.NAME:  # ...except for MPI, which the host drives
+        """The GPU waits for the producing streams (in _device, on the batch's device: the engine thread's own
+        current device is not the rank's); the host does not, except for MPI, which the host drives."""
+        if self.name == mpi_plane.NAME:
+            for event in events:
                 self.boot.wait(event.query)
-            else:
-                torch.cuda.current_stream().wait_event(event)
+        else:
+            self._waits = list(events)
 
     def _run(self, work: Any) -> None:
         """Wait for one torch Work: CUDA work is stream-ordered (the engine stream waits on NCCL's, and
@@ -77,6 +81,10 @@ class TorchPlane(DataPlane):
         first = tensors[0] if tensors else None
         if first is not None and first.is_cuda:
             self._check_devices(first.device)
+            self._gpu = first.device
+            for event in self._waits:
+                torch.cuda.current_stream(first.device).wait_event(event)
+            self._waits = []
             return torch.cuda.device(first.device)
         return _NoDevice()
 
@@ -233,7 +241,7 @@ class TorchPlane(DataPlane):
 
     def zeros(self, dtype: str, shape: tuple) -> Any:
         on_gpu = self.name == "nccl" or (self.name == mpi_plane.NAME and torch.cuda.is_available())
-        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu"
+        device = (self._gpu or torch.device("cuda", torch.cuda.current_device())) if on_gpu else "cpu"
         return torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=device)
 
     def close(self) -> None:
