@@ -96,7 +96,6 @@ class ElasticDriver:
         self.stop_signal = 0
         self.remover = CommitRemover(logger)
         self.ran_on: dict[str, Host] = {}  # hosts whose ranks may have left commits there since deleted
-        self.left: set[str] = set()  # hosts discovery dropped while the current attempt ran
 
     # -- hosts --------------------------------------------------------------------------------------------
     def usable_hosts(self) -> list[Host]:
@@ -254,9 +253,11 @@ class ElasticDriver:
         # as an argument, and --verbose shows it hidden
         env[SECRET_VARIABLE] = self.secret
         cmd = build_command(launcher, plan, env)
+        listed = {h.name for h in hosts}
+        for name in [n for n in self.ran_on if n not in listed]:  # dropped by discovery (or blacklisted)
+            self._remove_on(name)
         self.remover.wait(h.name for h in placed)  # a host back from the blacklist: its deletion is over
         self.ran_on.update((h.name, h) for h in placed)
-        self.left.clear()
         logger.info("starting %d ranks on %s (reset %d)", size, ",".join(map(str, placed)), self.resets)
         if self.args.verbose:
             shown = {k: ("<hidden>" if k == SECRET_VARIABLE else v) for k, v in env.items() if self.env.get(k) != v}
@@ -282,8 +283,6 @@ class ElasticDriver:
                 changed = self._hosts_changed(server, hosts)
         code = proc.returncode
         kill_group(proc.pid)
-        for name in sorted(self.left):  # their ranks committed and left: what they wrote is of no more use
-            self._remove_on(name)
         ranks = server.snapshot()
         if ranks and len(ranks) == size and all(r.ended == "done" for r in ranks):
             return 0, "done"
@@ -318,7 +317,6 @@ class ElasticDriver:
             return False
         added = sorted({h.name for h in now} - {h.name for h in started_on})
         removed = sorted({h.name for h in started_on} - {h.name for h in now})
-        self.left.update(removed)
         generation = server.bump_generation()
         logger.info("hosts changed (added: %s; removed: %s; now %s): generation %d, the ranks resize at their "
                     "next commit", ",".join(added) or "none", ",".join(removed) or "none",
