@@ -418,3 +418,16 @@ def test_chunk_pipeline_after_an_error_waits_for_chunks_in_flight_unless_waiting
             pipe.post(_Request(log, "b"), data[:4], "float32", 1.0)
             pipe.post(_Request(log, "c"), data[4:], "float32", 1.0)
     assert log == []  # the wait itself failed (the job is ending): nothing is waited for again
+
+
+def test_chunk_pipeline_completes_chunks_in_flight_before_their_memory_is_touched_again() -> None:
+    """The same tensor twice in one batch: its second reduction starts only after the first has completed."""
+    log: list = []
+    pipe = _pipeline(log)
+    data = np.ones(40, np.float32)
+    pipe.post(_Request(log, "first.c0"), data[:20], "float32", 1.0)
+    pipe.post(_Request(log, "first.c1"), data[20:], "float32", 1.0)
+    pipe.clear([np.ones(3, np.float32), None])  # unrelated memory: nothing waits
+    assert log == []
+    pipe.clear([data[30:31]])  # one byte of an in-flight chunk: everything in flight completes first
+    assert log == [("wait", "first.c0"), ("wait", "first.c1")]

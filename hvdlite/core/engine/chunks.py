@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -40,6 +40,13 @@ class ChunkPipeline:
         self._inflight.append((request, piece, dtype, factor, on_done))
         while len(self._inflight) >= max(1, IN_FLIGHT):
             self._complete_oldest()
+
+    def clear(self, arrays: Iterable[Optional[np.ndarray]]) -> None:
+        """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``
+        (the same tensor twice in one batch), so results are those of one reduction after the other."""
+        if self._inflight and any(a is not None and a.nbytes and _overlap(a, entry[1])
+                                  for a in arrays for entry in self._inflight):
+            self.drain()
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -78,6 +85,13 @@ class ChunkPipeline:
         scale_inplace(piece, dtype, factor)  # while the later chunks travel
         if on_done is not None:
             on_done()
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two C-contiguous arrays (every buffer the engine reduces is one) share any byte."""
+    lo_a: int = a.__array_interface__["data"][0]
+    lo_b: int = b.__array_interface__["data"][0]
+    return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
 
 
 __all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT"]

@@ -125,6 +125,7 @@ class Executor:
 
     def _reduce_direct(self, comm: Any, item: Item, op: ReduceOp, pre: float, post: float) -> None:
         tl = self.timeline
+        self._chunks.clear((item.src, item.dst))
         if item.dst is None:
             item.dst = aligned_empty(item.src.shape, item.src.dtype)
         dst = item.dst
@@ -141,8 +142,7 @@ class Executor:
 
     def _chunked_allreduce(self, comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
                            op: ReduceOp, post: float, on_done: Optional[Callable[[], None]] = None) -> None:
-        """Start reducing ``dst`` (or ``src`` into ``dst``) in pieces of chunk_bytes, each scaled as it completes
-        while the next travel (engine/chunks.py; drained before results go back); ``on_done``: after the last."""
+        """Start reducing ``dst`` (or ``src`` into it) in chunk_bytes pieces; engine/chunks.py completes them."""
         datatype = self.ops.datatype(dtype)
         mpi_op = self.ops.op(dtype, op)
         step = max(1, self.chunk_bytes // max(1, dst.itemsize))
@@ -174,6 +174,7 @@ class Executor:
         fresh = all(item.dst is None for item in items)
         buf = aligned_empty((total,), store) if fresh else \
             self._fusion_buffer(total * store.itemsize).view(store)
+        self._chunks.clear(item.src for item in items)
         if tracing:
             for item in items:
                 tl.begin(item.resp.name, "MEMCPY_IN_FUSION_BUFFER")
