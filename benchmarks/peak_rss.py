@@ -19,7 +19,9 @@ first hvdlite checkout to the others, to Horovod, to DDP and to the single-proce
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import inspect
 import json
 import os
 import resource
@@ -84,8 +86,14 @@ def worker(args: argparse.Namespace) -> None:
     labels = torch.randint(0, 2, (args.batch,), generator=gen)
     after_step = []
     began = time.perf_counter()
+    if args.zero_grad == "none":
+        clear = opt.zero_grad  # what training scripts call: torch's default set_to_none=True
+    elif "set_to_none" in inspect.signature(opt.zero_grad).parameters:
+        clear = functools.partial(opt.zero_grad, set_to_none=False)
+    else:  # Horovod 0.28's zero_grad() takes no argument (it checks for pending handles, then calls torch's)
+        clear = functools.partial(torch.optim.Optimizer.zero_grad, opt, set_to_none=False)
     for _ in range(args.steps):
-        opt.zero_grad(set_to_none=args.zero_grad == "none")
+        clear()
         F.cross_entropy(model(ids), labels).backward()
         opt.step()
         after_step.append(round(_rss_mb(), 1))
@@ -225,9 +233,10 @@ def summarize(configs: list[dict[str, Any]], runs: list[dict[str, Any]], mode: s
     for config in configs:
         mine = [r for r in runs if r["config"] == config["name"]]
         peaks = sorted(r["peak_rss_mb"] for r in mine)
-        rows[config["name"]] = {"ranks": config["ranks"], "peak_rss_mb": statistics.median(peaks),
+        rows[config["name"]] = {"ranks": config["ranks"], "peak_rss_mb": round(statistics.median(peaks), 1),
                                 "peak_rss_mb_min": peaks[0], "peak_rss_mb_max": peaks[-1], "repeats": len(peaks),
-                                "rss_after_model_mb": statistics.median(r["rss_after_model_mb"] for r in mine)}
+                                "rss_after_model_mb": round(statistics.median(r["rss_after_model_mb"]
+                                                                              for r in mine), 1)}
     summary: dict[str, Any] = {"bench": "peak_rss", "kind": "summary", "zero_grad": mode, "configs": rows}
     hvd_names = [c["name"] for c in configs if c["name"].startswith("hvdlite:")]
     if hvd_names:

@@ -192,10 +192,10 @@ def more_tables(hw: list[dict[str, Any]], rss: list[dict[str, Any]], synth: list
                 "together ms | efficiency |", "|---|---:|---:|---:|---:|"]
         out += [f"| {r['model']} | {r['ranks']} | {r['alone_ms']:.0f} | {r['together_ms']:.0f} | "
                 f"{r['efficiency']:.2f} |" for r in rows] + [""]
-    summary = next((r for r in rss if r.get("kind") == "summary"), None)
-    if summary:
-        machine = next((r for r in rss if r.get("kind") == "machine"), {})
-        out += [f"**peak_rss** ({machine.get('model')}, batch {machine.get('batch')} x {machine.get('seq')} tokens "
+    machine = next((r for r in rss if r.get("kind") == "machine"), {})
+    for summary in [r for r in rss if r.get("kind") == "summary"]:
+        out += [f"**peak_rss**, zero_grad {summary.get('zero_grad', 'none')} ({machine.get('model')}, batch "
+                f"{machine.get('batch')} x {machine.get('seq')} tokens "
                 f"per rank, {machine.get('steps')} AdamW steps; median over {machine.get('repeats')} fresh runs of "
                 f"the highest rank's ru_maxrss):\n", "| configuration | ranks | RSS after model MB | peak RSS MB | "
                 "min-max MB |", "|---|---:|---:|---:|---|"]
