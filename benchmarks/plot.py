@@ -208,9 +208,11 @@ def more_tables(hw: list[dict[str, Any]], rss: list[dict[str, Any]], synth: list
     if summary:
         out += [f"**synthetic_vs_horovod** ({summary['ranks']} ranks, {summary['rounds']} alternating launches "
                 "each):\n", f"| hvdlite.torch img/s | {summary['peer_module']} img/s | ratio of medians | "
-                "median per-round ratio |", "|---:|---:|---:|---:|",
+                "median per-round ratio | CPU s per launch (hvdlite / peer) |", "|---:|---:|---:|---:|---:|",
                 f"| {summary['hvdlite_img_per_s']:.1f} | {summary['peer_img_per_s']:.1f} | "
-                f"{summary['hvdlite_over_peer']:.2f} | {summary['median_round_ratio']:.2f} |", ""]
+                f"{summary['hvdlite_over_peer']:.2f} | {summary['median_round_ratio']:.2f} | "
+                f"{summary.get('hvdlite_cpu_s', float('nan')):.1f} / "
+                f"{summary.get('peer_cpu_s', float('nan')):.1f} |", ""]
     return "\n".join(out)
 
 

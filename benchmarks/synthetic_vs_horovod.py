@@ -8,8 +8,10 @@ Each round launches the example twice at --np ranks, once with ``--hvd-module hv
 same Python and mpiexec (the Horovod venv's; hvdlite from this checkout through PYTHONPATH). The example's
 flags after ``--`` replace the defaults below (ResNet-50 at 64x64, batch 8 per rank: minutes on 2 CPU cores;
 Horovod's own defaults are ResNet-50 at 224x224, batch 32). One JSON line per launch (total img/sec over all
-ranks as the example prints it, and each timed iteration's img/sec per rank); a summary with the median of
-each side, the ratio hvdlite / peer of the medians and the median of the per-round ratios.
+ranks as the example prints it, each timed iteration's img/sec per rank, and the CPU seconds of all its
+processes, start-up included); a summary with the median of each side, the ratio hvdlite / peer of the medians,
+the median of the per-round ratios and each side's median CPU seconds (the same work on both sides: under
+load from other jobs, a library whose threads poll while they wait is scheduled more, so compare CPU too).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,14 +40,17 @@ def launch(python: str, mpiexec: str, module: str, args: argparse.Namespace, exa
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_common.ROOT), env.get("PYTHONPATH")]))
     load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the launcher waits for its ranks: theirs included
     total = re.findall(r"^total_samples_per_sec=([0-9.]+)$", proc.stdout, flags=re.M)
     if proc.returncode != 0 or len(total) != 1:
         raise SystemExit(f"synthetic_vs_horovod.py: {' '.join(cmd)} exited {proc.returncode}:\n"
                          f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     iters = [float(x) for x in re.findall(r"^Iter #\d+: ([0-9.]+) img/sec per", proc.stdout, flags=re.M)]
     return {"bench": "synthetic_vs_horovod", "kind": "run", "module": module, "ranks": args.np,
-            "total_img_per_s": float(total[0]), "iter_img_per_s_per_rank": iters, "loadavg_1min": round(load, 2)}
+            "total_img_per_s": float(total[0]), "iter_img_per_s_per_rank": iters, "loadavg_1min": round(load, 2),
+            "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                  "peer_module": args.peer_module, "example_args": example_args, "rounds": args.rounds})
     sides = {"hvdlite": "hvdlite.torch", "peer": args.peer_module}
     runs: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
     pair_ratios = []
     for r in range(args.rounds):
         got = {}
@@ -82,12 +89,14 @@ def main(argv: list[str] | None = None) -> None:
             output.emit(record)
             got[side] = record["total_img_per_s"]
             runs[side].append(record["total_img_per_s"])
+            cpu[side].append(record["cpu_s"])
         pair_ratios.append(got["hvdlite"] / got["peer"])
     medians = {side: statistics.median(values) for side, values in runs.items()}
     output.emit({"bench": "synthetic_vs_horovod", "kind": "summary", "ranks": args.np, "rounds": args.rounds,
                  "hvdlite_img_per_s": medians["hvdlite"], "peer_img_per_s": medians["peer"],
                  "peer_module": args.peer_module, "hvdlite_over_peer": medians["hvdlite"] / medians["peer"],
                  "median_round_ratio": statistics.median(pair_ratios), "round_ratios": pair_ratios,
+                 "hvdlite_cpu_s": statistics.median(cpu["hvdlite"]), "peer_cpu_s": statistics.median(cpu["peer"]),
                  "loadavg_1min_end": round(os.getloadavg()[0], 2)})
     output.close()
 

@@ -359,8 +359,9 @@ def test_synthetic_vs_horovod_smoke(tmp_path: Path) -> None:
     assert set(runs) == {"hvdlite", "peer"} and runs["peer"]["module"] == "hvdlite.torch"
     for run in runs.values():
         assert run["ranks"] == 2 and len(run["iter_img_per_s_per_rank"]) == 2
-        assert_positive(run, "total_img_per_s")
+        assert_positive(run, "total_img_per_s", "cpu_s")
     (summary,) = [r for r in records if r.get("kind") == "summary"]
     assert summary["hvdlite_over_peer"] == pytest.approx(runs["hvdlite"]["total_img_per_s"]
                                                           / runs["peer"]["total_img_per_s"])
     assert summary["round_ratios"] == [pytest.approx(summary["hvdlite_over_peer"])]
+    assert summary["hvdlite_cpu_s"] == runs["hvdlite"]["cpu_s"] and summary["peer_cpu_s"] == runs["peer"]["cpu_s"]
