@@ -350,7 +350,8 @@ def test_synthetic_vs_horovod_smoke(tmp_path: Path) -> None:
     out = tmp_path / "synth.json"
     cmd = [sys.executable, str(BENCH / "synthetic_vs_horovod.py"), "--rounds", "1", "--peer-module", "hvdlite.torch",
            "--out", str(out), "--", "--model", "resnet18", "--batch-size", "2", "--image-size", "32",
-           "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "2"]
+           "--num-classes", "10", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+           "--num-iters", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = json_lines(proc.stdout)
