@@ -76,7 +76,7 @@ if [ "$SMOKE" = 1 ]; then
            --num-batches-per-iter 1 --num-iters 1)
     LIMIT=600
 else
-    SMALL=() GRAD=() TRAIN=() HW=() RSS=() SYNTH=()
+    SMALL=() GRAD=() TRAIN=() HW=() RSS=(--zero-grad none,zeros) SYNTH=()
 fi
 
 mkdir -p "$RESULTS"
