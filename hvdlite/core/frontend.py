@@ -24,7 +24,8 @@ module is private to the core.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
 - ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
   core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
-  ``plane_agreed(name)`` says whether every rank of the running job has that plane.
+  ``plane_agreed(name)`` says whether every rank of the running job has that plane. ``in_rank_order`` /
+  ``rank_order_allreduce``: deterministic=True on a plane (the core's rank-order reduction over the plane's moves).
 - ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
   on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 """
@@ -40,7 +41,8 @@ from .replicas import flatten as flatten_tensors
 from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap
-from .engine.planes import Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, register_factory
+from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, in_rank_order, rank_order_allreduce,
+                            register_factory)
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
 from .runtime import is_initialized, stage_host_copies, state
 from .sparse import check_sparse, sparse_allgather_async
@@ -50,6 +52,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_cla
            "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
+           "in_rank_order", "rank_order_allreduce",
            "check_named_replicas", "flatten_tensors"]
 
 

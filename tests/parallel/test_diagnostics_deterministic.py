@@ -1,6 +1,7 @@
 """deterministic=True: every reduction is the rank-order sum of the ranks' values, element by element, so a
 training run gives bit-identical weights under very different fusion, chunk and cycle settings, with the
-autotune switching them mid-run, and whatever order the ranks submit in."""
+autotune switching them mid-run, and whatever order the ranks submit in; on the MPI path and (the GLOO variant)
+on the torch.distributed data plane; Adasum's bits do not depend on fusion either."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +13,7 @@ import hvdlite.torch as hvd
 
 MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 300
+VARIANTS = ("", "HOROVOD_CPU_OPERATIONS=GLOO")  # again with torch tensors on the torch.distributed (gloo) plane
 
 #: two very different settings: everything fused in big chunks, versus nothing fused and 256-byte chunks
 BIG = dict(fusion_threshold_bytes=64 << 20, allreduce_chunk_bytes=64 << 20, cycle_time_ms=0.5)
@@ -41,6 +43,49 @@ def test_each_element_is_the_rank_order_sum_in_any_submission_order(reinit, dtyp
     got = hvd_core.reducescatter(x, op=hvd_core.Sum, name="det.rs")
     everyone = hvd_core.allgather(x[None], name="det.rs.all")
     assert np.array_equal(got, _rank_order(everyone)[rank * 7:(rank + 1) * 7])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_torch_tensors_fused_are_the_rank_order_sum(reinit, dtype: torch.dtype, rank: int, size: int) -> None:
+    """torch tensors (on the gloo plane in the GLOO variant), fused into one batch: each element is the
+    rank-order sum; reducescatter and average too."""
+    reinit(deterministic=True, **BIG)
+    gen = torch.Generator().manual_seed(rank)
+    xs = [(torch.randn(n, generator=gen) * 10.0 ** torch.randint(-3, 4, (n,), generator=gen)).to(dtype)
+          for n in (1, 5, 300, 4099)]
+    order = list(range(len(xs)))[::(-1 if rank % 2 else 1)]
+    handles = {i: hvd.allreduce_async(xs[i], op=hvd.Sum, name=f"tdet.{i}") for i in order}
+    everyone = [hvd.allgather(x[None], name=f"tdet.all.{i}") for i, x in enumerate(xs)]
+    for i in range(len(xs)):
+        expected = everyone[i][0].clone()
+        for v in everyone[i][1:]:
+            expected = expected + v
+        assert torch.equal(hvd.synchronize(handles[i]), expected), i
+    x = xs[3][:size * 7].clone()
+    got = hvd.reducescatter(x, op=hvd.Sum, name="tdet.rs")
+    expected = everyone[3][0][:size * 7].clone()
+    for v in everyone[3][1:]:
+        expected = expected + v[:size * 7]
+    assert torch.equal(got, expected[rank * 7:(rank + 1) * 7])
+
+
+def _adasum(reinit, rank: int, **settings: object) -> list[np.ndarray]:
+    reinit(deterministic=True, **settings)
+    rng = np.random.default_rng(rank)
+    xs = [rng.normal(size=n).astype(np.float32) for n in (3, 1000, 77, 4099, 10, 513)]
+    handles = [hvd_core.allreduce_async(x, op=hvd_core.Adasum, name=f"ada.{i}") for i, x in enumerate(xs)]
+    return [hvd_core.synchronize(h) for h in handles]
+
+
+def test_adasum_gives_the_same_bits_fused_or_not(reinit, rank: int, size: int) -> None:
+    if size & (size - 1):
+        with pytest.raises(ValueError, match="power-of-two"):  # Adasum's own rule at -n 3
+            _adasum(reinit, rank, **BIG)
+        return
+    a = _adasum(reinit, rank, **BIG)
+    b = _adasum(reinit, rank, **SMALL)
+    for x, y in zip(a, b):
+        assert x.tobytes() == y.tobytes()
 
 
 def _train(reinit, rank: int, **settings: object) -> list[np.ndarray]:
