@@ -181,14 +181,14 @@ def _instrumented(comm: Any, args: argparse.Namespace,
     from hvdlite.core.runtime import state
     hvd.init()
     engine = state().engine
-    spent = {"record": 0.0, "wants_round": 0.0, "outgoing": 0.0, "adopt": 0.0, "full_round": 0.0}
+    spent = {"record": 0.0, "swap": 0.0, "settle": 0.0, "full_round": 0.0}
     calls = dict.fromkeys(spent, 0)
-    rounds: list[float] = []  # each full round's CPU without the straggler calls inside it
+    rounds: list[float] = []  # each full round's CPU (without straggler calls inside it, if any)
 
     def timing(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def timed_call(*a: Any) -> Any:
             t0 = time.thread_time()
-            before = spent["outgoing"] + spent["adopt"]
+            before = spent["settle"]
             try:
                 return method(*a)
             finally:
@@ -196,9 +196,9 @@ def _instrumented(comm: Any, args: argparse.Namespace,
                 spent[name] += took
                 calls[name] += 1
                 if name == "full_round":
-                    rounds.append(took - (spent["outgoing"] + spent["adopt"] - before))
+                    rounds.append(took - (spent["settle"] - before))
         return timed_call
-    for name in ("record", "wants_round", "outgoing", "adopt"):
+    for name in ("record", "swap", "settle"):
         setattr(engine.stragglers, name, timing(name, getattr(engine.stragglers, name)))
     engine._full_round = timing("full_round", engine._full_round)  # type: ignore[method-assign]
     probe = timing("probe", lambda: None)
@@ -220,8 +220,8 @@ def _instrumented(comm: Any, args: argparse.Namespace,
 
         def net(*names: str) -> float:
             return max(sum(spent[n] - calls[n] * overhead for n in names), 0.0)
-        result[what] = {"record_us_per_op": net("record", "wants_round") * 1e6 / total,
-                        "window_us_per_op": net("outgoing", "adopt") * 1e6 / total,
+        result[what] = {"record_us_per_op": net("record") * 1e6 / total,
+                        "window_us_per_op": net("swap", "settle") * 1e6 / total,
                         "record_calls_per_op": calls["record"] / total, "timing_overhead_us": overhead * 1e6,
                         "full_round_us": min(rounds, default=0.0) * 1e6,
                         "full_round_us_median": float(np.median(rounds)) * 1e6 if rounds else 0.0,
@@ -265,8 +265,12 @@ def straggler_costs(size: int, small_op_us: float) -> dict:
         tracker._submitted.clear()
         tracker._agreed.clear()
     record_us = min(timeit.repeat(record, number=20, repeat=5)) / 20 / len(responses) * 1e6
-    window = [np.random.default_rng(r).random((2, 1000)) for r in range(size)]
-    adopt_ms = min(timeit.repeat(lambda: tracker.adopt(window, timeline), number=5, repeat=3)) / 5 * 1e3
+    window = np.stack([np.random.default_rng(r).random((2, 1000)) for r in range(size)])
+
+    def adopt_and_report() -> None:
+        tracker.adopt(window, timeline)
+        tracker.report()
+    adopt_ms = min(timeit.repeat(adopt_and_report, number=5, repeat=3)) / 5 * 1e3
     return {"record_us_per_op": record_us, "adopt_ms": adopt_ms, "ops": len(responses),
             "small_op_us": small_op_us, "share_of_small_op": (record_us + adopt_ms * 1e3 / 1000) / small_op_us}
 
