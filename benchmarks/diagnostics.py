@@ -24,9 +24,11 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's,
                                ``engine_us_per_op_on/off``, ``submit_us_per_op_on/off`` (medians over repetitions,
                                the slowest rank's), ``full_rounds_per_op_on/off``; then one instrumented session
                                (on) that times the straggler code itself on the engine thread: ``record_us_per_op``,
-                               ``window_us_per_op`` (outgoing + adopt, per op), ``full_round_us`` (one full
+                               ``window_us_per_op`` (starting the window's swap + adopt, per op),
+                               ``swap_wait_us_per_op`` (polling for the swap's end in the next cycle: waiting for a
+                               descheduled peer, so load-dependent; ~0 on a quiet machine), ``full_round_us`` (a full
                                negotiation round without the straggler code), and ``attributed_us_per_op``
-                               (bookkeeping + the window's extra full rounds) with ``attributed_share`` of the
+                               (record + window + any extra full rounds per op) with ``attributed_share`` of the
                                off setting's CPU per op (engine + submitter): the feature's cost.
   resnet50_train_step          one ResNet-50 training step (--batch images of --image pixels, SGD with momentum,
                                DistributedOptimizer); ``check_replicas_module`` / ``check_replicas_optimizer``
@@ -55,6 +57,8 @@ import hvdlite as hvd  # noqa: E402
 import hvdlite.torch as hvd_torch  # noqa: E402
 
 
+#: the CPU sessions' names (1,000 small + 161 gradients) all fit the response cache, so no round is a miss
+CPU_SETTINGS = {"cache_capacity": 2048}
 SETTINGS = {"default": {}, "stragglers_off": {"straggler_window_ops": 0}, "deterministic": {"deterministic": True}}
 
 
@@ -140,18 +144,18 @@ def straggler_cpu(comm: Any, args: argparse.Namespace,
     from hvdlite.core.runtime import state
     cpu: dict[str, list[float]] = {}
     for _ in range(args.sessions):
-        for setting, settings in (("on", {}), ("off", {"straggler_window_ops": 0})):
+        for setting, settings in (("on", CPU_SETTINGS), ("off", {**CPU_SETTINGS, "straggler_window_ops": 0})):
             hvd.init(**settings)
             engine = state().engine
-            clock = time.pthread_getcpuclockid(engine._thread.ident)  # type: ignore[arg-type]
+            thread = engine._thread
             for fn, _ in workloads.values():
                 fn()  # warm the response cache
             for _ in range(args.reps):
                 for what, (fn, ops) in workloads.items():
                     comm.Barrier()
-                    e0, s0, f0 = time.clock_gettime(clock), time.thread_time(), engine.full_cycles
+                    e0, s0, f0 = thread_cpu_s(thread), time.thread_time(), engine.full_cycles
                     fn()
-                    e1, s1, f1 = time.clock_gettime(clock), time.thread_time(), engine.full_cycles
+                    e1, s1, f1 = thread_cpu_s(thread), time.thread_time(), engine.full_cycles
                     for key, value in (("engine_us_per_op", (e1 - e0) * 1e6 / ops),
                                        ("submit_us_per_op", (s1 - s0) * 1e6 / ops),
                                        ("full_rounds_per_op", (f1 - f0) / ops)):
@@ -175,13 +179,22 @@ def straggler_cpu(comm: Any, args: argparse.Namespace,
     return records
 
 
+def thread_cpu_s(thread: Any) -> float:
+    """CPU seconds another thread of this process has used: its pthread CPU clock, or (where that clock
+    call fails, as it once did here with EINVAL) Linux's /proc/self/task/TID/schedstat."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except OSError:
+        return int(Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text().split()[0]) / 1e9
+
+
 def _instrumented(comm: Any, args: argparse.Namespace,
                   workloads: dict[str, tuple[Callable[[], None], int]]) -> dict[str, dict[str, float]]:
     """One session with attribution on whose engine times (thread CPU) its straggler calls and full rounds."""
     from hvdlite.core.runtime import state
-    hvd.init()
+    hvd.init(**CPU_SETTINGS)
     engine = state().engine
-    spent = {"record": 0.0, "swap": 0.0, "settle": 0.0, "full_round": 0.0}
+    spent = {"record": 0.0, "swap": 0.0, "settle": 0.0, "adopt": 0.0, "full_round": 0.0}
     calls = dict.fromkeys(spent, 0)
     rounds: list[float] = []  # each full round's CPU (without straggler calls inside it, if any)
 
@@ -198,7 +211,7 @@ def _instrumented(comm: Any, args: argparse.Namespace,
                 if name == "full_round":
                     rounds.append(took - (spent["settle"] - before))
         return timed_call
-    for name in ("record", "swap", "settle"):
+    for name in ("record", "swap", "settle", "adopt"):  # settle = the swap's wait + adopt
         setattr(engine.stragglers, name, timing(name, getattr(engine.stragglers, name)))
     engine._full_round = timing("full_round", engine._full_round)  # type: ignore[method-assign]
     probe = timing("probe", lambda: None)
@@ -221,7 +234,9 @@ def _instrumented(comm: Any, args: argparse.Namespace,
         def net(*names: str) -> float:
             return max(sum(spent[n] - calls[n] * overhead for n in names), 0.0)
         result[what] = {"record_us_per_op": net("record") * 1e6 / total,
-                        "window_us_per_op": net("swap", "settle") * 1e6 / total,
+                        "window_us_per_op": net("swap", "adopt") * 1e6 / total,
+                        "swap_wait_us_per_op": max(spent["settle"] - spent["adopt"] - calls["settle"] * overhead,
+                                                   0.0) * 1e6 / total,
                         "record_calls_per_op": calls["record"] / total, "timing_overhead_us": overhead * 1e6,
                         "full_round_us": min(rounds, default=0.0) * 1e6,
                         "full_round_us_median": float(np.median(rounds)) * 1e6 if rounds else 0.0,
