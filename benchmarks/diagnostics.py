@@ -194,14 +194,19 @@ def _instrumented(comm: Any, args: argparse.Namespace,
     from hvdlite.core.runtime import state
     hvd.init(**CPU_SETTINGS)
     engine = state().engine
-    spent = {"record": 0.0, "swap": 0.0, "settle": 0.0, "adopt": 0.0, "full_round": 0.0}
+    tracker = engine.stragglers
+    # this version's straggler calls (an older one had wants_round/outgoing, and adopted in the full round)
+    methods = [n for n in ("record", "wants_round", "swap", "settle", "outgoing", "adopt") if hasattr(tracker, n)]
+    spent = dict.fromkeys([*methods, "full_round"], 0.0)
     calls = dict.fromkeys(spent, 0)
-    rounds: list[float] = []  # each full round's CPU (without straggler calls inside it, if any)
+    rounds: list[float] = []  # each full round's CPU without the straggler calls inside it
+
+    def inside() -> float:
+        return sum(spent[n] for n in methods if n != "adopt" or "settle" not in spent)
 
     def timing(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def timed_call(*a: Any) -> Any:
-            t0 = time.thread_time()
-            before = spent["settle"]
+            t0, before = time.thread_time(), inside()
             try:
                 return method(*a)
             finally:
@@ -209,10 +214,10 @@ def _instrumented(comm: Any, args: argparse.Namespace,
                 spent[name] += took
                 calls[name] += 1
                 if name == "full_round":
-                    rounds.append(took - (spent["settle"] - before))
+                    rounds.append(took - (inside() - before))
         return timed_call
-    for name in ("record", "swap", "settle", "adopt"):  # settle = the swap's wait + adopt
-        setattr(engine.stragglers, name, timing(name, getattr(engine.stragglers, name)))
+    for name in methods:  # settle = the swap's wait + adopt
+        setattr(tracker, name, timing(name, getattr(tracker, name)))
     engine._full_round = timing("full_round", engine._full_round)  # type: ignore[method-assign]
     probe = timing("probe", lambda: None)
     spent["probe"], calls["probe"] = 0.0, 0
@@ -232,11 +237,11 @@ def _instrumented(comm: Any, args: argparse.Namespace,
             total += ops
 
         def net(*names: str) -> float:
-            return max(sum(spent[n] - calls[n] * overhead for n in names), 0.0)
-        result[what] = {"record_us_per_op": net("record") * 1e6 / total,
-                        "window_us_per_op": net("swap", "adopt") * 1e6 / total,
-                        "swap_wait_us_per_op": max(spent["settle"] - spent["adopt"] - calls["settle"] * overhead,
-                                                   0.0) * 1e6 / total,
+            return max(sum(spent[n] - calls[n] * overhead for n in names if n in spent), 0.0)
+        wait = net("settle") - net("adopt") if "settle" in spent else 0.0
+        result[what] = {"record_us_per_op": net("record", "wants_round") * 1e6 / total,
+                        "window_us_per_op": net("swap", "outgoing", "adopt") * 1e6 / total,
+                        "swap_wait_us_per_op": max(wait, 0.0) * 1e6 / total,
                         "record_calls_per_op": calls["record"] / total, "timing_overhead_us": overhead * 1e6,
                         "full_round_us": min(rounds, default=0.0) * 1e6,
                         "full_round_us_median": float(np.median(rounds)) * 1e6 if rounds else 0.0,

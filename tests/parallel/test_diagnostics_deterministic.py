@@ -1,7 +1,8 @@
 """deterministic=True: every reduction is the rank-order sum of the ranks' values, element by element, so a
 training run gives bit-identical weights under very different fusion, chunk and cycle settings, with the
-autotune switching them mid-run, and whatever order the ranks submit in; on the MPI path and (the GLOO variant)
-on the torch.distributed data plane; Adasum's bits do not depend on fusion either."""
+autotune switching them mid-run, and whatever order the ranks submit in; on the MPI path and on the
+torch.distributed (gloo) data plane (``cpu_operations="gloo"``, set per test: no second spawn); Adasum's bits do
+not depend on fusion either."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,8 @@ import hvdlite.torch as hvd
 
 MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 300
-VARIANTS = ("", "HOROVOD_CPU_OPERATIONS=GLOO")  # again with torch tensors on the torch.distributed (gloo) plane
+#: torch CPU tensors' data path: hvdlite's MPI engine, or the torch.distributed gloo plane (HOROVOD_CPU_OPERATIONS)
+PLANES = ("mpi", "gloo")
 
 #: two very different settings: everything fused in big chunks, versus nothing fused and 256-byte chunks
 BIG = dict(fusion_threshold_bytes=64 << 20, allreduce_chunk_bytes=64 << 20, cycle_time_ms=0.5)
@@ -45,11 +47,13 @@ def test_each_element_is_the_rank_order_sum_in_any_submission_order(reinit, dtyp
     assert np.array_equal(got, _rank_order(everyone)[rank * 7:(rank + 1) * 7])
 
 
+@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_torch_tensors_fused_are_the_rank_order_sum(reinit, dtype: torch.dtype, rank: int, size: int) -> None:
-    """torch tensors (on the gloo plane in the GLOO variant), fused into one batch: each element is the
-    rank-order sum; reducescatter and average too."""
-    reinit(deterministic=True, **BIG)
+def test_torch_tensors_fused_are_the_rank_order_sum(reinit, plane: str, dtype: torch.dtype, rank: int,
+                                                    size: int) -> None:
+    """torch tensors on either data path, fused into one batch: each element is the rank-order sum, and each
+    reducescatter slice."""
+    reinit(deterministic=True, cpu_operations=plane, **BIG)
     gen = torch.Generator().manual_seed(rank)
     xs = [(torch.randn(n, generator=gen) * 10.0 ** torch.randint(-3, 4, (n,), generator=gen)).to(dtype)
           for n in (1, 5, 300, 4099)]
@@ -106,16 +110,19 @@ def _train(reinit, rank: int, **settings: object) -> list[np.ndarray]:
     return weights
 
 
-def test_training_gives_the_same_bits_under_very_different_fusion_and_chunk_settings(reinit, rank: int) -> None:
-    a = _train(reinit, rank, **BIG)
-    b = _train(reinit, rank, **SMALL)
+@pytest.mark.parametrize("plane", PLANES)
+def test_training_gives_the_same_bits_under_very_different_fusion_and_chunk_settings(reinit, plane: str,
+                                                                                     rank: int) -> None:
+    a = _train(reinit, rank, cpu_operations=plane, **BIG)
+    b = _train(reinit, rank, cpu_operations=plane, **SMALL)
     for x, y in zip(a, b):
         assert x.tobytes() == y.tobytes()
 
 
-def test_training_gives_the_same_bits_with_the_autotune_switching_settings(reinit, rank: int) -> None:
-    a = _train(reinit, rank, **SMALL)
-    b = _train(reinit, rank, autotune=True, autotune_warmup_samples=1, autotune_steps_per_sample=2,
+@pytest.mark.parametrize("plane", PLANES)
+def test_training_gives_the_same_bits_with_the_autotune_switching_settings(reinit, plane: str, rank: int) -> None:
+    a = _train(reinit, rank, cpu_operations=plane, **SMALL)
+    b = _train(reinit, rank, cpu_operations=plane, autotune=True, autotune_warmup_samples=1, autotune_steps_per_sample=2,
                autotune_bayes_opt_max_samples=3)
     for x, y in zip(a, b):
         assert x.tobytes() == y.tobytes()
