@@ -24,8 +24,10 @@ module is private to the core.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
 - ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
   core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
-  ``plane_agreed(name)`` says whether every rank of the running job has that plane. ``in_rank_order`` /
-  ``rank_order_allreduce``: deterministic=True on a plane (the core's rank-order reduction over the plane's moves).
+  ``plane_agreed(name)`` says whether every rank of the running job has that plane, ``plane_lacking(name)``
+  which ranks do not; ``mpi_cuda_aware(override)`` whether the MPI library takes CUDA device buffers, and how
+  that was found. ``in_rank_order`` / ``rank_order_allreduce``: deterministic=True on a plane (the core's
+  rank-order reduction over the plane's moves).
 - ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
   on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 """
@@ -41,6 +43,7 @@ from .replicas import flatten as flatten_tensors
 from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap
+from .engine.mpi import cuda_aware as mpi_cuda_aware
 from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, in_rank_order, rank_order_allreduce,
                             register_factory)
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
@@ -52,7 +55,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_cla
            "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
-           "in_rank_order", "rank_order_allreduce",
+           "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce",
            "check_named_replicas", "flatten_tensors"]
 
 
@@ -110,3 +113,8 @@ def setting(name: str) -> Any:
 def plane_agreed(name: str) -> bool:
     """Whether every rank of the running job has data plane ``name`` (False before init())."""
     return is_initialized() and state().planes.has(name)
+
+
+def plane_lacking(name: str) -> list[int]:
+    """The ranks of the running job that cannot run data plane ``name`` ([] where it is agreed or before init())."""
+    return state().planes.lacking(name) if is_initialized() else []
