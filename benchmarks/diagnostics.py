@@ -22,7 +22,7 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's,
                                pthread CPU clock) and of the submitting thread (time.thread_time) per op, in
                                alternating sessions with straggler attribution on (default) and off (window 0):
                                ``engine_us_per_op_on/off``, ``submit_us_per_op_on/off`` (medians over repetitions,
-                               the slowest rank's), ``full_rounds_per_op_on/off``; then one instrumented session
+                               the slowest rank's), ``full_rounds_per_op_on/off`` (mean); then one instrumented session
                                (on) that times the straggler code itself on the engine thread: ``record_us_per_op``,
                                ``window_us_per_op`` (starting the window's swap + adopt, per op),
                                ``swap_wait_us_per_op`` (polling for the swap's end in the next cycle: waiting for a
@@ -167,7 +167,8 @@ def straggler_cpu(comm: Any, args: argparse.Namespace,
         rec: dict[str, Any] = {"method": f"straggler_cpu_{what}", "ops": ops, "reps": args.reps * args.sessions}
         for key in sorted(k.split("|")[1] for k in cpu if k.startswith(what + "|")):
             mine = cpu[f"{what}|{key}"]
-            for stat, value in (("", float(np.median(mine))), ("_min", min(mine))):
+            middle = float(np.mean(mine) if key.startswith("full_rounds") else np.median(mine))  # rounds: mean
+            for stat, value in (("", middle), ("_min", min(mine))):
                 rec[key + stat] = max(comm.allgather(value))  # the slowest rank's
         rec.update({k: max(comm.allgather(v)) for k, v in spent[what].items()})
         extra_rounds = max(rec["full_rounds_per_op_on"] - rec["full_rounds_per_op_off"], 0.0)
