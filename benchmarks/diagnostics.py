@@ -160,6 +160,7 @@ def straggler_cpu(comm: Any, args: argparse.Namespace,
                                        ("submit_us_per_op", (s1 - s0) * 1e6 / ops),
                                        ("full_rounds_per_op", (f1 - f0) / ops)):
                         cpu.setdefault(f"{what}|{key}_{setting}", []).append(value)
+            comm.Barrier()  # a rank's shutdown stops every engine: not while another still reads its clock
             hvd.shutdown()
     spent = _instrumented(comm, args, workloads)
     records = []
@@ -181,12 +182,8 @@ def straggler_cpu(comm: Any, args: argparse.Namespace,
 
 
 def thread_cpu_s(thread: Any) -> float:
-    """CPU seconds another thread of this process has used: its pthread CPU clock, or (where that clock
-    call fails, as it once did here with EINVAL) Linux's /proc/self/task/TID/schedstat."""
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-    except OSError:
-        return int(Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text().split()[0]) / 1e9
+    """CPU seconds another (live) thread of this process has used: its pthread CPU clock."""
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
 def _instrumented(comm: Any, args: argparse.Namespace,
