@@ -311,6 +311,11 @@ def test_diagnostics_smoke(tmp_path: Path) -> None:
         assert_positive(methods[f"{what}_default"], "ms", "straggler_overhead")
         assert_positive(methods[f"{what}_stragglers_off"], "ms")
         assert_positive(methods[f"{what}_deterministic"], "ms", "deterministic_cost")
+    for what in ("small_ops", "grad_sync"):  # CPU time per op with straggler attribution on and off
+        cpu = methods[f"straggler_cpu_{what}"]
+        assert_positive(cpu, "engine_us_per_op_on", "engine_us_per_op_off", "submit_us_per_op_on", "record_us_per_op",
+                        "attributed_us_per_op", "attributed_share")
+        assert cpu["instrumented_ops"] >= 2000 and cpu["full_rounds_per_op_on"] <= cpu["full_rounds_per_op_off"] + 0.01
     assert_positive(methods["callsite_check"], "callsite_capture_us", "small_op_us")
     assert_positive(methods["resnet50_train_step"], "ms", "check_replicas_module_ms", "check_replicas_optimizer_ms",
                     "module_ratio_to_step", "optimizer_ratio_to_step")
