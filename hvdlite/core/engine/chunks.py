@@ -1,4 +1,4 @@
-"""Chunked reductions with several chunks in flight: a chunk is scaled as soon as it completes, while later ones travel.
+"""Chunked reductions, several chunks in flight: each chunk is scaled as it completes while later ones travel.
 
 The executor cuts large reductions into chunks of ``allreduce_chunk_bytes``. Waiting for each chunk before
 starting the next leaves the transport idle while the engine scales the finished chunk (Average's pass) and

@@ -189,8 +189,8 @@ class Engine:
             flags |= FLAG_FULL
         if self._pending:
             flags |= FLAG_BUSY
-        if self.autotune.wants_round() or self.stragglers.wants_round():  # rank 0's new settings, or the
-            flags |= FLAG_FULL                                           # straggler times, travel in a full round
+        if self.autotune.wants_round():  # rank 0's new settings travel in a full round
+            flags |= FLAG_FULL
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
@@ -198,6 +198,7 @@ class Engine:
         all_flags, missing = cache.decode(result)
         self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
         self.busy_cycles += bool(all_flags & FLAG_BUSY)
+        self.stragglers.settle(self.timeline)  # the window whose swap started last cycle (every rank is past it)
 
         if all_flags & FLAG_FULL:
             responses = self._full_round(shutdown)
@@ -207,6 +208,7 @@ class Engine:
             self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline)
             self.autotune.observe(responses)
             self._execute(responses)
+            self.stragglers.swap(self.comm)  # a window complete in this cycle: start swapping its times
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
@@ -249,14 +251,13 @@ class Engine:
         self.full_cycles += 1
         now = time.monotonic()
         msg = pending_message(self._pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
-                              tune=self.autotune.outgoing(), waits=self.stragglers.outgoing())
+                              tune=self.autotune.outgoing())
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise _Stop(stalls.shutdown_message(self.rank, stopping))
-        self.stragglers.adopt([m.waits for m in messages], self.timeline)  # a straggler window, if complete
         if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
             self.autotune.adopt(messages[0].tune, self.cycles)
         responses, stalled = decide(messages, self.psets.members_table(), self.size)

@@ -32,7 +32,6 @@ class RankMessage:
     join_cycle: int = -1  # cycle at which this rank joined, -1 if it has not
     tune: Optional[dict[Any, Any]] = None  # rank 0 only: autotune settings every rank adopts after this round
     sites: Optional[dict[Any, str]] = None  # (process set, name) -> "file:line" of the user's code that submitted it
-    waits: Any = None  # straggler window complete: (submitted, agreed) times per agreed op, on this rank's clock
 
 
 @dataclasses.dataclass
