@@ -25,6 +25,9 @@ module is private to the core.
 - ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
   core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
   ``plane_agreed(name)`` says whether every rank of the running job has that plane.
+- ``submit_prepared(name, inputs, dtypes, layout, op, prescale, postscale, value)`` / ``tensor_layout(dtype,
+  shape)`` / ``generation()``: the per-gradient in-place allreduce on the global set, for arrays a frontend
+  prepared and caches per tensor (valid within one ``generation()``, which changes with every init()).
 - ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
   on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 """
@@ -42,7 +45,8 @@ from .log import logger
 from .overlap import gradient_overlap
 from .engine.planes import Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, register_factory
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
-from .runtime import is_initialized, stage_host_copies, state
+from .engine.requests import Kind, tensor_layout
+from .runtime import generation, is_initialized, stage_host_copies, state
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
@@ -50,7 +54,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_cla
            "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
-           "check_named_replicas", "flatten_tensors"]
+           "check_named_replicas", "flatten_tensors", "submit_prepared", "tensor_layout", "generation"]
 
 
 def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,
@@ -107,3 +111,11 @@ def setting(name: str) -> Any:
 def plane_agreed(name: str) -> bool:
     """Whether every rank of the running job has data plane ``name`` (False before init())."""
     return is_initialized() and state().planes.has(name)
+
+
+def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
+                    op: ReduceOp, prescale: float, postscale: float, value: Any) -> Any:
+    """An in-place allreduce on the global set of C-contiguous arrays in their storage dtype (one per tensor of
+    ``layout``, as tensor_layout makes it); its handle returns ``value``, which must own the arrays' memory."""
+    return state().submit(Kind.ALLREDUCE, name, 0, inputs, dtypes, op=op, prescale=prescale, postscale=postscale,
+                          layout=layout, value=value)

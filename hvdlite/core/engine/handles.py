@@ -55,6 +55,11 @@ class Handle:
     def done(self) -> bool:
         return self._done
 
+    def reads_result(self) -> bool:
+        """Whether wait() will look at the result (not when returning() set what it returns): the engine
+        then need not build one."""
+        return self._finalize is not None or self._value is _UNSET
+
     def wait(self) -> Any:
         """Block until the collective finished; return its result or raise its error."""
         global _blocked

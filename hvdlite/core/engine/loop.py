@@ -24,10 +24,11 @@ from .plane_exec import PlaneExecutor
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
-from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache, Stalled,
-                          allgather_messages, decide, pending_message)
+from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, RankMessage,
+                          ResponseCache, Stalled, allgather_messages, decide, pending_message)
 from .psets import Registry
 from .requests import Kind, Request, Response
+from .stalls import Stop as _Stop, Wedged as _Wedged
 from .timeline import Timeline, negotiate_activity
 
 
@@ -51,7 +52,8 @@ class Engine:
                                  process_sets.size, config.fusion_threshold_bytes, config.allreduce_chunk_bytes,
                                  timeline, process_sets.members)
         self.planes = PlaneExecutor(planes, process_sets.comm, process_sets.members, timeline, _Stop)
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()  # a plain lock: submit() takes it per op (a Condition's own is Python code)
+        self._cv = threading.Condition(self._lock)
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
         self._pending: dict[tuple[int, str], Request] = {}
@@ -61,6 +63,7 @@ class Engine:
         self.error: Optional[BaseException] = None
         self.cycles = 0
         self.full_cycles = 0
+        self.exchange_cycles = 0  # rounds that swapped only autotune settings or straggler times
         self.bitvector_bytes = 0    # bytes each rank contributed to the per-cycle bit-vector all-reduces
         self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
         self._join_cycle = -1
@@ -77,10 +80,10 @@ class Engine:
 
     # -- user threads -----------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        with self._cv:
+        key = req.key
+        with self._lock:
             if self.error is not None:
                 raise self.error
-            key = (req.sig.ps_id, req.name)
             if key in self._inflight:
                 raise DuplicateNameError(
                     f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait for "
@@ -105,7 +108,8 @@ class Engine:
         return self._thread.is_alive()
 
     def stats(self) -> dict[str, int]:
-        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls,
+        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "exchange_cycles": self.exchange_cycles,
+                "mpi_calls": self.executor.mpi_calls,
                 "busy_cycles": self.busy_cycles, "bitvector_bytes": self.bitvector_bytes,
                 "full_path_bytes": self.full_path_bytes}
 
@@ -173,7 +177,7 @@ class Engine:
             shutdown = self._shutdown_requested
         tracing = self.timeline.enabled
         for req in new:
-            self._pending[(req.sig.ps_id, req.name)] = req
+            self._pending[req.key] = req
             if req.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
@@ -190,7 +194,7 @@ class Engine:
         if self._pending:
             flags |= FLAG_BUSY
         if self.autotune.wants_round() or self.stragglers.wants_round():  # rank 0's new settings, or the
-            flags |= FLAG_FULL                                           # straggler times, travel in a full round
+            flags |= FLAG_EXCHANGE                                   # straggler times, travel in this round
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
@@ -202,6 +206,9 @@ class Engine:
         if all_flags & FLAG_FULL:
             responses = self._full_round(shutdown)
         else:
+            if all_flags & FLAG_EXCHANGE:
+                self.exchange_cycles += 1
+                self._swap(RankMessage([], join_cycle=self._join_cycle))
             responses = cache.ready(missing, self.cycles)
         if responses:
             self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline)
@@ -248,8 +255,22 @@ class Engine:
     def _full_round(self, shutdown: bool) -> list[Response]:
         self.full_cycles += 1
         now = time.monotonic()
-        msg = pending_message(self._pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
-                              tune=self.autotune.outgoing(), waits=self.stragglers.outgoing())
+        messages = self._swap(pending_message(self._pending.values(), now, shutdown=shutdown,
+                                              join_cycle=self._join_cycle))
+        responses, stalled = decide(messages, self.psets.members_table(), self.size)
+        self._last_stall_check = now
+        if stalled and not self.config.stall_check_disable:
+            responses.extend(self._handle_stalls(stalled))
+        for resp in responses:
+            if resp.error is None:
+                self.cache.put(resp.name, resp.sig, self.psets.members(resp.ps_id), self.cycles)
+        return responses
+
+    def _swap(self, msg: RankMessage) -> list[RankMessage]:
+        """Every rank's message of a full round, or of an exchange round (no pending table: only rank 0's
+        autotune settings or the straggler times were due, and a full round would send and decide on every op
+        in flight, ~1 ms per hundred). Both carry them and adopt them at the same cycle on every rank."""
+        msg.tune, msg.waits = self.autotune.outgoing(), self.stragglers.outgoing()
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
@@ -259,14 +280,7 @@ class Engine:
         self.stragglers.adopt([m.waits for m in messages], self.timeline)  # a straggler window, if complete
         if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
             self.autotune.adopt(messages[0].tune, self.cycles)
-        responses, stalled = decide(messages, self.psets.members_table(), self.size)
-        self._last_stall_check = now
-        if stalled and not self.config.stall_check_disable:
-            responses.extend(self._handle_stalls(stalled))
-        for resp in responses:
-            if resp.error is None:
-                self.cache.put(resp.name, resp.sig, self.psets.members(resp.ps_id), self.cycles)
-        return responses
+        return messages
 
     def _handle_stalls(self, stalled: list[Stalled]) -> list[Response]:
         now = time.monotonic()
@@ -327,14 +341,17 @@ class Engine:
                 req = item.req
                 if req is None:
                     continue
-                if req.kind.multi_tensor and isinstance(item, Item):
-                    results = req.results
-                    if results is None:
-                        results = req.results = [None] * len(req.inputs)
-                    results[item.index] = result
+                if req.sig.kind.multi_tensor and type(item) is Item:
+                    if req.remaining == 1 and req.results is None:  # one tensor: a list only if wait() reads it
+                        self._finish(req, result=[result] if req.reads_result() else None)
+                        continue
+                    listed = req.results
+                    if listed is None:
+                        listed = req.results = [None] * len(req.inputs)
+                    listed[item.index] = result
                     req.remaining -= 1
                     if req.remaining == 0:
-                        self._finish(req, result=results)
+                        self._finish(req, result=listed)
                 else:
                     self._finish(req, result=result)
 
@@ -353,16 +370,16 @@ class Engine:
     def _finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
         """Hand a result back. The name is freed before the handle completes, so the caller may reuse
         it at once (the next training step submits the same names)."""
-        key = (req.sig.ps_id, req.name)
+        key = req.key
         if self._pending.pop(key, None) is not None:
             self._bits.remove(req)
         if self.timeline.enabled:
             self.timeline.end(req.name)
         self._inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
         if error is not None:
-            req.handle.set_error(error)
+            req.set_error(error)
         else:
-            req.handle.set_result(result)
+            req.set_result(result)
 
     def _fail_everything(self, error: BaseException) -> None:
         with self._cv:
@@ -377,18 +394,6 @@ class Engine:
 
 
 _ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
-
-
-class _Stop(Exception):
-    """Ends the engine loop: the job is shutting down (a rank called shutdown() or exited)."""
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0])
-
-
-class _Wedged(_Stop):
-    """Ends the engine loop: a wait outlasted the stall shutdown time and some peers do not answer."""
 
 
 __all__ = ["Engine"]
