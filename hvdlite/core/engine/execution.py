@@ -65,14 +65,15 @@ class Executor:
             post = average_scale(post, self.size_of(first.ps_id))
         small: list[Item] = []
         small_bytes = 0
+        threshold, chunk = self.fusion_threshold_bytes, self.chunk_bytes
         for item in items:
             nbytes = item.src.nbytes
             if nbytes == 0:
                 if item.dst is None:
                     item.dst = item.src.copy()
                 continue
-            if packable(nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
-                if over_cap(len(small), small_bytes, nbytes, self.fusion_threshold_bytes):
+            if packable(nbytes, threshold, chunk):
+                if over_cap(len(small), small_bytes, nbytes, threshold):
                     self._reduce_small(comm, small, op, pre, post)
                     small, small_bytes = [], 0
                 small.append(item)

@@ -178,7 +178,7 @@ class Engine:
         tracing = self.timeline.enabled
         for req in new:
             self._pending[req.key] = req
-            if req.kind is Kind.JOIN:
+            if req.sig.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
                 self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)

@@ -174,13 +174,15 @@ class PendingBits:
             self.mine[:] = False
             self.uncached = 0
             new = list(pending.values())
+        lookup, version, bits = cache.lookup, self.version, []
         for req in new:
-            req.cache_bit = cache.lookup(req.name, req.sig, req.key)
-            req.cache_version = self.version
-            if req.cache_bit < 0:
+            bit = req.cache_bit = lookup(req.name, req.sig, req.key)
+            req.cache_version = version
+            if bit < 0:
                 self.uncached += 1
             else:
-                self.mine[req.cache_bit] = True
+                bits.append(bit)
+        self.mine[bits] = True
         return self.mine
 
     def remove(self, req: Any) -> None:
