@@ -1,18 +1,36 @@
 """Every torch collective on the rank's device against the same collective on CPU tensors over hvdlite's MPI
-path (exact equality), DistributedOptimizer on the device against single-process training, and the device
-errors. Run under mpiexec (python tests/gpu_check.py); prints one JSON line per rank; exits 1 on a failure.
-On a machine without CUDA it runs on CPU tensors (useful with HOROVOD_CPU_OPERATIONS=GLOO: gloo vs MPI).
+path (exact equality), DistributedOptimizer on the device against single-process training, the same again on
+CUDA-aware MPI where the MPI library is CUDA-aware, and the device errors. Run under mpiexec
+(python tests/gpu_check.py); prints one JSON line per rank; exits 1 on a failure. A check that cannot run
+here says "skipped: <why>". On a machine without CUDA it runs on CPU tensors (useful with
+HOROVOD_CPU_OPERATIONS=GLOO: gloo vs MPI).
+
+``python tests/gpu_check.py --nccl-missing`` (under mpiexec, -n 2 or more) checks the "CUDA tensor with NCCL
+unavailable" cases instead: the last rank hides its GPUs (CUDA_VISIBLE_DEVICES=""), so NCCL is not available on
+every rank; rank 0's CUDA tensors then go through host staging (or CUDA-aware MPI), and with
+HOROVOD_GPU_OPERATIONS=NCCL they raise the error naming the fix.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 
-import torch
-import torch.nn as nn
+NCCL_MISSING = "--nccl-missing" in sys.argv[1:]
+if NCCL_MISSING:  # before torch is imported: the last rank of the job sees no GPU
+    _rank, _size = (int(next((os.environ[v] for v in names if v in os.environ), default)) for names, default in (
+        (("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"), "0"),
+        (("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"), "1")))
+    if _size > 1 and _rank == _size - 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-import hvdlite.torch as hvd
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import hvdlite.torch as hvd  # noqa: E402
+from hvdlite.torch import tensors  # noqa: E402
+from hvdlite.torch.plane import FACTORY  # noqa: E402
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
@@ -29,9 +47,12 @@ def inputs(r: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
 
 
 def check(name: str, fn) -> None:
+    """Run one check; it returns None when it passed, or "skipped: <why>" when it cannot run here."""
     try:
-        fn()
-        results["checks"][name] = "ok"
+        skipped = fn()
+        results["checks"][name] = skipped or "ok"
+        if skipped:
+            print(f"rank {R}: {name}: {skipped}", file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001 - report every failure, keep going
         results["checks"][name] = f"FAILED: {type(exc).__name__}: {exc}"
         results["failures"].append(name + "\n" + traceback.format_exc())
@@ -195,17 +216,98 @@ def mixed_devices_error() -> None:
         raise AssertionError("a grouped op of CPU and GPU tensors was accepted")
 
 
-for name, fn in [("allreduce every dtype and op", allreduce_all), ("grouped and in place", grouped_and_inplace),
-                 ("allgather uneven", allgather_uneven), ("broadcast", broadcast_all),
-                 ("alltoall splits", alltoall_splits), ("reducescatter", reducescatter_all),
-                 ("process sets", process_sets), ("sparse", sparse),
-                 ("optimizer equivalence", optimizer_equivalence),
-                 ("zero optimizer equivalence", lambda: optimizer_equivalence(zero=True)),
-                 ("sync batch norm", sync_batch_norm), ("mixed devices error", mixed_devices_error)]:
+def plane_of_allreduce(t: torch.Tensor) -> str:
+    return getattr(tensors.to_host(t, "allreduce")[0], "plane", "")
+
+
+def cuda_aware_mpi() -> str | None:
+    """The collectives and DistributedOptimizer again with HOROVOD_GPU_OPERATIONS=MPI, on CUDA-aware MPI."""
+    aware, how = FACTORY.mpi_cuda
+    results["mpi_cuda_aware"] = [aware, how]
+    everyone = hvd.allgather_object((aware, CUDA, how))  # every rank decides alike (init() below is collective)
+    if not aware:
+        return f"skipped: MPI not CUDA-aware ({how})"
+    if not all(a for a, _, _ in everyone):
+        return f"skipped: MPI not CUDA-aware on every rank ({[h for a, _, h in everyone if not a]})"
+    if not all(c for _, c, _ in everyone):
+        return "skipped: no CUDA device on every rank"
+    hvd.shutdown()
+    hvd.init(gpu_operations="MPI")
+    try:
+        plane = plane_of_allreduce(torch.ones(2, device=DEV))
+        assert plane == "mpi_cuda", f"CUDA-aware MPI here, but a CUDA allreduce takes {plane or 'host staging'!r}: " \
+            f"{tensors.mpi_cuda_missing()}"
+        for fn in (allreduce_all, grouped_and_inplace, allgather_uneven, broadcast_all, alltoall_splits,
+                   reducescatter_all, process_sets, optimizer_equivalence):
+            fn()
+    finally:
+        hvd.shutdown()
+        hvd.init()
+    return None
+
+
+def other_device_error() -> str | None:
+    """A CUDA tensor on another GPU than the rank's own (the current device) is refused, naming the fix."""
+    gpus = min(hvd.allgather_object(torch.cuda.device_count() if CUDA else 0))  # every rank decides alike
+    if gpus < 2:
+        return f"skipped: needs 2 or more GPUs per rank's node (the job's smallest node has {gpus})"
+    if plane_of_allreduce(torch.ones(2, device=DEV)) != "nccl":
+        return "skipped: the check is NCCL's (the job's CUDA allreduce does not take NCCL here)"
+    other = torch.device("cuda", (DEV.index + 1) % torch.cuda.device_count())
+    try:
+        hvd.allreduce(torch.ones(2, device=other), name="other.device")
+    except RuntimeError as exc:
+        assert f"this rank's GPU is cuda:{DEV.index}" in str(exc) and "torch.cuda.set_device" in str(exc), exc
+    else:
+        raise AssertionError(f"an allreduce of a tensor on {other} was accepted on a rank whose GPU is {DEV}")
+    return None
+
+
+def nccl_missing() -> str | None:
+    """Rank 0 has a GPU, the last rank none: NCCL is not agreed; CUDA tensors fall back (same results as
+    the CPU path), and NCCL asked for by name is an error naming the fix (raised on submission, locally)."""
+    if N < 2:
+        return "skipped: needs 2 or more ranks (the last one hides its GPUs)"
+    if not hvd.broadcast_object(CUDA, root_rank=0):  # every rank skips alike
+        return "skipped: rank 0 has no CUDA device"
+    assert not tensors.plane_agreed("nccl"), "NCCL is agreed although the last rank has no GPU"
+    x = inputs(R, (3, 4), torch.float32)
+    mine = x.to(DEV) if R == 0 else x
+    fallback = plane_of_allreduce(mine) if R == 0 else ""
+    assert fallback in ("", "mpi_cuda"), fallback
+    same(hvd.allreduce(mine, op=hvd.Sum, name="nccl.missing"), hvd.allreduce(x, op=hvd.Sum, name="cpu.ref"),
+         "allreduce with NCCL missing")
+    hvd.shutdown()
+    hvd.init(gpu_operations="NCCL")
+    try:
+        if R == 0:
+            try:
+                hvd.allreduce(torch.ones(2, device=DEV), name="nccl.asked")
+            except RuntimeError as exc:
+                assert "asks for NCCL, but NCCL is not available on every rank" in str(exc), exc
+                assert "set it to MPI" in str(exc), exc
+            else:
+                raise AssertionError("HOROVOD_GPU_OPERATIONS=NCCL with NCCL missing on a rank was accepted")
+        hvd.barrier()
+    finally:
+        hvd.shutdown()
+        hvd.init()
+    results["nccl_missing_fallback_plane"] = fallback or "mpi (host staging)"
+    return None
+
+
+CHECKS = [("allreduce every dtype and op", allreduce_all), ("grouped and in place", grouped_and_inplace),
+          ("allgather uneven", allgather_uneven), ("broadcast", broadcast_all),
+          ("alltoall splits", alltoall_splits), ("reducescatter", reducescatter_all),
+          ("process sets", process_sets), ("sparse", sparse),
+          ("optimizer equivalence", optimizer_equivalence),
+          ("zero optimizer equivalence", lambda: optimizer_equivalence(zero=True)),
+          ("sync batch norm", sync_batch_norm), ("mixed devices error", mixed_devices_error),
+          ("cuda-aware MPI", cuda_aware_mpi), ("other device error", other_device_error)]
+for name, fn in [("CUDA tensor with NCCL unavailable", nccl_missing)] if NCCL_MISSING else CHECKS:
     check(name, fn)
-from hvdlite.torch.tensors import to_host  # noqa: E402 - which plane a float32 allreduce on DEV takes
-results["plane_of_a_device_allreduce"] = getattr(to_host(torch.ones(2, device=DEV), "allreduce")[0], "plane", "") \
-    or "mpi (host staging)" if CUDA else getattr(to_host(torch.ones(2), "allreduce")[0], "plane", "") or "mpi"
+results["plane_of_a_device_allreduce"] = plane_of_allreduce(torch.ones(2, device=DEV)) \
+    or "mpi (host staging)" if CUDA else plane_of_allreduce(torch.ones(2)) or "mpi"
 results["planes"] = {"gloo_enabled": hvd.gloo_enabled(), "nccl_built": hvd.nccl_built(),
                      "cuda_built": hvd.cuda_built()}
 print(json.dumps(results), flush=True)

@@ -64,6 +64,11 @@ def test_config_rejects_bad_values_and_unknown_keywords() -> None:
         Config.from_env({}, fusion_threshold_bytes=-1)
     with pytest.raises(TypeError, match="unknown keyword 'fusion_treshold'"):
         Config.from_env({}, fusion_treshold=1)
+    assert Config().mpi_cuda_aware == "auto" and Config.from_env({}, mpi_cuda_aware="").mpi_cuda_aware == "auto"
+    assert Config.from_env({"HVDLITE_MPI_CUDA_AWARE": "1"}).mpi_cuda_aware == "on"
+    assert Config.from_env({"HVDLITE_MPI_CUDA_AWARE": "No"}).mpi_cuda_aware == "off"
+    with pytest.raises(ValueError, match="mpi_cuda_aware .HVDLITE_MPI_CUDA_AWARE. must be auto, on or off, got 'gpu'"):
+        Config.from_env({"HVDLITE_MPI_CUDA_AWARE": "gpu"})
 
 
 def test_gradient_overlap_setting_and_auto_decision() -> None:

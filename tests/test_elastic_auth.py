@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
-import time
-from typing import Callable
 
 import pytest
 
+from cluster.elastic import wait_until
 from hvdlite.core.elastic.link import DriverLink
 from hvdlite.core.elastic_wire import DRIVER_VARIABLE, SECRET_VARIABLE, signature
 from hvdlite.run.elastic.server import DriverServer, bind_address, new_secret
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout} s: {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

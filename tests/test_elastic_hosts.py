@@ -1,6 +1,7 @@
 """Elastic hvdlite-run across three pretend hosts (network namespaces h1..h3, root only): a rank's host dies
 mid-epoch and the job goes on with two from its last commit; when discovery shows the host again the job
-grows back at its next commit."""
+grows back at its next commit. Each pretend host has its own /dev/shm (tests/cluster/netns.sh): the commits a
+host keeps there are deleted by the driver, through the launcher, when the host is blacklisted or dropped."""
 from __future__ import annotations
 
 import os
@@ -13,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.elastic import JOINED, ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy
+from cluster.elastic import JOINED, ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy, wait_until
 from cluster.fixtures import PYTHON, ROOT, NetnsHosts, base_env, netns_hosts, run
 
 EXAMPLE = str(ROOT / "examples" / "pytorch_digits_elastic.py")
 EPOCHS = 4
+JOB = re.compile(r"job (\w+): hosts from")
 
 
 @pytest.fixture(scope="module")
@@ -43,24 +45,34 @@ def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
                               f"--blacklist-cooldown-range 1 2", "--sleep 0.03")
     first = run.rank_pids(3)
     assert [first[r][0] for r in range(3)] == ["h1", "h2", "h3"], run.output
+    job = run.wait_for(JOB.pattern, timeout=10).group(1)
+    # the run's directory in each host's own /dev/shm
+    shm = {h: hosts.directory / "shm" / h / f"hvdlite-elastic-{job}" for h in ("h1", "h2", "h3")}
     killed_at = run.wait_for(r"^commit=(\d+) epoch=0 batch=\d+ size=3$", timeout=400)
+    wait_until(lambda: all((shm[h] / h / "commit.pkl").exists() for h in shm), "every host's commit", 60, run)
     listing.write_text("h1:1\nh2:1\n")  # h3 goes away: its rank dies, discovery no longer lists it
     os.kill(first[2][1], signal.SIGKILL)
     second = run.rank_pids(2)
     assert [second[r][0] for r in range(2)] == ["h1", "h2"], run.output
+    # h3 was blacklisted: the driver deleted the copy in h3's /dev/shm (no rank of h3 was left to)
+    wait_until(lambda: not shm["h3"].exists(), "the blacklisted h3's commits deleted", 60, run)
+    assert shm["h1"].exists() and shm["h2"].exists(), run.output
     shrunk = len(run.lines)
     grown_from = run.wait_for(r"^commit=(\d+) epoch=\d+ batch=\d+ size=2$", timeout=400, start=shrunk)
-    listing.write_text("h1:1\nh2:1\nh3:1\n")  # h3 is back
+    listing.write_text("h1:2\nh3:1\n")  # h3 is back, h2 leaves (its rank commits and leaves), h1 takes two
     third = run.rank_pids(3)
-    assert [third[r][0] for r in range(3)] == ["h1", "h2", "h3"], run.output
+    assert [third[r][0] for r in range(3)] == ["h1", "h1", "h3"], run.output
+    # h2 was dropped: its rank left its commit to resize; the driver deleted it
+    wait_until(lambda: not shm["h2"].exists(), "the dropped h2's commits deleted", 60, run)
     assert run.finish(timeout=500) == 0, run.output
     out = run.output
+    assert [h for h in shm if shm[h].exists()] == [] and "could not delete" not in out, out
     assert re.search(rf"reset 1: rank 2 on host h3 \(pid {first[2][1]}\) failed; host h3 blacklisted for \d+ s",
                      out), out
     assert "starting 2 ranks on h1:1,h2:1 (reset 1)" in out, out
-    assert re.search(r"hosts changed \(added: h3; removed: none; now h1:1,h2:1,h3:1\)", out), out
+    assert re.search(r"hosts changed \(added: h3; removed: h2; now h1:2,h3:1\)", out), out
     assert "reset 2: hosts changed: the ranks committed and left to resize" in out, out
-    assert "starting 3 ranks on h1:1,h2:1,h3:1 (reset 2)" in out, out
+    assert "starting 3 ranks on h1:2,h3:1 (reset 2)" in out, out
     resumed = [int(n) for n in re.findall(r"rank 0: resumed from commit (\d+), held by rank \d+", out)]
     assert len(resumed) == 2 and resumed[0] >= int(killed_at.group(1)) and resumed[1] >= int(grown_from.group(1))
     assert ["reset: size=2 lr=0.0400", "reset: size=3 lr=0.0600"] == re.findall(r"reset: size=\d lr=\S+", out)
@@ -73,7 +85,8 @@ def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """Inside a 2-node allocation, without a discovery script, the nodes are the hosts: a node whose task is
-    killed is left out of the next srun step and the job finishes on the other one."""
+    killed is left out of the next srun step and the job finishes on the other one; the commit it kept in
+    its own /dev/shm is deleted by the driver with an srun step on it."""
     cluster = netns_hosts(request, slurm=True, count=3)
     prefix = (f". {cluster.directory / 'mpi.env'}; export SLURM_CONF={cluster.slurm_conf}; cd {ROOT}; ")
     job_script = tmp_path / "elastic.sbatch"
@@ -92,11 +105,14 @@ def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.Fixtur
     try:
         deadline = time.monotonic() + 400
         killed = None
+        h2_run = Path()  # the run's directory in h2's own /dev/shm
         while True:
             text = output.read_text() if output.exists() else ""
             joined = {int(m.group(1)): (m.group(3), int(m.group(4))) for m in JOINED.finditer(text)
                       if m.group(2) == "2"}
             if killed is None and len(joined) == 2 and re.search(r"^commit=\d+ epoch=0 batch=[1-9]\d ", text, re.MULTILINE):
+                h2_run = cluster.directory / "shm" / "h2" / f"hvdlite-elastic-{JOB.search(text).group(1)}"
+                assert (h2_run / "h2" / "commit.pkl").exists(), text
                 killed = joined[1]
                 os.kill(killed[1], signal.SIGKILL)
             queued = slurm(f"squeue -h -j {job_id} -o %i")
@@ -111,6 +127,7 @@ def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.Fixtur
     assert killed is not None and killed[0] == "h2", out
     assert "JobState=COMPLETED" in info and "ExitCode=0:0" in info, info + out
     assert re.search(r"hosts from Slurm job \d+ nodes h1:1,h2:1", out), out
+    assert "could not delete" not in out and not h2_run.exists(), out  # deleted with an srun step on h2
     assert re.search(rf"reset 1: rank 1 on host h2 \(pid {killed[1]}\) failed; host h2 blacklisted for good", out), out
     assert "starting 1 ranks on h1:1 (reset 1)" in out, out
     assert_every_epoch_exact(out, 2)

@@ -1,11 +1,21 @@
-"""ElasticShards (the core of ElasticSampler) and the elastic flag parsing, without MPI."""
+"""ElasticShards (the core of ElasticSampler), the elastic flag parsing, and how the driver deletes a host's
+commits, without MPI."""
 from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from hvdlite.core import runtime
 from hvdlite.core.elastic import ElasticShards
+from hvdlite.core.launch import remover_command
 from hvdlite.run.args import is_elastic, parse_args
+from hvdlite.run.elastic.cleanup import CommitRemover
 from hvdlite.run.elastic.discovery import Blacklist, DiscoveryError, parse_discovered
 from hvdlite.run.hosts import Host
 
@@ -83,3 +93,56 @@ def test_discovery_output_and_blacklist() -> None:
     brief = Blacklist(cooldown=(0.0, 0.0))
     brief.add("h1")
     assert brief.apply(hosts) == hosts  # the cooldown is over at once
+
+
+def test_the_remover_deletes_only_this_hosts_copy_of_the_run(tmp_path: Path) -> None:
+    """What the driver runs on a host: that host's directory of the run goes, another host's copy (a shared
+    file system) and everything beside the run stay; the run's directory goes with the last copy. The
+    directory's name has a space and quotes: each argument reaches the remover as one word."""
+    base = tmp_path / "commit dir 'x' $HOME"
+    run = base / "hvdlite-elastic-0a1b2c"
+    for name in (socket.gethostname(), "other-host"):
+        (run / name).mkdir(parents=True)
+        (run / name / "commit.pkl").write_bytes(b"state")
+    beside = [base / "hvdlite-elastic-0a1b2cd" / "x", base / "keep.txt"]
+    beside[0].mkdir(parents=True)
+    beside[1].write_text("keep")
+
+    def remove(job: str) -> subprocess.CompletedProcess:
+        return subprocess.run(remover_command(sys.executable, str(base), job), capture_output=True, text=True,
+                              timeout=60)
+
+    assert remove("0a1b2c").returncode == 0
+    assert sorted(p.name for p in run.iterdir()) == ["other-host"] and all(p.exists() for p in beside)
+    (run / "other-host" / "commit.pkl").unlink()
+    (run / "other-host").rmdir()
+    assert remove("0a1b2c").returncode == 0 and not run.exists()
+    assert remove("0a1b2c").returncode == 0  # nothing there: nothing to do
+    refused = remove("../keep.txt")
+    assert refused.returncode == 1 and all(p.exists() for p in beside)
+    assert refused.stderr.strip() == (f"hvdlite: {socket.gethostname()}: elastic commits not removed: "
+                                      "not an elastic run id: '../keep.txt'")
+
+
+def test_a_failed_or_hanging_deletion_is_one_log_line_and_waits_no_longer_than_the_limit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("test.elastic.cleanup")
+    remover = CommitRemover(log, timeout_s=2.0)
+    where = "/dev/shm/hvdlite-elastic-0a1b2c"
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        remover.start("h1", ["true"], {}, where)
+        remover.start("h2", ["sh", "-c", "echo noise; echo 'ssh: connect to host h2 port 22: Connection refused' >&2;"
+                                         " exit 255"], {}, where)
+        remover.start("h3", ["sleep", "30"], {}, where)
+        remover.start("h4", ["/nonexistent/mpiexec"], {}, "/x/it's here")
+        remover.wait()
+    elapsed = time.monotonic() - started
+    assert remover.pending == {} and 2.0 <= elapsed < 10.0, elapsed
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "could not delete the elastic commits on host h2 (exit code 255: ssh: connect to host h2 port 22: "
+        "Connection refused); delete /dev/shm/hvdlite-elastic-0a1b2c there by hand",
+        "could not delete the elastic commits on host h3 (no answer within 2 s); delete "
+        "/dev/shm/hvdlite-elastic-0a1b2c there by hand",
+        "could not delete the elastic commits on host h4 (cannot start /nonexistent/mpiexec: No such file or "
+        "directory); delete '/x/it'\"'\"'s here' there by hand"]

@@ -84,6 +84,10 @@ class Config:
     #: Data plane of CPU tensors (HOROVOD_CPU_OPERATIONS): "mpi" (hvdlite's engine on host buffers) or "gloo"
     #: (torch.distributed's gloo, torch tensors only; TensorFlow stays on MPI).
     cpu_operations: str = "mpi"
+    #: Whether the MPI library takes CUDA device buffers (CUDA-aware MPI): "auto" asks the library (MPI 4.1's
+    #: mpi_memory_alloc_kinds, else MPIX_Query_cuda_support), "on"/"off" override it on this rank (a rank's
+    #: own fact: the job uses CUDA-aware MPI only where every rank has it). docs/torch.md, "Data planes".
+    mpi_cuda_aware: str = "auto"
     #: hvdlite-run starts each rank's program under a small sentinel (hvdlite/run/sentinel.py) that names
     #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.
     launch_sentinel: bool = True
@@ -235,6 +239,12 @@ class Config:
             raise ValueError(f"cpu_operations (HOROVOD_CPU_OPERATIONS) must be MPI or GLOO, got "
                              f"{self.cpu_operations!r}")
         self.cpu_operations = cpu
+        aware = str(self.mpi_cuda_aware).strip().lower() or "auto"
+        aware = "on" if aware in _TRUE else "off" if aware in _FALSE else aware
+        if aware not in ("auto", "on", "off"):
+            raise ValueError(f"mpi_cuda_aware (HVDLITE_MPI_CUDA_AWARE) must be auto, on or off, got "
+                             f"{self.mpi_cuda_aware!r}")
+        self.mpi_cuda_aware = aware
         if self.autotune_warmup_samples < 0:
             raise ValueError(f"autotune_warmup_samples must be >= 0, got {self.autotune_warmup_samples}")
         if self.autotune_steps_per_sample < 1:

@@ -1,12 +1,19 @@
 """What the elastic driver (hvdlite-run) and its ranks share: the variables it sets in the ranks, how a rank
-signs its messages (see ``hvdlite.core.elastic.link``), and where the ranks keep their commits."""
+signs its messages (see ``hvdlite.core.elastic.link``), and where the ranks keep their commits.
+
+The driver runs this file by path on a host (``python -I -S .../elastic_wire.py DIR JOB``, see
+:func:`remover_command`) to delete that host's commit of run JOB: it imports only the standard library.
+"""
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
+import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +25,7 @@ GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
 SECRET_VARIABLE = "HVDLITE_ELASTIC_SECRET"
 
 __all__ = ["DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE", "SECRET_VARIABLE",
-           "signature", "base_dir", "remove_job"]
+           "signature", "base_dir", "job_dir", "remove_job", "remove_host", "remover_command"]
 
 
 def signature(secret: str, nonce: str, message: dict[str, Any]) -> str:
@@ -37,7 +44,44 @@ def base_dir(configured: str) -> Path:
     return Path(tempfile.gettempdir())
 
 
+def job_dir(configured: str, job: str) -> Path:
+    """The directory of elastic run ``job`` on this host: ``<base dir>/hvdlite-elastic-<job>``; it holds one
+    ``<hostname>`` directory per host that wrote a commit into it."""
+    if not re.fullmatch(r"[0-9A-Za-z_-]+", job):
+        raise ValueError(f"not an elastic run id: {job!r}")
+    return base_dir(configured) / f"hvdlite-elastic-{job}"
+
+
 def remove_job(configured_dir: str, job: str) -> None:
     """Delete every host's commit of elastic run ``job`` that this machine's file system holds (the driver,
     when the run ends: a host that was blacklisted has no rank left to delete its own)."""
-    shutil.rmtree(base_dir(configured_dir) / f"hvdlite-elastic-{job}", ignore_errors=True)
+    shutil.rmtree(job_dir(configured_dir, job), ignore_errors=True)
+
+
+def remove_host(configured: str, job: str) -> None:
+    """Delete this host's commit of run ``job`` (``<job dir>/<hostname>``), then the run's directory if no
+    other host's copy is left in it (a file system the hosts share). Raises OSError for what cannot go."""
+    top = job_dir(configured, job)
+    mine = top / socket.gethostname()
+    if mine.exists() or mine.is_symlink():
+        shutil.rmtree(mine)
+    try:
+        top.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if not any(top.iterdir()):
+            raise
+
+
+def remover_command(python: str, configured: str, job: str) -> list[str]:
+    """The command that runs :func:`remove_host` on the host it is started on (each argument one word: the
+    launchers pass them on unchanged, no shell reads them)."""
+    return [python, "-I", "-S", os.path.abspath(__file__), configured, job]
+
+
+if __name__ == "__main__":
+    try:
+        remove_host(sys.argv[1], sys.argv[2])
+    except (OSError, ValueError, IndexError) as exc:
+        sys.exit(f"hvdlite: {socket.gethostname()}: elastic commits not removed: {exc}")

@@ -24,7 +24,9 @@ module is private to the core.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
 - ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
   core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
-  ``plane_agreed(name)`` says whether every rank of the running job has that plane.
+  ``plane_agreed(name)`` says whether every rank of the running job has that plane, ``plane_lacking(name)``
+  which ranks do not; ``mpi_cuda_aware(override)`` whether the MPI library takes CUDA device buffers, and how
+  that was found.
 - ``submit_prepared(name, inputs, dtypes, layout, op, prescale, postscale, value)`` / ``tensor_layout(dtype,
   shape)`` / ``generation()``: the per-gradient in-place allreduce on the global set, for arrays a frontend
   prepared and caches per tensor (valid within one ``generation()``, which changes with every init()).
@@ -43,6 +45,7 @@ from .replicas import flatten as flatten_tensors
 from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap
+from .engine.mpi import cuda_aware as mpi_cuda_aware
 from .engine.planes import Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, register_factory
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
 from .engine.requests import Kind, tensor_layout
@@ -54,6 +57,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_cla
            "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
+           "plane_lacking", "mpi_cuda_aware",
            "check_named_replicas", "flatten_tensors", "submit_prepared", "tensor_layout", "generation"]
 
 
@@ -111,6 +115,11 @@ def setting(name: str) -> Any:
 def plane_agreed(name: str) -> bool:
     """Whether every rank of the running job has data plane ``name`` (False before init())."""
     return is_initialized() and state().planes.has(name)
+
+
+def plane_lacking(name: str) -> list[int]:
+    """The ranks of the running job that cannot run data plane ``name`` ([] where it is agreed or before init())."""
+    return state().planes.lacking(name) if is_initialized() else []
 
 
 def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],

@@ -10,7 +10,8 @@ Every other core module is private to the core (``tests/test_layering.py`` check
 - the build flags (``mpi_built()``, ``nccl_built()``, ...) and ``LaunchError``.
 - for the elastic driver: the variables it sets in the ranks (``DRIVER_VARIABLE``, ``JOB_VARIABLE``,
   ``RESTART_VARIABLE``, ``GENERATION_VARIABLE``, ``SECRET_VARIABLE``), ``signature()`` (how a rank signs its
-  messages) and ``remove_job()`` (delete a run's commits).
+  messages), ``remove_job()`` (delete a run's commits on this machine), ``job_dir()`` (a run's commit
+  directory) and ``remover_command()`` (the command that deletes one host's commit, run on that host).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Optional
 from .build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from .config import Config, environ, getenv
 from .elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
-                           remove_job, signature)
+                           job_dir, remove_job, remover_command, signature)
 from .errors import LaunchError
 from .launch_check import int_or_none, launcher_rank
 from .log import logger
@@ -27,7 +28,7 @@ from .log import logger
 __all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "probe_mpi_library", "logger",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
-           "SECRET_VARIABLE", "signature", "remove_job"]
+           "SECRET_VARIABLE", "signature", "remove_job", "job_dir", "remover_command"]
 
 
 def probe_mpi_library() -> Optional[tuple[str, tuple[int, int]]]:

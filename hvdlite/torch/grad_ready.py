@@ -11,12 +11,15 @@ import torch
 from hvdlite.core import ProcessSet
 from hvdlite.core.frontend import check_gradient_options, gradient_overlap
 
-__all__ = ["Readiness", "ReadinessOwner", "TOO_MANY_PASSES", "ZERO_GRAD_RACE"]
+__all__ = ["Readiness", "ReadinessOwner", "TOO_MANY_PASSES", "ZERO_GRAD_RACE", "ZERO_GRAD_RACE_ZERO"]
 
 TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call to step(). "
                    "Increase backward_passes_per_step to accumulate gradients locally.")
 ZERO_GRAD_RACE = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                   "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+#: ZeroRedundancyOptimizer's wording: it has no synchronize(); step() completes the reductions.
+ZERO_GRAD_RACE_ZERO = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step(). "
+                       "This is prohibited as it can cause a race condition: call step() first.")
 
 #: id(parameter) -> the Readiness whose hook handles its gradient (the newest built over it): a newer
 #: optimizer over the same parameters silences the hooks of older ones.
@@ -88,9 +91,9 @@ class Readiness:
         self.passes = passes
         self.reset()
 
-    def check_zero_grad(self) -> None:
+    def check_zero_grad(self, message: str = ZERO_GRAD_RACE) -> None:
         if self.waiting:
-            raise AssertionError(ZERO_GRAD_RACE)
+            raise AssertionError(message)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

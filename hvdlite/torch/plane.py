@@ -14,7 +14,9 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.core import ReduceOp
-from hvdlite.core.frontend import Bootstrap, DataPlane, PlaneFactory, register_factory
+from hvdlite.core.frontend import Bootstrap, DataPlane, PlaneFactory, mpi_cuda_aware, register_factory
+
+from . import mpi_plane
 
 #: How long a plane's collective may wait before torch itself gives up; hvdlite's stall inspector
 #: (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) normally ends a wedged job long before.
@@ -45,11 +47,18 @@ class TorchPlane(DataPlane):
         self.rank = boot.rank
         self.size = boot.size
         self._checked_devices = False
+        self._waits: list = []  # producing streams' events, waited for on the batch's device (see _device)
+        self._gpu: Any = None  # this rank's GPU, once a CUDA batch has named it
 
     # -- ordering and waiting -------------------------------------------------------------------------
     def wait_ready(self, events: list) -> None:
-        for event in events:  # the GPU waits for the producing stream; the host does not
-            torch.cuda.current_stream().wait_event(event)
+        """The GPU waits for the producing streams (in _device, on the batch's device: the engine thread's own
+        current device is not the rank's); the host does not, except for MPI, which the host drives."""
+        if self.name == mpi_plane.NAME:
+            for event in events:
+                self.boot.wait(event.query)
+        else:
+            self._waits = list(events)
 
     def _run(self, work: Any) -> None:
         """Wait for one torch Work: CUDA work is stream-ordered (the engine stream waits on NCCL's, and
@@ -72,6 +81,10 @@ class TorchPlane(DataPlane):
         first = tensors[0] if tensors else None
         if first is not None and first.is_cuda:
             self._check_devices(first.device)
+            self._gpu = first.device
+            for event in self._waits:
+                torch.cuda.current_stream(first.device).wait_event(event)
+            self._waits = []
             return torch.cuda.device(first.device)
         return _NoDevice()
 
@@ -227,12 +240,13 @@ class TorchPlane(DataPlane):
             return results
 
     def zeros(self, dtype: str, shape: tuple) -> Any:
-        device = torch.device("cuda", torch.cuda.current_device()) if self.name == "nccl" else "cpu"
+        on_gpu = self.name == "nccl" or (self.name == mpi_plane.NAME and torch.cuda.is_available())
+        device = (self._gpu or torch.device("cuda", torch.cuda.current_device())) if on_gpu else "cpu"
         return torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=device)
 
     def close(self) -> None:
         shutdown = getattr(self.group, "shutdown", None)
-        if self.name == "nccl" and shutdown is not None:
+        if self.name != "gloo" and shutdown is not None:
             shutdown()
         self.group = None
 
@@ -279,10 +293,14 @@ def _scale(t: torch.Tensor, factor: float) -> None:
 
 
 class TorchPlanes(PlaneFactory):
-    """Registered when hvdlite.torch is imported: offers gloo and NCCL where this torch has them."""
+    """Registered when hvdlite.torch is imported: offers gloo and NCCL where this torch has them, and
+    CUDA-aware MPI where the MPI library takes CUDA buffers."""
 
     def __init__(self) -> None:
         self._store: Optional[Any] = None
+        #: (CUDA-aware, how that was found) for this process's MPI, asked at init() (None before)
+        self.mpi_cuda: Optional[tuple[bool, str]] = None
+        self.mpi_cuda_offered = False  # whether this rank offered the CUDA-aware MPI plane at init()
 
     def built(self, what: str) -> bool:
         if what == "cuda":
@@ -301,9 +319,17 @@ class TorchPlanes(PlaneFactory):
             names.append("gloo")
         if self.built("nccl") and torch.cuda.is_available() and gpu & {"", "nccl"}:
             names.append("nccl")
+        self.mpi_cuda = mpi_cuda_aware(settings.mpi_cuda_aware)
+        # offered where CUDA tensors can exist (or mpi_cuda_aware=on says to) and a setting may choose it
+        self.mpi_cuda_offered = self.mpi_cuda[0] and bool(gpu & {"", "mpi"}) \
+            and (torch.cuda.is_available() or settings.mpi_cuda_aware == "on")
+        if self.mpi_cuda_offered:
+            names.append(mpi_plane.NAME)
         return names
 
     def make(self, name: str, boot: Bootstrap) -> TorchPlane:
+        if name == mpi_plane.NAME:
+            return TorchPlane(name, mpi_plane.MPIGroup(boot), boot)
         store = dist.PrefixStore(f"hvdlite/{name}/{boot.ps_id}/", self._rendezvous(boot))
         group: Any
         if name == "nccl":

@@ -7,9 +7,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from hvdlite.core.frontend import PlaneBuffer, generation, plane_agreed, setting, stage_host_copies, tensor_layout
+from hvdlite.core.frontend import (PlaneBuffer, generation, logger, plane_agreed, plane_lacking, setting,
+                                   stage_host_copies, tensor_layout)
 
-from .plane import BACKEND_DTYPES
+from . import mpi_plane
+from .plane import BACKEND_DTYPES, FACTORY
 
 #: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits).
 SUPPORTED_DTYPES = tuple(d for d in (
@@ -148,28 +150,66 @@ def plane_for(tensor: torch.Tensor, kind: str) -> str:
         return ""
     if tensor.device.type != "cuda":
         return ""
+    plane = gpu_plane(kind, dtype, str(tensor.device))
+    if plane == "nccl":
+        own = torch.cuda.current_device()
+        if tensor.device.index != own:
+            raise RuntimeError(
+                f"{kind}: the tensor is on {tensor.device}, but this rank's GPU is cuda:{own} (the current device); "
+                f"NCCL runs each rank on its own GPU. Call torch.cuda.set_device(hvd.local_rank()) before building "
+                f"the model, and keep the tensors on that device")
+    return plane
+
+
+def gpu_plane(kind: str, dtype: str, device: str = "cuda") -> str:
+    """The data plane of a CUDA tensor of ``dtype`` in collective ``kind``: the setting's choice (gpu_<kind>,
+    else gpu_operations) where the job has it, else CUDA-aware MPI where every rank has it, else "" (host
+    staging through MPI, with one debug line saying why). NCCL asked for by name and missing is an error."""
     choice = (setting(f"gpu_{kind}") if kind in GPU_KINDS else "") or setting("gpu_operations")
-    if choice == "mpi":
-        return ""  # host staging through MPI (a CUDA-aware MPI path is not wired yet: docs/torch.md)
     if choice == "gloo":
         return "gloo" if kind in ("allreduce", "broadcast") and plane_agreed("gloo") else ""
-    if not plane_agreed("nccl"):
-        if choice == "nccl":
+    if choice != "mpi":
+        if plane_agreed("nccl") and dtype in BACKEND_DTYPES["nccl"]:
+            return "nccl"
+        if not plane_agreed("nccl") and choice == "nccl":
             raise RuntimeError(
-                f"{kind} of a {tensor.device} tensor: HOROVOD_GPU_OPERATIONS (or HOROVOD_GPU_{kind.upper()}) asks "
-                f"for NCCL, but NCCL is not available on every rank (torch.distributed.is_nccl_available() and "
-                f"torch.cuda.is_available() must hold everywhere). Unset it to stage GPU tensors through host "
-                f"memory, set it to MPI, or install a CUDA build of torch with NCCL")
+                f"{kind} of a {device} tensor: HOROVOD_GPU_OPERATIONS (or HOROVOD_GPU_{kind.upper()}) asks for "
+                f"NCCL, but NCCL is not available on every rank (torch.distributed.is_nccl_available() and "
+                f"torch.cuda.is_available() must hold everywhere). Unset it (NCCL where available, else "
+                f"CUDA-aware MPI, else host staging), set it to MPI (CUDA-aware MPI where every rank's MPI "
+                f"library takes CUDA buffers, else host staging), or install a CUDA build of torch with NCCL")
+    if not plane_agreed(mpi_plane.NAME):
+        _staging(kind, mpi_cuda_missing())
         return ""
-    if dtype not in BACKEND_DTYPES["nccl"]:
+    reduces = kind in ("allreduce", "reducescatter")
+    if dtype not in (mpi_plane.REDUCE_DTYPES if reduces else mpi_plane.MOVE_DTYPES):
+        _staging(kind, f"MPI {'reduces' if reduces else 'moves'} no {dtype} in device memory")
         return ""
-    own = torch.cuda.current_device()
-    if tensor.device.index != own:
-        raise RuntimeError(
-            f"{kind}: the tensor is on {tensor.device}, but this rank's GPU is cuda:{own} (the current device); "
-            f"NCCL runs each rank on its own GPU. Call torch.cuda.set_device(hvd.local_rank()) before building "
-            f"the model, and keep the tensors on that device")
-    return "nccl"
+    return mpi_plane.NAME
+
+
+def mpi_cuda_missing() -> str:
+    """Why the job has no CUDA-aware MPI plane: this rank's MPI, or the ranks whose MPI lacks it."""
+    mine = FACTORY.mpi_cuda
+    if mine is None:
+        return "hvdlite is not initialized"
+    if not mine[0]:
+        return f"this rank's MPI is not CUDA-aware ({mine[1]})"
+    if not FACTORY.mpi_cuda_offered:
+        return (f"this rank's MPI is CUDA-aware ({mine[1]}), but this rank has no usable CUDA device or no GPU "
+                f"setting allows MPI")
+    lacking = plane_lacking(mpi_plane.NAME)
+    return (f"this rank's MPI is CUDA-aware ({mine[1]}), but that of rank(s) {lacking} is not (or they have no "
+            f"CUDA device), and every rank must take the same path")
+
+
+_LOGGED: set[tuple[str, str]] = set()
+
+
+def _staging(kind: str, why: str) -> None:
+    if (kind, why) not in _LOGGED:
+        _LOGGED.add((kind, why))
+        logger.debug("CUDA tensors of %s go through host staging: %s", kind, why)
 
 
 def check_one_device(tensors: Sequence[torch.Tensor], what: str) -> None:

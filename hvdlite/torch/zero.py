@@ -19,10 +19,11 @@ from hvdlite.core.frontend import setting
 from .compression import Compression
 from .async_ops import (Average, Sum, allreduce_async_, grouped_allgather_async, grouped_reducescatter_async,
                         synchronize)
-from .grad_ready import Readiness, ReadinessOwner, check_passes
+from .grad_ready import ZERO_GRAD_RACE_ZERO, Readiness, ReadinessOwner, check_passes
 from .zero_layout import Bucket, is_elementwise, plan_buckets, shard_state
 
-_instances = itertools.count()
+#: process set id -> counter of the optimizers built over it (names must agree among the set's members only)
+_instances: dict[int, "itertools.count[int]"] = {}
 #: Optimizers whose per-element rows cannot stand for whole parameters (their updates couple elements).
 _NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor", "Muon")
 
@@ -57,7 +58,8 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         member = process_set.included()
         self._n = process_set.size() if member else 1
         self._rank = process_set.rank() if member else 0
-        self._uid = f"zero{next(_instances)}"
+        ps_id = process_set.process_set_id or 0
+        self._uid = f"zero.ps{ps_id}.{next(_instances.setdefault(ps_id, itertools.count()))}"
         self._cap = setting("fusion_threshold_bytes")  # 0 (fusion off): one bucket per parameter
         self._buckets: list[Bucket] = []
         self._bucket_of: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
@@ -241,7 +243,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         return held
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._readiness.check_zero_grad()
+        self._readiness.check_zero_grad(ZERO_GRAD_RACE_ZERO)
         super().zero_grad(set_to_none)  # gradients are views of the buckets: set_to_none releases those too
         for bucket in self._buckets:
             bucket.shard.grad = None

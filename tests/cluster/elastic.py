@@ -7,7 +7,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pytest
 
@@ -85,6 +85,18 @@ class ElasticRun:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0,
+               run: Optional[ElasticRun] = None) -> None:
+    """Wait for ``condition``; fail naming ``what`` (and stop ``run``, showing its output) if it stays false."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            if run is not None:
+                run.kill()
+            pytest.fail(f"not within {timeout} s: {what}" + (f"\n{run.output}" if run is not None else ""))
+        time.sleep(0.02)
 
 
 def epoch_lines(output: str) -> list[dict[str, str]]:

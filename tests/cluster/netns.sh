@@ -4,7 +4,8 @@
 # Host hK is a network namespace <prefix>-hK whose interface "hvd0" has $NET.K/24; all hosts hang off a
 # bridge in namespace <prefix>-sw, with no route anywhere else. $DIR/nsrsh is an ssh stand-in: it runs a
 # command "on" a host, inside its namespace, with the host's own hostname (UTS namespace), /etc/hosts
-# naming every pretend host, and a /sys of its namespace (so /sys/class/net shows its hvd0).
+# naming every pretend host, a /sys of its namespace (so /sys/class/net shows its hvd0), and a /dev/shm of its
+# own ($DIR/shm/hK, bound on /dev/shm: what one host keeps there, the others and this machine do not see).
 #
 #   tests/cluster/netns.sh up N       create h1..hN
 #   tests/cluster/netns.sh slurm-up   munged + slurmctld (on h1) + one slurmd per host, wait until idle
@@ -50,14 +51,16 @@ host=$1; shift
 read -r ns hn < <(awk -v h="$host" '$1 == h {print $2, $3; exit}' "$DIR/hosts.map")
 if [ -z "$ns" ]; then echo "nsrsh: unknown host '$host'" >&2; exit 255; fi
 mkdir -p "$DIR/.cg"
+mkdir -p "$DIR/shm/$hn" && chmod 1777 "$DIR/shm/$hn"
 exec nsenter --net=/run/netns/"$ns" unshare --uts --mount --propagation private /bin/sh -c '
-  hn=$1 hosts=$2 cg=$3; shift 3
+  hn=$1 hosts=$2 cg=$3 shm=$4; shift 4
   mount --bind "$hosts" /etc/hosts
+  mount --bind "$shm" /dev/shm
   if mount --rbind /sys/fs/cgroup "$cg" 2>/dev/null; then
     umount -l /sys && mount -t sysfs sysfs /sys && mount --move "$cg" /sys/fs/cgroup
   fi
   hostname "$hn"
-  exec /bin/sh -c "$*"' nsrsh "$hn" "$DIR/hosts" "$DIR/.cg" "$@"
+  exec /bin/sh -c "$*"' nsrsh "$hn" "$DIR/hosts" "$DIR/.cg" "$DIR/shm/$hn" "$@"
 NSRSH
   chmod +x "$DIR/nsrsh"
 }
@@ -180,6 +183,7 @@ cmd_down() {
     ip netns del "$ns" && say "deleted netns $ns"
   done
   rmdir "$DIR/.cg" 2>/dev/null || true
+  rm -rf "$DIR/shm"
 }
 
 case "${1:-}" in

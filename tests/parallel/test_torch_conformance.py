@@ -1,8 +1,14 @@
 """Horovod torch programs run unchanged: error types, scaling precision, signatures (positional orders
-included), ProcessSet from an mpi4py communicator, hvdlite.torch.mpi_ops names, tensors left resizable."""
+included), ProcessSet from an mpi4py communicator, hvdlite.torch.mpi_ops names, tensors left resizable; and
+the GPU settings' plane choice without a GPU: CUDA-aware MPI detected truthfully, agreed across ranks (staging
+with the reason where one rank lacks it), NCCL asked for and missing, and the CUDA-aware MPI plane's code run
+on CPU tensors through real MPI."""
 from __future__ import annotations
 
+import ctypes
+import logging
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,6 +16,11 @@ import torch
 
 import hvdlite.torch as hvd
 import hvdlite.torch.mpi_ops as mpi_ops
+import hvdlite.core as core
+from hvdlite.core.frontend import PlaneBuffer
+from hvdlite.core.runtime import state
+from hvdlite.torch import tensors
+from hvdlite.torch.plane import FACTORY
 
 MPI_SIZES = (2, 3)
 
@@ -191,3 +202,119 @@ def test_tensors_stay_resizable_after_collectives(kind: str, size: int) -> None:
     splits = torch.tensor([2] * size)
     hvd.alltoall(torch.ones(size * 2), splits=splits)
     splits.resize_(size + 1)
+
+
+def _mpich_gpu_query(kind: int) -> "int | None":
+    """MPICH's own answer, through its other query (MPIX_GPU_query_support, kind 0 = CUDA); None elsewhere."""
+    for path in sorted({line.split()[-1] for line in open("/proc/self/maps") if "/libmpi" in line}):
+        lib = ctypes.CDLL(path)
+        if hasattr(lib, "MPIX_GPU_query_support"):
+            flag = ctypes.c_int(-1)
+            assert lib.MPIX_GPU_query_support(kind, ctypes.byref(flag)) == 0
+            return flag.value
+    return None
+
+
+def test_cuda_aware_mpi_is_detected_truthfully_and_build_flags_tell_the_truth(reinit: Any) -> None:
+    from mpi4py import MPI
+    reinit()  # this job's first init() ran before hvdlite.torch registered its planes (tests/parallel/conftest.py)
+    aware, how = FACTORY.mpi_cuda
+    assert " ".join(MPI.Get_library_version().split()[:3]) in how  # names the library mpi4py loaded
+    mpich = _mpich_gpu_query(0)
+    if mpich is not None:  # MPICH (pip's here) answers through a second interface too
+        assert aware is bool(mpich) and f"returned {mpich}" in how, how
+    assert hvd.mpi_built() and hvd.cuda_built() is torch.backends.cuda.is_built()
+    assert hvd.nccl_built() is (torch.distributed.is_nccl_available() and torch.backends.cuda.is_built())
+    assert state().planes.has("mpi_cuda") is (aware and torch.cuda.is_available())
+    if not state().planes.has("mpi_cuda"):
+        assert tensors.gpu_plane("allreduce", "float32") == ("nccl" if state().planes.has("nccl") else "")
+
+
+def _staging_reason(kind: str, dtype: str, fresh: bool = True) -> tuple[str, list[str]]:
+    """gpu_plane's answer and the debug lines it logged (``fresh``: as if no reason had been logged yet)."""
+    records: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger, level = logging.getLogger("hvdlite"), logging.getLogger("hvdlite").level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    if fresh:
+        tensors._LOGGED.clear()
+    try:
+        return tensors.gpu_plane(kind, dtype), records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_ranks_disagreeing_on_cuda_aware_mpi_all_stage(rank: int, size: int, reinit: Any) -> None:
+    """Rank 0 says its MPI is CUDA-aware, the others' libraries say not: every rank stages (one debug line
+    saying why), none takes the MPI plane, so none can mismatch."""
+    reinit(mpi_cuda_aware="on" if rank == 0 else "off", gpu_operations="MPI")
+    assert not state().planes.has("mpi_cuda") and state().planes.lacking("mpi_cuda") == list(range(1, size))
+    plane, logged = _staging_reason("allreduce", "float32")
+    assert plane == ""
+    want = f"rank(s) {list(range(1, size))} is not" if rank == 0 else "this rank's MPI is not CUDA-aware"
+    assert len(logged) == 1 and "allreduce go through host staging" in logged[0] and want in logged[0], logged
+    assert _staging_reason("allreduce", "float32", fresh=False) == ("", [])  # one line per reason, not per op
+
+
+def test_nccl_asked_for_and_missing_is_an_error_naming_the_fix(reinit: Any) -> None:
+    if state().planes.has("nccl"):
+        pytest.skip("NCCL is available here: tests/gpu_check.py covers the GPU cases")
+    reinit(gpu_allreduce="NCCL")
+    with pytest.raises(RuntimeError, match="asks for NCCL, but NCCL is not available on every rank.*set it to MPI"):
+        tensors.gpu_plane("allreduce", "float32")
+    assert tensors.gpu_plane("broadcast", "float32") in ("", "mpi_cuda")  # only allreduce asked for NCCL
+
+
+def test_cuda_aware_mpi_plane_on_cpu_tensors(rank: int, size: int, reinit: Any) -> None:
+    """With every rank's MPI taken as CUDA-aware, MPI is chosen for every collective and dtype it can run
+    (float16 reductions stage), and the plane's code (fusion, scaling, bool, uneven rows and splits) gives
+    exact results through real MPI; CPU tensors stand in for device memory (MPI takes them by DLPack)."""
+    reinit(mpi_cuda_aware="on", gpu_operations="MPI")
+    for kind in tensors.GPU_KINDS:
+        assert tensors.gpu_plane(kind, "float32") == "mpi_cuda"
+    assert _staging_reason("allreduce", "float16")[0] == "" and tensors.gpu_plane("allgather", "float16") == "mpi_cuda"
+    plane = state().planes.plane("mpi_cuda", 0)  # its own communicator: the test thread may call it
+    n, r = size, rank
+    a, b = torch.arange(5, dtype=torch.float32) + r, torch.full((2, 3), float(r + 1))
+    got = plane.allreduce([a, b], [None, b], "float32", hvd.Sum, 2.0, 0.5)
+    assert torch.equal(got[0], sum(torch.arange(5.0) + i for i in range(n))) and got[1] is b
+    assert torch.equal(b, torch.full((2, 3), float(sum(range(1, n + 1)))))
+    for op, want in ((hvd.Min, 1), (hvd.Max, n), (hvd.Product, np.prod(range(1, n + 1)))):
+        out = plane.allreduce([torch.tensor([r + 1], dtype=torch.int32)], [None], "int32", op, 1.0, 1.0)[0]
+        assert out.tolist() == [want] and out.dtype == torch.int32
+    flags = plane.allreduce([torch.tensor([r == 0, False])], [None], "bool", hvd.Sum, 1.0, 1.0)[0]
+    assert flags.tolist() == [True, False]
+    rows = [[i + 1, 2] for i in range(n)]
+    got = plane.allgather([torch.full((r + 1, 2), r, dtype=torch.int16), torch.full((2,), r + 0.5)], rows)
+    assert torch.equal(got[0], torch.cat([torch.full((i + 1, 2), i, dtype=torch.int16) for i in range(n)]))
+    assert torch.equal(got[1], torch.cat([torch.full((2,), i + 0.5) for i in range(n)]))
+    root = n - 1
+    got = plane.broadcast([torch.full((3,), float(r), dtype=torch.float64)], [None], root)[0]
+    assert torch.equal(got, torch.full((3,), float(root), dtype=torch.float64))
+    send = [i + 1 for i in range(n)]  # rank r sends i+1 rows to rank i
+    out = plane.alltoall(torch.cat([torch.full((i + 1,), 10 * r + i) for i in range(n)]), send, [r + 1] * n)
+    assert torch.equal(out, torch.cat([torch.full((r + 1,), 10 * i + r) for i in range(n)]))
+    splits = [[2] + [1] * (n - 1)]
+    mine = plane.reducescatter([torch.ones(n + 1, 2) * (r + 1)], "float32", hvd.Sum, 1.0, 1.0, splits)[0]
+    assert torch.equal(mine, torch.full((splits[0][r], 2), float(sum(range(1, n + 1)))))
+    # the whole engine path (negotiation, fusion, the plane executor) with the same buffers a CUDA tensor gives,
+    # against the MPI path's results on the same CPU tensors
+    def on_plane(t: torch.Tensor) -> PlaneBuffer:
+        return PlaneBuffer("mpi_cuda", t, str(t.dtype).replace("torch.", ""), tuple(t.shape))
+    xs = [torch.arange(6.0).reshape(2, 3) * (r + 1), torch.full((4,), float(r)), torch.arange(3.0) - r]
+    got = core.grouped_allreduce([on_plane(x) for x in xs], op=hvd.Average, name="mpi_cuda.grouped")
+    for g, want in zip(got, hvd.grouped_allreduce(xs, op=hvd.Average)):
+        assert isinstance(g, torch.Tensor) and torch.equal(g, want)
+    x = torch.full((r + 1, 2), r, dtype=torch.int64)
+    assert torch.equal(core.allgather(on_plane(x), name="mpi_cuda.gather"), hvd.allgather(x))
+    x = torch.arange(4.0) + r
+    assert torch.equal(core.broadcast(on_plane(x), 1, name="mpi_cuda.bcast"), hvd.broadcast(x, 1))
+    x, splits = torch.arange(float(sum(send))) + 100 * r, torch.tensor(send)
+    out, recv = core.alltoall(on_plane(x), splits=np.array(send), name="mpi_cuda.a2a")
+    want, want_splits = hvd.alltoall(x, splits)
+    assert torch.equal(out, want) and list(recv) == want_splits.tolist()
+    x = torch.arange(float(2 * n + 1)) * (r + 1)
+    assert torch.equal(core.reducescatter(on_plane(x), op=hvd.Sum, name="mpi_cuda.rs"), hvd.reducescatter(x, op=hvd.Sum))

@@ -120,7 +120,13 @@ def test_too_many_backward_passes_raise(rank: int, size: int) -> None:
     model(torch.ones(1, 6)).sum().backward()
     with pytest.raises(AssertionError, match="more than backward_passes_per_step times"):
         model(torch.ones(1, 6)).sum().backward()
+    with pytest.raises(AssertionError) as raised:  # ZeRO has no synchronize(): its text names step() only
+        opt.zero_grad()
+    assert str(raised.value) == ("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step(). This is prohibited as it can cause a race condition: "
+                                 "call step() first.")
     opt.step()  # every rank still reduces once, so the set stays in step
+    assert opt._uid == "zero.ps0." + opt._uid.rsplit(".", 1)[1]  # named per process set, like the buckets
 
 
 @pytest.mark.parametrize("compression,atol", [(hvd.Compression.fp16, 2e-3), (hvd.Compression.bf16, 2e-2)],

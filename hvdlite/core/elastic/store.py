@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Optional, cast
 
-from ..elastic_wire import base_dir
+from ..elastic_wire import job_dir, remove_host
 from ..log import logger
 
 
@@ -21,7 +20,8 @@ class CommitStore:
     """
 
     def __init__(self, configured_dir: str, job: str) -> None:
-        self.job_dir = base_dir(configured_dir) / f"hvdlite-elastic-{job}"
+        self.configured_dir, self.job = configured_dir, job
+        self.job_dir = job_dir(configured_dir, job)
         self.dir = self.job_dir / socket.gethostname()
         self.path = self.dir / "commit.pkl"
 
@@ -60,8 +60,7 @@ class CommitStore:
 
     def remove(self) -> None:
         """Delete this host's copy (the run finished)."""
-        shutil.rmtree(self.dir, ignore_errors=True)
         try:
-            self.job_dir.rmdir()
-        except OSError:
-            pass
+            remove_host(self.configured_dir, self.job)
+        except OSError as exc:
+            logger.warning("elastic commit %s not removed: %s", self.dir, exc)

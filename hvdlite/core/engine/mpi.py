@@ -1,6 +1,8 @@
 """The one module that imports mpi4py: start-up and thread level, datatypes and ops, communicator helpers."""
 from __future__ import annotations
 
+import ctypes
+import os
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -179,3 +181,79 @@ def counts_displacements(counts: Sequence[int] | np.ndarray) -> tuple[np.ndarray
     """(counts, displacements) arrays for the v-variants of MPI collectives."""
     counts = np.asarray(counts, dtype=np.int64)
     return counts, np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+
+
+# -- device buffers (CUDA-aware MPI) -------------------------------------------------------------------
+def cuda_aware(override: str = "auto") -> tuple[bool, str]:
+    """Whether the MPI library mpi4py loaded takes CUDA device buffers, and how that was found (after MPI is
+    up). ``override`` is the mpi_cuda_aware setting: "on"/"off" are taken as they are; "auto" asks the
+    library: MPI 4.1's ``mpi_memory_alloc_kinds`` (a "cuda" kind), else ``MPIX_Query_cuda_support()`` (Open
+    MPI, MPICH), looked up in the loaded libmpi; a library that answers neither is taken as not CUDA-aware."""
+    library = " ".join(library_version().split())
+    if override in ("on", "off"):
+        return override == "on", f"{library}; HVDLITE_MPI_CUDA_AWARE={override} says so"
+    info = _MPI.COMM_WORLD.Get_info()
+    try:
+        kinds = info.Get("mpi_memory_alloc_kinds") or ""
+    finally:
+        info.Free()
+    if "cuda" in kinds.lower():
+        return True, f"{library}: mpi_memory_alloc_kinds lists {kinds!r}"
+    query = _mpi_symbol("MPIX_Query_cuda_support")
+    if query is None:
+        return False, (f"{library}: mpi_memory_alloc_kinds is {kinds!r} (no cuda kind) and the library has no "
+                       f"MPIX_Query_cuda_support(); set HVDLITE_MPI_CUDA_AWARE=on if it is CUDA-aware")
+    query.restype, query.argtypes = ctypes.c_int, []
+    answer = int(query())
+    return answer == 1, f"{library}: MPIX_Query_cuda_support() returned {answer}"
+
+
+def _mpi_symbol(name: str) -> Any:
+    """A C function of the MPI library this process loaded (None where no loaded libmpi exports it)."""
+    paths: list[str] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "/libmpi" in line and ".so" in line})
+    except OSError:  # not Linux: the symbols the process can see globally
+        pass
+    candidates: list[Optional[str]] = list(paths) if paths else [None]
+    for path in candidates:
+        try:
+            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
+        except OSError:
+            continue
+        if hasattr(lib, name):
+            return getattr(lib, name)
+    return None
+
+
+class BufferComm:
+    """MPI collectives on a plane's own buffers, handed to MPI as they are: any object with the buffer
+    protocol, DLPack or ``__cuda_array_interface__`` (device memory, under a CUDA-aware MPI). A duplicate of
+    the set's communicator, so its traffic never meets the engine's. The calls block: Open MPI takes device
+    buffers only in blocking collectives. The caller makes the bytes ready (its streams done) first."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm.Dup()
+        MPI = _MPI
+        self._types = {"uint8": MPI.UINT8_T, "int8": MPI.INT8_T, "int16": MPI.INT16_T, "int32": MPI.INT32_T,
+                       "int64": MPI.INT64_T, "float32": MPI.FLOAT, "float64": MPI.DOUBLE}
+        self._ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
+
+    def allreduce(self, buf: Any, dtype: str, op: str) -> None:
+        """In place; ``dtype`` one of the fixed-size numeric names above, ``op`` sum/min/max/product."""
+        self.comm.Allreduce(_MPI.IN_PLACE, [buf, self._types[dtype]], op=self._ops[op])
+
+    def allgather(self, send: Any, recv: Any) -> None:
+        """Equal blocks of bytes from every member, in rank order."""
+        self.comm.Allgather([send, _MPI.BYTE], [recv, _MPI.BYTE])
+
+    def bcast(self, buf: Any, root: int) -> None:
+        self.comm.Bcast([buf, _MPI.BYTE], root=root)
+
+    def alltoallv(self, send: Any, send_bytes: Sequence[int], recv: Any, recv_bytes: Sequence[int]) -> None:
+        self.comm.Alltoallv([send, counts_displacements(send_bytes), _MPI.BYTE],
+                            [recv, counts_displacements(recv_bytes), _MPI.BYTE])
+
+    def free(self) -> None:
+        self.comm.Free()

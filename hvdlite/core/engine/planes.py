@@ -12,6 +12,7 @@ import math
 from typing import Any, Callable, Sequence
 
 from . import polling
+from .mpi import BufferComm
 
 from ..reduce_ops import ReduceOp
 
@@ -97,6 +98,11 @@ class Bootstrap:
         values: list[Any] = self._comm.allgather(value)
         return values
 
+    def buffers(self) -> BufferComm:
+        """MPI collectives on the plane's own buffers (device memory under a CUDA-aware MPI), on a duplicate of
+        the set's communicator (collective: every member calls it at the same point of making the plane)."""
+        return BufferComm(self._comm)
+
     @staticmethod
     def wait(test: Callable[[], bool]) -> None:
         """Wait until ``test()`` is true the way the engine waits for MPI: polled, with the stall watch
@@ -159,6 +165,7 @@ class PlaneTable:
         mine = {name: f for f in _factories for name in f.available(settings)}
         everyone = world.allgather(sorted(mine))
         self.agreed = sorted(set.intersection(*[set(names) for names in everyone]))  # agreement rule
+        self._offered: list[list[str]] = everyone
         self._factory: dict[str, PlaneFactory] = {name: mine[name] for name in self.agreed}
         self._planes: dict[tuple[str, int], DataPlane] = {}
         self._world = world
@@ -187,6 +194,10 @@ class PlaneTable:
 
     def has(self, name: str) -> bool:
         return name in self.agreed
+
+    def lacking(self, name: str) -> list[int]:
+        """The ranks that cannot run plane ``name`` (why the job runs without it; [] where it is agreed)."""
+        return [rank for rank, names in enumerate(self._offered) if name not in names]
 
     def remove_set(self, ps_id: int) -> None:
         for key in [k for k in self._planes if k[1] == ps_id]:

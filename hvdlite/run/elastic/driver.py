@@ -13,15 +13,16 @@ import uuid
 from typing import Any, Mapping, Optional
 
 from hvdlite.core.launch import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE,
-                                 SECRET_VARIABLE, Config, remove_job)
+                                 SECRET_VARIABLE, Config, job_dir, remove_job, remover_command)
 
-from ..commands import build_command, child_environment, format_command
+from ..commands import Plan, build_command, child_environment, format_command
 from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_hosts, slurm_allocation,
                      total_slots)
-from ..launchers import SRUN, LaunchError
+from ..launchers import SRUN, Launcher, LaunchError
 from ..process import kill_group
+from .cleanup import CommitRemover
 from .discovery import Blacklist, DiscoveryError, assign, run_discovery_script, slurm_nodes
-from .server import DriverServer, bind_address, new_secret
+from .server import DriverServer, bind_address, is_local, new_secret
 
 #: Seconds between discovery runs while a job trains (horovodrun polls about once a second).
 DISCOVERY_INTERVAL_S = 1.0
@@ -93,6 +94,8 @@ class ElasticDriver:
         self.server: Optional[DriverServer] = None
         self.resets = 0
         self.stop_signal = 0
+        self.remover = CommitRemover(logger)
+        self.ran_on: dict[str, Host] = {}  # hosts whose ranks may have left commits there since deleted
 
     # -- hosts --------------------------------------------------------------------------------------------
     def usable_hosts(self) -> list[Host]:
@@ -130,16 +133,60 @@ class ElasticDriver:
                 self.server.close()
             self._remove_commits()
 
-    def _remove_commits(self) -> None:
-        """The run is over: its commits are of no further use. Each host's ranks delete their own copy when
-        they finish; a host blacklisted on the way has no rank left to, so the driver deletes what this
-        machine's file system holds (every host's copy where the hosts share it)."""
+    def _commit_dir(self) -> Optional[str]:
         try:
-            configured = Config.from_env(self.env).elastic_commit_dir
+            return Config.from_env(self.env).elastic_commit_dir
         except (ValueError, TypeError) as exc:
             logger.warning("elastic commits not removed: %s", exc)
+            return None
+
+    def _remove_commits(self) -> None:
+        """The run is over: its commits are of no further use. Each host's ranks delete their own copy when
+        they finish; for a host whose ranks did not, the driver deletes it there (see _remove_on), waiting
+        at most REMOVE_TIMEOUT_S, and deletes what this machine's file system holds (every host's copy
+        where the hosts share it)."""
+        try:
+            for name in list(self.ran_on):
+                self._remove_on(name)
+            self.remover.wait()
+        finally:
+            configured = self._commit_dir()
+            if configured is not None:
+                remove_job(configured, self.job)
+
+    def _remove_on(self, name: str) -> None:
+        """Start deleting this run's commit on host ``name`` (one its ranks left: blacklisted, dropped by
+        discovery, or at the end), through the launcher that starts the ranks there, in the background.
+        This machine's copies are deleted when the run ends, as one directory."""
+        host = self.ran_on.pop(name, None)
+        configured = self._commit_dir()
+        if host is None or is_local(name) or configured is None:
             return
-        remove_job(configured, self.job)
+        where = str(job_dir(configured, self.job))
+        try:
+            launcher, plan, _ = self._plan([Host(name, 1)], 1)
+        except (HostSpecError, LaunchError, ValueError) as exc:
+            self.remover.failed(name, where, str(exc))
+            return
+        plan.command = remover_command(sys.executable, configured, self.job)
+        env = child_environment(self.env, plan, launcher)
+        cmd = build_command(launcher, plan, env)
+        if self.args.verbose:
+            logger.info("deleting the commits on %s: %s", name, format_command(cmd, {}))
+        self.remover.start(name, cmd, env, where)
+
+    def _plan(self, placed: list[Host], size: int) -> tuple[Launcher, Plan, list[str]]:
+        """The launcher and plan for ``size`` ranks on ``placed``."""
+        args = copy.copy(self.args)
+        args.num_proc = size
+        if self.source.slurm:
+            args.hosts = args.hostfile = None
+            names = ",".join(h.name for h in placed)
+            args.mpi_args = f"{args.mpi_args} --nodelist={names} -N {len(placed)}".strip()
+        else:
+            args.hosts, args.hostfile = ",".join(map(str, placed)), None
+        launcher, plan, warnings = self.plan_launch(args, self.env)
+        return launcher, plan, warnings
 
     def _server_for(self, placed: list[Host]) -> DriverServer:
         """The endpoint, listening on the interface this attempt's hosts reach us on (made again, keeping
@@ -194,15 +241,7 @@ class ElasticDriver:
                         outcome)
 
     def _run_job(self, server: DriverServer, hosts: list[Host], placed: list[Host], size: int) -> tuple[int, str]:
-        args = copy.copy(self.args)
-        args.num_proc = size
-        if self.source.slurm:
-            args.hosts = args.hostfile = None
-            names = ",".join(h.name for h in placed)
-            args.mpi_args = f"{args.mpi_args} --nodelist={names} -N {len(placed)}".strip()
-        else:
-            args.hosts, args.hostfile = ",".join(map(str, placed)), None
-        launcher, plan, warnings = self.plan_launch(args, self.env)
+        launcher, plan, warnings = self._plan(placed, size)
         for warning in warnings:
             logger.warning("%s", warning)
         env = child_environment(self.env, plan, launcher)
@@ -214,6 +253,11 @@ class ElasticDriver:
         # as an argument, and --verbose shows it hidden
         env[SECRET_VARIABLE] = self.secret
         cmd = build_command(launcher, plan, env)
+        listed = {h.name for h in hosts}
+        for name in [n for n in self.ran_on if n not in listed]:  # dropped by discovery (or blacklisted)
+            self._remove_on(name)
+        self.remover.wait(h.name for h in placed)  # a host back from the blacklist: its deletion is over
+        self.ran_on.update((h.name, h) for h in placed)
         logger.info("starting %d ranks on %s (reset %d)", size, ",".join(map(str, placed)), self.resets)
         if self.args.verbose:
             shown = {k: ("<hidden>" if k == SECRET_VARIABLE else v) for k, v in env.items() if self.env.get(k) != v}
@@ -225,6 +269,7 @@ class ElasticDriver:
         next_check = time.monotonic() + DISCOVERY_INTERVAL_S
         while proc.poll() is None:
             time.sleep(0.1)
+            self.remover.poll()
             now = time.monotonic()
             if self.stop_signal:
                 self._stop(proc, srun)
@@ -250,6 +295,8 @@ class ElasticDriver:
             placement = hosts_by_rank(placed, size)
             host = placement[lost.rank] if lost.rank < len(placement) else lost.host
             seconds = self.blacklist.add(host)
+            if not self.blacklist.per_slot:
+                self._remove_on(host)
             what = "one slot of" if self.blacklist.per_slot else "host"
             span = "for good" if seconds == float("inf") else f"for {seconds:.0f} s"
             return code, (f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed; {what} {host} "

@@ -46,12 +46,16 @@ def interface_address(nic: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
+def is_local(host: str) -> bool:
+    """Whether ``host`` in a host list names this machine."""
+    return host in (socket.gethostname(), *LOCAL_NAMES)
+
+
 def bind_address(hosts: Sequence[str], nics: Sequence[str]) -> str:
     """The address the driver listens on for a job on ``hosts``: loopback when every host is this machine;
     else the address of the first of ``nics`` (--network-interface), or of the interface that routes to
     the first other host."""
-    here = {socket.gethostname(), *LOCAL_NAMES}
-    others = [h for h in hosts if h not in here]
+    others = [h for h in hosts if not is_local(h)]
     if not others:
         return "127.0.0.1"
     if nics:
