@@ -18,17 +18,32 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's,
   straggler_bookkeeping        the engine thread's straggler work measured on its own (min of repeats, so a loaded
                                machine disturbs it little): ``record_us_per_op`` per agreed op, ``adopt_ms`` per
                                window of 1000 ops, ``share_of_small_op`` against small_ops_stragglers_off.
+  straggler_cpu_<what>         CPU time, not wall time (robust to the machine's load), of the engine thread (its
+                               pthread CPU clock) and of the submitting thread (time.thread_time) per op, in
+                               alternating sessions with straggler attribution on (default) and off (window 0):
+                               ``engine_us_per_op_on/off``, ``submit_us_per_op_on/off`` (medians over repetitions,
+                               the slowest rank's), ``full_rounds_per_op_on/off`` (mean); then one instrumented session
+                               (on) that times the straggler code itself on the engine thread: ``record_us_per_op``,
+                               ``window_us_per_op`` (starting the window's swap + adopt, per op),
+                               ``swap_wait_us_per_op`` (polling for the swap's end in the next cycle: waiting for a
+                               descheduled peer, so load-dependent; ~0 on a quiet machine), ``full_round_us`` (a full
+                               negotiation round without the straggler code), and ``attributed_us_per_op``
+                               (record + window + any extra full rounds per op) with ``attributed_share`` of the
+                               off setting's CPU per op (engine + submitter): the feature's cost.
   resnet50_train_step          one ResNet-50 training step (--batch images of --image pixels, SGD with momentum,
                                DistributedOptimizer); ``check_replicas_module`` / ``check_replicas_optimizer``
                                the check of the model (parameters and buffers) and of the optimizer (parameters
                                and momentum), with ``ratio_to_step``.
+``--parts cpu`` runs only the straggler_cpu methods (``wall``: only the whole-op wall times and the rest).
 Sessions alternate the settings (hvdlite re-initialised each time), so all see the same machine state.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 import timeit
+from typing import Any, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,6 +57,8 @@ import hvdlite as hvd  # noqa: E402
 import hvdlite.torch as hvd_torch  # noqa: E402
 
 
+#: the CPU sessions' names (1,000 small + 161 gradients) all fit the response cache, so no round is a miss
+CPU_SETTINGS = {"cache_capacity": 2048}
 SETTINGS = {"default": {}, "stragglers_off": {"straggler_window_ops": 0}, "deterministic": {"deterministic": True}}
 
 
@@ -54,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=8, help="images per rank in the training step")
     p.add_argument("--image", type=int, default=224, help="image side in pixels")
     p.add_argument("--out", default=None, help="also write the JSON lines to this file")
+    p.add_argument("--parts", default="wall,cpu", help="comma-separated: wall (timings, call site, replicas), "
+                                                      "cpu (straggler CPU time per op)")
     return p.parse_args(argv)
 
 
@@ -78,6 +97,19 @@ def main(argv: list[str] | None = None) -> None:
         for h in handles:
             hvd.synchronize(h)
 
+    parts = set(args.parts.split(","))
+    if "cpu" in parts:
+        for record in straggler_cpu(comm, args, {"small_ops": (small_ops, len(small)),
+                                                 "grad_sync": (grad_sync, len(grads))}):
+            out.emit({"bench": "diagnostics", **record})
+    if "wall" in parts:
+        wall(comm, args, out, series, small_ops, grad_sync)
+    out.close()
+
+
+def wall(comm: object, args: argparse.Namespace, out: _common.Output, series: dict,
+         small_ops: Callable[[], None], grad_sync: Callable[[], None]) -> None:
+    """The whole-op wall times per setting, then the call site, straggler bookkeeping and check_replicas."""
     for _ in range(args.sessions):
         for setting, settings in SETTINGS.items():
             hvd.init(**settings)
@@ -103,7 +135,118 @@ def main(argv: list[str] | None = None) -> None:
         comm.Get_size(), results["small_ops_stragglers_off"]["ms"] * 1e3 / args.inflight)})
     out.emit({"bench": "diagnostics", "method": "resnet50_train_step", **replica_costs(comm, args)})
     hvd.shutdown()
-    out.close()
+
+
+def straggler_cpu(comm: Any, args: argparse.Namespace,
+                  workloads: dict[str, tuple[Callable[[], None], int]]) -> list[dict]:
+    """CPU time per op of the engine and submitting threads with straggler attribution on vs off (alternating
+    sessions), then the straggler code's own CPU time on the engine thread (one instrumented session)."""
+    from hvdlite.core.runtime import state
+    cpu: dict[str, list[float]] = {}
+    for _ in range(args.sessions):
+        for setting, settings in (("on", CPU_SETTINGS), ("off", {**CPU_SETTINGS, "straggler_window_ops": 0})):
+            hvd.init(**settings)
+            engine = state().engine
+            thread = engine._thread
+            for fn, _ in workloads.values():
+                fn()  # warm the response cache
+            for _ in range(args.reps):
+                for what, (fn, ops) in workloads.items():
+                    comm.Barrier()
+                    e0, s0, f0 = thread_cpu_s(thread), time.thread_time(), engine.full_cycles
+                    fn()
+                    e1, s1, f1 = thread_cpu_s(thread), time.thread_time(), engine.full_cycles
+                    for key, value in (("engine_us_per_op", (e1 - e0) * 1e6 / ops),
+                                       ("submit_us_per_op", (s1 - s0) * 1e6 / ops),
+                                       ("full_rounds_per_op", (f1 - f0) / ops)):
+                        cpu.setdefault(f"{what}|{key}_{setting}", []).append(value)
+            comm.Barrier()  # a rank's shutdown stops every engine: not while another still reads its clock
+            hvd.shutdown()
+    spent = _instrumented(comm, args, workloads)
+    records = []
+    for what, (_, ops) in workloads.items():
+        rec: dict[str, Any] = {"method": f"straggler_cpu_{what}", "ops": ops, "reps": args.reps * args.sessions}
+        for key in sorted(k.split("|")[1] for k in cpu if k.startswith(what + "|")):
+            mine = cpu[f"{what}|{key}"]
+            middle = float(np.mean(mine) if key.startswith("full_rounds") else np.median(mine))  # rounds: mean
+            for stat, value in (("", middle), ("_min", min(mine))):
+                rec[key + stat] = max(comm.allgather(value))  # the slowest rank's
+        rec.update({k: max(comm.allgather(v)) for k, v in spent[what].items()})
+        extra_rounds = max(rec["full_rounds_per_op_on"] - rec["full_rounds_per_op_off"], 0.0)
+        rec["attributed_us_per_op"] = (rec["record_us_per_op"] + rec["window_us_per_op"]
+                                       + extra_rounds * rec["full_round_us"])  # min: least waiting
+        rec["attributed_share"] = rec["attributed_us_per_op"] / (rec["engine_us_per_op_off"]
+                                                                 + rec["submit_us_per_op_off"])
+        records.append(rec)
+    return records
+
+
+def thread_cpu_s(thread: Any) -> float:
+    """CPU seconds another (live) thread of this process has used: its pthread CPU clock."""
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def _instrumented(comm: Any, args: argparse.Namespace,
+                  workloads: dict[str, tuple[Callable[[], None], int]]) -> dict[str, dict[str, float]]:
+    """One session with attribution on whose engine times (thread CPU) its straggler calls and full rounds."""
+    from hvdlite.core.runtime import state
+    hvd.init(**CPU_SETTINGS)
+    engine = state().engine
+    tracker = engine.stragglers
+    # this version's straggler calls (an older one had wants_round/outgoing, and adopted in the full round)
+    methods = [n for n in ("record", "wants_round", "swap", "settle", "outgoing", "adopt") if hasattr(tracker, n)]
+    spent = dict.fromkeys([*methods, "full_round"], 0.0)
+    calls = dict.fromkeys(spent, 0)
+    rounds: list[float] = []  # each full round's CPU without the straggler calls inside it
+
+    def inside() -> float:
+        return sum(spent[n] for n in methods if n != "adopt" or "settle" not in spent)
+
+    def timing(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def timed_call(*a: Any) -> Any:
+            t0, before = time.thread_time(), inside()
+            try:
+                return method(*a)
+            finally:
+                took = time.thread_time() - t0
+                spent[name] += took
+                calls[name] += 1
+                if name == "full_round":
+                    rounds.append(took - (inside() - before))
+        return timed_call
+    for name in methods:  # settle = the swap's wait + adopt
+        setattr(tracker, name, timing(name, getattr(tracker, name)))
+    engine._full_round = timing("full_round", engine._full_round)  # type: ignore[method-assign]
+    probe = timing("probe", lambda: None)
+    spent["probe"], calls["probe"] = 0.0, 0
+    for _ in range(20_000):
+        probe()
+    overhead = spent["probe"] / calls["probe"]  # what timing one call adds to it (two thread_time calls)
+    result = {}
+    for what, (fn, ops) in workloads.items():
+        fn()
+        for key in spent:
+            spent[key], calls[key] = 0.0, 0
+        rounds.clear()
+        total = 0
+        comm.Barrier()
+        for _ in range(max(args.reps, -(-2000 // ops))):  # at least two windows of 1,000 ops
+            fn()
+            total += ops
+
+        def net(*names: str) -> float:
+            return max(sum(spent[n] - calls[n] * overhead for n in names if n in spent), 0.0)
+        wait = net("settle") - net("adopt") if "settle" in spent else 0.0
+        result[what] = {"record_us_per_op": net("record", "wants_round") * 1e6 / total,
+                        "window_us_per_op": net("swap", "outgoing", "adopt") * 1e6 / total,
+                        "swap_wait_us_per_op": max(wait, 0.0) * 1e6 / total,
+                        "record_calls_per_op": calls["record"] / total, "timing_overhead_us": overhead * 1e6,
+                        "full_round_us": min(rounds, default=0.0) * 1e6,
+                        "full_round_us_median": float(np.median(rounds)) * 1e6 if rounds else 0.0,
+                        "instrumented_ops": total}
+        comm.Barrier()
+    hvd.shutdown()
+    return result
 
 
 def callsite_costs(small_op_us: float) -> dict:
@@ -140,8 +283,12 @@ def straggler_costs(size: int, small_op_us: float) -> dict:
         tracker._submitted.clear()
         tracker._agreed.clear()
     record_us = min(timeit.repeat(record, number=20, repeat=5)) / 20 / len(responses) * 1e6
-    window = [np.random.default_rng(r).random((2, 1000)) for r in range(size)]
-    adopt_ms = min(timeit.repeat(lambda: tracker.adopt(window, timeline), number=5, repeat=3)) / 5 * 1e3
+    window = np.stack([np.random.default_rng(r).random((2, 1000)) for r in range(size)])
+
+    def adopt_and_report() -> None:
+        tracker.adopt(window, timeline)
+        tracker.report()
+    adopt_ms = min(timeit.repeat(adopt_and_report, number=5, repeat=3)) / 5 * 1e3
     return {"record_us_per_op": record_us, "adopt_ms": adopt_ms, "ops": len(responses),
             "small_op_us": small_op_us, "share_of_small_op": (record_us + adopt_ms * 1e3 / 1000) / small_op_us}
 

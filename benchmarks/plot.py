@@ -2,7 +2,8 @@
 
 Run: python benchmarks/plot.py [--results benchmarks/results] [--out benchmarks/results/benchmarks.png]
      python benchmarks/plot.py --tables      # print the README's Markdown tables instead
-Reads grad_sync.json, train_throughput.json and small_ops.json from --results (any may be missing).
+Reads grad_sync.json, train_throughput.json and small_ops.json from --results (any may be missing); the tables
+also hw_scaling.json, peak_rss.json and synthetic_vs_horovod.json.
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def plot_train(ax: Any, records: list[dict[str, Any]]) -> None:
         if r["method"] not in methods:
             methods.append(r["method"])
     width = 0.8 / max(1, len(methods))
-    palette = {"single": "#7f7f7f", "hvdlite": "#d62728", "ddp": "#1f77b4", "hvd_module": "#9467bd"}
+    palette = {"single": "#7f7f7f", "independent": "#c7c7c7", "hvdlite": "#d62728", "ddp": "#1f77b4",
+               "hvd_module": "#9467bd"}
     for j, method in enumerate(methods):
         xs, ys, labels = [], [], []
         for i, key in enumerate(groups):
@@ -129,13 +131,14 @@ def markdown_tables(grad: list[dict[str, Any]], train: list[dict[str, Any]],
     rows = results(train)
     if rows:
         out.append("**train_throughput** (samples/s over all ranks, median round):\n")
-        out.append("| framework | model | method | ranks | step ms | samples/s | scaling eff. | vs DDP |")
-        out.append("|---|---|---|---:|---:|---:|---:|---:|")
+        out.append("| framework | model | method | ranks | step ms | samples/s | scaling eff. | of machine's | "
+                   "vs DDP | vs module |")
+        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            eff = f"{r['scaling_efficiency']:.2f}" if "scaling_efficiency" in r else ""
-            vs = f"{r['vs_ddp']:.2f}" if "vs_ddp" in r else ""
+            cells = [f"{r[key]:.2f}" if key in r else "" for key in ("scaling_efficiency", "of_machine", "vs_ddp",
+                                                                     "vs_hvd_module")]
             out.append(f"| {r['framework']} | {r['model']} | {r['method']} | {r['ranks']} | {r['step_ms']:.0f} | "
-                       f"{r['samples_per_s']:.2f} | {eff} | {vs} |")
+                       f"{r['samples_per_s']:.2f} | {' | '.join(cells)} |")
         out.append("")
     rows = results(small)
     if rows:
@@ -180,6 +183,39 @@ def summary_table(s: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def more_tables(hw: list[dict[str, Any]], rss: list[dict[str, Any]], synth: list[dict[str, Any]]) -> str:
+    """hw_scaling's machine limit, peak_rss's and synthetic_vs_horovod's summaries as Markdown tables."""
+    out: list[str] = []
+    rows = [r for r in hw if "efficiency" in r]
+    if rows:
+        out += ["**hw_scaling** (independent trainings, no communication):\n", "| model | ranks | alone ms | "
+                "together ms | efficiency |", "|---|---:|---:|---:|---:|"]
+        out += [f"| {r['model']} | {r['ranks']} | {r['alone_ms']:.0f} | {r['together_ms']:.0f} | "
+                f"{r['efficiency']:.2f} |" for r in rows] + [""]
+    machine = next((r for r in rss if r.get("kind") == "machine"), {})
+    for summary in [r for r in rss if r.get("kind") == "summary"]:
+        out += [f"**peak_rss**, zero_grad {summary.get('zero_grad', 'none')} ({machine.get('model')}, batch "
+                f"{machine.get('batch')} x {machine.get('seq')} tokens "
+                f"per rank, {machine.get('steps')} AdamW steps; median over {machine.get('repeats')} fresh runs of "
+                f"the highest rank's ru_maxrss):\n", "| configuration | ranks | RSS after model MB | peak RSS MB | "
+                "min-max MB |", "|---|---:|---:|---:|---|"]
+        for name, r in summary["configs"].items():
+            out.append(f"| {name} | {r['ranks']} | {r['rss_after_model_mb']:.0f} | {r['peak_rss_mb']:.0f} | "
+                       f"{r['peak_rss_mb_min']:.0f}-{r['peak_rss_mb_max']:.0f} |")
+        ratios = [f"{key[5:]} {value:.3f}" for key, value in summary.items() if key.startswith("over_")]
+        out += ["", f"{summary.get('subject')} / " + ", / ".join(ratios), ""] if ratios else [""]
+    summary = next((r for r in synth if r.get("kind") == "summary"), None)
+    if summary:
+        out += [f"**synthetic_vs_horovod** ({summary['ranks']} ranks, {summary['rounds']} alternating launches "
+                "each):\n", f"| hvdlite.torch img/s | {summary['peer_module']} img/s | ratio of medians | "
+                "median per-round ratio | CPU s per launch (hvdlite / peer) |", "|---:|---:|---:|---:|---:|",
+                f"| {summary['hvdlite_img_per_s']:.1f} | {summary['peer_img_per_s']:.1f} | "
+                f"{summary['hvdlite_over_peer']:.2f} | {summary['median_round_ratio']:.2f} | "
+                f"{summary.get('hvdlite_cpu_s', float('nan')):.1f} / "
+                f"{summary.get('peer_cpu_s', float('nan')):.1f} |", ""]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(HERE / "results"), help="folder with the JSON-line files")
@@ -190,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.tables:
         print(markdown_tables(load(folder / "grad_sync.json"), load(folder / "train_throughput.json"),
                               load(folder / "small_ops.json")))
+        print(more_tables(load(folder / "hw_scaling.json"), load(folder / "peak_rss.json"),
+                          load(folder / "synthetic_vs_horovod.json")))
         return
     import matplotlib
     matplotlib.use("Agg")

@@ -1,4 +1,4 @@
-"""The Keras 3 half of train_throughput.py: model.fit single-process against hvdlite's DistributedOptimizer.
+"""The Keras half of train_throughput.py: model.fit alone, on every rank alone, and with hvdlite's DistributedOptimizer.
 
 Run through ``python benchmarks/train_throughput.py --np 2`` (it launches this worker under mpiexec).
 """
@@ -73,8 +73,10 @@ def keras_worker(args: argparse.Namespace) -> None:
             return run
         fit(hvd_model, 1, callbacks)()  # broadcast the initial weights
         methods = {"single": (fit(single_model, args.steps, []), True),
+                   "independent": (fit(single_model, args.steps, []), False),  # every rank, no communication
                    "hvdlite": (fit(hvd_model, args.steps, []), False)}
         warm = {"single": (fit(single_model, args.warmup, []), True),
+                "independent": (fit(single_model, args.warmup, []), False),
                 "hvdlite": (fit(hvd_model, args.warmup, []), False)}
         run_rounds(comm, warm, argparse.Namespace(warmup=0, rounds=1, steps=1))
         times = run_rounds(comm, methods, argparse.Namespace(warmup=0, rounds=args.rounds, steps=1))

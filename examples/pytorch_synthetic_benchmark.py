@@ -7,19 +7,20 @@ Launch (any number of processes, 1 included):
         --image-size 224 --num-warmup-batches 10 --num-batches-per-iter 10 --num-iters 10 --fp16-allreduce
 
 Takes Horovod's flags (--model, --batch-size, --num-warmup-batches, --num-batches-per-iter,
---num-iters, --fp16-allreduce, --use-adasum, --no-cuda) plus --image-size and --num-classes. The
+--num-iters, --fp16-allreduce, --use-adasum, --no-cuda) plus --image-size, --num-classes and
+--hvd-module (the Horovod-compatible module to train with, default hvdlite.torch; ``--hvd-module
+horovod.torch`` runs the same program on Horovod, for benchmarks/synthetic_vs_horovod.py). The
 defaults are small so that it finishes in seconds on CPU. Rank 0 prints images/sec per process and
 in total, and a parseable last line ``total_samples_per_sec=<float>``.
 """
 import argparse
+import importlib
 import timeit
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import hvdlite.torch as hvd
 
 
 class Block(nn.Module):
@@ -88,11 +89,14 @@ def parse_args():
     parser.add_argument("--num-iters", type=int, default=3, help="number of benchmark iterations")
     parser.add_argument("--use-adasum", action="store_true", default=False, help="use adasum algorithm")
     parser.add_argument("--no-cuda", action="store_true", default=False, help="disables CUDA training")
+    parser.add_argument("--hvd-module", default="hvdlite.torch",
+                        help="the Horovod-compatible module to train with (e.g. horovod.torch)")
     return parser.parse_args()
 
 
 def main():
     args = parse_args()
+    hvd = importlib.import_module(args.hvd_module)
     hvd.init()
     cuda = not args.no_cuda and torch.cuda.is_available()
     if cuda:

@@ -147,21 +147,27 @@ def test_train_throughput_smoke(tmp_path: Path) -> None:
     assert not [r for r in records if r.get("kind") == "error"], records
     done = {r["framework"] for r in records if r.get("kind") == "done"}
     assert done == {"torch", "keras"}
-    for framework, expected, models in (("torch", {"single", "hvdlite", "ddp", "hvd_module"},
+    for framework, expected, models in (("torch", {"single", "independent", "hvdlite", "ddp", "hvd_module"},
                                          ("resnet50", "transformer")),
-                                        ("keras", {"single", "hvdlite"}, ("transformer",))):
+                                        ("keras", {"single", "independent", "hvdlite"}, ("transformer",))):
         for model in models:
             methods = by_method(records, framework=framework, model=model)
             assert set(methods) == expected, (framework, model, sorted(methods))
             assert methods["single"]["ranks"] == 1 and "scaling_efficiency" not in methods["single"]
+            machine = methods["independent"]  # the machine's own limit, measured in the same rounds
+            assert "of_machine" not in machine and "of_machine" not in methods["single"]
             for name, r in methods.items():
                 assert_positive(r, "step_ms", "samples_per_s", "parameters")
                 if name != "single":
                     assert r["ranks"] == 2
                     assert_positive(r, "scaling_efficiency")
                     assert r["samples_per_s"] == pytest.approx(2 * r["batch_per_rank"] / (r["step_ms"] / 1e3))
+                if name not in ("single", "independent"):
+                    assert r["of_machine"] == pytest.approx(r["scaling_efficiency"] / machine["scaling_efficiency"])
             if framework == "torch":
-                assert_positive(methods["hvdlite"], "vs_ddp")
+                assert_positive(methods["hvdlite"], "vs_ddp", "vs_hvd_module")
+                assert methods["hvdlite"]["vs_hvd_module"] == pytest.approx(
+                    methods["hvdlite"]["samples_per_s"] / methods["hvd_module"]["samples_per_s"])
 
 
 def test_plot_regenerates_from_json(tmp_path: Path) -> None:
@@ -212,6 +218,16 @@ def test_run_all_smoke_without_horovod(tmp_path: Path) -> None:
     assert not [r for r in train if r.get("kind") in ("error", "skipped")], train
     assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "**small_ops, hvdlite.torch vs module (not measured)**" in proc.stdout
+    hw = json_lines((tmp_path / "hw_scaling.json").read_text())
+    assert {r["model"] for r in hw if "efficiency" in r} == {"resnet50", "transformer"}
+    rss = json_lines((tmp_path / "peak_rss.json").read_text())
+    (summary,) = [r for r in rss if r.get("kind") == "summary"]
+    assert set(summary["configs"]) == {"single", "ddp", summary["subject"]}  # no Horovod, no baseline given
+    assert summary["configs"]["single"]["ranks"] == 1 and summary["configs"]["ddp"]["ranks"] == 2
+    assert_positive(summary, "over_ddp", "over_single")
+    assert not (tmp_path / "synthetic_vs_horovod.json").exists()
+    assert "synthetic_vs_horovod skipped" in proc.stderr
+    assert "**peak_rss**" in proc.stdout and "**hw_scaling**" in proc.stdout
 
 
 def test_hw_scaling_smoke(tmp_path: Path) -> None:
@@ -295,6 +311,63 @@ def test_diagnostics_smoke(tmp_path: Path) -> None:
         assert_positive(methods[f"{what}_default"], "ms", "straggler_overhead")
         assert_positive(methods[f"{what}_stragglers_off"], "ms")
         assert_positive(methods[f"{what}_deterministic"], "ms", "deterministic_cost")
+    for what in ("small_ops", "grad_sync"):  # CPU time per op with straggler attribution on and off
+        cpu = methods[f"straggler_cpu_{what}"]
+        assert_positive(cpu, "engine_us_per_op_on", "engine_us_per_op_off", "submit_us_per_op_on", "record_us_per_op",
+                        "attributed_us_per_op", "attributed_share")
+        assert cpu["instrumented_ops"] >= 2000 and cpu["full_rounds_per_op_on"] <= cpu["full_rounds_per_op_off"] + 0.01
     assert_positive(methods["callsite_check"], "callsite_capture_us", "small_op_us")
     assert_positive(methods["resnet50_train_step"], "ms", "check_replicas_module_ms", "check_replicas_optimizer_ms",
                     "module_ratio_to_step", "optimizer_ratio_to_step")
+
+
+def test_peak_rss_smoke_two_checkouts(tmp_path: Path) -> None:
+    """peak_rss.py measures each --hvdlite-path in its own fresh job, with hvdlite imported from that checkout,
+    and compares the first with the others (here the same checkout twice; run_all's smoke covers single and DDP)."""
+    out = tmp_path / "peak_rss.json"
+    cmd = [sys.executable, str(BENCH / "peak_rss.py"), "--model", "tiny", "--steps", "1", "--repeats", "1",
+           "--no-single", "--no-ddp", "--hvdlite-path", str(ROOT), "--hvdlite-path", f"again={ROOT}",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    runs = [r for r in records if r.get("kind") == "run"]
+    assert [r["config"] for r in runs][1] == "hvdlite:again" and len(runs) == 2
+    for run in runs:
+        assert run["ranks"] == 2 and [r["rank"] for r in run["per_rank"]] == [0, 1]
+        assert run["peak_rss_mb"] == max(r["peak_rss_mb"] for r in run["per_rank"])
+        for rank in run["per_rank"]:
+            assert Path(rank["module_file"]).resolve() == ROOT / "hvdlite" / "__init__.py"
+            assert rank["peak_rss_mb"] >= rank["rss_after_model_mb"] > 0
+    (summary,) = [r for r in records if r.get("kind") == "summary"]
+    first, again = (summary["configs"][r["config"]]["peak_rss_mb"] for r in runs)
+    assert summary["subject"] == runs[0]["config"]
+    assert summary["over_hvdlite:again"] == round(first / again, 4)
+    bad = subprocess.run([sys.executable, str(BENCH / "peak_rss.py"), "--hvdlite-path", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and f"{tmp_path} has no hvdlite package" in bad.stderr
+
+
+def test_synthetic_vs_horovod_smoke(tmp_path: Path) -> None:
+    """The synthetic-benchmark driver launches the example once per side and round (hvdlite.torch standing in
+    for horovod.torch) and reports each launch's img/sec and the ratio."""
+    out = tmp_path / "synth.json"
+    cmd = [sys.executable, str(BENCH / "synthetic_vs_horovod.py"), "--rounds", "1", "--peer-module", "hvdlite.torch",
+           "--out", str(out), "--", "--model", "resnet18", "--batch-size", "2", "--image-size", "32",
+           "--num-classes", "10", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+           "--num-iters", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    runs = {r["side"]: r for r in records if r.get("kind") == "run"}
+    assert set(runs) == {"hvdlite", "peer"} and runs["peer"]["module"] == "hvdlite.torch"
+    for run in runs.values():
+        assert run["ranks"] == 2 and len(run["iter_img_per_s_per_rank"]) == 2
+        assert_positive(run, "total_img_per_s", "cpu_s")
+    (summary,) = [r for r in records if r.get("kind") == "summary"]
+    assert summary["hvdlite_over_peer"] == pytest.approx(runs["hvdlite"]["total_img_per_s"]
+                                                          / runs["peer"]["total_img_per_s"])
+    assert summary["round_ratios"] == [pytest.approx(summary["hvdlite_over_peer"])]
+    assert summary["hvdlite_cpu_s"] == runs["hvdlite"]["cpu_s"] and summary["peer_cpu_s"] == runs["peer"]["cpu_s"]

@@ -26,7 +26,8 @@ module is private to the core.
   core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
   ``plane_agreed(name)`` says whether every rank of the running job has that plane, ``plane_lacking(name)``
   which ranks do not; ``mpi_cuda_aware(override)`` whether the MPI library takes CUDA device buffers, and how
-  that was found.
+  that was found. ``in_rank_order`` / ``rank_order_allreduce``: deterministic=True on a plane (the core's
+  rank-order reduction over the plane's moves).
 - ``submit_prepared(name, inputs, dtypes, layout, op, prescale, postscale, value)`` / ``tensor_layout(dtype,
   shape)`` / ``generation()``: the per-gradient in-place allreduce on the global set, for arrays a frontend
   prepared and caches per tensor (valid within one ``generation()``, which changes with every init()).
@@ -46,7 +47,8 @@ from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap
 from .engine.mpi import cuda_aware as mpi_cuda_aware
-from .engine.planes import Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, register_factory
+from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, in_rank_order, rank_order_allreduce,
+                            register_factory)
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
 from .engine.requests import Kind, tensor_layout
 from .runtime import generation, is_initialized, stage_host_copies, state
@@ -57,7 +59,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_cla
            "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
-           "plane_lacking", "mpi_cuda_aware",
+           "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce",
            "check_named_replicas", "flatten_tensors", "submit_prepared", "tensor_layout", "generation"]
 
 

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.core import ReduceOp
-from hvdlite.core.frontend import Bootstrap, DataPlane, PlaneFactory, mpi_cuda_aware, register_factory
+from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, in_rank_order, mpi_cuda_aware,
+                                   rank_order_allreduce, register_factory)
 
 from . import mpi_plane
 
@@ -137,6 +138,9 @@ class TorchPlane(DataPlane):
             return results
 
     def _allreduce_flat(self, buf: torch.Tensor, dtype: str, op: ReduceOp) -> None:
+        if in_rank_order(self.boot, dtype, op):  # deterministic=True: the core's rank-order rule, not the backend's
+            rank_order_allreduce(self, self.boot, buf, op)
+            return
         options: Any = dist.AllreduceOptions()
         if dtype == "bool":
             options.reduceOp = _BOOL_OPS[op]
@@ -220,7 +224,8 @@ class TorchPlane(DataPlane):
                 counts.append(count)
             send = torch.cat(pieces)
             _scale(send, pre)
-            if len(set(counts)) == 1 and dtype != "bool" and self.name == "nccl":
+            ordered = in_rank_order(self.boot, dtype, op)  # deterministic=True: through _allreduce_flat's rank order
+            if len(set(counts)) == 1 and dtype != "bool" and self.name == "nccl" and not ordered:
                 mine = torch.empty(counts[0], dtype=send.dtype, device=send.device)
                 options: Any = dist.ReduceScatterOptions()
                 options.reduceOp = _OPS[op]

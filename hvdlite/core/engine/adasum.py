@@ -55,10 +55,11 @@ def _wait_all(requests: list[Any]) -> None:
 
 
 def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tuple[int, int]],
-           sum_op: Any, count_call: Callable[[], None]) -> None:
+           sum_op: Any, float64: Any, count_call: Callable[[], None]) -> None:
     """Adasum-reduce ``buf`` (float32 or float64, 1-D, identical length on every rank) in place.
 
-    ``bounds`` lists each tensor's [start, end) in ``buf``; each is combined as its own vector.
+    ``bounds`` lists each tensor's [start, end) in ``buf``; each is combined as its own vector. ``sum_op`` and
+    ``float64`` (MPI's datatype) sum the dot products and norms over each level's ranks.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     lo, hi = 0, buf.size
@@ -78,7 +79,7 @@ def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tupl
         a, b = (mine, theirs) if left else (theirs, mine)
         parts = _partials(a, b, keep_lo, bounds)
         totals = np.empty_like(parts)
-        polling.wait(level_comms[level].Iallreduce(parts, totals, sum_op), POLL_CAP)
+        polling.wait(level_comms[level].Iallreduce([parts, float64], [totals, float64], sum_op), POLL_CAP)
         count_call()
         _combine(a, b, mine, keep_lo, bounds, totals)
         history.append((neighbour, left, lo, mid, hi))

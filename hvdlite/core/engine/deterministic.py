@@ -11,7 +11,7 @@ The engine's executor sees only communicators: with the setting on, each is wrap
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -48,8 +48,8 @@ def reduce_scatter(comm: Any, send: np.ndarray, counts: list[int], dtype: str, o
     recv_counts, recv_displs = counts_displacements([mine] * nranks)
     wait(comm.Ialltoallv([send, (send_counts, send_displs), datatype],
                          [received, (recv_counts, recv_displs), datatype]))
-    combine = numpy_reduction(op)
-    if dtype == "bfloat16":  # rounded to bfloat16 after every step, as the MPI path's operator does
+    if dtype == "bfloat16":
+        combine = numpy_reduction(op)  # rounded to bfloat16 after every step, as the MPI path's operator does
         acc = bf16_to_f32(received[0])
         for r in range(1, nranks):
             acc = bf16_to_f32(f32_to_bf16(combine(acc, bf16_to_f32(received[r]))))
@@ -59,12 +59,50 @@ def reduce_scatter(comm: Any, send: np.ndarray, counts: list[int], dtype: str, o
         out[...] = result
         return out
     view = received.view(np.float16) if dtype == "float16" else received
-    acc = view[0] if out is None else out.view(view.dtype)
-    if out is not None:
-        np.copyto(acc, view[0])
-    for r in range(1, nranks):
-        combine(acc, view[r], out=acc)
-    return acc.view(store) if dtype in HALF_DTYPES else acc
+    rows = list(view)
+    summed: np.ndarray = rank_order(rows, op, rows[0] if out is None else out.view(view.dtype))
+    return summed.view(store) if dtype in HALF_DTYPES else summed
+
+
+def rank_order(rows: Sequence[Any], op: ReduceOp, out: Any = None) -> Any:
+    """``((rows[0] op rows[1]) op rows[2]) ...`` element by element, each step rounded to the rows' dtype, into
+    ``out`` (else a new array). Only the arrays' own operators are used, so numpy arrays and a data plane's
+    framework tensors (on their device) combine by the same rule."""
+    product = op is Product
+    acc = out
+    if out is None:
+        if len(rows) == 1:
+            return rows[0]
+        acc = rows[0] * rows[1] if product else rows[0] + rows[1]
+    else:
+        if out is not rows[0]:
+            out[...] = rows[0]
+        if len(rows) > 1:
+            acc = _combine(acc, rows[1], product)
+    for row in rows[2:]:
+        acc = _combine(acc, row, product)
+    return acc
+
+
+def _combine(acc: Any, row: Any, product: bool) -> Any:
+    if product:
+        acc *= row
+    else:
+        acc += row
+    return acc
+
+
+def plane_allreduce(plane: Any, rank: int, size: int, flat: Any, op: ReduceOp) -> None:
+    """Reduce the 1-D framework tensor ``flat`` in place across a data plane's members in rank order: the same
+    slices and combine as ``allreduce`` above, moved by the plane's own all-to-all and all-gather."""
+    n = int(flat.shape[0])
+    if n == 0:
+        return
+    counts = slices(n, size)
+    mine = counts[rank]
+    received = plane.alltoall(flat, counts, [mine] * size)
+    reduced = rank_order([received[r * mine:(r + 1) * mine] for r in range(size)], op)
+    flat[...] = plane.allgather([reduced], [[c] for c in counts])[0]
 
 
 def allreduce(comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str, op: ReduceOp, datatype: Any,
@@ -118,6 +156,10 @@ class OrderedComm:
         allreduce(self.comm, src, recv[0], kind[0], kind[1], recv[1], _wait)
         return _DONE
 
+    def Split(self, color: int, key: int) -> "OrderedComm":  # noqa: N802 - mpi4py's name
+        """A sub-communicator (Adasum's tree levels) that reduces in rank order too."""
+        return OrderedComm(self.comm.Split(color, key), self._mpi_ops)
+
     def Ireduce_scatter(self, send: list[Any], recv: list[Any], counts: Any, mpi_op: Any) -> Any:  # noqa: N802
         kind = self._kind(recv[1], mpi_op)
         if kind is None:
@@ -148,4 +190,5 @@ def ordered(comm_of: Callable[[int], Any], mpi_ops: MPIOps) -> Callable[[int], A
     return ordered_comm_of
 
 
-__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "ordered", "reduce_scatter", "slices"]
+__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "ordered", "plane_allreduce", "rank_order",
+           "reduce_scatter", "slices"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16,
                           scale_inplace, scaled_copy, storage_dtype)
-from . import adasum, polling
+from . import adasum, deterministic, polling
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
 from .mpi import MPIOps, counts_displacements
 from .requests import Kind
@@ -86,6 +86,8 @@ class Executor:
 
     def _adasum(self, comm: Any, items: list[Item], pre: float, post: float) -> list[tuple[Item, Any]]:
         """Adasum of a batch (one dtype): each tensor is its own vector; half precision works in float32."""
+        if len(items) > 1 and isinstance(comm, deterministic.OrderedComm):  # deterministic: cut as if unfused
+            return [pair for item in items for pair in self._adasum(comm, [item], pre, post)]
         dtype = items[0].dtype
         work: type[np.floating[Any]] = np.float64 if dtype == "float64" else np.float32
         sizes = [item.src.size for item in items]
@@ -100,7 +102,7 @@ class Executor:
         for item in items:
             self.timeline.begin(item.resp.name, "ADASUM_ALLREDUCE")
         adasum.reduce(comm, self.adasum_levels.levels(comm), buf, bounds, self.ops.op("float64", Sum),
-                      self._count_call)
+                      self.ops.datatypes["float64"], self._count_call)
         if post != 1.0:
             buf *= work(post)
         for item, (lo, hi) in zip(items, bounds):
@@ -392,7 +394,4 @@ def _at(part: np.ndarray, whole: np.ndarray, offset: int) -> bool:
             and offset + part.nbytes <= whole.nbytes)
 
 
-def _split_rows(n: int, parts: int) -> list[int]:
-    """Rows per rank for reducescatter: as even as possible, the first ranks taking one extra."""
-    base, extra = divmod(n, parts)
-    return [base + (1 if r < extra else 0) for r in range(parts)]
+_split_rows = deterministic.slices  # rows per rank for reducescatter: as even as possible, the first ranks one more

@@ -24,11 +24,10 @@ from .plane_exec import PlaneExecutor
 from .fusion import Item, batches
 from .mpi import MPIOps
 from .presence import GRACE_S, Presence
-from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, RankMessage,
-                          ResponseCache, Stalled, allgather_messages, decide, pending_message)
+from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache, Stalled,
+                          allgather_messages, decide, pending_message)
 from .psets import Registry
 from .requests import Kind, Request, Response
-from .stalls import Stop as _Stop, Wedged as _Wedged
 from .timeline import Timeline, negotiate_activity
 
 
@@ -63,7 +62,6 @@ class Engine:
         self.error: Optional[BaseException] = None
         self.cycles = 0
         self.full_cycles = 0
-        self.exchange_cycles = 0  # rounds that swapped only autotune settings or straggler times
         self.bitvector_bytes = 0    # bytes each rank contributed to the per-cycle bit-vector all-reduces
         self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
         self._join_cycle = -1
@@ -108,8 +106,7 @@ class Engine:
         return self._thread.is_alive()
 
     def stats(self) -> dict[str, int]:
-        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "exchange_cycles": self.exchange_cycles,
-                "mpi_calls": self.executor.mpi_calls,
+        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls,
                 "busy_cycles": self.busy_cycles, "bitvector_bytes": self.bitvector_bytes,
                 "full_path_bytes": self.full_path_bytes}
 
@@ -193,8 +190,8 @@ class Engine:
             flags |= FLAG_FULL
         if self._pending:
             flags |= FLAG_BUSY
-        if self.autotune.wants_round() or self.stragglers.wants_round():  # rank 0's new settings, or the
-            flags |= FLAG_EXCHANGE                                   # straggler times, travel in this round
+        if self.autotune.wants_round():  # rank 0's new settings travel in a full round
+            flags |= FLAG_FULL
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
@@ -202,18 +199,17 @@ class Engine:
         all_flags, missing = cache.decode(result)
         self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
         self.busy_cycles += bool(all_flags & FLAG_BUSY)
+        self.stragglers.settle(self.timeline)  # the window whose swap started last cycle (every rank is past it)
 
         if all_flags & FLAG_FULL:
             responses = self._full_round(shutdown)
         else:
-            if all_flags & FLAG_EXCHANGE:
-                self.exchange_cycles += 1
-                self._swap(RankMessage([], join_cycle=self._join_cycle))
             responses = cache.ready(missing, self.cycles)
         if responses:
             self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline)
             self.autotune.observe(responses)
             self._execute(responses)
+            self.stragglers.swap(self.comm)  # a window complete in this cycle: start swapping its times
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
@@ -255,8 +251,16 @@ class Engine:
     def _full_round(self, shutdown: bool) -> list[Response]:
         self.full_cycles += 1
         now = time.monotonic()
-        messages = self._swap(pending_message(self._pending.values(), now, shutdown=shutdown,
-                                              join_cycle=self._join_cycle))
+        msg = pending_message(self._pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
+                              tune=self.autotune.outgoing())
+        sizes: list[int] = []
+        messages = allgather_messages(self.comm, msg, sizes)
+        self.full_path_bytes += sum(sizes) + 8 * len(sizes)
+        stopping = [r for r, m in enumerate(messages) if m.shutdown]
+        if stopping:
+            raise _Stop(stalls.shutdown_message(self.rank, stopping))
+        if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
+            self.autotune.adopt(messages[0].tune, self.cycles)
         responses, stalled = decide(messages, self.psets.members_table(), self.size)
         self._last_stall_check = now
         if stalled and not self.config.stall_check_disable:
@@ -265,22 +269,6 @@ class Engine:
             if resp.error is None:
                 self.cache.put(resp.name, resp.sig, self.psets.members(resp.ps_id), self.cycles)
         return responses
-
-    def _swap(self, msg: RankMessage) -> list[RankMessage]:
-        """Every rank's message of a full round, or of an exchange round (no pending table: only rank 0's
-        autotune settings or the straggler times were due, and a full round would send and decide on every op
-        in flight, ~1 ms per hundred). Both carry them and adopt them at the same cycle on every rank."""
-        msg.tune, msg.waits = self.autotune.outgoing(), self.stragglers.outgoing()
-        sizes: list[int] = []
-        messages = allgather_messages(self.comm, msg, sizes)
-        self.full_path_bytes += sum(sizes) + 8 * len(sizes)
-        stopping = [r for r, m in enumerate(messages) if m.shutdown]
-        if stopping:
-            raise _Stop(stalls.shutdown_message(self.rank, stopping))
-        self.stragglers.adopt([m.waits for m in messages], self.timeline)  # a straggler window, if complete
-        if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
-            self.autotune.adopt(messages[0].tune, self.cycles)
-        return messages
 
     def _handle_stalls(self, stalled: list[Stalled]) -> list[Response]:
         now = time.monotonic()
@@ -394,6 +382,18 @@ class Engine:
 
 
 _ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
+
+
+class _Stop(Exception):
+    """Ends the engine loop: the job is shutting down (a rank called shutdown() or exited)."""
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class _Wedged(_Stop):
+    """Ends the engine loop: a wait outlasted the stall shutdown time and some peers do not answer."""
 
 
 __all__ = ["Engine"]

@@ -20,7 +20,6 @@ from .requests import FIELD_LABELS, Kind, Response, Signature
 FLAG_FULL = 1        # some rank needs the full path this cycle
 FLAG_SHUTDOWN = 2    # some rank is shutting down
 FLAG_BUSY = 4        # some rank has requests pending (idle ranks keep cycling promptly)
-FLAG_EXCHANGE = 8    # some rank has autotune settings or straggler times to swap (a light round, see Engine)
 NEGOTIATION_POLL_CAP = 0.001  # seconds between polls of a negotiation message exchange
 
 
@@ -33,7 +32,6 @@ class RankMessage:
     join_cycle: int = -1  # cycle at which this rank joined, -1 if it has not
     tune: Optional[dict[Any, Any]] = None  # rank 0 only: autotune settings every rank adopts after this round
     sites: Optional[dict[Any, str]] = None  # (process set, name) -> "file:line" of the user's code that submitted it
-    waits: Any = None  # straggler window complete: (submitted, agreed) times per agreed op, on this rank's clock
 
 
 class Stalled:

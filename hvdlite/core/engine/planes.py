@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from . import polling
+from . import deterministic, polling
 from .mpi import BufferComm
 
 from ..reduce_ops import ReduceOp
@@ -86,9 +86,11 @@ class DataPlane:
 class Bootstrap:
     """What a factory gets to set a plane up among one process set's members, over hvdlite's MPI."""
 
-    def __init__(self, ps_id: int, rank: int, size: int, comm: Any, world_rank: int, local: bool) -> None:
+    def __init__(self, ps_id: int, rank: int, size: int, comm: Any, world_rank: int, local: bool,
+                 deterministic: bool = False) -> None:
         self.ps_id, self.rank, self.size, self.world_rank = ps_id, rank, size, world_rank
         self.single_host = local  # every member runs on this node
+        self.deterministic = deterministic  # the job's agreed setting: see in_rank_order()
         self._comm = comm
 
     def bcast(self, value: Any, root: int = 0) -> Any:
@@ -108,6 +110,19 @@ class Bootstrap:
         """Wait until ``test()`` is true the way the engine waits for MPI: polled, with the stall watch
         running between polls (a plane's wait that a vanished peer holds ends in the StallError)."""
         polling.wait(_Test(test), POLL_CAP_S)
+
+
+def in_rank_order(boot: Bootstrap, dtype: str, op: ReduceOp) -> bool:
+    """Whether a plane must reduce ``dtype`` with ``op`` by rank_order_allreduce(), not its backend's own
+    algorithm: deterministic=True and an order-sensitive reduction (floating-point sums and products)."""
+    return boot.deterministic and deterministic.applies(dtype, op)
+
+
+def rank_order_allreduce(plane: DataPlane, boot: Bootstrap, flat: Any, op: ReduceOp) -> None:
+    """deterministic=True on a data plane: reduce the 1-D tensor ``flat`` in place across the plane's members
+    in rank order, element by element (engine/deterministic.py's rule, moved by the plane's alltoall and
+    allgather), so its bits depend only on the number of ranks, as on the MPI path."""
+    deterministic.plane_allreduce(plane, boot.rank, boot.size, flat, op)
 
 
 class _Test:
@@ -162,6 +177,7 @@ class PlaneTable:
     def __init__(self, settings: Any, world: Any, world_rank: int, single_host: bool) -> None:
         self.world_rank = world_rank
         self.single_host = single_host
+        self.deterministic = bool(settings.deterministic)
         mine = {name: f for f in _factories for name in f.available(settings)}
         everyone = world.allgather(sorted(mine))
         self.agreed = sorted(set.intersection(*[set(names) for names in everyone]))  # agreement rule
@@ -174,7 +190,8 @@ class PlaneTable:
         """Make every agreed plane for a new set (members only; all in the same order)."""
         if comm is None or not self.agreed:
             return
-        boot = Bootstrap(ps_id, comm.Get_rank(), comm.Get_size(), comm, self.world_rank, self.single_host)
+        boot = Bootstrap(ps_id, comm.Get_rank(), comm.Get_size(), comm, self.world_rank, self.single_host,
+                         self.deterministic)
         for name in self.agreed:
             self._planes[(name, ps_id)] = self._factory[name].make(name, boot)
 
@@ -234,4 +251,4 @@ def plane_of(inputs: Sequence[Any], kind: Any, name: str) -> str:
 
 
 __all__ = ["PlaneBuffer", "DataPlane", "Bootstrap", "PlaneFactory", "register_factory", "PlaneTable",
-           "plane_of", "built"]
+           "plane_of", "built", "in_rank_order", "rank_order_allreduce"]

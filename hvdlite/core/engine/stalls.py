@@ -57,15 +57,3 @@ def shutdown_message(rank: int, stopping: list[int]) -> str:
     return (f"rank {rank}: hvdlite was shut down because rank(s) {who} called hvd.shutdown() or "
             f"exited while this rank still expected collectives. Look at rank(s) {who} for the cause; "
             f"every rank must run the same collectives before finishing.")
-
-
-class Stop(Exception):
-    """Ends the engine loop: the job is shutting down (a rank called shutdown() or exited)."""
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0])
-
-
-class Wedged(Stop):
-    """Ends the engine loop: a wait outlasted the stall shutdown time and some peers do not answer."""

@@ -6,20 +6,28 @@ every rank, so the offset between two ranks' clocks is the difference of their a
 over the window is kept (a rank whose engine thread saw one round late, e.g. descheduled on a crowded node,
 does not move it), so clocks of different hosts never need to agree. With every submission time moved onto
 rank 0's clock, rank r's lateness on an op is its submission time minus the earliest one. Every
-``straggler_window_ops`` agreed ops, the ranks swap these times in one full negotiation round (every rank
-counts the same agreed ops, so all reach the window in the same cycle) and each computes the same report
-from the same numbers.
+``straggler_window_ops`` agreed ops, the ranks swap these times in one non-blocking all-gather of a fixed
+size, started in the cycle that completes the window (every rank counts the same agreed ops, so all reach
+it in the same cycle) and finished in the next cycle, after that cycle's round (so every rank has started
+it); each rank then computes the same report from the same numbers. Steady state pays a few C-level passes
+over each cycle's responses; the percentiles and the report's dict are computed only when asked for.
 """
 from __future__ import annotations
 
 import math
+from operator import attrgetter, itemgetter
 from typing import Any, Optional
 
 import numpy as np
 
 from ..config import Config
 from ..log import logger
+from . import polling
 from .timeline import Timeline
+
+_KEY, _ERROR, _SUBMITTED = attrgetter("key"), attrgetter("error"), attrgetter("submitted")
+_PS_ID = itemgetter(0)
+POLL_CAP_S = 1e-4  # the swap ends at once (every rank started it a cycle ago): a short poll
 
 
 class Stragglers:
@@ -32,46 +40,57 @@ class Stragglers:
         self._submitted: list[float] = []  # per agreed op, this rank's submission time (NaN: no request here)
         self._agreed: list[float] = []     # and when its round ended here
         self._stamps: list[float] = []  # timeline time of each op (rank 0 tracing only)
-        self._sent_stamps: list[float] = []  # those of the window just sent
+        self._swap: Optional[tuple[Any, np.ndarray, list[float]]] = None  # (request, every rank's times, stamps)
+        self._window: Optional[tuple[np.ndarray, np.ndarray, Optional[int], int]] = None  # lateness, last,
+        # straggler and number of the last complete window
         self._report: dict[str, Any] = _empty(size, config)
+        self._reported: Any = None  # the window _report was made from
         self._named: Optional[int] = None  # the rank last named in the log
         self.windows = 0
 
     def record(self, responses: list[Any], pending: dict[Any, Any], now: float, timeline: Timeline) -> None:
         """After a round ending at ``now``: the times of each agreed op of the global set (NaN where a joined
-        rank had no request), in agreed order."""
+        rank had no request), in agreed order. C-level passes when every response is a good one of the global
+        set with a request here (the steady state); one Python pass otherwise."""
         if self.config.straggler_window_ops <= 0:
             return
         submitted = self._submitted
-        for resp in responses:
-            if resp.error is None and resp.key[0] == 0:
-                req = pending.get(resp.key)
-                submitted.append(req.submitted if req is not None else math.nan)
+        keys = list(map(_KEY, responses))
+        reqs = list(map(pending.get, keys))
+        if not any(map(_PS_ID, keys)) and None not in reqs and list(map(_ERROR, responses)).count(None) == len(reqs):
+            submitted += map(_SUBMITTED, reqs)
+        else:
+            submitted += [math.nan if req is None else req.submitted for resp, req in zip(responses, reqs)
+                          if resp.error is None and resp.key[0] == 0]
         self._agreed += [now] * (len(submitted) - len(self._agreed))
         if timeline.enabled:
             self._stamps += [timeline.now()] * (len(submitted) - len(self._stamps))
 
-    def wants_round(self) -> bool:
-        """A window is complete (the same cycle on every rank): swap the times in the next round."""
+    def swap(self, comm: Any) -> None:
+        """After a cycle's ops ran: if a window is complete (the same cycle on every rank), start swapping its
+        times with every rank (exactly ``straggler_window_ops`` ops each; the rest start the next window)."""
         window = self.config.straggler_window_ops
-        return 0 < window <= len(self._submitted)
-
-    def outgoing(self) -> Optional[np.ndarray]:
-        """This rank's (submitted, agreed) times for its message of a full round, when a window is complete."""
-        if not self.wants_round():
-            return None
-        out = np.array([self._submitted, self._agreed], dtype=np.float64)
-        self._submitted.clear()
-        self._agreed.clear()
-        self._sent_stamps, self._stamps = self._stamps, []
-        return out
-
-    def adopt(self, all_times: list[Optional[np.ndarray]], timeline: Timeline) -> None:
-        """Every rank's times of the window (the same on every rank): compute the report, log a straggler."""
-        if any(t is None for t in all_times):
+        if not 0 < window <= len(self._submitted) or self._swap is not None:
             return
-        ops = min(t.shape[1] for t in all_times)  # type: ignore[union-attr]
-        times = np.stack([t[:, :ops] for t in all_times])  # type: ignore[index]  # (rank, submitted|agreed, op)
+        mine = np.array([self._submitted[:window], self._agreed[:window]], dtype=np.float64)
+        del self._submitted[:window], self._agreed[:window]
+        stamps, self._stamps = self._stamps[:window], self._stamps[window:]
+        everyone = np.empty((self.size, 2, window), dtype=np.float64)
+        self._swap = (comm.Iallgather(mine, everyone), everyone, stamps)
+
+    def settle(self, timeline: Timeline) -> None:
+        """In the cycle after a swap started, after that cycle's round (every rank has started it, so it ends
+        at once): finish it and adopt the window, in the same cycle on every rank."""
+        if self._swap is None:
+            return
+        request, everyone, stamps = self._swap
+        polling.wait(request, POLL_CAP_S)
+        self._swap = None
+        self.adopt(everyone, timeline, stamps)
+
+    def adopt(self, times: np.ndarray, timeline: Timeline, stamps: Optional[list[float]] = None) -> None:
+        """Every rank's times of the window, (rank, submitted|agreed, op), the same on every rank: the
+        lateness per rank and op, who was last, the straggler and its log line (the report waits for report())."""
         times = times[:, :, ~np.isnan(times).any(axis=(0, 1))]  # ops a joined rank stood in for say nothing
         if times.shape[2] == 0:
             return
@@ -79,34 +98,38 @@ class Stragglers:
         submitted = times[:, 0] - offsets[:, None]
         lateness = submitted - submitted.min(axis=0)  # seconds after the first submission, per rank and op
         last = np.bincount(np.argmax(submitted, axis=0), minlength=self.size)
+        means = lateness.mean(axis=1)
+        worst = int(np.argmax(means))  # the first of equals
         self.windows += 1
-        ranks: dict[int, dict[str, float]] = {
-            r: {"mean_ms": round(float(lateness[r].mean()) * 1e3, 4),
-                "p95_ms": round(float(np.percentile(lateness[r], 95)) * 1e3, 4),
-                "last_share": round(float(last[r]) / lateness.shape[1], 4)} for r in range(self.size)}
-        worst = max(range(self.size), key=lambda r: (ranks[r]["mean_ms"], -r))
-        stats = ranks[worst]
         straggler: Optional[int] = None
-        if self.size > 1 and stats["last_share"] >= 0.5 and stats["mean_ms"] > self.config.straggler_threshold_ms:
+        threshold = self.config.straggler_threshold_ms
+        if self.size > 1 and last[worst] >= 0.5 * lateness.shape[1] and means[worst] * 1e3 > threshold:
             straggler = worst
             if self.rank == 0 and self._named != worst:
                 logger.warning("rank %d is the straggler: it submitted last in %.0f%% of the last %d ops, "
                                "%.1f ms after the first rank on average (p95 %.1f ms; straggler_threshold_ms=%g). "
                                "hvd.straggler_report() has every rank's figures.", worst,
-                               stats["last_share"] * 100, lateness.shape[1], stats["mean_ms"], stats["p95_ms"],
-                               self.config.straggler_threshold_ms)
+                               last[worst] * 100 / lateness.shape[1], lateness.shape[1], means[worst] * 1e3,
+                               np.percentile(lateness[worst], 95) * 1e3, threshold)
         self._named = straggler
-        self._report = {"window_ops": int(lateness.shape[1]), "windows": self.windows,
-                        "threshold_ms": float(self.config.straggler_threshold_ms), "ranks": ranks,
-                        "straggler": straggler}
-        stamps, self._sent_stamps = self._sent_stamps, []
-        if timeline.enabled and len(stamps) == ops and lateness.shape[1] == ops:  # no joined rank's gaps
+        self._window = (lateness, last, straggler, self.windows)  # one assignment: report() on a user thread sees a whole window
+        if timeline.enabled and stamps is not None and len(stamps) == lateness.shape[1]:  # no joined rank's gaps
             for i, ts in enumerate(stamps):
                 timeline.counter("LATENESS_MS", ts, {f"rank {r}": round(float(lateness[r, i]) * 1e3, 3)
                                                      for r in range(self.size)})
 
     def report(self) -> dict[str, Any]:
-        """The last complete window's report: a fresh copy, identical on every rank."""
+        """The last complete window's report: a fresh copy, identical on every rank (computed on first ask)."""
+        window = self._window
+        if window is not None and self._reported is not window:
+            lateness, last, straggler, windows = window
+            self._report = {"window_ops": int(lateness.shape[1]), "windows": windows,
+                            "threshold_ms": float(self.config.straggler_threshold_ms), "ranks": {
+                                r: {"mean_ms": round(float(lateness[r].mean()) * 1e3, 4),
+                                    "p95_ms": round(float(np.percentile(lateness[r], 95)) * 1e3, 4),
+                                    "last_share": round(float(last[r]) / lateness.shape[1], 4)}
+                                for r in range(self.size)}, "straggler": straggler}
+            self._reported = window
         rep = dict(self._report)
         rep["ranks"] = {r: dict(s) for r, s in rep["ranks"].items()}
         return rep
