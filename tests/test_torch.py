@@ -128,6 +128,36 @@ def test_cpu_tensors_reach_numpy_without_a_copy() -> None:
     assert torch.equal(t, torch.arange(6, dtype=torch.float32) * 2)
 
 
+def test_the_per_tensor_submit_path_follows_the_tensors_memory() -> None:
+    """allreduce_async_ keeps each tensor's view, dtype and layout (tensors.prepared): a .data swap (new dtype and
+    shape), resize_ and set_ must each reach the new memory (prescale 2 doubles what the engine reduces; a stale
+    view would double the old memory), and the kept entry must neither hold the tensor alive nor outlive it."""
+    import gc
+    import weakref
+    from hvdlite.torch import tensors
+    t = torch.arange(4, dtype=torch.float32)
+    for _ in range(2):  # the second call takes the kept entry
+        assert hvd.synchronize(hvd.allreduce_async_(t, name="kept", op=hvd.Sum, prescale_factor=2.0)) is t
+    assert torch.equal(t, torch.arange(4, dtype=torch.float32) * 4)
+    old = t.data
+    t.data = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    assert hvd.synchronize(hvd.allreduce_async_(t, name="kept", op=hvd.Sum, prescale_factor=2.0)) is t
+    assert t.dtype == torch.float64 and torch.equal(t, torch.arange(6, dtype=torch.float64).reshape(2, 3) * 2)
+    assert torch.equal(old, torch.arange(4, dtype=torch.float32) * 4)  # the old memory was left alone
+    t.resize_(8).fill_(1.0)
+    assert torch.equal(hvd.synchronize(hvd.allreduce_async_(t, name="kept.8", op=hvd.Sum, prescale_factor=2.0)),
+                       torch.full((8,), 2.0, dtype=torch.float64))
+    other = torch.full((8,), 5.0, dtype=torch.float64)
+    t.set_(other)
+    hvd.synchronize(hvd.allreduce_async_(t, name="kept.8", op=hvd.Sum, prescale_factor=2.0))
+    assert torch.equal(other, torch.full((8,), 10.0, dtype=torch.float64))
+    alive, key = weakref.ref(t), id(t)
+    assert key in tensors._PREPARED
+    del t, other
+    gc.collect()
+    assert alive() is None and key not in tensors._PREPARED
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_dtype_in_every_collective(dtype: torch.dtype) -> None:
     t = (torch.arange(12).reshape(3, 4) % 3).to(dtype)

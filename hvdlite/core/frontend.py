@@ -28,6 +28,9 @@ module is private to the core.
   which ranks do not; ``mpi_cuda_aware(override)`` whether the MPI library takes CUDA device buffers, and how
   that was found. ``in_rank_order`` / ``rank_order_allreduce``: deterministic=True on a plane (the core's
   rank-order reduction over the plane's moves).
+- ``submit_prepared(name, inputs, dtypes, layout, op, prescale, postscale, value)`` / ``tensor_layout(dtype,
+  shape)`` / ``generation()``: the per-gradient in-place allreduce on the global set, for arrays a frontend
+  prepared and caches per tensor (valid within one ``generation()``, which changes with every init()).
 - ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
   on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 """
@@ -47,7 +50,8 @@ from .engine.mpi import cuda_aware as mpi_cuda_aware
 from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, in_rank_order, rank_order_allreduce,
                             register_factory)
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
-from .runtime import is_initialized, stage_host_copies, state
+from .engine.requests import Kind, tensor_layout
+from .runtime import generation, is_initialized, stage_host_copies, state
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
@@ -56,7 +60,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_cla
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
            "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce",
-           "check_named_replicas", "flatten_tensors"]
+           "check_named_replicas", "flatten_tensors", "submit_prepared", "tensor_layout", "generation"]
 
 
 def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,
@@ -118,3 +122,11 @@ def plane_agreed(name: str) -> bool:
 def plane_lacking(name: str) -> list[int]:
     """The ranks of the running job that cannot run data plane ``name`` ([] where it is agreed or before init())."""
     return state().planes.lacking(name) if is_initialized() else []
+
+
+def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
+                    op: ReduceOp, prescale: float, postscale: float, value: Any) -> Any:
+    """An in-place allreduce on the global set of C-contiguous arrays in their storage dtype (one per tensor of
+    ``layout``, as tensor_layout makes it); its handle returns ``value``, which must own the arrays' memory."""
+    return state().submit(Kind.ALLREDUCE, name, 0, inputs, dtypes, op=op, prescale=prescale, postscale=postscale,
+                          layout=layout, value=value)

@@ -10,9 +10,10 @@ import hvdlite.core as core
 from hvdlite.core import basics
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
 from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set
-from hvdlite.core.frontend import check_sparse, resolve_op, sparse_allgather_async
+from hvdlite.core.frontend import check_sparse, resolve_op, sparse_allgather_async, submit_prepared
 
-from .tensors import check_one_device, dtype_hint, from_host, hints, on_plane, splits_array, to_host, write_into
+from .tensors import (check_one_device, dtype_hint, from_host, hints, on_plane, prepared, splits_array, to_host,
+                      write_into)
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
@@ -66,7 +67,11 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
     reduce_op = resolve_op(op, average)
-    host, shared = to_host(tensor, _what("allreduce_", reduce_op))  # the per-gradient path: kept short
+    if name is not None and process_set is global_process_set:  # the per-gradient path: kept short
+        host = prepared(tensor)
+        if host is not None:
+            return submit_prepared("allreduce." + name, *host, reduce_op, prescale_factor, postscale_factor, tensor)
+    host, shared = to_host(tensor, _what("allreduce_", reduce_op))
     handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
                                           dtype_hints=(dtype_hint(tensor),))

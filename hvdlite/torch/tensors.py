@@ -7,7 +7,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from hvdlite.core.frontend import PlaneBuffer, logger, plane_agreed, plane_lacking, setting, stage_host_copies
+from hvdlite.core.frontend import (PlaneBuffer, generation, logger, plane_agreed, plane_lacking, setting,
+                                   stage_host_copies, tensor_layout)
 
 from . import mpi_plane
 from .plane import BACKEND_DTYPES, FACTORY
@@ -76,19 +77,50 @@ def _remember(tensor: torch.Tensor) -> tuple[Any, int, Any, Any, dict]:
         "strides": None if tensor.is_contiguous() else tuple(s * dtype.itemsize for s in tensor.stride()),
         "version": 3}
     key = id(tensor)
-    entry = (weakref.ref(tensor, lambda dead: _forget(key, dead)), tensor.data_ptr(), tensor.shape,
+    entry = (weakref.ref(tensor, lambda dead: _forget(key, dead, _LAYOUTS)), tensor.data_ptr(), tensor.shape,
              tensor.stride(), interface)
     _LAYOUTS[key] = entry
     return entry
 
 
-def _forget(key: int, dead: Any) -> None:
-    entry = _LAYOUTS.get(key)
+def _forget(key: int, dead: Any, table: dict[int, Any]) -> None:
+    entry = table.get(key)
     if entry is not None and entry[0] is dead:
-        del _LAYOUTS[key]
+        del table[key]
 
 
 _NUMPY_DTYPES = {d: np.dtype(str(d).replace("torch.", "")) for d in SUPPORTED_DTYPES if d != torch.bfloat16}
+
+
+def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
+    """``(inputs, dtypes, layout)`` for the core's submit_prepared when hvdlite's MPI path reduces ``tensor``
+    in its own memory (a contiguous CPU tensor, not staged, on no data plane), else None (to_host's path).
+    Remembered per tensor and job (generation) and rebuilt when its memory, layout or dtype changed: a
+    gradient reduced every step costs a lookup and no new object. The view does not hold the tensor: the
+    caller's handle must (submit_prepared's ``value``)."""
+    entry = _PREPARED.get(id(tensor))
+    if entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr() and entry[2] == tensor.shape \
+            and entry[3] == tensor.stride() and entry[4] is tensor.dtype and entry[5] == generation():
+        return entry[6]
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SUPPORTED_DTYPES or tensor.layout != torch.strided \
+            or not tensor.is_cpu or stage_host_copies() or plane_for(tensor, "allreduce") \
+            or not tensor.is_contiguous() or tensor.is_neg() or tensor.is_conj() or tensor.numel() == 0:
+        return None
+    bf16 = tensor.dtype == torch.bfloat16
+    dtype = np.dtype(np.uint16) if bf16 else _NUMPY_DTYPES[tensor.dtype]
+    holder = _Interface()
+    holder.__array_interface__ = {"data": (tensor.data_ptr(), False), "shape": tuple(tensor.shape),
+                                  "typestr": dtype.str, "strides": None, "version": 3}
+    name = "bfloat16" if bf16 else dtype.name
+    host = ((np.asarray(holder),), (name,), tensor_layout(name, tuple(tensor.shape)))
+    key = id(tensor)
+    _PREPARED[key] = (weakref.ref(tensor, lambda dead: _forget(key, dead, _PREPARED)), tensor.data_ptr(),
+                      tensor.shape, tensor.stride(), tensor.dtype, generation(), host)
+    return host
+
+
+#: id(tensor) -> (weak reference, address, shape, strides, dtype, generation, prepared()'s answer).
+_PREPARED: dict[int, tuple[Any, ...]] = {}
 
 
 def _staged(tensor: torch.Tensor) -> bool:

@@ -86,13 +86,14 @@ def forget_all() -> None:
     known.clear()
 
 
-def show(site: Optional[Site]) -> str:
-    """``file:line``, the file relative to the working directory when it lies below it."""
+def show(site: Optional[Site], cwd: Optional[str] = None) -> str:
+    """``file:line``, the file relative to the working directory (``cwd``, default the current one) when it
+    lies below it."""
     if site is None:
         return "an unknown line (no frame outside hvdlite and the frameworks)"
     filename, line = site
     try:
-        rel = os.path.relpath(filename)
+        rel = os.path.relpath(filename, cwd)
         filename = rel if not rel.startswith(os.pardir) else filename
     except ValueError:  # another drive (Windows)
         pass
@@ -100,14 +101,32 @@ def show(site: Optional[Site]) -> str:
 
 
 def sites_of(requests: Iterable[Any]) -> dict[tuple[int, str], str]:
-    """For a full negotiation round: each pending request's site, as text, keyed (process set, name)."""
+    """For a full negotiation round: each pending request's site, as text, keyed (process set, name). A round
+    may carry a thousand pending ops from a few lines: each line's text is made once per working directory."""
     out = {}
+    cwd = os.getcwd()
+    texts = _texts if _texts_cwd and _texts_cwd[0] == cwd else _start_texts(cwd)
     for req in requests:
         key = (req.sig.ps_id, req.name)
         site = req.site if req.site is not None else _remembered.get(key)
         if site is not None:
-            out[key] = show(site)
+            text = texts.get(site)
+            if text is None:
+                if len(texts) >= _REMEMBER_LIMIT:
+                    texts.clear()
+                text = texts[site] = show(site, cwd)
+            out[key] = text
     return out
+
+
+_texts: dict[Site, str] = {}  # site -> show(site) for the working directory in _texts_cwd
+_texts_cwd: list[str] = []
+
+
+def _start_texts(cwd: str) -> dict[Site, str]:
+    _texts.clear()
+    _texts_cwd[:] = [cwd]
+    return _texts
 
 
 def describe(sites: dict[int, Optional[str]]) -> str:

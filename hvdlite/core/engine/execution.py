@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -36,13 +36,13 @@ class Executor:
         self._chunks = ChunkPipeline(self._wait)
         self.mpi_calls = 0
         self.adasum_levels = adasum.LevelComms()
-        self._table: dict[Kind, Callable[[list[Any]], list[tuple[Any, Any]]]] = {
+        self._table: dict[Kind, Callable[[list[Any]], Iterable[tuple[Any, Any]]]] = {
             Kind.ALLREDUCE: self._allreduce, Kind.ALLGATHER: self._allgather, Kind.BROADCAST: self._broadcast,
             Kind.REDUCESCATTER: self._reducescatter, Kind.ALLTOALL: self._alltoall,
             Kind.BARRIER: self._barrier, Kind.JOIN: self._join,
         }
 
-    def run(self, batch: list[Any]) -> list[tuple[Any, Any]]:
+    def run(self, batch: list[Any]) -> Iterable[tuple[Any, Any]]:
         """Run one batch; returns (item, result) pairs for the engine to hand back."""
         first = batch[0]
         if isinstance(first, Marker) and first.resp.kind.multi_tensor:
@@ -54,7 +54,7 @@ class Executor:
         self.mpi_calls += 1
 
     # -- allreduce ------------------------------------------------------------------------------
-    def _allreduce(self, items: list[Item]) -> list[tuple[Item, Any]]:
+    def _allreduce(self, items: list[Item]) -> Iterable[tuple[Item, Any]]:
         first = items[0].resp
         comm = self.comm_of(first.ps_id)
         op = first.sig.op
@@ -66,6 +66,7 @@ class Executor:
             post = average_scale(post, self.size_of(first.ps_id))
         small: list[Item] = []
         small_bytes = 0
+        threshold, chunk = self.fusion_threshold_bytes, self.chunk_bytes
         with self._chunks.batch():  # the batch's chunks travel back to back (engine/chunks.py)
             for item in items:
                 nbytes = item.src.nbytes
@@ -73,8 +74,8 @@ class Executor:
                     if item.dst is None:
                         item.dst = item.src.copy()
                     continue
-                if packable(nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
-                    if over_cap(len(small), small_bytes, nbytes, self.fusion_threshold_bytes):
+                if packable(nbytes, threshold, chunk):
+                    if over_cap(len(small), small_bytes, nbytes, threshold):
                         self._reduce_small(comm, small, op, pre, post)
                         small, small_bytes = [], 0
                     small.append(item)
@@ -83,7 +84,7 @@ class Executor:
                     self._reduce_direct(comm, item, op, pre, post)
             if small:
                 self._reduce_small(comm, small, op, pre, post)
-        return [(item, item.dst) for item in items]
+        return zip(items, [item.dst for item in items])  # pairs made one at a time, as the engine reads them
 
     def _adasum(self, comm: Any, items: list[Item], pre: float, post: float) -> list[tuple[Item, Any]]:
         """Adasum of a batch (one dtype): each tensor is its own vector; half precision works in float32."""
@@ -163,11 +164,8 @@ class Executor:
         return self._fusion[:nbytes]
 
     def _reduce_fused(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
-        """Pack, reduce with as few MPI calls as the chunk size allows, unpack.
-
-        When no item has an output yet (out-of-place ops) the packed block itself becomes the outputs:
-        each result is a view of it, so nothing is copied out.
-        """
+        """Pack, reduce with as few MPI calls as the chunk size allows, unpack. When no item has an output yet
+        (out-of-place ops) the packed block itself becomes the outputs: each result is a view of it."""
         tl = self.timeline
         tracing = tl.enabled
         dtype = items[0].dtype
@@ -180,13 +178,14 @@ class Executor:
         if tracing:
             for item in items:
                 tl.begin(item.resp.name, "MEMCPY_IN_FUSION_BUFFER")
+        flats = [item.src.reshape(-1) for item in items]
         if pre == 1.0:
-            np.concatenate([item.src.reshape(-1) for item in items], out=buf)
+            np.concatenate(flats, out=buf)
         else:
             offset = 0
-            for item in items:
-                scaled_copy(buf[offset:offset + item.src.size], item.src.reshape(-1), dtype, pre)
-                offset += item.src.size
+            for flat in flats:
+                scaled_copy(buf[offset:offset + flat.size], flat, dtype, pre)
+                offset += flat.size
         if tracing:
             for item in items:
                 tl.end(item.resp.name)
@@ -194,18 +193,19 @@ class Executor:
         self._chunked_allreduce(comm, None, buf, dtype, op, post)
         self._chunks.drain()  # the packed results are copied out (and the fusion buffer reused) next
         offset = 0
-        for item in items:
+        for item, flat in zip(items, flats):
             if tracing:
                 tl.end(item.resp.name)
                 tl.begin(item.resp.name, "MEMCPY_OUT_FUSION_BUFFER")
-            piece = buf[offset:offset + item.src.size]
+            piece, offset = buf[offset:offset + flat.size], offset + flat.size
             if fresh:
                 item.dst = piece.reshape(item.src.shape)
+            elif item.dst is item.src:  # in place: back through the flat view of the copy in
+                flat[...] = piece
             elif item.dst is None:  # an out-of-place op fused with in-place ones
                 item.dst = piece.copy().reshape(item.src.shape)
             else:
                 np.copyto(item.dst.reshape(-1), piece)
-            offset += item.src.size
             if tracing:
                 tl.end(item.resp.name)
 

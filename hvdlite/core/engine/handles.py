@@ -1,6 +1,7 @@
 """Handles: the futures that asynchronous collectives return and that synchronize() waits on."""
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any, Callable, Optional
 
@@ -14,6 +15,7 @@ def threads_waiting() -> bool:
 
 
 _UNSET = object()
+_FIRST = operator.itemgetter(0)  # one shared callable: first() adds no object per op
 
 
 class Handle:
@@ -54,6 +56,11 @@ class Handle:
 
     def done(self) -> bool:
         return self._done
+
+    def reads_result(self) -> bool:
+        """Whether wait() will look at the result (not when returning() set what it returns): the engine
+        then need not build one."""
+        return self._finalize is not None or self._value is _UNSET
 
     def wait(self) -> Any:
         """Block until the collective finished; return its result or raise its error."""
@@ -97,7 +104,7 @@ class Handle:
 
     def first(self) -> "Handle":
         """Make ``wait()`` return the first result of a grouped request (a request of one tensor); returns self."""
-        return self.then(lambda results: results[0])
+        return self.then(_FIRST)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"

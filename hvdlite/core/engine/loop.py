@@ -51,7 +51,8 @@ class Engine:
                                  process_sets.size, config.fusion_threshold_bytes, config.allreduce_chunk_bytes,
                                  timeline, process_sets.members)
         self.planes = PlaneExecutor(planes, process_sets.comm, process_sets.members, timeline, _Stop)
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()  # a plain lock: submit() takes it per op (a Condition's own is Python code)
+        self._cv = threading.Condition(self._lock)
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
         self._pending: dict[tuple[int, str], Request] = {}
@@ -77,10 +78,10 @@ class Engine:
 
     # -- user threads -----------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        with self._cv:
+        key = req.key
+        with self._lock:
             if self.error is not None:
                 raise self.error
-            key = (req.sig.ps_id, req.name)
             if key in self._inflight:
                 raise DuplicateNameError(
                     f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait for "
@@ -173,8 +174,8 @@ class Engine:
             shutdown = self._shutdown_requested
         tracing = self.timeline.enabled
         for req in new:
-            self._pending[(req.sig.ps_id, req.name)] = req
-            if req.kind is Kind.JOIN:
+            self._pending[req.key] = req
+            if req.sig.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
                 self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)
@@ -328,14 +329,17 @@ class Engine:
                 req = item.req
                 if req is None:
                     continue
-                if req.kind.multi_tensor and isinstance(item, Item):
-                    results = req.results
-                    if results is None:
-                        results = req.results = [None] * len(req.inputs)
-                    results[item.index] = result
+                if req.sig.kind.multi_tensor and type(item) is Item:
+                    if req.remaining == 1 and req.results is None:  # one tensor: a list only if wait() reads it
+                        self._finish(req, result=[result] if req.reads_result() else None)
+                        continue
+                    listed = req.results
+                    if listed is None:
+                        listed = req.results = [None] * len(req.inputs)
+                    listed[item.index] = result
                     req.remaining -= 1
                     if req.remaining == 0:
-                        self._finish(req, result=results)
+                        self._finish(req, result=listed)
                 else:
                     self._finish(req, result=result)
 
@@ -354,16 +358,16 @@ class Engine:
     def _finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
         """Hand a result back. The name is freed before the handle completes, so the caller may reuse
         it at once (the next training step submits the same names)."""
-        key = (req.sig.ps_id, req.name)
+        key = req.key
         if self._pending.pop(key, None) is not None:
             self._bits.remove(req)
         if self.timeline.enabled:
             self.timeline.end(req.name)
         self._inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
         if error is not None:
-            req.handle.set_error(error)
+            req.set_error(error)
         else:
-            req.handle.set_result(result)
+            req.set_result(result)
 
     def _fail_everything(self, error: BaseException) -> None:
         with self._cv:

@@ -34,16 +34,38 @@ class RankMessage:
     sites: Optional[dict[Any, str]] = None  # (process set, name) -> "file:line" of the user's code that submitted it
 
 
-@dataclasses.dataclass
 class Stalled:
-    name: str
-    kind: Kind
-    ready_ranks: list[int]
-    missing_ranks: list[int]
-    age: float
-    sig: Optional[Signature] = None
-    note: str = ""  # e.g. the missing ranks used the name in another process set
-    where: str = ""  # the submitting ranks' lines, and what the missing ranks were waiting on instead
+    """A name that some members of its set have not submitted yet. Its ``note`` (e.g. the missing ranks used
+    the name in another process set) and ``where`` (the submitting ranks' lines, and what the missing ranks
+    were waiting on instead) are worked out when first read: in most rounds every such name is merely not
+    submitted yet everywhere, and only a stall warning or verdict reads them."""
+
+    __slots__ = ("name", "kind", "ready_ranks", "missing_ranks", "age", "sig", "_note", "_where", "_context")
+
+    def __init__(self, name: str, kind: Kind, ready_ranks: list[int], missing_ranks: list[int], age: float,
+                 sig: Optional[Signature] = None, note: str = "", where: str = "", context: Any = None) -> None:
+        self.name, self.kind, self.sig, self.age = name, kind, sig, age
+        self.ready_ranks, self.missing_ranks = ready_ranks, missing_ranks
+        self._note, self._where = note, where
+        self._context = context  # (the round's table, its messages): what note and where are made from
+
+    def _explain(self) -> None:
+        if self._context is not None:
+            table, messages = self._context
+            self._context = None
+            key = (self.sig.ps_id if self.sig is not None else 0, self.name)
+            self._note = _elsewhere(table, key[0], self.name, self.missing_ranks)
+            self._where = _sites(messages, key, self.ready_ranks) + _waiting_instead(messages, self.missing_ranks)
+
+    @property
+    def note(self) -> str:
+        self._explain()
+        return self._note
+
+    @property
+    def where(self) -> str:
+        self._explain()
+        return self._where
 
 
 class ResponseCache:
@@ -71,9 +93,10 @@ class ResponseCache:
         """An empty bit set."""
         return np.zeros(64 * self.words, dtype=bool)
 
-    def lookup(self, name: str, sig: Signature) -> int:
-        bit = self.by_name.get((sig.ps_id, name), -1)
-        if bit >= 0 and self.sigs[bit] == sig:
+    def lookup(self, name: str, sig: Signature, key: Optional[tuple[int, str]] = None) -> int:
+        """The bit of ``name`` if it was agreed with signature ``sig`` (``key``: its (process set, name), if made)."""
+        bit = self.by_name.get((sig.ps_id, name) if key is None else key, -1)
+        if bit >= 0 and (self.sigs[bit] is sig or self.sigs[bit] == sig):
             return bit
         return -1
 
@@ -149,13 +172,15 @@ class PendingBits:
             self.mine[:] = False
             self.uncached = 0
             new = list(pending.values())
+        lookup, version, bits = cache.lookup, self.version, []
         for req in new:
-            req.cache_bit = cache.lookup(req.name, req.sig)
-            req.cache_version = self.version
-            if req.cache_bit < 0:
+            bit = req.cache_bit = lookup(req.name, req.sig, req.key)
+            req.cache_version = version
+            if bit < 0:
                 self.uncached += 1
             else:
-                self.mine[req.cache_bit] = True
+                bits.append(bit)
+        self.mine[bits] = True
         return self.mine
 
     def remove(self, req: Any) -> None:
@@ -222,9 +247,7 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         if not set(members) <= present | stand_ins:
             missing = sorted(set(members) - present - stand_ins)
             stalled.append(Stalled(name, kind, sorted(present), missing,
-                                   max(age for _, age in entries.values()), first_sig,
-                                   _elsewhere(table, ps_id, name, missing),
-                                   _sites(messages, key, present) + _waiting_instead(messages, missing)))
+                                   max(age for _, age in entries.values()), first_sig, context=(table, messages)))
             continue
         sigs = {rank: sig for rank, (sig, _) in entries.items()}
         error = invalid_argument(name, sigs, members)

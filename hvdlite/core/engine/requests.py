@@ -44,6 +44,8 @@ class Kind(enum.Enum):
     def __str__(self) -> str:
         return self.label
 
+    __hash__ = object.__hash__  # members are singletons (pickled by name): Enum's own hash is Python code, per op
+
     def __reduce__(self) -> Any:  # pickle by name: the tuple values are not unique identifiers to pickle
         return (Kind.__getitem__, (self.name,))
 
@@ -123,14 +125,16 @@ class Request(Handle, _SignatureFields):
     caller waits on: one object per tensor operation, built on the per-op path (few allocations, none
     that only the garbage collector could free)."""
 
-    __slots__ = ("sig", "inputs", "outputs", "dtypes", "op", "splits", "submitted", "cache_bit",
+    __slots__ = ("sig", "key", "inputs", "outputs", "dtypes", "op", "splits", "submitted", "cache_bit",
                  "cache_version", "results", "remaining", "site")
 
     def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
                  outputs: Sequence[Optional[np.ndarray]], dtypes: Sequence[str], op: Optional[ReduceOp] = None,
-                 splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None) -> None:
+                 splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None,
+                 key: Optional[tuple[int, str]] = None) -> None:
         Handle.__init__(self, name, finalize)
         self.sig = sig
+        self.key = (sig.ps_id, name) if key is None else key  # the engine's tables' key: (process set, name)
         self.inputs = inputs
         self.outputs = outputs
         self.dtypes = dtypes
