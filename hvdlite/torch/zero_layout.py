@@ -59,13 +59,9 @@ class Bucket:
         """Put the gradient of parameter ``i`` (default: every one; None counts as zeros) into the flat
         gradient buffer, and make ``.grad`` a view of it (a gradient that is one already is left alone)."""
         first = self.params[0].grad
-        if len(self.params) == 1 and first is not None and first.numel() == self.padded \
-                and (self.grads is None or first.data_ptr() != self.grads.data_ptr()) \
+        if self.grads is None and len(self.params) == 1 and first is not None and first.numel() == self.padded \
                 and first.is_contiguous() and first.dtype == self.dtype and first.device == self.params[0].device:
-            # one unpadded parameter: its gradient is the bucket already. A fresh gradient (after
-            # zero_grad(set_to_none=True), or a replaced .grad) becomes the bucket instead of being copied into
-            # the old one, so the two never coexist: no copy, and the old buffer is freed.
-            self.grads = first.detach().view(-1)
+            self.grads = first.detach().view(-1)  # one unpadded parameter: its gradient is the bucket already
         if self.grads is None:
             self.grads = torch.empty(self.padded, dtype=self.dtype, device=self.params[0].device)
             self.grads[self.offsets[-1] + self.numels[-1]:].zero_()  # padding

@@ -105,8 +105,6 @@ def test_gradients_are_views_of_agreed_buckets(overlap: str, reinit: Callable[..
         assert sum(p.numel() * 8 for p in bucket.params) <= 600 or len(bucket.params) == 1
         for p, view in zip(bucket.params, bucket.split(bucket.grads)):
             assert p.grad.data_ptr() == view.data_ptr(), f"{bucket.name}: gradient is not a view of its bucket"
-        if len(bucket.params) == 1:  # after zero_grad(): backward's fresh gradient became the bucket, not copied in
-            assert bucket.params[0].grad._base is None, f"{bucket.name}: the gradient was copied into the bucket"
 
 
 def test_replaced_grad_data_swap_frozen_and_model_to() -> None:
