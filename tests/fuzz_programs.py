@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from hvdlite.core.engine.deterministic import slices
 from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
 
 DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
@@ -119,11 +120,6 @@ def _reduce(op: Op, per_rank: list[np.ndarray], dtype: str, active: int) -> np.n
     return total * op.post
 
 
-def _split_rows(n: int, parts: int) -> list[int]:
-    base, extra = divmod(n, parts)
-    return [base + (1 if r < extra else 0) for r in range(parts)]
-
-
 def expected(op: Op, rank: int, active: Optional[tuple] = None) -> Any:
     """What ``rank`` must get back (float64/bool values; a list for grouped ops). ``active``: the ranks that
     have not joined (the others stand in with zeros or no rows)."""
@@ -142,7 +138,7 @@ def expected(op: Op, rank: int, active: Optional[tuple] = None) -> Any:
             results.append(everyone[members[op.root]][i])
         elif op.kind == "reducescatter":
             full = _reduce(op, [everyone[r][i] for r in members], dtype, len(members))
-            rows = _split_rows(full.shape[0], len(members))
+            rows = slices(full.shape[0], len(members))  # Horovod's split (pinned by test_core_collectives)
             results.append(full[sum(rows[:me]):sum(rows[:me + 1])])
         elif op.kind == "alltoall":
             pieces, recv = [], []

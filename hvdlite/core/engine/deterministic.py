@@ -31,7 +31,8 @@ def applies(dtype: str, op: ReduceOp) -> bool:
 
 
 def slices(n: int, parts: int) -> list[int]:
-    """Elements of each rank's slice of an ``n``-element piece (the first ``n % parts`` one more)."""
+    """Elements of each rank's slice of an ``n``-element piece (the first ``n % parts`` one more); also each
+    rank's rows of a reducescatter (engine/row_exec.py, engine/plane_exec.py), as Horovod splits them."""
     base, extra = divmod(n, parts)
     return [base + (1 if r < extra else 0) for r in range(parts)]
 

@@ -1,4 +1,4 @@
-"""Running batches of agreed responses: chunked in-place reductions and every MPI collective.
+"""Running batches of agreed responses over MPI: chunked, fused reductions, broadcasts, barriers; by kind.
 
 Called only from the engine thread. Every MPI call here is non-blocking and polled (engine/polling.py),
 so one slow collective never freezes the engine inside MPI, and the training thread keeps its core.
@@ -6,17 +6,16 @@ so one slow collective never freezes the engine inside MPI, and the training thr
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
 from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16,
                           scale_inplace, scaled_copy, storage_dtype)
-from . import adasum, deterministic, polling
+from . import adasum, deterministic, polling, row_exec
 from .chunks import DATA_POLL_CAP, ChunkPipeline
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
-from .mpi import MPIOps, counts_displacements
+from .mpi import MPIOps
 from .requests import Kind
 from .timeline import Timeline
 
@@ -37,8 +36,10 @@ class Executor:
         self.mpi_calls = 0
         self.adasum_levels = adasum.LevelComms()
         self._table: dict[Kind, Callable[[list[Any]], Iterable[tuple[Any, Any]]]] = {
-            Kind.ALLREDUCE: self._allreduce, Kind.ALLGATHER: self._allgather, Kind.BROADCAST: self._broadcast,
-            Kind.REDUCESCATTER: self._reducescatter, Kind.ALLTOALL: self._alltoall,
+            Kind.ALLREDUCE: self._allreduce, Kind.BROADCAST: self._broadcast,
+            Kind.ALLGATHER: functools.partial(self._rows, row_exec.allgather),
+            Kind.REDUCESCATTER: functools.partial(self._rows, row_exec.reducescatter),
+            Kind.ALLTOALL: functools.partial(self._rows, row_exec.alltoall),
             Kind.BARRIER: self._barrier, Kind.JOIN: self._join,
         }
 
@@ -209,54 +210,6 @@ class Executor:
             if tracing:
                 tl.end(item.resp.name)
 
-    # -- allgather ------------------------------------------------------------------------------
-    def _allgather(self, items: list[Item]) -> list[tuple[Item, Any]]:
-        BYTE = self.ops.BYTE
-        comm = self.comm_of(items[0].resp.ps_id)
-        nranks = comm.Get_size()
-        rows = np.array([item.src.shape[0] for item in items], dtype=np.int64)
-        all_rows = np.empty((nranks, len(items)), dtype=np.int64)
-        for item in items:
-            self.timeline.begin(item.resp.name, "MPI_ALLGATHER")
-        self._wait(comm.Iallgather(rows, all_rows))
-        row_bytes = np.array([math.prod(item.shape) * storage_dtype(item.dtype).itemsize
-                              for item in items], dtype=np.int64)
-        per_rank, displs = counts_displacements((all_rows * row_bytes).sum(axis=1))
-        whole = [(int(all_rows[:, i].sum()),) + tuple(item.shape) for i, item in enumerate(items)]
-        if len(items) == 1:
-            send = items[0].src.reshape(-1).view(np.uint8)
-        else:
-            send = np.concatenate([item.src.reshape(-1).view(np.uint8) for item in items])
-        item = items[0]
-        into = len(items) == 1 and _fits(item.dst, whole[0], item.dtype)
-        recv = item.dst.reshape(-1).view(np.uint8) if into else aligned_empty((int(per_rank.sum()),), np.uint8)
-        me = comm.Get_rank()
-        if into and _at(send, recv, int(displs[me])):  # the caller's row already sits in its output
-            send = self.ops.IN_PLACE
-        elif into and np.shares_memory(send, recv):
-            send = send.copy()
-        self._wait(comm.Iallgatherv(send if send is self.ops.IN_PLACE else [send, BYTE],
-                                    [recv, (per_rank, displs), BYTE]))
-        if len(items) == 1:  # the received bytes are already the output, in rank order
-            self.timeline.end(item.resp.name)
-            return [(item, item.dst if into else recv.view(storage_dtype(item.dtype)).reshape(whole[0]))]
-        results = []
-        for i, item in enumerate(items):
-            store = storage_dtype(item.dtype)
-            pieces = []
-            for r in range(nranks):
-                start = int(displs[r] + (all_rows[r, :i] * row_bytes[:i]).sum())
-                pieces.append(recv[start:start + int(all_rows[r, i] * row_bytes[i])])
-            out = item.dst if _fits(item.dst, whole[i], item.dtype) else aligned_empty(whole[i], store)
-            flat = out.reshape(-1).view(np.uint8)
-            offset = 0
-            for piece in pieces:
-                flat[offset:offset + piece.size] = piece
-                offset += piece.size
-            self.timeline.end(item.resp.name)
-            results.append((item, out))
-        return results
-
     # -- broadcast ------------------------------------------------------------------------------
     def _broadcast(self, items: list[Item]) -> list[tuple[Item, Any]]:
         BYTE = self.ops.BYTE
@@ -302,80 +255,11 @@ class Executor:
             self.timeline.end(item.resp.name)
         return [(item, item.dst) for item in items]
 
-    # -- reducescatter --------------------------------------------------------------------------
-    def _reducescatter(self, items: list[Item]) -> list[tuple[Item, Any]]:
-        first = items[0].resp
-        comm = self.comm_of(first.ps_id)
-        nranks, me = comm.Get_size(), comm.Get_rank()
-        op = first.sig.op
-        assert op is not None  # resolved at submit for every reduction
-        pre, post = first.sig.prescale, first.sig.postscale
-        if op is Average:
-            post = average_scale(post, nranks)
-        dtype = items[0].dtype
-        store = storage_dtype(dtype)
-        splits = [_split_rows(item.src.shape[0], nranks) for item in items]
-        row_elems = [math.prod(item.src.shape[1:]) for item in items]
-        counts = [sum(s[r] * e for s, e in zip(splits, row_elems)) for r in range(nranks)]
-        if len(items) == 1 and pre == 1:  # already in rank order: reduce straight from the input
-            send = items[0].src.reshape(-1)
-        else:
-            send = np.empty(sum(counts), dtype=store)
-            offset = 0
-            for r in range(nranks):
-                for item, s, e in zip(items, splits, row_elems):
-                    lo = sum(s[:r]) * e
-                    n = s[r] * e
-                    scaled_copy(send[offset:offset + n], item.src.reshape(-1)[lo:lo + n], dtype, pre)
-                    offset += n
-        dst = items[0].dst
-        into = len(items) == 1 and _fits(dst, (splits[0][me],) + tuple(items[0].src.shape[1:]), dtype) \
-            and not np.shares_memory(dst, send)
-        recv = dst.reshape(-1) if into else np.empty(counts[me], dtype=store)
-        for item in items:
-            self.timeline.begin(item.resp.name, "MPI_REDUCESCATTER")
-        self._wait(comm.Ireduce_scatter([send, self.ops.datatype(dtype)], [recv, self.ops.datatype(dtype)],
-                                        counts, self.ops.op(dtype, op)))
-        scale_inplace(recv, dtype, post)
-        if into:
-            self.timeline.end(items[0].resp.name)
-            return [(items[0], dst)]
-        results, offset = [], 0
-        for item, s, e in zip(items, splits, row_elems):
-            n = s[me] * e
-            shape = (s[me],) + tuple(item.src.shape[1:])
-            out = item.dst if _fits(item.dst, shape, dtype) else aligned_empty(shape, store)
-            out.reshape(-1)[...] = recv[offset:offset + n]
-            results.append((item, out))
-            offset += n
-            self.timeline.end(item.resp.name)
-        return results
+    # -- allgather, reducescatter, alltoall (engine/row_exec.py) --------------------------------------
+    def _rows(self, run: row_exec.RowCollective, items: list[Item]) -> list[tuple[Item, Any]]:
+        return run(self.ops, self.comm_of(items[0].resp.ps_id), items, self.timeline, self._wait)
 
     # -- the rest, one response at a time --------------------------------------------------------
-    def _alltoall(self, items: list[Item]) -> list[tuple[Item, Any]]:
-        BYTE = self.ops.BYTE
-        item = items[0]
-        comm = self.comm_of(item.resp.ps_id)
-        nranks = comm.Get_size()
-        src = item.src
-        assert item.req is not None
-        splits = item.req.splits
-        if splits is None:
-            splits = np.full(nranks, src.shape[0] // nranks, dtype=np.int64)
-        recv_splits = np.empty(nranks, dtype=np.int64)
-        self.timeline.begin(item.resp.name, "MPI_ALLTOALL")
-        self._wait(comm.Ialltoall(np.ascontiguousarray(splits, dtype=np.int64), recv_splits))
-        row_bytes = math.prod(src.shape[1:]) * src.itemsize
-        scounts = splits * row_bytes
-        rcounts = recv_splits * row_bytes
-        scounts, sdispls = counts_displacements(scounts)
-        rcounts, rdispls = counts_displacements(rcounts)
-        out = aligned_empty((int(recv_splits.sum()),) + tuple(src.shape[1:]), src.dtype)
-        self._wait(comm.Ialltoallv([src.reshape(-1).view(np.uint8), (scounts, sdispls), BYTE],
-                                   [out.reshape(-1).view(np.uint8), (rcounts, rdispls), BYTE]))
-        self.timeline.end(item.resp.name)
-        return [(item, (out, recv_splits))]
-
     def _barrier(self, items: list[Any]) -> list[tuple[Any, Any]]:
         self._wait(self.comm_of(items[0].resp.ps_id).Ibarrier())
         return [(items[0], None)]
@@ -384,15 +268,4 @@ class Executor:
         return [(items[0], items[0].resp.last_joined)]
 
 
-def _fits(dst: Optional[np.ndarray], shape: tuple[Any, ...], dtype: str) -> bool:
-    """Whether a caller-given output (allgather/reducescatter ``outputs``) can take the result directly."""
-    return dst is not None and dst.shape == shape and dst.dtype == storage_dtype(dtype) and dst.flags.c_contiguous
-
-
-def _at(part: np.ndarray, whole: np.ndarray, offset: int) -> bool:
-    """Whether the bytes of ``part`` are exactly ``whole[offset:offset + part.nbytes]``."""
-    return (part.__array_interface__["data"][0] == whole.__array_interface__["data"][0] + offset
-            and offset + part.nbytes <= whole.nbytes)
-
-
-_split_rows = deterministic.slices  # rows per rank for reducescatter: as even as possible, the first ranks one more
+__all__ = ["Executor"]

@@ -1,7 +1,7 @@
 """The engine loop: the one thread per process that negotiates, fuses and runs every collective.
 
 Pipeline: user threads ``submit()`` requests -> each cycle, ``negotiation`` agrees which run -> ``fusion``
-groups them into batches -> ``execution`` runs each batch's MPI calls -> handles complete.
+groups them into batches -> ``execution`` runs each batch's MPI calls -> handles complete (``dispatch``).
 """
 from __future__ import annotations
 
@@ -14,24 +14,24 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..config import Config
-from ..errors import (DuplicateNameError, HvdliteError, InvalidArgumentError, ShutdownError, StallError,
-                      TensorMismatchError)
+from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError
 from ..log import logger
 from . import deterministic, polling, stalls, stragglers
 from .autotune import Autotuner
+from .dispatch import Dispatch
 from .execution import Executor
 from .plane_exec import PlaneExecutor
-from .fusion import Item, batches
 from .mpi import MPIOps
-from .presence import GRACE_S, Presence
-from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache, Stalled,
-                          allgather_messages, decide, pending_message)
+from .presence import Presence
+from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache, allgather_messages,
+                          decide, pending_message)
 from .psets import Registry
 from .requests import Kind, Request, Response
+from .stalls import Stop, Watchdog, Wedged
 from .timeline import Timeline, negotiate_activity
 
 
-class Engine:
+class Engine(Dispatch):
     """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
@@ -50,7 +50,7 @@ class Engine:
         self.executor = Executor(mpi_ops, deterministic.comms(process_sets.comm, mpi_ops, config.deterministic),
                                  process_sets.size, config.fusion_threshold_bytes, config.allreduce_chunk_bytes,
                                  timeline, process_sets.members)
-        self.planes = PlaneExecutor(planes, process_sets.comm, process_sets.members, timeline, _Stop)
+        self.planes = PlaneExecutor(planes, process_sets.comm, process_sets.members, timeline, Stop)
         self._lock = threading.Lock()  # a plain lock: submit() takes it per op (a Condition's own is Python code)
         self._cv = threading.Condition(self._lock)
         self._queue: collections.deque[Request] = collections.deque()
@@ -65,8 +65,7 @@ class Engine:
         self.bitvector_bytes = 0    # bytes each rank contributed to the per-cycle bit-vector all-reduces
         self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
         self._join_cycle = -1
-        self._last_stall_check = time.monotonic()
-        self._last_stall_warning = float("-inf")
+        self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names)
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
         self.busy_cycles = 0
@@ -112,15 +111,15 @@ class Engine:
 
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
-        polling.set_watch(self._watch)
+        polling.set_watch(self.watchdog.watch)
         polling.fine_timer_slack()
         try:
             while self._wait_for_work():
                 self._cycle()
-        except _Wedged as wedged:
+        except Wedged as wedged:
             logger.error("%s", wedged.message)
             self._fail_everything(StallError(wedged.message))
-        except _Stop as stop:
+        except Stop as stop:
             self._fail_everything(ShutdownError(stop.message))
         except BaseException as exc:  # noqa: BLE001 - any failure must reach every waiting handle
             detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
@@ -186,7 +185,7 @@ class Engine:
         mine = self._bits.add(new, self._pending)
         if self._bits.uncached:
             flags |= FLAG_FULL
-        if self._stall_check_due():
+        if self.watchdog.check_due(self._pending.values()):
             flags |= FLAG_FULL
         if self._pending:
             flags |= FLAG_BUSY
@@ -215,38 +214,11 @@ class Engine:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
         polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005)
 
-    def _watch(self, waited: float) -> bool:
-        """Between the polls of every engine wait: answer peers' presence probes; once a wait has lasted
-        longer than the stall shutdown time, probe the peers and fail with a StallError naming those that
-        do not answer (a round or collective never completes without them). True restarts the count."""
-        self.presence.serve()
-        cfg = self.config
-        limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
-        if not 0 < limit < waited:
-            return False
-        absent = self.presence.absent()
-        if absent:
-            raise _Wedged(self._wedged_message(absent, waited + GRACE_S, limit))
-        return True  # everyone answered: they are busy, not gone
-
-    def _wedged_message(self, absent: list[int], waited: float, limit: float) -> str:
+    def _waiting_names(self) -> list[str]:
+        """The names this rank waits on, pending or still queued (a wedged wait's message lists them)."""
         with self._cv:
             queued = [req.name for req in self._queue]
-        names = sorted({name for _, name in self._pending} | set(queued))
-        return stalls.wedged_message(self.rank, self.size, absent, waited, limit, names)
-
-    def _stall_check_due(self) -> bool:
-        cfg = self.config
-        if cfg.stall_check_disable or not self._pending:
-            return False
-        period = cfg.stall_check_time_seconds
-        if cfg.stall_shutdown_time_seconds > 0:
-            period = min(period, cfg.stall_shutdown_time_seconds)
-        now = time.monotonic()
-        if now - self._last_stall_check < period:
-            return False
-        oldest = min(req.submitted for req in self._pending.values())
-        return now - oldest >= period
+        return sorted({name for _, name in self._pending} | set(queued))
 
     def _full_round(self, shutdown: bool) -> list[Response]:
         self.full_cycles += 1
@@ -258,142 +230,17 @@ class Engine:
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
-            raise _Stop(stalls.shutdown_message(self.rank, stopping))
+            raise Stop(stalls.shutdown_message(self.rank, stopping))
         if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
             self.autotune.adopt(messages[0].tune, self.cycles)
         responses, stalled = decide(messages, self.psets.members_table(), self.size)
-        self._last_stall_check = now
+        self.watchdog.last_check = now
         if stalled and not self.config.stall_check_disable:
-            responses.extend(self._handle_stalls(stalled))
+            responses.extend(self.watchdog.handle(stalled))
         for resp in responses:
             if resp.error is None:
                 self.cache.put(resp.name, resp.sig, self.psets.members(resp.ps_id), self.cycles)
         return responses
-
-    def _handle_stalls(self, stalled: list[Stalled]) -> list[Response]:
-        now = time.monotonic()
-        if self.rank == 0 and stalls.warn(stalled, self.config, now - self._last_stall_warning):
-            self._last_stall_warning = now
-        return stalls.verdict(stalled, self.config)
-
-    def _execute(self, responses: list[Response]) -> None:
-        """Run agreed responses in agreed order. Data work is batched (fused) up to the next control op:
-        a process-set change runs only after the data work agreed before it has finished."""
-        work: list[tuple[Response, Optional[Request]]] = []
-        pending, psets, tracing = self._pending, self.psets, self.timeline.enabled
-        for resp in responses:
-            req = pending.get(resp.key)
-            if resp.error is not None:
-                if resp.error_kind == "stall":
-                    self.on_verdict(resp.name, resp.ps_id)
-                if req is not None:
-                    kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
-                    self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
-                continue
-            sig = resp.sig
-            if sig.kind.control:
-                self._run_work(work)
-                work = []
-                result = psets.apply(sig.kind, sig.extra, self.comm)
-                if sig.kind is Kind.REMOVE_PROCESS_SET:
-                    self.cache.remove_process_set(sig.extra)
-                self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
-                if req is not None:
-                    self._finish(req, result=result)
-                continue
-            if req is None:
-                if not psets.is_member(sig.ps_id):
-                    continue
-                if self.rank not in resp.joined and sig.kind is not Kind.JOIN:
-                    raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
-                                       f"is not pending here")
-            elif tracing:
-                self.timeline.end(req.name)
-                self.timeline.begin(req.name, "QUEUE")
-            work.append((resp, req))
-        self._run_work(work)
-        if self._join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
-            self._join_cycle = -1
-
-    def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
-        for batch in batches(work, self.executor.fusion_threshold_bytes):
-            runner: Any = self.planes if batch[0].resp.sig.plane else self.executor  # a failing plane ends the job
-            try:
-                results = runner.run(batch)
-            except (HvdliteError, _Stop):  # the job's end (a wedged wait included), not this batch's error
-                raise
-            except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only
-                self._fail_batch(batch, exc)
-                continue
-            for item, result in results:
-                req = item.req
-                if req is None:
-                    continue
-                if req.sig.kind.multi_tensor and type(item) is Item:
-                    if req.remaining == 1 and req.results is None:  # one tensor: a list only if wait() reads it
-                        self._finish(req, result=[result] if req.reads_result() else None)
-                        continue
-                    listed = req.results
-                    if listed is None:
-                        listed = req.results = [None] * len(req.inputs)
-                    listed[item.index] = result
-                    req.remaining -= 1
-                    if req.remaining == 0:
-                        self._finish(req, result=listed)
-                else:
-                    self._finish(req, result=result)
-
-    def _fail_batch(self, batch: list[Any], exc: Exception) -> None:
-        """Fail the requests of one batch that raised before or between its MPI calls. Every rank ran the
-        same batch on agreed shapes, dtypes and arguments, so every rank fails it the same way."""
-        names = sorted({item.resp.name for item in batch})
-        logger.error("collective(s) %s failed on this rank: %s: %s", ", ".join(names), type(exc).__name__, exc)
-        for item in batch:
-            if item.req is not None and item.req.handle is not None:
-                error = HvdliteError(f"rank {self.rank}: {item.resp.kind} of {item.resp.name!r} failed: "
-                                     f"{type(exc).__name__}: {exc}")
-                error.__cause__ = exc
-                self._finish(item.req, error=error)
-
-    def _finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
-        """Hand a result back. The name is freed before the handle completes, so the caller may reuse
-        it at once (the next training step submits the same names)."""
-        key = req.key
-        if self._pending.pop(key, None) is not None:
-            self._bits.remove(req)
-        if self.timeline.enabled:
-            self.timeline.end(req.name)
-        self._inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
-        if error is not None:
-            req.set_error(error)
-        else:
-            req.set_result(result)
-
-    def _fail_everything(self, error: BaseException) -> None:
-        with self._cv:
-            self.error = error
-            waiting = list(self._pending.values()) + list(self._queue)
-            self._queue.clear()
-            self._pending.clear()
-            self._inflight.clear()
-        for req in waiting:
-            req.handle.set_error(error)
-        self.timeline.stop()
-
-
-_ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
-
-
-class _Stop(Exception):
-    """Ends the engine loop: the job is shutting down (a rank called shutdown() or exited)."""
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0])
-
-
-class _Wedged(_Stop):
-    """Ends the engine loop: a wait outlasted the stall shutdown time and some peers do not answer."""
 
 
 __all__ = ["Engine"]

@@ -9,8 +9,7 @@ import numpy as np
 from ..errors import HvdliteError
 from .planes import DataPlane, PlaneTable
 from ..reduce_ops import Adasum, Average, average_scale, resolve_op
-from . import polling
-from .execution import _split_rows
+from . import deterministic, polling
 from .fusion import Item
 from .requests import Kind
 from .timeline import Timeline
@@ -92,7 +91,7 @@ class PlaneExecutor:
         op = resolve_op(sig.op)
         n = self._size(batch)
         post = average_scale(sig.postscale, n) if op is Average else sig.postscale
-        splits = [_split_rows(item.src.shape[0], n) for item in batch]
+        splits = [deterministic.slices(item.src.shape[0], n) for item in batch]  # as the MPI path's
         results = plane.reducescatter(self._payloads(batch), batch[0].dtype, op, sig.prescale, post, splits)
         return results
 

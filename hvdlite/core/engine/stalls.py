@@ -1,12 +1,76 @@
-"""The stall inspector's words and verdicts: what is logged, and which stalled names fail, when ranks wait."""
+"""The stall inspector: when to look, what is logged, which stalled names fail, and when a wait ends the job."""
 from __future__ import annotations
 
-from typing import cast
+import time
+from typing import Callable, Collection, cast
 
 from ..config import Config
 from ..log import logger
 from .negotiation import Stalled
-from .requests import Response, Signature
+from .presence import GRACE_S, Presence
+from .requests import Request, Response, Signature
+
+
+class Stop(Exception):
+    """Ends the engine loop: the job is shutting down (a rank called shutdown() or exited)."""
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class Wedged(Stop):
+    """Ends the engine loop: a wait outlasted the stall shutdown time and some peers do not answer."""
+
+
+class Watchdog:
+    """The engine's clock for stalls: when a full round must look for them, rank 0's warnings and the
+    verdicts, and the watch that runs between the polls of every engine wait (engine/polling.py)."""
+
+    def __init__(self, config: Config, rank: int, size: int, presence: Presence,
+                 waiting_names: Callable[[], list[str]]) -> None:
+        self.config = config
+        self.rank, self.size = rank, size
+        self.presence = presence
+        self.waiting_names = waiting_names  # the names this rank waits on (pending or queued), sorted
+        self.last_check = time.monotonic()  # the last full round (every full round looks for stalls)
+        self._last_warning = float("-inf")
+
+    def watch(self, waited: float) -> bool:
+        """Between the polls of every engine wait: answer peers' presence probes; once a wait has lasted
+        longer than the stall shutdown time, probe the peers and fail with a StallError naming those that
+        do not answer (a round or collective never completes without them). True restarts the count."""
+        self.presence.serve()
+        cfg = self.config
+        limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
+        if not 0 < limit < waited:
+            return False
+        absent = self.presence.absent()
+        if absent:
+            raise Wedged(wedged_message(self.rank, self.size, absent, waited + GRACE_S, limit,
+                                        self.waiting_names()))
+        return True  # everyone answered: they are busy, not gone
+
+    def check_due(self, pending: Collection[Request]) -> bool:
+        """Whether this cycle's round must be a full one to look for stalls (``pending``: this rank's)."""
+        cfg = self.config
+        if cfg.stall_check_disable or not pending:
+            return False
+        period = cfg.stall_check_time_seconds
+        if cfg.stall_shutdown_time_seconds > 0:
+            period = min(period, cfg.stall_shutdown_time_seconds)
+        now = time.monotonic()
+        if now - self.last_check < period:
+            return False
+        oldest = min(req.submitted for req in pending)
+        return now - oldest >= period
+
+    def handle(self, stalled: list[Stalled]) -> list[Response]:
+        """Rank 0 warns (at most once per check period); every rank returns the same verdicts."""
+        now = time.monotonic()
+        if self.rank == 0 and warn(stalled, self.config, now - self._last_warning):
+            self._last_warning = now
+        return verdict(stalled, self.config)
 
 
 def warn(stalled: list[Stalled], cfg: Config, since_last_warning: float) -> bool:
@@ -57,3 +121,6 @@ def shutdown_message(rank: int, stopping: list[int]) -> str:
     return (f"rank {rank}: hvdlite was shut down because rank(s) {who} called hvd.shutdown() or "
             f"exited while this rank still expected collectives. Look at rank(s) {who} for the cause; "
             f"every rank must run the same collectives before finishing.")
+
+
+__all__ = ["Stop", "Watchdog", "Wedged", "shutdown_message", "verdict", "warn", "wedged_message"]

@@ -1,0 +1,149 @@
+"""Running agreed responses in agreed order and handing each request its result or error (mixed into Engine)."""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, Optional
+
+from ..errors import HvdliteError, InvalidArgumentError, StallError, TensorMismatchError
+from ..log import logger
+from .execution import Executor
+from .fusion import Item, batches
+from .negotiation import PendingBits, ResponseCache
+from .plane_exec import PlaneExecutor
+from .psets import Registry
+from .requests import Kind, Request, Response
+from .stalls import Stop
+from .timeline import Timeline
+
+
+class Dispatch:
+    """The engine's completing half: batches of agreed work go to the MPI or plane executor, and every
+    request ends through ``_finish`` (its name freed, then its handle completed). The state it works on is
+    the Engine's (engine/loop.py), declared here for the type checker."""
+
+    rank: int
+    comm: Any
+    on_verdict: Callable[[str, int], None]
+    timeline: Timeline
+    psets: Registry
+    cache: ResponseCache
+    executor: Executor
+    planes: PlaneExecutor
+    error: Optional[BaseException]
+    _cv: threading.Condition
+    _queue: collections.deque[Request]
+    _inflight: set[tuple[int, str]]
+    _pending: dict[tuple[int, str], Request]
+    _bits: PendingBits
+    _join_cycle: int
+
+    def _execute(self, responses: list[Response]) -> None:
+        """Run agreed responses in agreed order. Data work is batched (fused) up to the next control op:
+        a process-set change runs only after the data work agreed before it has finished."""
+        work: list[tuple[Response, Optional[Request]]] = []
+        pending, psets, tracing = self._pending, self.psets, self.timeline.enabled
+        for resp in responses:
+            req = pending.get(resp.key)
+            if resp.error is not None:
+                if resp.error_kind == "stall":
+                    self.on_verdict(resp.name, resp.ps_id)
+                if req is not None:
+                    kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
+                    self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
+                continue
+            sig = resp.sig
+            if sig.kind.control:
+                self._run_work(work)
+                work = []
+                result = psets.apply(sig.kind, sig.extra, self.comm)
+                if sig.kind is Kind.REMOVE_PROCESS_SET:
+                    self.cache.remove_process_set(sig.extra)
+                self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
+                if req is not None:
+                    self._finish(req, result=result)
+                continue
+            if req is None:
+                if not psets.is_member(sig.ps_id):
+                    continue
+                if self.rank not in resp.joined and sig.kind is not Kind.JOIN:
+                    raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
+                                       f"is not pending here")
+            elif tracing:
+                self.timeline.end(req.name)
+                self.timeline.begin(req.name, "QUEUE")
+            work.append((resp, req))
+        self._run_work(work)
+        if self._join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
+            self._join_cycle = -1
+
+    def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
+        for batch in batches(work, self.executor.fusion_threshold_bytes):
+            runner: Any = self.planes if batch[0].resp.sig.plane else self.executor  # a failing plane ends the job
+            try:
+                results = runner.run(batch)
+            except (HvdliteError, Stop):  # the job's end (a wedged wait included), not this batch's error
+                raise
+            except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only
+                self._fail_batch(batch, exc)
+                continue
+            for item, result in results:
+                req = item.req
+                if req is None:
+                    continue
+                if req.sig.kind.multi_tensor and type(item) is Item:
+                    if req.remaining == 1 and req.results is None:  # one tensor: a list only if wait() reads it
+                        self._finish(req, result=[result] if req.reads_result() else None)
+                        continue
+                    listed = req.results
+                    if listed is None:
+                        listed = req.results = [None] * len(req.inputs)
+                    listed[item.index] = result
+                    req.remaining -= 1
+                    if req.remaining == 0:
+                        self._finish(req, result=listed)
+                else:
+                    self._finish(req, result=result)
+
+    def _fail_batch(self, batch: list[Any], exc: Exception) -> None:
+        """Fail the requests of one batch that raised before or between its MPI calls. Every rank ran the
+        same batch on agreed shapes, dtypes and arguments, so every rank fails it the same way."""
+        names = sorted({item.resp.name for item in batch})
+        logger.error("collective(s) %s failed on this rank: %s: %s", ", ".join(names), type(exc).__name__, exc)
+        for item in batch:
+            if item.req is not None and item.req.handle is not None:
+                error = HvdliteError(f"rank {self.rank}: {item.resp.kind} of {item.resp.name!r} failed: "
+                                     f"{type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                self._finish(item.req, error=error)
+
+    def _finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
+        """Hand a result back. The name is freed before the handle completes, so the caller may reuse
+        it at once (the next training step submits the same names)."""
+        key = req.key
+        if self._pending.pop(key, None) is not None:
+            self._bits.remove(req)
+        if self.timeline.enabled:
+            self.timeline.end(req.name)
+        self._inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
+        if error is not None:
+            req.set_error(error)
+        else:
+            req.set_result(result)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        with self._cv:
+            self.error = error
+            waiting = list(self._pending.values()) + list(self._queue)
+            self._queue.clear()
+            self._pending.clear()
+            self._inflight.clear()
+        for req in waiting:
+            req.handle.set_error(error)
+        self.timeline.stop()
+
+
+_ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
+
+
+__all__ = ["Dispatch"]

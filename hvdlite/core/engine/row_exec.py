@@ -1,0 +1,152 @@
+"""The collectives whose rows differ per rank (allgather, reducescatter, alltoall): counts first, then bytes."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..reduce_ops import Average, average_scale, scale_inplace, scaled_copy, storage_dtype
+from . import deterministic
+from .fusion import Item, aligned_empty
+from .mpi import MPIOps, counts_displacements
+from .timeline import Timeline
+
+Wait = Callable[[Any], None]  # completes one MPI request (the executor's, which counts the calls)
+#: The signature of the three: (ops, the process set's communicator, the batch, timeline, wait) -> pairs.
+RowCollective = Callable[[MPIOps, Any, list[Item], Timeline, Wait], list[tuple[Item, Any]]]
+
+
+def allgather(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline, wait: Wait) -> list[tuple[Item, Any]]:
+    """Every rank's rows of each tensor, in rank order: the row counts travel first, then one Iallgatherv."""
+    BYTE = ops.BYTE
+    nranks = comm.Get_size()
+    rows = np.array([item.src.shape[0] for item in items], dtype=np.int64)
+    all_rows = np.empty((nranks, len(items)), dtype=np.int64)
+    for item in items:
+        timeline.begin(item.resp.name, "MPI_ALLGATHER")
+    wait(comm.Iallgather(rows, all_rows))
+    row_bytes = np.array([math.prod(item.shape) * storage_dtype(item.dtype).itemsize
+                          for item in items], dtype=np.int64)
+    per_rank, displs = counts_displacements((all_rows * row_bytes).sum(axis=1))
+    whole = [(int(all_rows[:, i].sum()),) + tuple(item.shape) for i, item in enumerate(items)]
+    if len(items) == 1:
+        send = items[0].src.reshape(-1).view(np.uint8)
+    else:
+        send = np.concatenate([item.src.reshape(-1).view(np.uint8) for item in items])
+    item = items[0]
+    into = len(items) == 1 and _fits(item.dst, whole[0], item.dtype)
+    recv = item.dst.reshape(-1).view(np.uint8) if into else aligned_empty((int(per_rank.sum()),), np.uint8)
+    me = comm.Get_rank()
+    if into and _at(send, recv, int(displs[me])):  # the caller's row already sits in its output
+        send = ops.IN_PLACE
+    elif into and np.shares_memory(send, recv):
+        send = send.copy()
+    wait(comm.Iallgatherv(send if send is ops.IN_PLACE else [send, BYTE], [recv, (per_rank, displs), BYTE]))
+    if len(items) == 1:  # the received bytes are already the output, in rank order
+        timeline.end(item.resp.name)
+        return [(item, item.dst if into else recv.view(storage_dtype(item.dtype)).reshape(whole[0]))]
+    results = []
+    for i, item in enumerate(items):
+        store = storage_dtype(item.dtype)
+        pieces = []
+        for r in range(nranks):
+            start = int(displs[r] + (all_rows[r, :i] * row_bytes[:i]).sum())
+            pieces.append(recv[start:start + int(all_rows[r, i] * row_bytes[i])])
+        out = item.dst if _fits(item.dst, whole[i], item.dtype) else aligned_empty(whole[i], store)
+        flat = out.reshape(-1).view(np.uint8)
+        offset = 0
+        for piece in pieces:
+            flat[offset:offset + piece.size] = piece
+            offset += piece.size
+        timeline.end(item.resp.name)
+        results.append((item, out))
+    return results
+
+
+def reducescatter(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline,
+                  wait: Wait) -> list[tuple[Item, Any]]:
+    """This rank's rows (``deterministic.slices``) of each tensor's reduction, in one Ireduce_scatter."""
+    first = items[0].resp
+    nranks, me = comm.Get_size(), comm.Get_rank()
+    op = first.sig.op
+    assert op is not None  # resolved at submit for every reduction
+    pre, post = first.sig.prescale, first.sig.postscale
+    if op is Average:
+        post = average_scale(post, nranks)
+    dtype = items[0].dtype
+    store = storage_dtype(dtype)
+    splits = [deterministic.slices(item.src.shape[0], nranks) for item in items]
+    row_elems = [math.prod(item.src.shape[1:]) for item in items]
+    counts = [sum(s[r] * e for s, e in zip(splits, row_elems)) for r in range(nranks)]
+    if len(items) == 1 and pre == 1:  # already in rank order: reduce straight from the input
+        send = items[0].src.reshape(-1)
+    else:
+        send = np.empty(sum(counts), dtype=store)
+        offset = 0
+        for r in range(nranks):
+            for item, s, e in zip(items, splits, row_elems):
+                lo = sum(s[:r]) * e
+                n = s[r] * e
+                scaled_copy(send[offset:offset + n], item.src.reshape(-1)[lo:lo + n], dtype, pre)
+                offset += n
+    dst = items[0].dst
+    into = len(items) == 1 and _fits(dst, (splits[0][me],) + tuple(items[0].src.shape[1:]), dtype) \
+        and not np.shares_memory(dst, send)
+    recv = dst.reshape(-1) if into else np.empty(counts[me], dtype=store)
+    for item in items:
+        timeline.begin(item.resp.name, "MPI_REDUCESCATTER")
+    wait(comm.Ireduce_scatter([send, ops.datatype(dtype)], [recv, ops.datatype(dtype)], counts, ops.op(dtype, op)))
+    scale_inplace(recv, dtype, post)
+    if into:
+        timeline.end(items[0].resp.name)
+        return [(items[0], dst)]
+    results, offset = [], 0
+    for item, s, e in zip(items, splits, row_elems):
+        n = s[me] * e
+        shape = (s[me],) + tuple(item.src.shape[1:])
+        out = item.dst if _fits(item.dst, shape, dtype) else aligned_empty(shape, store)
+        out.reshape(-1)[...] = recv[offset:offset + n]
+        results.append((item, out))
+        offset += n
+        timeline.end(item.resp.name)
+    return results
+
+
+def alltoall(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline, wait: Wait) -> list[tuple[Item, Any]]:
+    """One tensor's rows sent by its splits (even by default): the splits travel first, then one Ialltoallv."""
+    BYTE = ops.BYTE
+    item = items[0]
+    nranks = comm.Get_size()
+    src = item.src
+    assert item.req is not None
+    splits = item.req.splits
+    if splits is None:
+        splits = np.full(nranks, src.shape[0] // nranks, dtype=np.int64)
+    recv_splits = np.empty(nranks, dtype=np.int64)
+    timeline.begin(item.resp.name, "MPI_ALLTOALL")
+    wait(comm.Ialltoall(np.ascontiguousarray(splits, dtype=np.int64), recv_splits))
+    row_bytes = math.prod(src.shape[1:]) * src.itemsize
+    scounts = splits * row_bytes
+    rcounts = recv_splits * row_bytes
+    scounts, sdispls = counts_displacements(scounts)
+    rcounts, rdispls = counts_displacements(rcounts)
+    out = aligned_empty((int(recv_splits.sum()),) + tuple(src.shape[1:]), src.dtype)
+    wait(comm.Ialltoallv([src.reshape(-1).view(np.uint8), (scounts, sdispls), BYTE],
+                         [out.reshape(-1).view(np.uint8), (rcounts, rdispls), BYTE]))
+    timeline.end(item.resp.name)
+    return [(item, (out, recv_splits))]
+
+
+def _fits(dst: Optional[np.ndarray], shape: tuple[Any, ...], dtype: str) -> bool:
+    """Whether a caller-given output (allgather/reducescatter ``outputs``) can take the result directly."""
+    return dst is not None and dst.shape == shape and dst.dtype == storage_dtype(dtype) and dst.flags.c_contiguous
+
+
+def _at(part: np.ndarray, whole: np.ndarray, offset: int) -> bool:
+    """Whether the bytes of ``part`` are exactly ``whole[offset:offset + part.nbytes]``."""
+    return (part.__array_interface__["data"][0] == whole.__array_interface__["data"][0] + offset
+            and offset + part.nbytes <= whole.nbytes)
+
+
+__all__ = ["RowCollective", "Wait", "allgather", "alltoall", "reducescatter"]
