@@ -24,12 +24,15 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's,
                                ``engine_us_per_op_on/off``, ``submit_us_per_op_on/off`` (medians over repetitions,
                                the slowest rank's), ``full_rounds_per_op_on/off`` (mean); then one instrumented session
                                (on) that times the straggler code itself on the engine thread: ``record_us_per_op``,
+                               ``keep_times_us_per_op`` (keeping each request's submission time at its cache bit
+                               when it is counted, measured on its own: fresh requests, kept vs not),
                                ``window_us_per_op`` (starting the window's swap + adopt, per op),
                                ``swap_wait_us_per_op`` (polling for the swap's end in the next cycle: waiting for a
                                descheduled peer, so load-dependent; ~0 on a quiet machine), ``full_round_us`` (a full
                                negotiation round without the straggler code), and ``attributed_us_per_op``
-                               (record + window + any extra full rounds per op) with ``attributed_share`` of the
-                               off setting's CPU per op (engine + submitter): the feature's cost.
+                               (record + keep_times + window + any extra full rounds per op) with
+                               ``attributed_share`` of the off setting's CPU per op (engine + submitter): the
+                               feature's cost.
   resnet50_train_step          one ResNet-50 training step (--batch images of --image pixels, SGD with momentum,
                                DistributedOptimizer); ``check_replicas_module`` / ``check_replicas_optimizer``
                                the check of the model (parameters and buffers) and of the optimizer (parameters
@@ -163,6 +166,7 @@ def straggler_cpu(comm: Any, args: argparse.Namespace,
             comm.Barrier()  # a rank's shutdown stops every engine: not while another still reads its clock
             hvd.shutdown()
     spent = _instrumented(comm, args, workloads)
+    keep_times = keep_times_us_per_op()
     records = []
     for what, (_, ops) in workloads.items():
         rec: dict[str, Any] = {"method": f"straggler_cpu_{what}", "ops": ops, "reps": args.reps * args.sessions}
@@ -173,12 +177,47 @@ def straggler_cpu(comm: Any, args: argparse.Namespace,
                 rec[key + stat] = max(comm.allgather(value))  # the slowest rank's
         rec.update({k: max(comm.allgather(v)) for k, v in spent[what].items()})
         extra_rounds = max(rec["full_rounds_per_op_on"] - rec["full_rounds_per_op_off"], 0.0)
-        rec["attributed_us_per_op"] = (rec["record_us_per_op"] + rec["window_us_per_op"]
+        rec["keep_times_us_per_op"] = max(comm.allgather(keep_times))
+        rec["attributed_us_per_op"] = (rec["record_us_per_op"] + rec["keep_times_us_per_op"] + rec["window_us_per_op"]
                                        + extra_rounds * rec["full_round_us"])  # min: least waiting
         rec["attributed_share"] = rec["attributed_us_per_op"] / (rec["engine_us_per_op_off"]
                                                                  + rec["submit_us_per_op_off"])
         records.append(rec)
     return records
+
+
+def keep_times_us_per_op(ops: int = 1000, reps: int = 200) -> float:
+    """What counting a request's cache bit adds when it also keeps the request's submission time there
+    (PendingBits with keep_times, the source of a cached round's times): CPU per op, ``ops`` fresh requests,
+    on and off alternated, the difference of the medians (the instrumented record() does not see it)."""
+    from hvdlite.core.engine.negotiation import PendingBits, ResponseCache
+    from hvdlite.core.engine.requests import Kind, make_signature
+    from hvdlite.core.reduce_ops import Sum
+    cache = ResponseCache(ops, 0)
+    sig = make_signature(Kind.ALLREDUCE, 0, Sum, 1.0, 1.0, -1, (("float32", (4,)),))
+    names = [f"keep.{i}" for i in range(ops)]
+    for name in names:
+        cache.put(name, sig, [0], 0)
+    bits = {keep: PendingBits(cache, keep_times=keep) for keep in (False, True)}
+    spent: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(reps):
+        for keep, pending_bits in bits.items():
+            reqs = [_Request(name, sig) for name in names]  # fresh, as a step's requests are
+            pending_bits.add([], {})
+            t0 = time.thread_time()
+            pending_bits.add(reqs, {})
+            spent[keep].append(time.thread_time() - t0)
+            for req in reqs:
+                pending_bits.remove(req)
+    return max(float(np.median(spent[True]) - np.median(spent[False])), 0.0) * 1e6 / ops
+
+
+class _Request:
+    """What PendingBits reads and writes of a request."""
+    __slots__ = ("name", "sig", "key", "submitted", "cache_bit", "cache_version")
+
+    def __init__(self, name: str, sig: Any) -> None:
+        self.name, self.sig, self.key, self.submitted = name, sig, (sig.ps_id, name), time.monotonic()
 
 
 def thread_cpu_s(thread: Any) -> float:
@@ -203,10 +242,10 @@ def _instrumented(comm: Any, args: argparse.Namespace,
         return sum(spent[n] for n in methods if n != "adopt" or "settle" not in spent)
 
     def timing(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        def timed_call(*a: Any) -> Any:
+        def timed_call(*a: Any, **kw: Any) -> Any:
             t0, before = time.thread_time(), inside()
             try:
-                return method(*a)
+                return method(*a, **kw)
             finally:
                 took = time.thread_time() - t0
                 spent[name] += took
@@ -279,9 +318,8 @@ def straggler_costs(size: int, small_op_us: float) -> dict:
     tracker, timeline = Stragglers(Config(), 0, size), Timeline()
 
     def record() -> None:
-        tracker.record(responses, pending, 1.0, timeline)
-        tracker._submitted.clear()
-        tracker._agreed.clear()
+        tracker.record(responses, pending, 1.0, timeline)  # a full round's path (a cached round's is per cycle)
+        del tracker._submitted[:], tracker._agreed[:]
     record_us = min(timeit.repeat(record, number=20, repeat=5)) / 20 / len(responses) * 1e6
     window = np.stack([np.random.default_rng(r).random((2, 1000)) for r in range(size)])
 

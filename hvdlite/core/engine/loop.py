@@ -56,7 +56,7 @@ class Engine(Dispatch):
         self._queue: collections.deque[Request] = collections.deque()
         self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
         self._pending: dict[tuple[int, str], Request] = {}
-        self._bits = PendingBits(self.cache)  # the cache bits of the pending requests
+        self._bits = PendingBits(self.cache, keep_times=config.straggler_window_ops > 0)  # the pending's cache bits
         self._shutdown_requested = False
         self._sleeping = False  # the engine waits on _cv: a submission must notify it
         self.error: Optional[BaseException] = None
@@ -200,12 +200,14 @@ class Engine(Dispatch):
         self.busy_cycles += bool(all_flags & FLAG_BUSY)
         self.stragglers.settle(self.timeline)  # the window whose swap started last cycle (every rank is past it)
 
-        if all_flags & FLAG_FULL:
+        full = bool(all_flags & FLAG_FULL)
+        if full:
             responses = self._full_round(shutdown)
         else:
             responses = cache.ready(missing, self.cycles)
-        if responses:
-            self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline)
+        if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
+            known = None if full or not self.psets.only_global() else self._bits.times_of(cache.ready_bits)
+            self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline, known)
             self.autotune.observe(responses)
             self._execute(responses)
             self.stragglers.swap(self.comm)  # a window complete in this cycle: start swapping its times

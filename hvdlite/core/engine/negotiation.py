@@ -88,6 +88,7 @@ class ResponseCache:
         self.member = self.bits()  # bits whose process set includes this rank
         self.valid = self.bits()   # bits in use
         self.version = 0      # bumped when a bit changes meaning
+        self.ready_bits = np.zeros(0, dtype=np.intp)  # the bits of the last ready() responses
 
     def bits(self) -> np.ndarray:
         """An empty bit set."""
@@ -148,7 +149,8 @@ class ResponseCache:
         """The responses of the entries no rank is missing, in bit order, each marked used at ``tick``."""
         responses, last_used = self.responses, self.last_used
         out = []
-        for bit in np.flatnonzero(self.valid & ~missing_anywhere).tolist():
+        self.ready_bits = np.flatnonzero(self.valid & ~missing_anywhere)  # the responses' bits, in their order
+        for bit in self.ready_bits.tolist():
             last_used[bit] = tick
             out.append(responses[bit])
         return cast(list[Response], out)  # valid bits hold a response
@@ -158,11 +160,13 @@ class PendingBits:
     """The cache bits of this rank's pending requests, kept up to date as requests come and go (and
     recomputed only when cache bits changed meaning), plus how many pending requests have no bit."""
 
-    def __init__(self, cache: ResponseCache) -> None:
+    def __init__(self, cache: ResponseCache, keep_times: bool = False) -> None:
         self.cache = cache
         self.mine = cache.bits()
         self.uncached = 0  # pending requests without a cache bit: they need a full round
         self.version = -1  # the cache version ``mine`` was computed for
+        # with ``keep_times``, each pending request's submission time at its bit (straggler attribution)
+        self.submitted: Optional[np.ndarray] = np.zeros(len(self.mine)) if keep_times else None
 
     def add(self, new: list[Any], pending: dict[Any, Any]) -> np.ndarray:
         """Count ``new`` requests (all of ``pending`` if the cache changed); returns the bit set."""
@@ -172,7 +176,8 @@ class PendingBits:
             self.mine[:] = False
             self.uncached = 0
             new = list(pending.values())
-        lookup, version, bits = cache.lookup, self.version, []
+        lookup, version, bits, times = cache.lookup, self.version, [], []
+        keep = self.submitted is not None
         for req in new:
             bit = req.cache_bit = lookup(req.name, req.sig, req.key)
             req.cache_version = version
@@ -180,8 +185,20 @@ class PendingBits:
                 self.uncached += 1
             else:
                 bits.append(bit)
+                if keep:
+                    times.append(req.submitted)
         self.mine[bits] = True
+        if self.submitted is not None:
+            self.submitted[bits] = times
         return self.mine
+
+    def times_of(self, bits: np.ndarray) -> Optional[np.ndarray]:
+        """The submission times of the pending requests at ``bits`` (in that order), or None when not kept or
+        when some bit has no pending request here."""
+        if self.submitted is None or not self.mine[bits].all():
+            return None
+        times: np.ndarray = self.submitted[bits]
+        return times
 
     def remove(self, req: Any) -> None:
         """A pending request finished."""

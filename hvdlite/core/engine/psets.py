@@ -31,6 +31,10 @@ class Registry:
         """True when some registered set leaves out some rank (its ops need non-members in every round)."""
         return any(len(ranks) < self.world_size for ranks in self.ranks.values())
 
+    def only_global(self) -> bool:
+        """True while the global set is the only one registered (every op is the global set's)."""
+        return len(self.ranks) == 1
+
     def is_member(self, ps_id: int) -> bool:
         return self.world_rank in self.ranks.get(ps_id, ())
 
