@@ -179,7 +179,7 @@ class Executor:
         if tracing:
             for item in items:
                 tl.begin(item.resp.name, "MEMCPY_IN_FUSION_BUFFER")
-        flats = [item.src.reshape(-1) for item in items]
+        flats = [item.src if item.src.ndim == 1 else item.src.reshape(-1) for item in items]  # 1-D: no new view
         if pre == 1.0:
             np.concatenate(flats, out=buf)
         else:
