@@ -152,10 +152,21 @@ def test_the_per_tensor_submit_path_follows_the_tensors_memory() -> None:
     hvd.synchronize(hvd.allreduce_async_(t, name="kept.8", op=hvd.Sum, prescale_factor=2.0))
     assert torch.equal(other, torch.full((8,), 10.0, dtype=torch.float64))
     alive, key = weakref.ref(t), id(t)
-    assert key in tensors._PREPARED
+    assert key in tensors._ENTRIES
     del t, other
     gc.collect()
-    assert alive() is None and key not in tensors._PREPARED
+    assert alive() is None and key not in tensors._ENTRIES
+
+
+def test_a_tensor_reinterpreted_in_place_is_viewed_in_its_new_dtype() -> None:
+    """A .data swap to a view of another dtype keeps the address, shape and strides: the kept entry (one per
+    tensor, for to_host's view and the small-op path alike) must see the dtype change too."""
+    t = torch.arange(4, dtype=torch.float32)
+    assert torch.equal(hvd.allreduce(t, op=hvd.Sum), t)  # to_host's view of t is kept
+    t.data = t.data.view(torch.int32)
+    assert torch.equal(hvd.allreduce(t, op=hvd.Sum), t)  # a stale float32 view would give 0, 1, 2, 3
+    assert hvd.synchronize(hvd.allreduce_async_(t, name="reinterpreted", op=hvd.Sum)) is t
+    assert t.dtype == torch.int32 and torch.equal(t.view(torch.float32), torch.arange(4, dtype=torch.float32))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

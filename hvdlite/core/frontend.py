@@ -50,8 +50,8 @@ from .engine.mpi import cuda_aware as mpi_cuda_aware
 from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, in_rank_order, rank_order_allreduce,
                             register_factory)
 from .reduce_ops import ReduceOp, check_reduction, resolve_op
-from .engine.requests import Kind, tensor_layout
-from .runtime import generation, is_initialized, stage_host_copies, state
+from .engine.requests import tensor_layout
+from .runtime import generation, is_initialized, stage_host_copies, state, submit_prepared
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
@@ -123,10 +123,3 @@ def plane_lacking(name: str) -> list[int]:
     """The ranks of the running job that cannot run data plane ``name`` ([] where it is agreed or before init())."""
     return state().planes.lacking(name) if is_initialized() else []
 
-
-def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
-                    op: ReduceOp, prescale: float, postscale: float, value: Any) -> Any:
-    """An in-place allreduce on the global set of C-contiguous arrays in their storage dtype (one per tensor of
-    ``layout``, as tensor_layout makes it); its handle returns ``value``, which must own the arrays' memory."""
-    return state().submit(Kind.ALLREDUCE, name, 0, inputs, dtypes, op=op, prescale=prescale, postscale=postscale,
-                          layout=layout, value=value)

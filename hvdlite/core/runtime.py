@@ -50,7 +50,7 @@ class State:
         self.thread_multiple = mpi.thread_multiple()
         self.mpi_ops = mpi.MPIOps()
         self.names = Names()
-        self._prepared: dict[str, tuple[Any, ...]] = {}  # name -> what submit_prepared worked out for it
+        self.prepared: dict[str, tuple[Any, ...]] = {}  # name -> what submit_prepared worked out for it
         self.generation = next(_GENERATIONS)  # frontends' per-tensor caches are valid for one generation
         callsite.forget_all()
         self.timeline = Timeline()
@@ -77,13 +77,9 @@ class State:
                outputs: Optional[list[Optional[np.ndarray]]] = None, op: Optional[ReduceOp] = None,
                prescale: float = 1.0, postscale: float = 1.0, root: int = 0, splits: Any = None,
                extra: Any = None, shape_of: Callable[[np.ndarray], tuple[Any, ...]] = lambda a: tuple(a.shape),
-               finalize: Optional[Callable[[Any], Any]] = None, layout: Optional[tuple[Any, ...]] = None,
-               value: Any = None) -> Handle:
-        """Hand one named request to the engine; the handle completes when every member has run it.
-        ``layout`` (with ``value``): see _submit_prepared."""
-        if layout is not None:
-            assert kind is Kind.ALLREDUCE and ps_id == 0 and op is not None
-            return self._submit_prepared(name, tuple(inputs), tuple(dtypes), layout, op, prescale, postscale, value)
+               finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
+        """Hand one named request to the engine; the handle completes when every member has run it
+        (the per-gradient in-place allreduce has its own shorter way in: submit_prepared)."""
         shapes = tensor_layout(dtypes[0], shape_of(inputs[0])) if len(inputs) == 1 else \
             tuple([(d, shape_of(a)) for a, d in zip(inputs, dtypes)])
         sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra,
@@ -91,29 +87,6 @@ class State:
         req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), dtypes,
                       op=op, splits=splits, finalize=finalize)
         if callsite.known.get(name) is not sig:  # a new name or signature: steady state skips the capture
-            req.site = callsite.note(name, sig)
-        self.engine.submit(req)
-        return req
-
-    def _submit_prepared(self, name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
-                         op: ReduceOp, prescale: float, postscale: float, value: Any) -> Handle:
-        """An in-place allreduce on the global set of arrays a frontend prepared (C-contiguous, storage dtype;
-        ``layout`` from tensor_layout) whose handle returns ``value``: the per-gradient path. What the checks
-        and the signature work out for a name is kept and reused while the name comes back with the same
-        layout, op and factors (the next training step), so a steady-state submission builds one object."""
-        memo = self._prepared.get(name)
-        if memo is None or memo[0] is not layout or memo[1] is not op or memo[2] != prescale \
-                or memo[3] != postscale:
-            check_reduction("allreduce", name, op, dtypes, scaled=(prescale, postscale) != (1, 1), set_size=self.size)
-            sig = make_signature(Kind.ALLREDUCE, 0, op, prescale, postscale, 0, layout)
-            memo = (layout, op, prescale, postscale, sig, (0, name))
-            if len(self._prepared) >= _PREPARED_LIMIT:
-                self._prepared.clear()
-            self._prepared[name] = memo
-        sig = memo[4]
-        req = Request(name, sig, inputs, inputs, dtypes, op=op, key=memo[5])
-        req.returning(value)
-        if callsite.known.get(name) is not sig:
             req.site = callsite.note(name, sig)
         self.engine.submit(req)
         return req
@@ -226,6 +199,33 @@ def _shutdown_at_exit() -> None:
         logger.debug("shutdown at exit failed", exc_info=True)
 
 
+def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
+                    op: ReduceOp, prescale: float, postscale: float, value: Any) -> Handle:
+    """An in-place allreduce on the global set of arrays a frontend prepared (C-contiguous, storage dtype;
+    ``layout`` from tensor_layout) whose handle returns ``value``: the per-gradient path. What the checks
+    and the signature work out for a name is kept and reused while the name comes back with the same
+    layout, op and factors (the next training step), so a steady-state submission builds one object.
+    A module function (not a State method reached through state()): one Python call per op less."""
+    st = _state
+    if st is None:
+        st = state()  # raises: not initialized
+    memo = st.prepared.get(name)
+    if memo is None or memo[0] is not layout or memo[1] is not op or memo[2] != prescale \
+            or memo[3] != postscale:
+        check_reduction("allreduce", name, op, dtypes, scaled=(prescale, postscale) != (1, 1), set_size=st.size)
+        sig = make_signature(Kind.ALLREDUCE, 0, op, prescale, postscale, 0, layout)
+        memo = (layout, op, prescale, postscale, sig, (0, name))
+        if len(st.prepared) >= _PREPARED_LIMIT:
+            st.prepared.clear()
+        st.prepared[name] = memo
+    sig = memo[4]
+    req = Request(name, sig, inputs, inputs, dtypes, op, None, None, memo[5], value)
+    if callsite.known.get(name) is not sig:
+        req.site = callsite.note(name, sig)
+    st.engine.submit(req)
+    return req
+
+
 def stage_host_copies() -> bool:
     """Whether frontends stage CPU tensors through a host copy like device tensors (a testing switch, see
     Config.stage_host_copies); False before init()."""
@@ -236,7 +236,8 @@ def stage_host_copies() -> bool:
 def generation() -> int:
     """A number that changes with every init(): per-tensor work a frontend caches (views, the data plane)
     depends on the job's settings and is valid only within one."""
-    return state().generation
+    current = _state
+    return (current if current is not None else state()).generation  # state() raises: not initialized
 
 
 def state() -> State:

@@ -66,7 +66,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    reduce_op = resolve_op(op, average)
+    reduce_op = Average if op is None and average is None else resolve_op(op, average)  # the default: no call
     if name is not None and process_set is global_process_set:  # the per-gradient path: kept short
         host = prepared(tensor)
         if host is not None:

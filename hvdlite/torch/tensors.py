@@ -43,17 +43,17 @@ def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
 
     Not ``Tensor.numpy()``: that marks the tensor's storage as not resizable for good, so ``t.resize_()``
     would fail after any collective on ``t``. The view is built from the tensor's address; the layout is
-    remembered per tensor (see _LAYOUTS), so a gradient reduced every step costs a lookup.
+    remembered per tensor (see _ENTRIES), so a gradient reduced every step costs a lookup.
     """
-    entry = _LAYOUTS.get(id(tensor))
-    if entry is None or entry[0]() is not tensor or entry[1] != tensor.data_ptr() \
-            or entry[2] != tensor.shape or entry[3] != tensor.stride():
+    entry = _ENTRIES.get(id(tensor))
+    if entry is None or entry[0]() is not tensor or entry[1] != tensor.data_ptr() or entry[2] != tensor.shape \
+            or entry[3] != tensor.stride() or entry[4] is not tensor.dtype:
         t = tensor.detach()
         if t.is_neg() or t.is_conj() or t.numel() == 0:
             return np.from_dlpack(t.resolve_neg().resolve_conj())
         entry = _remember(tensor)
     holder = _Interface()
-    holder.__array_interface__ = entry[4]
+    holder.__array_interface__ = entry[5]
     holder.tensor = tensor
     return np.asarray(holder)
 
@@ -64,29 +64,33 @@ class _Interface:
     __slots__ = ("__array_interface__", "tensor")
 
 
-#: id(tensor) -> (weak reference, address, shape, strides, __array_interface__ dict). Plain data: an entry
-#: never keeps its tensor alive; it goes when the tensor dies, and is rebuilt when the tensor's memory or
-#: layout changed (resize_, set_, as_strided_).
-_LAYOUTS: dict[int, tuple[Any, int, Any, Any, dict]] = {}
+#: id(tensor) -> (weak reference, address, shape, strides, dtype, __array_interface__ dict, generation,
+#: prepared()'s answer): what is remembered about one tensor, for both to_host's view (the layout) and the
+#: small-op path (prepared(), valid within one generation; None and -1 until prepared() made it). Plain data:
+#: an entry never keeps its tensor alive; it goes when the tensor dies, and is rebuilt when the tensor's
+#: memory, layout or dtype changed (a .data swap, resize_, set_, as_strided_).
+_ENTRIES: dict[int, tuple[Any, int, Any, Any, Any, dict, int, Any]] = {}
 
 
-def _remember(tensor: torch.Tensor) -> tuple[Any, int, Any, Any, dict]:
+def _remember(tensor: torch.Tensor, generation: int = -1, host: Any = None,
+              ) -> tuple[Any, int, Any, Any, Any, dict, int, Any]:
+    """A new entry for ``tensor`` (its layout; ``host`` is prepared()'s answer in ``generation``), kept."""
     dtype = np.dtype(np.int16) if tensor.dtype == torch.bfloat16 else _NUMPY_DTYPES[tensor.dtype]
     interface = {
         "data": (tensor.data_ptr(), False), "shape": tuple(tensor.shape), "typestr": dtype.str,
         "strides": None if tensor.is_contiguous() else tuple(s * dtype.itemsize for s in tensor.stride()),
         "version": 3}
     key = id(tensor)
-    entry = (weakref.ref(tensor, lambda dead: _forget(key, dead, _LAYOUTS)), tensor.data_ptr(), tensor.shape,
-             tensor.stride(), interface)
-    _LAYOUTS[key] = entry
+    entry = (weakref.ref(tensor, lambda dead: _forget(key, dead)), tensor.data_ptr(), tensor.shape,
+             tensor.stride(), tensor.dtype, interface, generation, host)
+    _ENTRIES[key] = entry
     return entry
 
 
-def _forget(key: int, dead: Any, table: dict[int, Any]) -> None:
-    entry = table.get(key)
+def _forget(key: int, dead: Any) -> None:
+    entry = _ENTRIES.get(key)
     if entry is not None and entry[0] is dead:
-        del table[key]
+        del _ENTRIES[key]
 
 
 _NUMPY_DTYPES = {d: np.dtype(str(d).replace("torch.", "")) for d in SUPPORTED_DTYPES if d != torch.bfloat16}
@@ -95,13 +99,13 @@ _NUMPY_DTYPES = {d: np.dtype(str(d).replace("torch.", "")) for d in SUPPORTED_DT
 def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
     """``(inputs, dtypes, layout)`` for the core's submit_prepared when hvdlite's MPI path reduces ``tensor``
     in its own memory (a contiguous CPU tensor, not staged, on no data plane), else None (to_host's path).
-    Remembered per tensor and job (generation) and rebuilt when its memory, layout or dtype changed: a
-    gradient reduced every step costs a lookup and no new object. The view does not hold the tensor: the
+    Remembered in the tensor's entry per job (generation) and rebuilt when its memory, layout or dtype changed:
+    a gradient reduced every step costs a lookup and no new object. The view does not hold the tensor: the
     caller's handle must (submit_prepared's ``value``)."""
-    entry = _PREPARED.get(id(tensor))
+    entry = _ENTRIES.get(id(tensor))
     if entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr() and entry[2] == tensor.shape \
-            and entry[3] == tensor.stride() and entry[4] is tensor.dtype and entry[5] == generation():
-        return entry[6]
+            and entry[3] == tensor.stride() and entry[4] is tensor.dtype and entry[6] == generation():
+        return entry[7]
     if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SUPPORTED_DTYPES or tensor.layout != torch.strided \
             or not tensor.is_cpu or stage_host_copies() or plane_for(tensor, "allreduce") \
             or not tensor.is_contiguous() or tensor.is_neg() or tensor.is_conj() or tensor.numel() == 0:
@@ -113,14 +117,8 @@ def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
                                   "typestr": dtype.str, "strides": None, "version": 3}
     name = "bfloat16" if bf16 else dtype.name
     host = ((np.asarray(holder),), (name,), tensor_layout(name, tuple(tensor.shape)))
-    key = id(tensor)
-    _PREPARED[key] = (weakref.ref(tensor, lambda dead: _forget(key, dead, _PREPARED)), tensor.data_ptr(),
-                      tensor.shape, tensor.stride(), tensor.dtype, generation(), host)
+    _remember(tensor, generation(), host)
     return host
-
-
-#: id(tensor) -> (weak reference, address, shape, strides, dtype, generation, prepared()'s answer).
-_PREPARED: dict[int, tuple[Any, ...]] = {}
 
 
 def _staged(tensor: torch.Tensor) -> bool:

@@ -14,7 +14,7 @@ def threads_waiting() -> bool:
     return _blocked > 0
 
 
-_UNSET = object()
+UNSET = object()  # no value set by returning(): wait() returns the (finalized) result
 _FIRST = operator.itemgetter(0)  # one shared callable: first() adds no object per op
 
 
@@ -35,7 +35,7 @@ class Handle:
         self._result: Any = None
         self._error: Optional[BaseException] = None
         self._finalize = finalize
-        self._value: Any = _UNSET  # set by returning(): what wait() returns once the op succeeded
+        self._value: Any = UNSET  # set by returning(): what wait() returns once the op succeeded
 
     def set_result(self, result: Any) -> None:
         if not self._done:
@@ -60,7 +60,7 @@ class Handle:
     def reads_result(self) -> bool:
         """Whether wait() will look at the result (not when returning() set what it returns): the engine
         then need not build one."""
-        return self._finalize is not None or self._value is _UNSET
+        return self._finalize is not None or self._value is UNSET
 
     def wait(self) -> Any:
         """Block until the collective finished; return its result or raise its error."""
@@ -85,7 +85,7 @@ class Handle:
         if self._finalize is not None:
             self._result = self._finalize(self._result)
             self._finalize = None
-        return self._result if self._value is _UNSET else self._value
+        return self._result if self._value is UNSET else self._value
 
     def returning(self, value: Any) -> "Handle":
         """Make ``wait()`` return ``value`` once the op succeeded (an in-place op returns its own input:
@@ -95,8 +95,8 @@ class Handle:
 
     def then(self, convert: Callable[[Any], Any]) -> "Handle":
         """Make ``wait()`` return ``convert(result)`` (after any conversion already set); returns self."""
-        if self._value is not _UNSET:
-            value, self._value, earlier = self._value, _UNSET, self._finalize
+        if self._value is not UNSET:
+            value, self._value, earlier = self._value, UNSET, self._finalize
             self._finalize = (lambda result: (earlier(result), value)[1]) if earlier else (lambda result: value)
         inner = self._finalize
         self._finalize = (lambda result: convert(inner(result))) if inner else convert

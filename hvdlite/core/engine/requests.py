@@ -8,7 +8,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from ..reduce_ops import ReduceOp
-from .handles import Handle
+from .handles import UNSET, Handle
 
 
 class Kind(enum.Enum):
@@ -131,8 +131,15 @@ class Request(Handle, _SignatureFields):
     def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
                  outputs: Sequence[Optional[np.ndarray]], dtypes: Sequence[str], op: Optional[ReduceOp] = None,
                  splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None,
-                 key: Optional[tuple[int, str]] = None) -> None:
-        Handle.__init__(self, name, finalize)
+                 key: Optional[tuple[int, str]] = None, value: Any = UNSET) -> None:
+        # Handle.__init__'s fields, set here without calling it (the per-op path); ``value``: see returning()
+        self.name = name
+        self._waiters = None
+        self._done = False
+        self._result = None
+        self._error = None
+        self._finalize = finalize
+        self._value = value
         self.sig = sig
         self.key = (sig.ps_id, name) if key is None else key  # the engine's tables' key: (process set, name)
         self.inputs = inputs
