@@ -96,6 +96,8 @@ EQUIVALENCE = {
     "clipping": dict(make_opt=sgd, clip=0.05),
     "fp16 compression": dict(make_opt=sgd, tol=2e-3, compression=hvd.Compression.fp16),
     "bf16 compression": dict(make_opt=sgd, tol=2e-2, compression=hvd.Compression.bf16),
+    "groups=2 fp16 predivide": dict(make_opt=sgd, groups=2, tol=2e-3, compression=hvd.Compression.fp16,
+                                    gradient_predivide_factor=2.0),
 }
 
 
