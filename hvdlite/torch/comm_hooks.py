@@ -2,7 +2,7 @@
 allreduce_hook (the default), fp16_compress_hook, bf16_compress_hook, and compression= as a hook."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -77,9 +77,10 @@ def start_reduction(tensors: list[torch.Tensor], compression: Any, name: str, op
     return Reduction(handle, wires, [c for _, c in pairs], compression)
 
 
-def decompressed(reduction: Reduction) -> list[torch.Tensor]:
-    """Once its handle is done: each tensor's reduced value, decompressed (the wire itself when not cast)."""
-    return [reduction.compression.decompress(w, c) for w, c in zip(reduction.wires, reduction.ctxs)]
+def decompressed(reduction: Reduction) -> Iterator[torch.Tensor]:
+    """Once its handle is done: each tensor's reduced value, decompressed (the wire itself when not cast);
+    one at a time, so that each temporary can go once written back."""
+    return (reduction.compression.decompress(w, c) for w, c in zip(reduction.wires, reduction.ctxs))
 
 
 def write_back(target: torch.Tensor, result: torch.Tensor) -> None:
