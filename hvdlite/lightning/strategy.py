@@ -152,7 +152,7 @@ class HvdliteStrategy(ParallelStrategy):
         assert self.lightning_module is not None
         wrapped = []
         for opt in self.optimizers:
-            opt = opt._optimizer if isinstance(opt, LightningOptimizer) else opt
+            opt = opt.optimizer if isinstance(opt, LightningOptimizer) else opt
             hvd.broadcast_optimizer_state(opt, root_rank=0)
             mine = {p for group in opt.param_groups for p in group["params"]}
             named = [(name, p) for name, p in self.lightning_module.named_parameters() if p in mine]
@@ -186,10 +186,9 @@ class HvdliteStrategy(ParallelStrategy):
         if self._accumulating:
             return
         for opt in self.optimizers:
-            opt = opt._optimizer if isinstance(opt, LightningOptimizer) else opt
+            opt = opt.optimizer if isinstance(opt, LightningOptimizer) else opt
             # only optimizers whose parameters got gradients (manual optimization may step one of several)
-            readiness = getattr(opt, "_readiness", None)
-            if getattr(readiness, "waiting", True):
+            if opt.gradients_pending:  # type: ignore[attr-defined]
                 opt.synchronize()  # type: ignore[attr-defined]
 
     # -- collectives: reduce (self.log(sync_dist=True)), all_gather, broadcast, barrier ---------------

@@ -12,16 +12,16 @@ from typing import Any, Iterator
 
 import torch
 
-from .async_ops import Adasum, grouped_allreduce_async_, synchronize
+from .async_ops import Adasum, synchronize
+from .comm_hooks import Reduction, decompressed, start_reduction
 from .optimizer import _DistributedOptimizer
 
 
 class _Delta:
     """One submitted Adasum of some parameters' deltas, with their starting values."""
 
-    def __init__(self, handle: Any, params: list[torch.Tensor], starts: list[torch.Tensor],
-                 wire: list[torch.Tensor], ctxs: list[Any]) -> None:
-        self.handle, self.params, self.starts, self.wire, self.ctxs = handle, params, starts, wire, ctxs
+    def __init__(self, params: list[torch.Tensor], starts: list[torch.Tensor], reduction: Reduction) -> None:
+        self.handle, self.params, self.starts, self.reduction = reduction.handle, params, starts, reduction
 
 
 class DistributedAdasumOptimizer(_DistributedOptimizer):
@@ -40,12 +40,10 @@ class DistributedAdasumOptimizer(_DistributedOptimizer):
         with torch.no_grad():
             starts = [q.detach().clone() for q in params]
             self._local_step(params)
-            deltas = [q.detach() - s for q, s in zip(params, starts)]
-        pairs = [self._compression.compress(d) for d in deltas]
-        wire = [w.contiguous() for w, _ in pairs]
-        handle = grouped_allreduce_async_(wire, name=self._parameter_names[params[0]], op=Adasum,
-                                          process_set=self.process_set)
-        return [_Delta(handle, params, starts, wire, [c for _, c in pairs])]
+            deltas = [(q.detach() - s).contiguous() for q, s in zip(params, starts)]
+        started = start_reduction(deltas, self._compression, self._parameter_names[params[0]], Adasum, 1.0, 1.0,
+                                  self.process_set)
+        return [_Delta(params, starts, started)]
 
     def _local_step(self, params: list[torch.Tensor]) -> None:
         """The wrapped optimizer's step on ``params`` only (the others' groups are emptied meanwhile)."""
@@ -82,8 +80,7 @@ class DistributedAdasumOptimizer(_DistributedOptimizer):
                 for entries in self._handles.values():
                     for entry in entries:
                         synchronize(entry.handle)
-                        for q, start, wire, ctx in zip(entry.params, entry.starts, entry.wire, entry.ctxs):
-                            delta = self._compression.decompress(wire, ctx)
+                        for q, start, delta in zip(entry.params, entry.starts, decompressed(entry.reduction)):
                             q.copy_(start + delta.to(start.dtype))
         finally:
             self._handles.clear()

@@ -2,7 +2,7 @@
 allreduce_hook (the default), fp16_compress_hook, bf16_compress_hook, and compression= as a hook."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -12,7 +12,8 @@ from .async_ops import Average, allreduce_async_, grouped_allreduce_async_
 from .compression import Compression
 from .zero_layout import Bucket
 
-__all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "compression_hook"]
+__all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "compression_hook",
+           "Reduction", "start_reduction", "decompressed", "write_back"]
 
 #: hook(state, bucket) -> anything with .wait() returning the reduced, averaged flat tensor
 CommHook = Callable[[Any, "GradBucket"], Any]
@@ -55,6 +56,39 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
     return allreduce_async_(bucket.buffer(), name=bucket.name, op=Average, process_set=bucket.process_set)
 
 
+class Reduction:
+    """One started allreduce of (compressed) tensors: its handle, and what decompressed() needs afterwards."""
+
+    __slots__ = ("handle", "wires", "ctxs", "compression")
+
+    def __init__(self, handle: Any, wires: list[torch.Tensor], ctxs: list[Any], compression: Any) -> None:
+        self.handle, self.wires, self.ctxs, self.compression = handle, wires, ctxs, compression
+
+
+def start_reduction(tensors: list[torch.Tensor], compression: Any, name: str, op: Any, prescale: float,
+                    postscale: float, process_set: ProcessSet) -> Reduction:
+    """Compress each tensor and start one in-place grouped allreduce of what goes on the wire, named
+    ``allreduce.<name>``: Horovod's reduction (``op``, ``prescale`` before it and ``postscale`` after it).
+    The gradient paths of DistributedOptimizer (buckets, per parameter, Adasum deltas) all submit with it."""
+    pairs = [compression.compress(t) for t in tensors]
+    wires = [w for w, _ in pairs]
+    handle = grouped_allreduce_async_(wires, name=name, op=op, prescale_factor=prescale,
+                                      postscale_factor=postscale, process_set=process_set)
+    return Reduction(handle, wires, [c for _, c in pairs], compression)
+
+
+def decompressed(reduction: Reduction) -> Iterator[torch.Tensor]:
+    """Once its handle is done: each tensor's reduced value, decompressed (the wire itself when not cast);
+    one at a time, so that each temporary can go once written back."""
+    return (reduction.compression.decompress(w, c) for w, c in zip(reduction.wires, reduction.ctxs))
+
+
+def write_back(target: torch.Tensor, result: torch.Tensor) -> None:
+    """Put a reduced value into ``target`` unless it already is ``target``'s memory (reduced in place)."""
+    if result is not target and result.data_ptr() != target.data_ptr():
+        target.copy_(result.reshape(target.shape))
+
+
 def compression_hook(compression: Any, op: Any, prescale: float, postscale: float) -> CommHook:
     """DistributedOptimizer's ``compression=``, ``op`` and ``gradient_predivide_factor`` as one hook.
 
@@ -69,18 +103,13 @@ def compression_hook(compression: Any, op: Any, prescale: float, postscale: floa
                                     postscale_factor=postscale, process_set=bucket.process_set)
         whole = compression in (Compression.fp16, Compression.bf16)
         grads = [buffer] if whole else bucket.gradients()
-        pairs = [compression.compress(g) for g in grads]
-        wires = [w for w, _ in pairs]
-        handle = grouped_allreduce_async_(wires, name=bucket.name, op=op, prescale_factor=prescale,
-                                          postscale_factor=postscale, process_set=bucket.process_set)
+        started = start_reduction(grads, compression, bucket.name, op, prescale, postscale, bucket.process_set)
 
         def back(_: Any) -> torch.Tensor:
-            for grad, wire, (_w, ctx) in zip(grads, wires, pairs):
-                out = compression.decompress(wire, ctx)
-                if out.data_ptr() != grad.data_ptr():
-                    grad.copy_(out.reshape(grad.shape))
+            for grad, out in zip(grads, decompressed(started)):
+                write_back(grad, out)
             return buffer
-        return handle.then(back)
+        return started.handle.then(back)
     return reduce
 
 

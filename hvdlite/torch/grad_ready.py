@@ -129,6 +129,13 @@ class ReadinessOwner:
         self._readiness.overlap = bool(value)
 
     @property
+    def gradients_pending(self) -> bool:
+        """hvdlite extension: True from a counted backward pass until the step() (or synchronize()) that
+        reduces its gradients; False when nothing awaits reduction (also always on one rank, where nothing is
+        reduced). A training loop driving several optimizers asks it to finish only those that got gradients."""
+        return self._readiness.waiting
+
+    @property
     def backward_passes_per_step(self) -> int:
         return self._readiness.passes
 

@@ -10,9 +10,9 @@ import torch
 from hvdlite.core import ProcessSet
 from hvdlite.core.frontend import resolve_op, setting
 
-from .async_ops import Average, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .async_ops import Average, sparse_allreduce_async, synchronize
 from .bucket_sync import BucketSync
-from .comm_hooks import compression_hook
+from .comm_hooks import Reduction, compression_hook, decompressed, start_reduction, write_back
 from .compression import Compression
 from .grad_ready import Readiness, ReadinessOwner
 
@@ -22,10 +22,9 @@ Unit = Union[torch.Tensor, tuple]  # one parameter, or a group of parameters red
 class _Pending:
     """One submitted reduction of a unit's gradients, with what is needed to put them back."""
 
-    def __init__(self, handle: Any, params: list[torch.Tensor], wire: list[torch.Tensor], ctxs: list[Any],
-                 densified: list[bool], sparse: bool = False) -> None:
-        self.handle, self.params, self.wire, self.ctxs = handle, params, wire, ctxs
-        self.densified, self.sparse = densified, sparse
+    def __init__(self, handle: Any, params: list[torch.Tensor], reduction: Optional[Reduction],
+                 densified: list[bool]) -> None:
+        self.handle, self.params, self.reduction, self.densified = handle, params, reduction, densified
 
 
 class _DistributedOptimizer(ReadinessOwner):
@@ -124,19 +123,15 @@ class _DistributedOptimizer(ReadinessOwner):
                 self._sparse_dims[q] = q.grad.sparse_dim()
                 if not self.sparse_as_dense:
                     handle = sparse_allreduce_async(q.grad, self._parameter_names[q], self.op, self.process_set)
-                    pending.append(_Pending(handle, [q], [], [], [False], sparse=True))
+                    pending.append(_Pending(handle, [q], None, [False]))
                     continue
             dense.append(q)
         if dense:
             densified = [q.grad.is_sparse for q in dense]
             grads = [q.grad.to_dense() if d else q.grad for q, d in zip(dense, densified)]
-            pairs = [self._compression.compress(g) for g in grads]
-            wire = [w for w, _ in pairs]
-            pre, post = self._scales
-            handle = grouped_allreduce_async_(wire, name=self._parameter_names[dense[0]], op=self.op,
-                                              prescale_factor=pre, postscale_factor=post,
-                                              process_set=self.process_set)
-            pending.append(_Pending(handle, dense, wire, [c for _, c in pairs], densified))
+            started = start_reduction(grads, self._compression, self._parameter_names[dense[0]], self.op,
+                                      *self._scales, self.process_set)
+            pending.append(_Pending(started.handle, dense, started, densified))
         return pending
 
     def _ensure_grad(self, p: torch.Tensor) -> None:
@@ -200,16 +195,15 @@ class _DistributedOptimizer(ReadinessOwner):
         self._synchronized = True
 
     def _finish(self, entry: _Pending) -> None:
-        if entry.sparse:
+        if entry.reduction is None:  # a sparse gradient
             entry.params[0].grad = synchronize(entry.handle)
             return
         synchronize(entry.handle)
-        for q, wire, ctx, densified in zip(entry.params, entry.wire, entry.ctxs, entry.densified):
-            result = self._compression.decompress(wire, ctx)
+        for q, result, densified in zip(entry.params, decompressed(entry.reduction), entry.densified):
             if densified:
                 q.grad = result.to_sparse(self._sparse_dims.get(q, 1)).coalesce()
-            elif result is not q.grad:
-                q.grad.copy_(result)
+            else:
+                write_back(q.grad, result)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

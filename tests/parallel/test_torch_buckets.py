@@ -283,9 +283,10 @@ def test_process_set_buckets() -> None:
             hvd.remove_process_set(rest)
 
 
-def test_custom_compressor_gets_each_gradient_shaped() -> None:
+@pytest.mark.parametrize("groups", [None, 2], ids=["buckets", "groups=2"])
+def test_custom_compressor_gets_each_gradient_shaped(groups: Any) -> None:
     """compression= with a Horovod-style compressor: it sees each gradient with its parameter's shape (not the
-    flat bucket), and training equals single-process training."""
+    flat bucket), and training equals single-process training; in buckets and on the per-unit path (groups=)."""
     shapes: set[tuple] = set()
 
     class Halve(hvd.Compressor):  # sends half the value, restores it: exact in binary floating point
@@ -300,6 +301,6 @@ def test_custom_compressor_gets_each_gradient_shaped() -> None:
 
     batches = data(2, seed=19)
     ref = reference(sgd, batches)
-    model, _ = train_distributed(batches, compression=Halve)
-    check(model, ref, "custom compressor", tol=1e-12)
+    model, _ = train_distributed(batches, compression=Halve, groups=groups)
+    check(model, ref, f"custom compressor (groups={groups})", tol=1e-12)
     assert shapes == {tuple(p.shape) for p in model.parameters()}, shapes

@@ -96,6 +96,8 @@ EQUIVALENCE = {
     "clipping": dict(make_opt=sgd, clip=0.05),
     "fp16 compression": dict(make_opt=sgd, tol=2e-3, compression=hvd.Compression.fp16),
     "bf16 compression": dict(make_opt=sgd, tol=2e-2, compression=hvd.Compression.bf16),
+    "groups=2 fp16 predivide": dict(make_opt=sgd, groups=2, tol=2e-3, compression=hvd.Compression.fp16,
+                                    gradient_predivide_factor=2.0),
 }
 
 
@@ -139,16 +141,20 @@ def test_equals_single_process_training(case: str, mode: str) -> None:
 
 
 def test_misuse_errors(mode: str) -> None:
-    """The clipping warning, zero_grad misuse, too many passes, bad names, re-wrapping, Adasum."""
+    """The clipping warning, zero_grad misuse, too many passes, bad names, re-wrapping, Adasum; and
+    gradients_pending along the way."""
     model = mlp(1)
     opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
     x, y = mine(batches(1, B)[0], B)
+    assert not opt.gradients_pending
     loss_fn(model(x), y).backward()
+    assert opt.gradients_pending
     with pytest.raises(AssertionError, match=r"zero_grad\(\) was called after loss.backward\(\)"):
         opt.zero_grad()
     with pytest.raises(AssertionError, match="backward_passes_per_step"):
         loss_fn(model(x), y).backward()
     opt.synchronize()
+    assert not opt.gradients_pending
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         opt.step()
@@ -156,6 +162,7 @@ def test_misuse_errors(mode: str) -> None:
     opt.zero_grad()
     opt.set_backward_passes_per_step(2)
     loss_fn(model(x), y).backward()  # the first of two passes: as in Horovod, zero_grad() still refuses
+    assert opt.gradients_pending
     with pytest.raises(AssertionError, match=r"zero_grad\(\) was called after loss.backward\(\)"):
         opt.zero_grad()
     loss_fn(model(x), y).backward()
@@ -171,7 +178,9 @@ def test_misuse_errors(mode: str) -> None:
     for _ in range(2):  # the first optimizer is still alive: only the newest one's hooks may reduce
         rewrapped.zero_grad()
         loss_fn(model(x), y).backward()
+        assert rewrapped.gradients_pending and not opt.gradients_pending
         rewrapped.step()
+        assert not rewrapped.gradients_pending
     assert not opt._handles
     assert_identical_everywhere(model, "re-wrapped model")
     if N & (N - 1):  # DistributedOptimizer(op=Adasum) itself: test_torch_adasum.py
