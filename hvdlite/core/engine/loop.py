@@ -88,6 +88,7 @@ class Engine(Dispatch):
             self._inflight.add(key)
             self._queue.append(req)
             if self._sleeping:  # a busy engine takes the queue at its next cycle: no wake-up to pay for
+                self._sleeping = False  # one wake-up is enough: later submissions before it runs need none
                 self._cv.notify()
 
     def stop(self, timeout: float = 60.0) -> None:
