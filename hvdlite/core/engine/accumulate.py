@@ -1,0 +1,131 @@
+"""bf16/fp16 on the wire, float32 sums: the allreduce of an accumulating compression (reduce_ops.Accumulation).
+
+The shape is deterministic=True's (engine/deterministic.py): a piece is cut into one slice per rank
+(``deterministic.slices``); an all-to-all gives each rank every rank's contribution to its slice; the rank adds
+them in rank order, here in float32 whatever the wire dtype, scales the sum (Average's divisor, the
+postscale) and rounds it once; an all-gather returns the slices. Every contribution is rounded once, to the
+wire dtype, and every result once, to the gather dtype, so the error does not grow with the number of ranks
+as a reduction in bf16 does (one rounding per addition). The bytes moved are a ring allreduce's in the wire
+dtype (the gather's in float32 when asked). Each element's result depends only on the ranks' values and their
+number, never on fusion, chunking or the cycle time. The executor sees only a communicator: a batch whose
+signature names an Accumulation reduces through an AccumulatingComm (engine/execution.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, bf16_to_f32, f32_to_bf16, scale_inplace
+from . import polling
+from .deterministic import POLL_CAP, slices
+from .mpi import MPIOps, counts_displacements
+
+
+def to_float32(values: np.ndarray, dtype: str) -> np.ndarray:
+    """A float32 copy of ``values`` (storage of dtype ``dtype``: bfloat16 as uint16 bits)."""
+    if dtype == "bfloat16":
+        return bf16_to_f32(values)
+    return np.asarray(values).astype(np.float32)
+
+
+def to_wire(values32: np.ndarray, wire: str) -> np.ndarray:
+    """float32 values rounded (to nearest even) to the wire dtype, as uint16 bits."""
+    if wire == "bfloat16":
+        return f32_to_bf16(values32)
+    return values32.astype(np.float16).view(np.uint16)
+
+
+def from_wire(bits: np.ndarray, wire: str) -> np.ndarray:
+    """uint16 bits of the wire dtype as float32 (exact)."""
+    return bf16_to_f32(bits) if wire == "bfloat16" else bits.view(np.float16).astype(np.float32)
+
+
+def write(dst: np.ndarray, values32: np.ndarray, dtype: str) -> None:
+    """``dst`` (storage of ``dtype``) = float32 ``values32`` rounded once to ``dtype``."""
+    if dtype == "bfloat16":
+        dst[...] = f32_to_bf16(values32)
+    else:
+        np.copyto(dst, values32, casting="unsafe")
+
+
+def allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: str, acc: Accumulation, pre: float,
+              post: float, mpi_ops: MPIOps, wait: Callable[[Any], None]) -> None:
+    """``dst`` = ``post`` * the rank-order float32 sum over ``comm`` of every rank's ``pre * src`` rounded to
+    the wire dtype, rounded once to the gather dtype (then to ``dtype``); ``src`` may be ``dst`` (in place)."""
+    size, me = comm.Get_size(), comm.Get_rank()
+    n = dst.shape[0]
+    counts = slices(n, size)
+    if dtype == acc.wire and pre == 1.0:
+        send = src.view(np.uint16)  # already in the wire dtype: its bits go as they are
+    else:
+        values = to_float32(src, dtype)
+        scale_inplace(values, "float32", pre)
+        send = to_wire(values, acc.wire)
+    mine = counts[me]
+    received = np.empty((size, mine), dtype=np.uint16)
+    u16 = mpi_ops.datatypes["uint16"]
+    wait(comm.Ialltoallv([send, counts_displacements(counts), u16],
+                         [received, counts_displacements([mine] * size), u16]))
+    total = from_wire(received[0], acc.wire)
+    for r in range(1, size):  # rank order, in float32: the only order, so every rank gets the same bits
+        total += from_wire(received[r], acc.wire)
+    scale_inplace(total, "float32", post)
+    if acc.gather == "float32":
+        gathered = np.empty(n, dtype=np.float32)
+        datatype, part = mpi_ops.datatypes["float32"], total
+    else:
+        gathered = np.empty(n, dtype=np.uint16)
+        datatype, part = u16, to_wire(total, acc.wire)
+    wait(comm.Iallgatherv([part, datatype], [gathered, counts_displacements(counts), datatype]))
+    if acc.gather != "float32" and dtype == acc.wire:
+        dst.view(np.uint16)[...] = gathered
+    else:
+        write(dst, gathered if acc.gather == "float32" else from_wire(gathered, acc.wire), dtype)
+
+
+class _Done:
+    """A finished request (the reduction ran before it was returned)."""
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        return True
+
+    def Wait(self) -> None:  # noqa: N802 - mpi4py's name
+        return None
+
+
+_DONE = _Done()
+
+
+class AccumulatingComm:
+    """One batch's communicator (one dtype, one signature): its ``Iallreduce`` is ``allreduce`` above with
+    the batch's factors, which the executor then leaves at 1; every other call goes to the wrapped one."""
+
+    def __init__(self, comm: Any, mpi_ops: MPIOps, dtype: str, acc: Accumulation, pre: float, post: float) -> None:
+        self.comm, self._mpi_ops = comm, mpi_ops
+        self._dtype, self._acc, self._pre, self._post = dtype, acc, pre, post
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.comm, name)
+
+    def Iallreduce(self, send: Any, recv: list[Any], mpi_op: Any) -> Any:  # noqa: N802 - mpi4py's name
+        dst = recv[0]
+        src = dst if send is self._mpi_ops.IN_PLACE else send[0]
+        allreduce(self.comm, src, dst, self._dtype, self._acc, self._pre, self._post, self._mpi_ops, _wait)
+        return _DONE
+
+
+def batch_comm(comm: Any, mpi_ops: MPIOps, dtype: str, extra: Any, pre: float,
+               post: float) -> Optional[AccumulatingComm]:
+    """The communicator a batch of ``dtype`` with signature argument ``extra`` reduces through when that
+    names an Accumulation and the dtype is floating point (None: the executor's usual path)."""
+    if type(extra) is not Accumulation or dtype not in ACCUMULABLE_DTYPES:
+        return None
+    return AccumulatingComm(comm, mpi_ops, dtype, extra, pre, post)
+
+
+def _wait(request: Any) -> None:
+    polling.wait(request, POLL_CAP)
+
+
+__all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "to_float32", "to_wire", "write"]
