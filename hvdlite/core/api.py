@@ -171,10 +171,11 @@ def allreduce_async_(array: np.ndarray, average: Optional[bool] = None, name: Op
 def grouped_allreduce(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set,
-                      outputs: Optional[Sequence[Any]] = None) -> list[np.ndarray]:
+                      outputs: Optional[Sequence[Any]] = None,
+                      accumulation: Optional[Accumulation] = None) -> list[np.ndarray]:
     return cast("list[np.ndarray]",
                 grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, outputs=outputs).wait())
+                                   process_set, outputs=outputs, accumulation=accumulation).wait())
 
 
 def grouped_allreduce_(arrays: Sequence[np.ndarray], average: Optional[bool] = None, name: Optional[str] = None,

@@ -58,10 +58,11 @@ def allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: str, acc: Accu
     counts = slices(n, size)
     if dtype == acc.wire and pre == 1.0:
         send = src.view(np.uint16)  # already in the wire dtype: its bits go as they are
-    else:
-        values = to_float32(src, dtype)
-        scale_inplace(values, "float32", pre)
-        send = to_wire(values, acc.wire)
+    elif pre == 1.0:
+        send = to_wire(to_float32(src, dtype), acc.wire)
+    else:  # Horovod's rounding of a scaled float: float32(double(x) * factor), then the wire's
+        wide = bf16_to_f32(src) if dtype == "bfloat16" else src
+        send = to_wire((wide.astype(np.float64) * float(pre)).astype(np.float32), acc.wire)
     mine = counts[me]
     received = np.empty((size, mine), dtype=np.uint16)
     u16 = mpi_ops.datatypes["uint16"]
@@ -124,8 +125,28 @@ def batch_comm(comm: Any, mpi_ops: MPIOps, dtype: str, extra: Any, pre: float,
     return AccumulatingComm(comm, mpi_ops, dtype, extra, pre, post)
 
 
+def plane_allreduce(plane: Any, rank: int, size: int, flat32: Any, acc: Accumulation, post: float,
+                    cast: Callable[[Any, str], Any]) -> Any:
+    """The same rule on a data plane: ``flat32`` (a 1-D float32 framework tensor, prescaled as
+    float32(double(x) * prescale)) is cast to the
+    wire dtype, moved by the plane's all-to-all, summed in float32 in rank order, multiplied by ``post`` and
+    all-gathered in ``acc.gather`` (returned, 1-D). ``cast(tensor, dtype name)`` is the framework's cast."""
+    n = int(flat32.shape[0])
+    counts = slices(n, size)
+    mine = counts[rank]
+    received = plane.alltoall(cast(flat32, acc.wire), counts, [mine] * size)
+    total = cast(received[0:mine], "float32")
+    for r in range(1, size):  # rank order, in float32
+        total += cast(received[r * mine:(r + 1) * mine], "float32")
+    if post != 1.0:  # float32(double(x) * factor), as scale_inplace on the MPI path: the same bits
+        total = cast(cast(total, "float64") * float(post), "float32")
+    part = total if acc.gather == "float32" else cast(total, acc.wire)
+    return plane.allgather([part], [[c] for c in counts])[0]
+
+
 def _wait(request: Any) -> None:
     polling.wait(request, POLL_CAP)
 
 
-__all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "to_float32", "to_wire", "write"]
+__all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "plane_allreduce", "to_float32", "to_wire",
+           "write"]

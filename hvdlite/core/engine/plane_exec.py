@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import HvdliteError
 from .planes import DataPlane, PlaneTable
-from ..reduce_ops import Adasum, Average, average_scale, resolve_op
+from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, Adasum, Average, average_scale, resolve_op
 from . import deterministic, polling
 from .fusion import Item
 from .requests import Kind
@@ -71,6 +71,9 @@ class PlaneExecutor:
                                       "hvd.Average or hvd.Sum, or move them to the CPU")
         post = average_scale(sig.postscale, self._size(batch)) if op is Average else sig.postscale
         outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
+        if type(sig.extra) is Accumulation and batch[0].dtype in ACCUMULABLE_DTYPES:  # engine/accumulate.py's rule
+            return plane.allreduce_accumulated(self._payloads(batch), outputs, batch[0].dtype, sig.extra,
+                                               sig.prescale, post)
         return plane.allreduce(self._payloads(batch), outputs, batch[0].dtype, op, sig.prescale, post)
 
     def _allgather(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
