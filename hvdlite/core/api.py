@@ -116,10 +116,10 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
     reduce_op = resolve_op(op, average)
     ps_id = _pset_id(process_set, "allreduce", name)
     inputs, dtypes = _prepare_all(arrays, dtype_hints)
+    if accumulation is not None:  # first: its reason (Adasum is no sum) before Adasum's own conditions
+        check_accumulation("allreduce", name, reduce_op, dtypes, accumulation, state().rank)
     check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
                     set_size=state().psets.size(ps_id))
-    if accumulation is not None:
-        check_accumulation("allreduce", name, reduce_op, dtypes, accumulation, state().rank)
     finalize = None
     if outputs is not None and not inplace:
         if len(outputs) != len(inputs) or any(np.shape(o) != a.shape for o, a in zip(outputs, inputs)):

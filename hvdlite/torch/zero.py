@@ -50,15 +50,15 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
                              f"couples the elements of a parameter, and shards are flat ranges; use "
                              f"DistributedOptimizer for it")
         check_passes(backward_passes_per_step)
-        self._ready = False
-        super().__init__(params, defaults)
-        self.optimizer_class = optimizer_class
-        self.process_set = process_set
         if accumulation_of(compression) is not None:
             raise ValueError(f"ZeroRedundancyOptimizer: compression={getattr(compression, '__name__', compression)} "
                              f"sums in float32 for allreduce only; ZeRO reduce-scatters its gradients. Use "
                              f"Compression.bf16 or Compression.none here, or DistributedOptimizer for float32 "
                              f"accumulation")
+        self._ready = False
+        super().__init__(params, defaults)
+        self.optimizer_class = optimizer_class
+        self.process_set = process_set
         self._compression = compression
         member = process_set.included()
         self._n = process_set.size() if member else 1
