@@ -4,7 +4,7 @@ convergence. One run prints JSON lines (and writes them to --out); it launches i
 Run:   python benchmarks/bf16_accumulation.py [--out benchmarks/results/bf16_accumulation.json]
 Smoke: python benchmarks/bf16_accumulation.py --smoke
 
-1. Error (``kind: "error"``): each rank's gradient is shaped like ResNet-50's and the small transformer's
+1. Error (``kind: "precision"``): each rank's gradient is shaped like ResNet-50's and the small transformer's
    (benchmarks/shapes.py's layers, plain torch; ``--elements`` elements sampled across all layers, per-layer
    scales and heavy tails: see model_like), or adversarial: many small values plus one rank's large value at a
    few elements (``adversarial``), or large values that cancel between two ranks (``cancelling``). Real
@@ -15,7 +15,7 @@ Smoke: python benchmarks/bf16_accumulation.py --smoke
    (``fp16``, ``fp16_fp32acc``). Reported: the relative L2 error and the largest error (relative to the
    largest value) of the average against a float64 reference, and ``floor``: the reference itself rounded to
    the method's result dtype (no method returning that dtype can do better).
-2. Bytes (in each error record): what each rank sends in a bandwidth-optimal allreduce of that dtype
+2. Bytes (in each precision record): what each rank sends in a bandwidth-optimal allreduce of that dtype
    (2 (N-1)/N x the buffer) and, for the accumulating methods, the all-to-all plus the all-gather it runs.
 3. Time (``kind: "time"``, -n 2): hvd.grouped_allreduce of ResNet-50's 161 gradient tensors (25.6M floats) with
    each compression, casts included, through hvdlite.torch.
@@ -158,7 +158,7 @@ def error_worker(args: argparse.Namespace) -> None:
             for method in ERROR_METHODS:
                 err = results[(dist, method)].astype(np.float64) - ref
                 result_dtype = "fp32" if method in ("fp32", "bf16_fp32acc_fp32gather") else method[:4]
-                out.emit({"bench": "bf16_accumulation", "kind": "error", "distribution": dist, "ranks": size,
+                out.emit({"bench": "bf16_accumulation", "kind": "precision", "distribution": dist, "ranks": size,
                           "method": method, "elements": int(ref.size), "rel_l2": float(np.linalg.norm(err)) / norm,
                           "max_rel": float(np.abs(err).max()) / peak, "result_dtype": result_dtype,
                           "floor_rel_l2": float(np.linalg.norm(floors[result_dtype] - ref)) / norm,
@@ -273,7 +273,7 @@ def main(args: argparse.Namespace) -> None:
             started = time.perf_counter()
             for record in launch(n, ["--worker", "error", "--data", data, *base], timeout=1800):
                 out.emit(record)
-            out.emit({"bench": "bf16_accumulation", "kind": "error_run", "ranks": n,
+            out.emit({"bench": "bf16_accumulation", "kind": "precision_run", "ranks": n,
                       "seconds": time.perf_counter() - started})
     for record in launch(2, ["--worker", "time", *base], timeout=1800):
         out.emit(record)
