@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, bf16_to_f32, f32_to_bf16, scale_inplace
+from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, scale_inplace
 from . import polling
 from .deterministic import POLL_CAP, slices
 from .mpi import MPIOps, counts_displacements
@@ -25,26 +25,44 @@ from .mpi import MPIOps, counts_displacements
 def to_float32(values: np.ndarray, dtype: str) -> np.ndarray:
     """A float32 copy of ``values`` (storage of dtype ``dtype``: bfloat16 as uint16 bits)."""
     if dtype == "bfloat16":
-        return bf16_to_f32(values)
+        return from_wire(values, "bfloat16")
     return np.asarray(values).astype(np.float32)
 
 
-def to_wire(values32: np.ndarray, wire: str) -> np.ndarray:
-    """float32 values rounded (to nearest even) to the wire dtype, as uint16 bits."""
+def to_wire(values32: np.ndarray, wire: str, scratch: bool = False) -> np.ndarray:
+    """float32 values rounded (to nearest even) to the wire dtype, as uint16 bits; ``scratch``: ``values32`` is
+    this module's own temporary, which the bfloat16 rounding may overwrite (no whole-buffer temporaries)."""
+    if wire == "float16":
+        return values32.astype(np.float16).view(np.uint16)
+    nan = np.isnan(values32)  # before the rounding below, which can carry a NaN's bits into infinity
+    bits = values32.view(np.uint32)
+    work = bits if scratch else bits.copy()
+    carry = np.right_shift(bits, 16)
+    np.bitwise_and(carry, 1, out=carry)
+    carry += 0x7FFF  # round half to even: 0x7FFF, plus 1 where the kept part is odd
+    work += carry
+    np.right_shift(work, 16, out=work)
+    out = work.astype(np.uint16)
+    if nan.any():
+        out[nan] = 0x7FC0
+    return out
+
+
+def from_wire(bits: np.ndarray, wire: str, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """uint16 bits of the wire dtype as float32 (exact), into ``out`` (float32) when given."""
+    if out is None:
+        out = np.empty(bits.shape, dtype=np.float32)
     if wire == "bfloat16":
-        return f32_to_bf16(values32)
-    return values32.astype(np.float16).view(np.uint16)
-
-
-def from_wire(bits: np.ndarray, wire: str) -> np.ndarray:
-    """uint16 bits of the wire dtype as float32 (exact)."""
-    return bf16_to_f32(bits) if wire == "bfloat16" else bits.view(np.float16).astype(np.float32)
+        np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(out, bits.view(np.float16), casting="unsafe")
+    return out
 
 
 def write(dst: np.ndarray, values32: np.ndarray, dtype: str) -> None:
     """``dst`` (storage of ``dtype``) = float32 ``values32`` rounded once to ``dtype``."""
     if dtype == "bfloat16":
-        dst[...] = f32_to_bf16(values32)
+        dst[...] = to_wire(values32, "bfloat16")
     else:
         np.copyto(dst, values32, casting="unsafe")
 
@@ -59,30 +77,38 @@ def allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: str, acc: Accu
     if dtype == acc.wire and pre == 1.0:
         send = src.view(np.uint16)  # already in the wire dtype: its bits go as they are
     elif pre == 1.0:
-        send = to_wire(to_float32(src, dtype), acc.wire)
+        send = to_wire(src, acc.wire) if dtype == "float32" else to_wire(to_float32(src, dtype), acc.wire, True)
     else:  # Horovod's rounding of a scaled float: float32(double(x) * factor), then the wire's
-        wide = bf16_to_f32(src) if dtype == "bfloat16" else src
-        send = to_wire((wide.astype(np.float64) * float(pre)).astype(np.float32), acc.wire)
+        wide = from_wire(src, "bfloat16") if dtype == "bfloat16" else src
+        send = to_wire((wide.astype(np.float64) * float(pre)).astype(np.float32), acc.wire, True)
     mine = counts[me]
     received = np.empty((size, mine), dtype=np.uint16)
     u16 = mpi_ops.datatypes["uint16"]
     wait(comm.Ialltoallv([send, counts_displacements(counts), u16],
                          [received, counts_displacements([mine] * size), u16]))
     total = from_wire(received[0], acc.wire)
-    for r in range(1, size):  # rank order, in float32: the only order, so every rank gets the same bits
-        total += from_wire(received[r], acc.wire)
+    if size > 1:
+        term = np.empty(mine, dtype=np.float32)
+        for r in range(1, size):  # rank order, in float32: the only order, so every rank gets the same bits
+            total += from_wire(received[r], acc.wire, out=term)
     scale_inplace(total, "float32", post)
     if acc.gather == "float32":
-        gathered = np.empty(n, dtype=np.float32)
         datatype, part = mpi_ops.datatypes["float32"], total
+        direct = dtype == "float32"
+        gathered = dst if direct else np.empty(n, dtype=np.float32)
     else:
-        gathered = np.empty(n, dtype=np.uint16)
-        datatype, part = u16, to_wire(total, acc.wire)
+        datatype, part = u16, to_wire(total, acc.wire, True)
+        direct = dtype == acc.wire
+        gathered = dst.view(np.uint16) if direct else np.empty(n, dtype=np.uint16)
     wait(comm.Iallgatherv([part, datatype], [gathered, counts_displacements(counts), datatype]))
-    if acc.gather != "float32" and dtype == acc.wire:
-        dst.view(np.uint16)[...] = gathered
+    if direct:
+        return  # gathered straight into dst (the result's dtype is the gather's)
+    if acc.gather == "float32":
+        write(dst, gathered, dtype)
+    elif dtype == "float32":
+        from_wire(gathered, acc.wire, out=dst)
     else:
-        write(dst, gathered if acc.gather == "float32" else from_wire(gathered, acc.wire), dtype)
+        write(dst, from_wire(gathered, acc.wire), dtype)
 
 
 class _Done:
