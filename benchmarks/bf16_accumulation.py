@@ -216,6 +216,7 @@ def converge_worker(args: argparse.Namespace) -> None:
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     test, train = order[:360], order[360:]
     mine = train[rank::size]
+    reference: Any = None  # Compression.none's final weights
     for method in CONVERGE_METHODS:
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
@@ -235,10 +236,11 @@ def converge_worker(args: argparse.Namespace) -> None:
             losses.append(float(hvd.allreduce(torch.tensor(total / batches), name=f"loss.{method}.{epoch}")))
         with torch.no_grad():
             accuracy = float((net(x[test]).argmax(1) == y[test]).float().mean())
-        weights = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        weights = torch.cat([p.detach().reshape(-1) for p in net.parameters()]).double()
+        reference = weights if reference is None else reference
         out.emit({"bench": "bf16_accumulation", "kind": "converge", "ranks": size, "method": method,
                   "epochs": args.epochs, "train_loss": losses, "test_accuracy": accuracy,
-                  "weight_norm": float(weights.norm())})
+                  "weights_rel_diff_vs_fp32": float((weights - reference).norm() / reference.norm())})
     hvd.shutdown()
 
 
