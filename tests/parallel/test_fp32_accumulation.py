@@ -107,6 +107,20 @@ def test_mixed_dtypes_in_one_grouped_op(reinit, rank: int, size: int) -> None:
         assert torch.equal(got[4], torch.arange(50, dtype=torch.int32) * sum(range(1, size + 1)))
 
 
+def test_process_sets(reinit, rank: int, size: int) -> None:
+    """Even and odd ranks, each reducing over its own set (MPI path, then gloo plane): the set's reference."""
+    for plane in PLANES:
+        reinit(cpu_operations=plane)
+        sets = [hvd.add_process_set(list(range(start, size, 2))) for start in (0, 1)]
+        mine = sets[rank % 2]
+        x = torch.randn(501, generator=torch.Generator().manual_seed(rank)) * 10.0 ** rank
+        everyone = hvd.allgather(x.reshape(1, -1), name=f"ps.all.{plane}", process_set=mine)
+        got = hvd.allreduce(x, compression=C.bf16_fp32acc, name=f"ps.{plane}", process_set=mine)
+        assert torch.equal(got, reference(everyone, C.bf16_fp32acc, post=1.0 / mine.size())), plane
+        for ps in sets:
+            hvd.remove_process_set(ps)
+
+
 def test_refusals_name_the_op_dtype_and_fix(reinit) -> None:
     """Min/Max are exact in half precision already (Compression.bf16 reduces them exactly), Product and Adasum
     are not sums: each is refused at submit with the reason; so are bool tensors and ZeRO's reduce-scatter."""
@@ -181,7 +195,8 @@ def test_distributed_optimizer_gets_the_reference_average(reinit, plane: str, ra
 
 @pytest.mark.mpi(sizes=(2, 3))  # importing TensorFlow costs ~20-40 s per launch on this machine: not again at -n 4
 def test_tensorflow_tape_and_allreduce(reinit, rank: int, size: int) -> None:
-    """TensorFlow: DistributedGradientTape(compression=bf16_fp32acc) averages by the same rule; hvd.allreduce of
+    """TensorFlow: DistributedGradientTape(compression=bf16_fp32acc) and the Keras DistributedOptimizer average by
+    the same rule; hvd.allreduce of
     a tf.IndexedSlices under it is refused (sparse_as_dense densifies)."""
     import tensorflow as tf
     import hvdlite.tensorflow as hvd_tf
@@ -195,6 +210,11 @@ def test_tensorflow_tape_and_allreduce(reinit, rank: int, size: int) -> None:
     tape = hvd_tf.DistributedGradientTape(tape, compression=hvd_tf.Compression.bf16_fp32acc)
     grad = tape.gradient(loss, [v])[0]
     assert np.array_equal(grad.numpy(), want.numpy())
+    import keras
+    import hvdlite.tensorflow.keras as hvd_keras
+    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=hvd_keras.Compression.bf16_fp32acc)
+    opt.apply_gradients([(tf.constant(w0.numpy()), v)])  # Keras: the reduced gradient, applied with lr 1
+    assert np.array_equal(v.numpy(), -want.numpy())
     slices = tf.IndexedSlices(tf.ones((2, 3)), tf.constant([0, 1]), tf.constant([4, 3]))
     with pytest.raises(ValueError, match="is sparse, and sparse gradients are allgathered uncompressed"):
         hvd_tf.allreduce(slices, compression=hvd_tf.Compression.bf16_fp32acc, name="tf.sparse")
