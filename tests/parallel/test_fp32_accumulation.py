@@ -3,8 +3,9 @@ float32 sum of each rank's contribution rounded once to the wire dtype, scaled, 
 dtype; checked bit for bit against that reference (made here with torch's own casts) on the MPI path and the
 torch.distributed (gloo) plane (``cpu_operations="gloo"``, set per test: no second spawn), under very different
 fusion, chunk and cycle settings; through allreduce(compression=), grouped ops of mixed dtypes, the
-DistributedOptimizer (buckets, per-parameter groups, the comm hook) and TensorFlow's DistributedGradientTape;
-and the refusals (Min/Max/Product/Adasum, bool, sparse gradients, ZeRO) with their messages."""
+DistributedOptimizer (buckets, per-parameter groups, the comm hook) and process sets; and the refusals
+(Min/Max/Product/Adasum, bool, sparse gradients, ZeRO) with their messages. TensorFlow's tape, Keras optimizer
+and sparse refusal: tests/parallel/test_tf_policy.py (TensorFlow is imported there already)."""
 from __future__ import annotations
 
 import numpy as np
@@ -47,9 +48,40 @@ def same_everywhere(t: torch.Tensor, name: str) -> None:
     assert all(torch.equal(rows[0], r) for r in rows[1:]), f"{name}: ranks got different bits"
 
 
-def test_integer_valued_inputs_give_the_exact_sum(reinit, rank: int, size: int) -> None:
-    """Integer-valued bf16 contributions: float32 accumulation is exact (fp32 gather: the exact sum; bf16 gather:
-    the exact sum rounded once), where a reduction in bf16 rounds after every addition and loses the ones."""
+def test_bits_do_not_depend_on_fusion_chunks_cycle_or_plane(reinit, rank: int, size: int) -> None:
+    """Averages of random tensors of every floating dtype, with each accumulating compression, all in flight at
+    once: the reference's bits under both settings, on both planes, with deterministic=True (which it
+    coincides with in order but not in precision), on every rank; scale factors applied in double."""
+    gen = torch.Generator().manual_seed(rank)
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+    xs = [(torch.randn(n, generator=gen) * 10.0 ** torch.randint(-2, 3, (n,), generator=gen)).to(d)
+          for n, d in zip((5, 300, 4099, 1031), dtypes)]
+    everyone = [gathered(x.float(), f"fus.all.{i}") for i, x in enumerate(xs)]
+    comps = [C.bf16_fp32acc, C.fp16_fp32acc, C.bf16_fp32acc_fp32gather]
+    want = [[reference(e, c, post=1.0 / size).to(x.dtype) for e, x in zip(everyone, xs)] for c in comps]
+    for label, settings in (("big", dict(BIG, cpu_operations="mpi")), ("small", dict(SMALL, cpu_operations="mpi")),
+                            ("gloo", dict(BIG, cpu_operations="gloo")), ("det", dict(SMALL, deterministic=True))):
+        reinit(**settings)
+        handles = [[hvd.allreduce_async_(x.clone(), name=f"fus.{label}.{k}.{i}", accumulation=c.accumulation)
+                    for i, x in enumerate(xs)] for k, c in enumerate(comps)]
+        gots = [[hvd.synchronize(h) for h in row] for row in handles]
+        for k, row in enumerate(gots):
+            for i, got in enumerate(row):
+                assert got.dtype == xs[i].dtype and torch.equal(got, want[k][i]), (label, comps[k].__name__, i)
+        same_everywhere(torch.cat([g.double() for row in gots for g in row]), f"fus.same.{label}")
+        if label == "small":  # prescale and postscale are applied in double, rounded once
+            for c in comps:
+                got = hvd.allreduce(xs[0].float(), op=hvd.Sum, compression=c, prescale_factor=0.1,
+                                    postscale_factor=3.0, name=f"fus.scaled.{c.__name__}")
+                assert torch.equal(got, reference(everyone[0], c, post=3.0, pre=0.1)), c.__name__
+
+
+def test_exact_sums_mixed_dtypes_and_process_sets(reinit, rank: int, size: int) -> None:
+    """On the MPI path, then the gloo plane: (1) integer-valued bf16 contributions: float32 accumulation is
+    exact (fp32 gather: the exact sum; bf16 gather: the exact sum rounded once), where a reduction in bf16
+    rounds after every addition and loses the ones; (2) one grouped op of float32, bfloat16, float16, float64
+    and int32 tensors: the floats follow the rule, the integers are summed exactly; (3) even and odd ranks,
+    each reducing over its own process set: the set's reference."""
     for plane in PLANES:
         reinit(cpu_operations=plane, **SMALL)
         x = torch.ones(1000, dtype=torch.float32)
@@ -58,45 +90,11 @@ def test_integer_valued_inputs_give_the_exact_sum(reinit, rank: int, size: int) 
         exact = gathered(x, f"int.all.{plane}").double().sum(0)
         got32 = hvd.allreduce(x, op=hvd.Sum, compression=C.bf16_fp32acc_fp32gather, name=f"int.f32.{plane}")
         assert torch.equal(got32.double(), exact), plane
+        assert got32[0].item() == 255 + size, plane  # 256 and the other ranks' ones, none lost
         got16 = hvd.allreduce(x, op=hvd.Sum, compression=C.bf16_fp32acc, name=f"int.bf16.{plane}")
         assert torch.equal(got16, exact.float().to(torch.bfloat16).float()), plane
         same_everywhere(got16, f"int.same.{plane}")
-        assert got32[0].item() == 255 + size, plane  # 256 and the other ranks' ones, none lost
 
-
-@pytest.mark.parametrize("compression", ["bf16_fp32acc", "fp16_fp32acc", "bf16_fp32acc_fp32gather"])
-def test_bits_do_not_depend_on_fusion_chunks_cycle_or_plane(reinit, compression: str, rank: int,
-                                                            size: int) -> None:
-    """Averages of random tensors of every floating dtype, several in flight: the reference's bits under both
-    settings, on both planes, on every rank (so also with deterministic=True, which it coincides with in order
-    but not in precision)."""
-    comp = getattr(C, compression)
-    gen = torch.Generator().manual_seed(rank)
-    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-    xs = [(torch.randn(n, generator=gen) * 10.0 ** torch.randint(-2, 3, (n,), generator=gen)).to(d)
-          for n, d in zip((5, 300, 4099, 1031), dtypes)]
-    everyone = [gathered(x.float(), f"fus.all.{i}") for i, x in enumerate(xs)]
-    want = [reference(e, comp, post=1.0 / size).to(x.dtype) for e, x in zip(everyone, xs)]
-    for label, settings in (("big", dict(BIG, cpu_operations="mpi")), ("small", dict(SMALL, cpu_operations="mpi")),
-                            ("gloo", dict(BIG, cpu_operations="gloo")), ("det", dict(SMALL, deterministic=True))):
-        reinit(**settings)
-        handles = [hvd.allreduce_async_(x.clone(), name=f"fus.{label}.{i}", accumulation=comp.accumulation)
-                   for i, x in enumerate(xs)]
-        gots = [hvd.synchronize(h) for h in handles]
-        for i, got in enumerate(gots):
-            assert got.dtype == xs[i].dtype and torch.equal(got, want[i]), (label, i)
-        same_everywhere(torch.cat([g.double() for g in gots]), f"fus.same.{label}")
-    reinit(cpu_operations="mpi", **SMALL)  # prescale and postscale are applied in double, rounded once
-    got = hvd.allreduce(xs[0].float(), op=hvd.Sum, compression=comp, prescale_factor=0.1, postscale_factor=3.0,
-                        name="fus.scaled")
-    assert torch.equal(got, reference(everyone[0], comp, post=3.0, pre=0.1)), "scaled"
-
-
-def test_mixed_dtypes_in_one_grouped_op(reinit, rank: int, size: int) -> None:
-    """One grouped op of float32, bfloat16, float16, float64 and int32 tensors: the floats follow the rule, the
-    integers are summed exactly; the same on the gloo plane."""
-    for plane in PLANES:
-        reinit(cpu_operations=plane, **BIG)
         gen = torch.Generator().manual_seed(10 + rank)
         xs = [torch.randn(97, generator=gen).to(d) for d in (torch.float32, torch.bfloat16, torch.float16,
                                                               torch.float64)]
@@ -106,11 +104,6 @@ def test_mixed_dtypes_in_one_grouped_op(reinit, rank: int, size: int) -> None:
             assert torch.equal(g, reference(gathered(x.float(), f"mixed.all.{plane}.{i}"), C.bf16_fp32acc).to(x.dtype))
         assert torch.equal(got[4], torch.arange(50, dtype=torch.int32) * sum(range(1, size + 1)))
 
-
-def test_process_sets(reinit, rank: int, size: int) -> None:
-    """Even and odd ranks, each reducing over its own set (MPI path, then gloo plane): the set's reference."""
-    for plane in PLANES:
-        reinit(cpu_operations=plane)
         sets = [hvd.add_process_set(list(range(start, size, 2))) for start in (0, 1)]
         mine = sets[rank % 2]
         x = torch.randn(501, generator=torch.Generator().manual_seed(rank)) * 10.0 ** rank
@@ -121,10 +114,9 @@ def test_process_sets(reinit, rank: int, size: int) -> None:
             hvd.remove_process_set(ps)
 
 
-def test_refusals_name_the_op_dtype_and_fix(reinit) -> None:
+def test_refusals_name_the_op_dtype_and_fix() -> None:
     """Min/Max are exact in half precision already (Compression.bf16 reduces them exactly), Product and Adasum
     are not sums: each is refused at submit with the reason; so are bool tensors and ZeRO's reduce-scatter."""
-    reinit()
     x = torch.ones(4)
     for op, pattern in ((hvd.Min, "hvd.Min and hvd.Max of half-precision values are exact"),
                         (hvd.Max, "hvd.Max has nothing to accumulate"), (hvd.Product, "hvd.Product has nothing"),
@@ -191,33 +183,3 @@ def test_distributed_optimizer_gets_the_reference_average(reinit, plane: str, ra
     with pytest.raises(ValueError, match=r"the gradient of 'emb.weight' is sparse.*sparse_as_dense=True"):
         _backward(sparse_only, rank)
         opt.synchronize()
-
-
-@pytest.mark.mpi(sizes=(2, 3))  # importing TensorFlow costs ~20-40 s per launch on this machine: not again at -n 4
-def test_tensorflow_tape_and_allreduce(reinit, rank: int, size: int) -> None:
-    """TensorFlow: DistributedGradientTape(compression=bf16_fp32acc) and the Keras DistributedOptimizer average by
-    the same rule; hvd.allreduce of
-    a tf.IndexedSlices under it is refused (sparse_as_dense densifies)."""
-    import tensorflow as tf
-    import hvdlite.tensorflow as hvd_tf
-    reinit()
-    gen = torch.Generator().manual_seed(rank)
-    w0 = torch.randn(37, generator=gen) * 10.0 ** (rank - 1)
-    want = reference(gathered(w0, "tf.all"), hvd_tf.Compression.bf16_fp32acc, post=1.0 / size)
-    v = tf.Variable(np.zeros(37, np.float32))
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(v * tf.constant(w0.numpy()))
-    tape = hvd_tf.DistributedGradientTape(tape, compression=hvd_tf.Compression.bf16_fp32acc)
-    grad = tape.gradient(loss, [v])[0]
-    assert np.array_equal(grad.numpy(), want.numpy())
-    import keras
-    import hvdlite.tensorflow.keras as hvd_keras
-    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=hvd_keras.Compression.bf16_fp32acc)
-    opt.apply_gradients([(tf.constant(w0.numpy()), v)])  # Keras: the reduced gradient, applied with lr 1
-    assert np.array_equal(v.numpy(), -want.numpy())
-    slices = tf.IndexedSlices(tf.ones((2, 3)), tf.constant([0, 1]), tf.constant([4, 3]))
-    with pytest.raises(ValueError, match="is sparse, and sparse gradients are allgathered uncompressed"):
-        hvd_tf.allreduce(slices, compression=hvd_tf.Compression.bf16_fp32acc, name="tf.sparse")
-    out = hvd_tf.allreduce(tf.convert_to_tensor(slices), op=hvd_tf.Sum, compression=hvd_tf.Compression.bf16_fp32acc,
-                           name="tf.dense")
-    assert np.array_equal(out.numpy()[:2], np.full((2, 3), float(size), np.float32))
