@@ -66,6 +66,9 @@ class Executor:
         if op is Average:
             post = average_scale(post, self.size_of(first.ps_id))
         if first.sig.extra is not None:  # an accumulating compression: its own Iallreduce applies the factors
+            dtypes = {item.dtype: None for item in items}
+            if len(dtypes) > 1:  # fusion off: one batch of a grouped op's tensors; one dtype at a time
+                return [pair for dtype in dtypes for pair in self._allreduce([i for i in items if i.dtype == dtype])]
             accumulating = accumulate.batch_comm(comm, self.ops, items[0].dtype, first.sig.extra, pre, post)
             if accumulating is not None:
                 comm, pre, post = accumulating, 1.0, 1.0
