@@ -55,7 +55,7 @@ def test_bits_do_not_depend_on_fusion_chunks_cycle_or_plane(reinit, rank: int, s
     gen = torch.Generator().manual_seed(rank)
     dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
     xs = [(torch.randn(n, generator=gen) * 10.0 ** torch.randint(-2, 3, (n,), generator=gen)).to(d)
-          for n, d in zip((5, 300, 4099, 1031), dtypes)]
+          for n, d in zip((5, 300, 1031, 517), dtypes)]
     everyone = [gathered(x.float(), f"fus.all.{i}") for i, x in enumerate(xs)]
     comps = [C.bf16_fp32acc, C.fp16_fp32acc, C.bf16_fp32acc_fp32gather]
     want = [[reference(e, c, post=1.0 / size).to(x.dtype) for e, x in zip(everyone, xs)] for c in comps]
