@@ -373,3 +373,31 @@ def test_synthetic_vs_horovod_smoke(tmp_path: Path) -> None:
                                                           / runs["peer"]["total_img_per_s"])
     assert summary["round_ratios"] == [pytest.approx(summary["hvdlite_over_peer"])]
     assert summary["hvdlite_cpu_s"] == runs["hvdlite"]["cpu_s"] and summary["peer_cpu_s"] == runs["peer"]["cpu_s"]
+
+
+def test_bf16_accumulation_smoke(tmp_path: Path) -> None:
+    """bf16_accumulation.py --smoke: its three mpiexec jobs at -n 2 report every distribution and method; the fp32
+    average's error is float32 rounding, and bf16's is at least bf16's own rounding (the floor)."""
+    out = tmp_path / "bf16.json"
+    proc = subprocess.run([sys.executable, str(BENCH / "bf16_accumulation.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=480, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text())
+    assert not [r for r in records if r.get("kind") == "error"], records
+    errors = [r for r in records if r["kind"] == "precision"]
+    assert {(r["distribution"], r["method"]) for r in errors} == {
+        (d, m) for d in ("resnet50", "small-transformer", "adversarial", "cancelling")
+        for m in ("fp32", "bf16", "bf16_ring", "bf16_fp32acc", "bf16_fp32acc_fp32gather", "fp16", "fp16_fp32acc")}
+    for r in errors:
+        assert r["ranks"] == 2 and math.isfinite(r["rel_l2"]) and r["bytes_sent_per_rank"] > 0, r
+        if r["method"] == "fp32":
+            assert r["rel_l2"] < 1e-6, r
+        if r["method"] == "bf16":
+            assert r["rel_l2"] >= r["floor_rel_l2"] * 0.99, r
+    assert {r["method"] for r in records if r["kind"] == "time"} == {
+        "none", "bf16", "bf16_fp32acc", "bf16_fp32acc_fp32gather", "fp16", "fp16_fp32acc"}
+    converge = [r for r in records if r["kind"] == "converge"]
+    assert {r["method"] for r in converge} == {"none", "bf16", "bf16_fp32acc"}
+    assert all(0.0 <= r["test_accuracy"] <= 1.0 and len(r["train_loss"]) == 1 for r in converge)
+    assert records[-1]["kind"] == "done"

@@ -10,7 +10,7 @@ from .engine.handles import Handle
 from .engine.requests import Kind
 from .engine.planes import PlaneBuffer
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import check_reduction, dtype_name, resolve_op, storage_dtype
+from .reduce_ops import Accumulation, check_accumulation, check_reduction, dtype_name, resolve_op, storage_dtype
 from .runtime import state
 
 
@@ -106,13 +106,18 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set, inplace: bool = False,
                             dtype_hints: Optional[Sequence[Optional[str]]] = None,
-                            outputs: Optional[Sequence[Any]] = None) -> Handle:
+                            outputs: Optional[Sequence[Any]] = None,
+                            accumulation: Optional[Accumulation] = None) -> Handle:
     """Reduce several arrays as one unit. The result is the list of reduced arrays: ``outputs`` (one array
-    of each input's shape and dtype, not overlapping the inputs; written in place) when given."""
+    of each input's shape and dtype, not overlapping the inputs; written in place) when given.
+    ``accumulation`` (an accumulating compression's, e.g. Compression.bf16_fp32acc): floating-point arrays
+    travel in its wire dtype and are summed in float32 (core/engine/accumulate.py)."""
     name = _auto_name("allreduce", name, process_set)
     reduce_op = resolve_op(op, average)
     ps_id = _pset_id(process_set, "allreduce", name)
     inputs, dtypes = _prepare_all(arrays, dtype_hints)
+    if accumulation is not None:  # first: its reason (Adasum is no sum) before Adasum's own conditions
+        check_accumulation("allreduce", name, reduce_op, dtypes, accumulation, state().rank)
     check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
                     set_size=state().psets.size(ps_id))
     finalize = None
@@ -129,7 +134,7 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
             if any(p is not o for p, o in zip(inputs, originals)):
                 finalize = _write_back(originals, inputs)
     return _submit(Kind.ALLREDUCE, name, ps_id, inputs, dtypes, outputs=outputs, op=reduce_op,
-                   prescale=prescale_factor, postscale=postscale_factor, finalize=finalize)
+                   prescale=prescale_factor, postscale=postscale_factor, finalize=finalize, extra=accumulation)
 
 
 def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
@@ -166,10 +171,11 @@ def allreduce_async_(array: np.ndarray, average: Optional[bool] = None, name: Op
 def grouped_allreduce(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set,
-                      outputs: Optional[Sequence[Any]] = None) -> list[np.ndarray]:
+                      outputs: Optional[Sequence[Any]] = None,
+                      accumulation: Optional[Accumulation] = None) -> list[np.ndarray]:
     return cast("list[np.ndarray]",
                 grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, outputs=outputs).wait())
+                                   process_set, outputs=outputs, accumulation=accumulation).wait())
 
 
 def grouped_allreduce_(arrays: Sequence[np.ndarray], average: Optional[bool] = None, name: Optional[str] = None,

@@ -3,12 +3,17 @@
 A frontend subclasses ``CastCompressor`` once with its framework's cast, then names the wire dtypes
 (``fp16``, ``bf16``). ``compress`` returns ``(wire tensor, ctx)``: ``ctx`` is the original dtype when the
 tensor was cast and None when it went as it was, so ``decompress`` casts back only what was cast.
+``AccumulatingCompressor`` (``bf16_fp32acc``...) casts nothing itself: it names an ``Accumulation`` that the
+allreduce hands to the engine, which sends the wire dtype and sums in float32 (core/engine/accumulate.py).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
-__all__ = ["Compressor", "NoneCompressor", "CastCompressor"]
+from .reduce_ops import HALF_DTYPES, Accumulation
+
+__all__ = ["Compressor", "NoneCompressor", "CastCompressor", "AccumulatingCompressor", "accumulating",
+           "accumulation_of", "check_sparse_compression"]
 
 
 class Compressor:
@@ -60,3 +65,54 @@ class CastCompressor(Compressor):
     @classmethod
     def decompress(cls, tensor: Any, ctx: Optional[Any]) -> Any:
         return tensor if ctx is None else cls.cast(tensor, ctx)
+
+
+class AccumulatingCompressor(Compressor):
+    """Half precision on the wire, float32 sums: the tensor goes to the allreduce as it is, with
+    ``accumulation``; the engine casts each floating-point contribution to the wire dtype once, sums in float32
+    in rank order and rounds the result once (to the wire dtype, or float32: ``Accumulation.gather``)."""
+
+    accumulation: Accumulation = Accumulation("bfloat16", "bfloat16")
+
+    @staticmethod
+    def compress(tensor: Any, ctx: Any = None) -> tuple[Any, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor
+
+
+_ACCUMULATING: dict[Accumulation, type[AccumulatingCompressor]] = {}
+
+
+def accumulating(wire: str, gather: Optional[str] = None) -> type[AccumulatingCompressor]:
+    """The accumulating compressor with ``wire`` ("bfloat16"/"float16") on the wire and the result all-gathered
+    in ``gather`` (the wire dtype by default, or "float32"); one class per pair, shared by both frontends."""
+    acc = Accumulation(wire, wire if gather is None else gather)
+    if acc.wire not in HALF_DTYPES or acc.gather not in (acc.wire, "float32"):
+        raise ValueError(f"accumulating compression: wire must be one of {', '.join(HALF_DTYPES)} and gather the "
+                         f"wire dtype or float32, got wire={wire!r}, gather={gather!r}")
+    found = _ACCUMULATING.get(acc)
+    if found is None:
+        short = {"bfloat16": "BF16", "float16": "FP16", "float32": "FP32"}
+        label = f"{short[acc.wire]}FP32Acc" + ("" if acc.gather == acc.wire else "FP32Gather")
+        found = _ACCUMULATING[acc] = type(f"{label}Compressor", (AccumulatingCompressor,), {
+            "accumulation": acc, "__doc__": f"{acc.wire} on the wire, float32 sums, {acc.gather} result."})
+    return found
+
+
+def accumulation_of(compression: Any) -> Optional[Accumulation]:
+    """What an allreduce with ``compression`` hands the engine: its Accumulation, or None (cast or none)."""
+    acc = getattr(compression, "accumulation", None)
+    return acc if isinstance(acc, Accumulation) else None
+
+
+def check_sparse_compression(compression: Any, what: str, rank: int) -> None:
+    """Refuse a sparse gradient (``what`` names it) under an accumulating compression: sparse gradients are
+    allgathered as they are (Horovod's way), so the compression could not apply to them."""
+    if accumulation_of(compression) is not None:
+        raise ValueError(f"rank {rank}: {what} is sparse, and sparse gradients are allgathered uncompressed; "
+                         f"compression={getattr(compression, '__name__', compression)} sums dense tensors in "
+                         f"float32. Pass sparse_as_dense=True to densify it (then it is compressed like the "
+                         f"others), or use another compression")

@@ -11,7 +11,10 @@ module is private to the core.
 - ``mixin_class(mixin, base)``: the class a wrapper turns a user's optimizer or tape into (a subclass of
   both, named like ``base``), built once per pair.
 - ``Compressor`` / ``NoneCompressor`` / ``CastCompressor``: gradient compression's one algorithm; a frontend
-  gives ``CastCompressor`` its framework's casts.
+  gives ``CastCompressor`` its framework's casts. ``accumulating(wire, gather)`` makes the compressors that
+  reduce in float32 (bf16/fp16 on the wire); ``accumulation_of(compression)`` is what an allreduce with a
+  compression passes to the core as ``accumulation=`` (an ``Accumulation``; None for the casts);
+  ``check_sparse_compression`` refuses a sparse gradient under one.
 - ``gradient_overlap(compute_threads)``: whether gradient reductions start during backward (decided by the
   ``gradient_overlap`` setting; see Config).
 - ``process_set_ranks(ps_id)``: the members of a registered process set, by id.
@@ -27,7 +30,8 @@ module is private to the core.
   ``plane_agreed(name)`` says whether every rank of the running job has that plane, ``plane_lacking(name)``
   which ranks do not; ``mpi_cuda_aware(override)`` whether the MPI library takes CUDA device buffers, and how
   that was found. ``in_rank_order`` / ``rank_order_allreduce``: deterministic=True on a plane (the core's
-  rank-order reduction over the plane's moves).
+  rank-order reduction over the plane's moves); ``accumulated_allreduce``: an accumulating compression on a
+  plane (bf16/fp16 over the plane's all-to-all, float32 sums, its all-gather).
 - ``submit_prepared(name, inputs, dtypes, layout, op, prescale, postscale, value)`` / ``tensor_layout(dtype,
   shape)`` / ``generation()``: the per-gradient in-place allreduce on the global set, for arrays a frontend
   prepared and caches per tensor (valid within one ``generation()``, which changes with every init()).
@@ -39,7 +43,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .compression import CastCompressor, Compressor, NoneCompressor
+from .compression import (CastCompressor, Compressor, NoneCompressor, accumulating, accumulation_of,
+                          check_sparse_compression)
 from .config import Config
 from .replicas import check_named as check_named_replicas
 from .replicas import flatten as flatten_tensors
@@ -47,19 +52,21 @@ from .engine.fusion import aligned_empty
 from .log import logger
 from .overlap import gradient_overlap
 from .engine.mpi import cuda_aware as mpi_cuda_aware
-from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, in_rank_order, rank_order_allreduce,
-                            register_factory)
-from .reduce_ops import ReduceOp, check_reduction, resolve_op
+from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, accumulated_allreduce, in_rank_order,
+                            rank_order_allreduce, register_factory)
+from .reduce_ops import Accumulation, ReduceOp, check_reduction, resolve_op
 from .engine.requests import tensor_layout
 from .runtime import generation, is_initialized, stage_host_copies, state, submit_prepared
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
 __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_class", "Compressor",
-           "NoneCompressor", "CastCompressor", "gradient_overlap", "process_set_ranks", "setting", "logger",
+           "NoneCompressor", "CastCompressor", "Accumulation", "accumulating", "accumulation_of",
+           "check_sparse_compression", "gradient_overlap",
+           "process_set_ranks", "setting", "logger",
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
-           "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce",
+           "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce", "accumulated_allreduce",
            "check_named_replicas", "flatten_tensors", "submit_prepared", "tensor_layout", "generation"]
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -126,6 +126,53 @@ def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: boo
         if dtype == "bool" and scaled:
             raise TypeError(f"{kind} {name!r}: prescale_factor/postscale_factor are not defined for bool "
                             f"tensors")
+
+
+class Accumulation(NamedTuple):
+    """bf16/fp16 on the wire, sums in float32: how an allreduce with an accumulating compression reduces its
+    floating-point tensors (engine/accumulate.py). Each rank casts its contribution to ``wire`` once; the
+    rank owning a slice adds every rank's contribution to it in float32, in rank order, scales it, and rounds
+    it once to ``gather``, the dtype the slices are all-gathered in (``wire``, or "float32" for the exact
+    float32 result at twice the gather's bytes). Integer and bool tensors of the same op reduce as always."""
+
+    wire: str  # "bfloat16" or "float16"
+    gather: str  # the wire dtype, or "float32"
+
+
+ACCUMULATED_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
+
+
+def check_accumulation(kind: str, name: str, op: ReduceOp, dtypes: Any, accumulation: Optional[Accumulation],
+                       rank: Optional[int] = None) -> None:
+    """Refuse, at submit, an accumulating compression the engine cannot run (one check for every frontend)."""
+    if accumulation is None:
+        return
+    where = f"rank {rank}: " if rank is not None else ""
+    if kind != "allreduce":
+        raise NotImplementedError(f"{where}{kind} {name!r}: float32 accumulation (Compression.*_fp32acc) is "
+                                  f"defined for allreduce only; use Compression.bf16 or Compression.none")
+    if not isinstance(accumulation, Accumulation) or accumulation.wire not in HALF_DTYPES \
+            or accumulation.gather not in (accumulation.wire, "float32"):
+        raise TypeError(f"{where}{kind} {name!r}: unsupported accumulating compression {accumulation!r}: the "
+                        f"wire dtype must be one of {', '.join(HALF_DTYPES)} and the gather dtype the wire "
+                        f"dtype or float32")
+    if op not in ACCUMULATED_OPS:
+        raise ValueError(
+            f"{where}{kind} {name!r}: float32 accumulation (Compression.*_fp32acc) sums; {op!r} has nothing "
+            f"to accumulate: hvd.Min and hvd.Max of half-precision values are exact in half precision (use "
+            f"Compression.bf16/fp16, which reduce them exactly), hvd.Product and hvd.Adasum are not sums. "
+            f"Use op=hvd.Average or hvd.Sum, or another compression")
+    unsupported = sorted({d for d in dtypes if d not in ACCUMULABLE_DTYPES and d not in PASSED_DTYPES})
+    if unsupported:
+        raise TypeError(f"{where}{kind} {name!r}: float32 accumulation cannot carry {', '.join(unsupported)} "
+                        f"tensors; floating-point ones ({', '.join(ACCUMULABLE_DTYPES)}) travel as "
+                        f"{accumulation.wire}, integer ones reduce exactly as they are")
+
+
+#: dtypes an accumulating compression sends in its wire dtype and sums in float32
+ACCUMULABLE_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: dtypes it leaves alone: integers reduce exactly in any order (bool has no sum to accumulate)
+PASSED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64")
 
 
 class Scale(float):

@@ -1,10 +1,11 @@
 """Gradient compression for the TensorFlow frontend: ``Compression.none``, ``.fp16`` and ``.bf16``, the
-core's one algorithm (``hvdlite.core.frontend.CastCompressor``) with TensorFlow's cast."""
+core's one algorithm (``hvdlite.core.frontend.CastCompressor``) with TensorFlow's cast; and ``bf16_fp32acc``,
+``fp16_fp32acc``, ``bf16_fp32acc_fp32gather`` (half precision on the wire, float32 sums), as hvdlite.torch's."""
 from __future__ import annotations
 
 import tensorflow as tf
 
-from hvdlite.core.frontend import CastCompressor, Compressor, NoneCompressor
+from hvdlite.core.frontend import CastCompressor, Compressor, NoneCompressor, accumulating
 
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "Compression"]
 
@@ -28,6 +29,9 @@ class BF16Compressor(_TensorFlowCast):
 
 
 class Compression:
-    """The compression algorithms an allreduce may use (Horovod's names, plus ``bf16`` as in hvdlite.torch)."""
+    """The compression algorithms an allreduce may use (Horovod's names, plus ``bf16`` and the float32-
+    accumulating ones as in hvdlite.torch: docs/torch.md says when to use them)."""
 
     none, fp16, bf16 = NoneCompressor, FP16Compressor, BF16Compressor
+    bf16_fp32acc, fp16_fp32acc = accumulating("bfloat16"), accumulating("float16")
+    bf16_fp32acc_fp32gather = accumulating("bfloat16", "float32")

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from hvdlite import core
 from hvdlite.core import Average, HvdliteError, ProcessSet, Sum, TensorMismatchError, global_process_set
-from hvdlite.core.frontend import process_set_ranks, resolve_op
+from hvdlite.core.frontend import Accumulation, process_set_ranks, resolve_op
 from hvdlite.tensorflow import status_op
 from hvdlite.tensorflow.buffers import ReusableOutputs
 from hvdlite.tensorflow.errors import as_tf_error
@@ -126,8 +126,10 @@ def _allreduce(tensor: Any, name: Optional[str] = None, op: Any = Sum, prescale_
 def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        ignore_name_scope: bool = False,
-                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
-    """Reduce several dense tensors as one unit (one op, one fused request)."""
+                       process_set: ProcessSet = global_process_set,
+                       accumulation: Optional[Accumulation] = None) -> list[tf.Tensor]:
+    """Reduce several dense tensors as one unit (one op, one fused request); ``accumulation``: an
+    accumulating compression's (bf16/fp16 on the wire, float32 sums)."""
     reduce_op = resolve_op(op)
     xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
     if not xs:
@@ -138,11 +140,12 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
     def reduce(*arrays: np.ndarray) -> list[np.ndarray]:
         if outputs is None:
             return core.grouped_allreduce(list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor,
-                                          postscale_factor=postscale_factor, process_set=process_set)
+                                          postscale_factor=postscale_factor, process_set=process_set,
+                                          accumulation=accumulation)
         # into warm, aligned buffers (TensorFlow wraps them without a copy), reused across steps
         return core.grouped_allreduce(list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor,
                                       postscale_factor=postscale_factor, process_set=process_set,
-                                      outputs=outputs.like(arrays))
+                                      outputs=outputs.like(arrays), accumulation=accumulation)
 
     @tf.custom_gradient
     def forward(*inputs: tf.Tensor) -> Any:
@@ -152,7 +155,8 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
         def grad(*dys: Any) -> list[tf.Tensor]:
             dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
             return _grouped_allreduce(dys, op=reduce_op, prescale_factor=prescale_factor,
-                                      postscale_factor=postscale_factor, process_set=process_set)
+                                      postscale_factor=postscale_factor, process_set=process_set,
+                                      accumulation=accumulation)
         return ys, grad
 
     return list(forward(*xs))

@@ -7,8 +7,9 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core import Average, ReduceOp, Sum
-from hvdlite.core.frontend import check_sparse, resolve_op, sparse_allgather_async
+from hvdlite.core import Average, ReduceOp, Sum, rank
+from hvdlite.core.frontend import (accumulation_of, check_sparse, check_sparse_compression, resolve_op,
+                                   sparse_allgather_async)
 
 from .compression import Compression, Compressor
 from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather, run_collective
@@ -60,12 +61,14 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if sparse_at:
         check_sparse(reduce_op, name, prescale_factor, postscale_factor)
+        check_sparse_compression(compression, f"tensor {sparse_at[0]} of allreduce {name!r}", rank())
         for i, s in zip(sparse_at, _sparse_allreduce([tensors[i] for i in sparse_at], reduce_op, process_set)):
             result[i] = s
     if dense_at:
         compressed, ctxs = zip(*[compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense_at])
         reduced = _grouped_allreduce(list(compressed), name=name, op=reduce_op, prescale_factor=prescale_factor,
-                                     postscale_factor=postscale_factor, process_set=process_set)
+                                     postscale_factor=postscale_factor, process_set=process_set,
+                                     accumulation=accumulation_of(compression))
         for i, r, ctx in zip(dense_at, reduced, ctxs):
             result[i] = compression.decompress(r, ctx)
     return result
@@ -137,6 +140,8 @@ def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none,
     for i, r in zip([i for i in present if i not in sparse_at], reduced):
         out[i] = r
     if sparse_at:
+        check_sparse_compression(compression, f"the gradient of {names[sparse_at[0]] if names else sparse_at[0]!r}",
+                                 rank())
         for i, s in zip(sparse_at, _sparse_allreduce([grads[i] for i in sparse_at], reduce_op, process_set,
                                                      _group_name("sparse_grads", names, sparse_at))):
             out[i] = s

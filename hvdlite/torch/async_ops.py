@@ -10,7 +10,7 @@ import hvdlite.core as core
 from hvdlite.core import basics
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
 from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set
-from hvdlite.core.frontend import check_sparse, resolve_op, sparse_allgather_async, submit_prepared
+from hvdlite.core.frontend import Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_prepared
 
 from .tensors import (check_one_device, dtype_hint, from_host, hints, on_plane, prepared, splits_array, to_host,
                       write_into)
@@ -25,21 +25,25 @@ def _name(kind: str, name: Optional[str]) -> Optional[str]:
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                             name: Optional[str] = None, op: Any = None, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0,
-                            process_set: ProcessSet = global_process_set) -> Handle:
-    """Start reducing ``tensors`` as one unit; synchronize() returns new reduced tensors."""
+                            process_set: ProcessSet = global_process_set, *,
+                            accumulation: Optional[Accumulation] = None) -> Handle:
+    """Start reducing ``tensors`` as one unit; synchronize() returns new reduced tensors. ``accumulation``:
+    an accumulating compression's (``accumulation_of(Compression.bf16_fp32acc)``), see hvdlite.core.api."""
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
     check_one_device(tensors, "grouped_allreduce")
     hosts = [to_host(t, _what("grouped_allreduce", reduce_op))[0] for t in tensors]
     handle = core.grouped_allreduce_async(hosts, None, _name("allreduce", name), reduce_op, prescale_factor,
-                                          postscale_factor, process_set, dtype_hints=hints(tensors))
+                                          postscale_factor, process_set, dtype_hints=hints(tensors),
+                                          accumulation=accumulation)
     return handle.then(lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
                              name: Optional[str] = None, op: Any = None, prescale_factor: float = 1.0,
                              postscale_factor: float = 1.0,
-                             process_set: ProcessSet = global_process_set) -> Handle:
+                             process_set: ProcessSet = global_process_set, *,
+                             accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensors`` in place; synchronize() returns the same tensors, now reduced."""
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
@@ -47,7 +51,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
     staged = [to_host(t, _what("grouped_allreduce_", reduce_op)) for t in tensors]
     handle = core.grouped_allreduce_async([s[0] for s in staged], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
-                                          dtype_hints=hints(tensors))
+                                          dtype_hints=hints(tensors), accumulation=accumulation)
     if all(s[1] for s in staged):  # the engine wrote the tensors' own memory: nothing to copy back
         return handle.returning(tensors)
     return handle.then(lambda results: [write_into(t, r, s[1])
@@ -64,17 +68,18 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
 
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     process_set: ProcessSet = global_process_set) -> Handle:
+                     process_set: ProcessSet = global_process_set, *,
+                     accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
     reduce_op = Average if op is None and average is None else resolve_op(op, average)  # the default: no call
-    if name is not None and process_set is global_process_set:  # the per-gradient path: kept short
+    if name is not None and process_set is global_process_set and accumulation is None:  # the per-gradient path
         host = prepared(tensor)
         if host is not None:
             return submit_prepared("allreduce." + name, *host, reduce_op, prescale_factor, postscale_factor, tensor)
     host, shared = to_host(tensor, _what("allreduce_", reduce_op))
     handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
-                                          dtype_hints=(dtype_hint(tensor),))
+                                          dtype_hints=(dtype_hint(tensor),), accumulation=accumulation)
     if shared:
         return handle.returning(tensor)
     return handle.then(lambda results: write_into(tensor, results[0], False))

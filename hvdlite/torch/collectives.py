@@ -16,7 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core import rank as core_rank
-from hvdlite.core.frontend import resolve_op
+from hvdlite.core.frontend import Accumulation, accumulation_of, resolve_op
 
 from .compression import Compression
 from .async_ops import (Average, Sum, allgather_async, alltoall_async, broadcast_async, grouped_allgather_async,
@@ -24,44 +24,70 @@ from .async_ops import (Average, Sum, allgather_async, alltoall_async, broadcast
 
 
 def _allreduce_grads(grads: Sequence[torch.Tensor], op: Any, pre: float, post: float,
-                     process_set: ProcessSet) -> list[torch.Tensor]:
+                     process_set: ProcessSet, accumulation: Optional[Accumulation] = None) -> list[torch.Tensor]:
     """Horovod's allreduce backward: the forward's reduction, scale factors and set, applied to the gradients."""
     return synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=op, prescale_factor=pre,
-                                               postscale_factor=post, process_set=process_set))
+                                               postscale_factor=post, process_set=process_set,
+                                               accumulation=accumulation))
 
 
 class HorovodAllreduce(torch.autograd.Function):
-    """Differentiable allreduce of one tensor."""
+    """Differentiable allreduce of one tensor (``accumulation``: an accumulating compression's)."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, average: Optional[bool], name: Optional[str], op: Any,
-                prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> torch.Tensor:
+                prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
+                accumulation: Optional[Accumulation] = None) -> torch.Tensor:
         ctx.op, ctx.scales, ctx.process_set = resolve_op(op, average), (prescale_factor,
                                                                                 postscale_factor), process_set
+        ctx.accumulation = accumulation
         return synchronize(grouped_allreduce_async([tensor], average, name, op, prescale_factor,
-                                                   postscale_factor, process_set))[0]
+                                                   postscale_factor, process_set, accumulation=accumulation))[0]
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return (_allreduce_grads([grad], ctx.op, *ctx.scales, ctx.process_set)[0],) + (None,) * 6
+        return (_allreduce_grads([grad], ctx.op, *ctx.scales, ctx.process_set, ctx.accumulation)[0],) + (None,) * 7
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
-    """Differentiable allreduce of a list of tensors as one unit."""
+    """Differentiable allreduce of a list of tensors as one unit (Horovod's signature)."""
 
     @staticmethod
     def forward(ctx: Any, average: Optional[bool], name: Optional[str], op: Any, prescale_factor: float,
                 postscale_factor: float, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple:
-        ctx.op, ctx.scales, ctx.process_set = resolve_op(op, average), (prescale_factor,
-                                                                                        postscale_factor), process_set
-        return tuple(synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                                         postscale_factor, process_set)))
+        return _grouped_forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, None,
+                                tensors)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         return (None,) * 6 + tuple(_allreduce_grads(grads, ctx.op, *ctx.scales, ctx.process_set))
+
+
+class AccumulatedGroupedAllreduce(torch.autograd.Function):
+    """HorovodGroupedAllreduce with an accumulating compression's ``accumulation`` (before the tensors)."""
+
+    @staticmethod
+    def forward(ctx: Any, average: Optional[bool], name: Optional[str], op: Any, prescale_factor: float,
+                postscale_factor: float, process_set: ProcessSet, accumulation: Optional[Accumulation],
+                *tensors: torch.Tensor) -> tuple:
+        return _grouped_forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
+                                accumulation, tensors)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        return (None,) * 7 + tuple(_allreduce_grads(grads, ctx.op, *ctx.scales, ctx.process_set, ctx.accumulation))
+
+
+def _grouped_forward(ctx: Any, average: Optional[bool], name: Optional[str], op: Any, pre: float, post: float,
+                     process_set: ProcessSet, accumulation: Optional[Accumulation], tensors: Sequence[torch.Tensor],
+                     ) -> tuple:
+    ctx.op, ctx.scales, ctx.process_set, ctx.accumulation = resolve_op(op, average), (pre, post), process_set, \
+        accumulation
+    return tuple(synchronize(grouped_allreduce_async(tensors, average, name, op, pre, post, process_set,
+                                                     accumulation=accumulation)))
 
 
 class HorovodAllgather(torch.autograd.Function):
@@ -165,7 +191,8 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
               postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` across ranks (Average by default); differentiable; the input is unmodified."""
     compressed, ctx = compression.compress(tensor)
-    out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set,
+                                 accumulation_of(compression))
     return compression.decompress(out, ctx)
 
 
@@ -175,8 +202,8 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce a list of tensors as one unit; differentiable; returns new tensors."""
     pairs = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
-                                         *[p[0] for p in pairs])
+    outs = AccumulatedGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
+                                             accumulation_of(compression), *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 

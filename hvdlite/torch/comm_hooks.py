@@ -1,5 +1,6 @@
 """Communication hooks for DistributedOptimizer's gradient buckets (DDP's GradBucket protocol):
-allreduce_hook (the default), fp16_compress_hook, bf16_compress_hook, and compression= as a hook."""
+allreduce_hook (the default), fp16_compress_hook, bf16_compress_hook, their float32-accumulating variants
+(bf16_fp32acc_compress_hook, fp16_fp32acc_compress_hook), and compression= as a hook."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
@@ -7,12 +8,14 @@ from typing import Any, Callable, Iterator
 import torch
 
 from hvdlite.core import ProcessSet
+from hvdlite.core.frontend import accumulation_of
 
 from .async_ops import Average, allreduce_async_, grouped_allreduce_async_
 from .compression import Compression
 from .zero_layout import Bucket
 
-__all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "compression_hook",
+__all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "bf16_fp32acc_compress_hook",
+           "fp16_fp32acc_compress_hook", "compression_hook",
            "Reduction", "start_reduction", "decompressed", "write_back"]
 
 #: hook(state, bucket) -> anything with .wait() returning the reduced, averaged flat tensor
@@ -73,7 +76,8 @@ def start_reduction(tensors: list[torch.Tensor], compression: Any, name: str, op
     pairs = [compression.compress(t) for t in tensors]
     wires = [w for w, _ in pairs]
     handle = grouped_allreduce_async_(wires, name=name, op=op, prescale_factor=prescale,
-                                      postscale_factor=postscale, process_set=process_set)
+                                      postscale_factor=postscale, process_set=process_set,
+                                      accumulation=accumulation_of(compression))
     return Reduction(handle, wires, [c for _, c in pairs], compression)
 
 
@@ -92,15 +96,19 @@ def write_back(target: torch.Tensor, result: torch.Tensor) -> None:
 def compression_hook(compression: Any, op: Any, prescale: float, postscale: float) -> CommHook:
     """DistributedOptimizer's ``compression=``, ``op`` and ``gradient_predivide_factor`` as one hook.
 
-    No compression reduces the bucket in place. The built-in casts (elementwise) compress the whole bucket
-    at once; any other compressor gets each gradient with its own shape, as Horovod hands it one tensor at
-    a time. Either way each element goes through the same casts and the same reduction as before buckets.
+    No compression reduces the bucket in place, and so does an accumulating one (bf16_fp32acc...: the engine
+    casts for the wire). The built-in casts (elementwise) compress the whole bucket at once; any other
+    compressor gets each gradient with its own shape, as Horovod hands it one tensor at a time. Either way each
+    element goes through the same casts and the same reduction as before buckets.
     """
+    accumulation = accumulation_of(compression)
+
     def reduce(state: Any, bucket: GradBucket) -> Any:
         buffer = bucket.buffer()
-        if compression is Compression.none:
+        if compression is Compression.none or accumulation is not None:
             return allreduce_async_(buffer, name=bucket.name, op=op, prescale_factor=prescale,
-                                    postscale_factor=postscale, process_set=bucket.process_set)
+                                    postscale_factor=postscale, process_set=bucket.process_set,
+                                    accumulation=accumulation)
         whole = compression in (Compression.fp16, Compression.bf16)
         grads = [buffer] if whole else bucket.gradients()
         started = start_reduction(grads, compression, bucket.name, op, prescale, postscale, bucket.process_set)
@@ -115,6 +123,8 @@ def compression_hook(compression: Any, op: Any, prescale: float, postscale: floa
 
 _FP16 = compression_hook(Compression.fp16, Average, 1.0, 1.0)
 _BF16 = compression_hook(Compression.bf16, Average, 1.0, 1.0)
+_BF16_FP32ACC = compression_hook(Compression.bf16_fp32acc, Average, 1.0, 1.0)
+_FP16_FP32ACC = compression_hook(Compression.fp16_fp32acc, Average, 1.0, 1.0)
 
 
 def fp16_compress_hook(state: Any, bucket: GradBucket) -> Any:
@@ -125,3 +135,14 @@ def fp16_compress_hook(state: Any, bucket: GradBucket) -> Any:
 def bf16_compress_hook(state: Any, bucket: GradBucket) -> Any:
     """Average the bucket sent as bfloat16 (half the bytes; float32's range, 8 bits of mantissa)."""
     return _BF16(state, bucket)
+
+
+def bf16_fp32acc_compress_hook(state: Any, bucket: GradBucket) -> Any:
+    """Average the bucket sent as bfloat16 and summed in float32 (Compression.bf16_fp32acc): half the bytes,
+    one rounding of the average instead of one per rank."""
+    return _BF16_FP32ACC(state, bucket)
+
+
+def fp16_fp32acc_compress_hook(state: Any, bucket: GradBucket) -> Any:
+    """Average the bucket sent as float16 and summed in float32 (Compression.fp16_fp32acc)."""
+    return _FP16_FP32ACC(state, bucket)

@@ -7,8 +7,8 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 
-from hvdlite.core import ProcessSet
-from hvdlite.core.frontend import resolve_op, setting
+from hvdlite.core import ProcessSet, rank
+from hvdlite.core.frontend import check_sparse_compression, resolve_op, setting
 
 from .async_ops import Average, sparse_allreduce_async, synchronize
 from .bucket_sync import BucketSync
@@ -122,6 +122,8 @@ class _DistributedOptimizer(ReadinessOwner):
             if q.grad.is_sparse:
                 self._sparse_dims[q] = q.grad.sparse_dim()
                 if not self.sparse_as_dense:
+                    check_sparse_compression(self._compression, f"the gradient of {self._parameter_names[q]!r}",
+                                             rank())
                     handle = sparse_allreduce_async(q.grad, self._parameter_names[q], self.op, self.process_set)
                     pending.append(_Pending(handle, [q], None, [False]))
                     continue

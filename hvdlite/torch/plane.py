@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.core import ReduceOp
-from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, in_rank_order, mpi_cuda_aware,
-                                   rank_order_allreduce, register_factory)
+from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, accumulated_allreduce, in_rank_order,
+                                   mpi_cuda_aware, rank_order_allreduce, register_factory)
 
 from . import mpi_plane
 
@@ -129,6 +129,25 @@ class TorchPlane(DataPlane):
             results, offset = [], 0
             for t, out in zip(inputs, outputs):
                 piece = buf[offset:offset + t.numel()].view(t.shape)
+                offset += t.numel()
+                if out is not None:
+                    out.copy_(piece)
+                    piece = out
+                results.append(piece)
+            self._done(results)
+            return results
+
+    def allreduce_accumulated(self, inputs: list, outputs: list, dtype: str, acc: Any, pre: float,
+                              post: float) -> list:
+        """bf16/fp16 on the wire, float32 sums: the core's accumulated_allreduce over this plane's moves."""
+        with self._device(inputs):
+            flat = torch.cat([t.reshape(-1).double() if pre != 1.0 else t.reshape(-1).float() for t in inputs])
+            if pre != 1.0:  # float32(double(x) * pre): the MPI path's rounding
+                flat = (flat * float(pre)).float()
+            reduced = accumulated_allreduce(self, self.boot, flat, acc, post, _cast)
+            results, offset = [], 0
+            for t, out in zip(inputs, outputs):
+                piece = reduced[offset:offset + t.numel()].view(t.shape).to(t.dtype)
                 offset += t.numel()
                 if out is not None:
                     out.copy_(piece)
@@ -277,6 +296,10 @@ def _rest(t: torch.Tensor) -> int:
     for d in t.shape[1:]:
         n *= d
     return n
+
+
+def _cast(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    return t.to(TORCH_DTYPES[dtype])
 
 
 def _scale(t: torch.Tensor, factor: float) -> None:

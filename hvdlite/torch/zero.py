@@ -14,7 +14,7 @@ import torch
 
 import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.frontend import setting
+from hvdlite.core.frontend import accumulation_of, setting
 
 from .compression import Compression
 from .async_ops import (Average, Sum, allreduce_async_, grouped_allgather_async, grouped_reducescatter_async,
@@ -50,6 +50,11 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
                              f"couples the elements of a parameter, and shards are flat ranges; use "
                              f"DistributedOptimizer for it")
         check_passes(backward_passes_per_step)
+        if accumulation_of(compression) is not None:
+            raise ValueError(f"ZeroRedundancyOptimizer: compression={getattr(compression, '__name__', compression)} "
+                             f"sums in float32 for allreduce only; ZeRO reduce-scatters its gradients. Use "
+                             f"Compression.bf16 or Compression.none here, or DistributedOptimizer for float32 "
+                             f"accumulation")
         self._ready = False
         super().__init__(params, defaults)
         self.optimizer_class = optimizer_class

@@ -1,6 +1,6 @@
 """The shared policy on the TF side, and TF1 sessions: SyncBatchNormalization (two-pass statistics, gradients,
-process_set=, Horovod's keyword arguments), sparse reductions, Compression.bf16, the runtime re-export, and
-broadcast_global_variables / BroadcastGlobalVariablesHook in a real tf.compat.v1 graph and session."""
+process_set=, Horovod's keyword arguments), sparse reductions, Compression.bf16 and bf16_fp32acc, the runtime
+re-export, and broadcast_global_variables / BroadcastGlobalVariablesHook in a real tf.compat.v1 graph and session."""
 from __future__ import annotations
 
 import numpy as np
@@ -99,6 +99,37 @@ def test_compression_bf16(size: int) -> None:
     np.testing.assert_array_equal(exact.numpy(), np.array([size * (1.0 + 2.0 ** -10), size * 3.0], np.float32))
     ints = hvd.allreduce(tf.constant([5], tf.int32), op=hvd.Sum, compression=hvd.Compression.bf16)
     assert ints.dtype == tf.int32 and ints.numpy().tolist() == [5 * size]
+
+
+def _bf16(values: np.ndarray) -> np.ndarray:
+    return tf.cast(tf.cast(values, tf.bfloat16), tf.float32).numpy()
+
+
+def test_compression_bf16_fp32acc(rank: int, size: int) -> None:
+    """bf16 on the wire, float32 sums: DistributedGradientTape and the Keras DistributedOptimizer average each
+    element as the rank-order float32 sum of every rank's value rounded once to bfloat16, divided (in double)
+    and rounded once (reference made with TensorFlow's own casts); a tf.IndexedSlices under it is refused."""
+    import keras
+    mine = (np.random.default_rng(rank).standard_normal(37) * 10.0 ** (rank - 1)).astype(np.float32)
+    everyone = hvd.allgather(tf.constant(mine[None]), name="acc.all").numpy()
+    total = _bf16(everyone[0])
+    for row in everyone[1:]:
+        total = total + _bf16(row)
+    want = _bf16((total.astype(np.float64) * (1.0 / size)).astype(np.float32))
+    v = tf.Variable(np.zeros(37, np.float32))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * tf.constant(mine))
+    tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.bf16_fp32acc)
+    assert np.array_equal(tape.gradient(loss, [v])[0].numpy(), want)
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(1.0), compression=hvdk.Compression.bf16_fp32acc)
+    opt.apply_gradients([(tf.constant(mine), v)])  # the reduced gradient, applied with lr 1
+    assert np.array_equal(v.numpy(), -want)
+    slices = tf.IndexedSlices(tf.ones((2, 3)), tf.constant([0, 1]), tf.constant([4, 3]))
+    with pytest.raises(ValueError, match="is sparse, and sparse gradients are allgathered uncompressed"):
+        hvd.allreduce(slices, compression=hvd.Compression.bf16_fp32acc, name="acc.sparse")
+    out = hvd.allreduce(tf.convert_to_tensor(slices), op=hvd.Sum, compression=hvd.Compression.bf16_fp32acc,
+                        name="acc.dense")
+    assert np.array_equal(out.numpy()[:2], np.full((2, 3), float(size), np.float32))
 
 
 #: Core names that are not part of the runtime every frontend re-exports (collectives have framework versions).

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16,
                           scale_inplace, scaled_copy, storage_dtype)
-from . import adasum, deterministic, polling, row_exec
+from . import accumulate, adasum, deterministic, polling, row_exec
 from .chunks import DATA_POLL_CAP, ChunkPipeline
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
 from .mpi import MPIOps
@@ -65,6 +65,13 @@ class Executor:
             return self._adasum(comm, items, pre, post)
         if op is Average:
             post = average_scale(post, self.size_of(first.ps_id))
+        if first.sig.extra is not None:  # an accumulating compression: its own Iallreduce applies the factors
+            dtypes = {item.dtype: None for item in items}
+            if len(dtypes) > 1:  # fusion off: one batch of a grouped op's tensors; one dtype at a time
+                return [pair for dtype in dtypes for pair in self._allreduce([i for i in items if i.dtype == dtype])]
+            accumulating = accumulate.batch_comm(comm, self.ops, items[0].dtype, first.sig.extra, pre, post)
+            if accumulating is not None:
+                comm, pre, post = accumulating, 1.0, 1.0
         small: list[Item] = []
         small_bytes = 0
         threshold, chunk = self.fusion_threshold_bytes, self.chunk_bytes

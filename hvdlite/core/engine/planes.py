@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from . import deterministic, polling
+from . import accumulate, deterministic, polling
 from .mpi import BufferComm
 
-from ..reduce_ops import ReduceOp
+from ..reduce_ops import Accumulation, ReduceOp
 
 
 class PlaneBuffer:
@@ -56,6 +56,14 @@ class DataPlane:
     def allreduce(self, inputs: list[Any], outputs: list[Any], dtype: str, op: ReduceOp, pre: float,
                   post: float) -> list[Any]:
         raise NotImplementedError
+
+    def allreduce_accumulated(self, inputs: list[Any], outputs: list[Any], dtype: str, acc: Accumulation,
+                              pre: float, post: float) -> list[Any]:
+        """Sum (Average's divisor in ``post``) with an accumulating compression: engine/accumulate.py's rule
+        (each rank's contribution rounded once to ``acc.wire``, float32 sums of each slice in rank order,
+        rounded once to ``acc.gather``), moved by the plane's own all-to-all and all-gather."""
+        raise NotImplementedError(f"the {self.name} data plane has no float32-accumulating allreduce; use "
+                                  f"Compression.bf16, or reduce these tensors over MPI")
 
     def allgather(self, inputs: list[Any], rows: list[list[int]]) -> list[Any]:
         """``rows[r][i]``: rows rank r contributes to tensor i; results are the concatenations."""
@@ -123,6 +131,13 @@ def rank_order_allreduce(plane: DataPlane, boot: Bootstrap, flat: Any, op: Reduc
     in rank order, element by element (engine/deterministic.py's rule, moved by the plane's alltoall and
     allgather), so its bits depend only on the number of ranks, as on the MPI path."""
     deterministic.plane_allreduce(plane, boot.rank, boot.size, flat, op)
+
+
+def accumulated_allreduce(plane: DataPlane, boot: Bootstrap, flat32: Any, acc: Accumulation, post: float,
+                          cast: Callable[[Any, str], Any]) -> Any:
+    """An accumulating compression on a data plane: engine/accumulate.py's rule over the plane's all-to-all
+    and all-gather (see accumulate.plane_allreduce); returns the 1-D result in ``acc.gather``."""
+    return accumulate.plane_allreduce(plane, boot.rank, boot.size, flat32, acc, post, cast)
 
 
 class _Test:

@@ -67,7 +67,8 @@ class Signature(NamedTuple):
 #: How a mismatch in each field is described to the user.
 FIELD_LABELS = {
     "kind": "operation", "ps_id": "process set", "op": "reduce op", "prescale": "prescale_factor",
-    "postscale": "postscale_factor", "root": "root rank", "tensors": "tensors", "extra": "arguments",
+    "postscale": "postscale_factor", "root": "root rank", "tensors": "tensors",
+    "extra": "arguments (for allreduce: the compression's float32 accumulation)",
     "plane": "data plane (the tensors' device: '' is host memory over MPI)",
 }
 
@@ -176,7 +177,7 @@ class Response(_SignatureFields):
         self.key = (sig.ps_id, name)  # the engine's pending-table key: (process set, name)
         # fusion: tensors with equal keys may share a batch (reductions also need the same dtype)
         by_dtype = sig.kind is Kind.ALLREDUCE or sig.kind is Kind.REDUCESCATTER
-        common = (sig.kind, sig.ps_id, sig.op, sig.prescale, sig.postscale, sig.root, sig.plane)
+        common = (sig.kind, sig.ps_id, sig.op, sig.prescale, sig.postscale, sig.root, sig.plane, sig.extra)
         self.batch_keys = tuple((common, dtype if by_dtype else None) for dtype, _ in sig.tensors)
 
     def __repr__(self) -> str:
