@@ -4,19 +4,12 @@ Nothing here looks at a timing.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
-from conftest import ROOT, run_mpi
+from conftest import ROOT, json_lines, run_mpi
 
 BENCH = ROOT / "benchmarks"
-
-
-def json_lines(text: str) -> list[dict]:
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert lines, "the benchmark printed nothing"
-    return [json.loads(line) for line in lines]
 
 
 def test_zero_memory_reports_sharded_state() -> None:
