@@ -26,7 +26,7 @@ PARALLEL = Path(__file__).resolve().parent / "parallel"
 #: ``test_*.py`` launches MPI jobs, like most files here). A test that carries a tier marker itself keeps it.
 TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("unit", ("test_*_unit.py", "test_torch.py", "test_reduce_scaling.py", "test_elastic_auth.py")),  # one process
-    ("static", ("test_typing.py", "test_layering.py", "test_tiers.py")),  # reads the source: mypy, ruff, ast
+    ("static", ("test_typing.py", "test_layering.py", "test_tiers.py", "test_architecture_doc.py")),  # the source
     ("examples", ("test_*example*.py",)),  # examples/ trained to their accuracy under mpiexec
     ("benchmark", ("test_*benchmark*.py",)),  # benchmarks/' smoke runs
     ("cluster", ("test_slurm*.py", "test_multihost*.py", "test_elastic_hosts*.py", "test_launch_ssh*.py",
