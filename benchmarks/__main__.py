@@ -68,6 +68,9 @@ def command(bench: Bench, args: argparse.Namespace, venv: Optional[Path], out: P
         own, tail = own[:own.index("--")], own[own.index("--"):]
     python, mpiexec = sys.executable, shutil.which("mpiexec") or "mpiexec"
     peer: list[str] = []
+    if "--hvd-module" in own and (venv is not None or frameworks == "keras"):  # a smoke run's stand-in
+        at = own.index("--hvd-module")
+        del own[at:at + 2]
     if venv is not None and bench.peer == "module" and frameworks != "keras":
         python, mpiexec = str(venv / "bin" / "python"), str(venv / "bin" / "mpiexec")
         peer = ["--hvd-module", "horovod.torch"]
