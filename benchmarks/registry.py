@@ -109,8 +109,9 @@ BENCHMARKS: tuple[Bench, ...] = (
           ("--model", "transformer", "--batch", "2", "--rounds", "1")),
     Bench("keras_reduce", "where Keras' gradient reduction time goes (ResNet-50's 214 gradients), method by "
           "method", "mpi", "~1 min (README, with --fit)", None,
-          no_smoke="builds Keras' ResNet-50 (25M parameters) and traces its tf.functions before the first "
-                   "measurement: ~50 s however few rounds, and it has no size flag", output="text",
+          no_smoke="measured (session 7): 53 s at -n 2 for one round, 18 s with one method, 9-10 s of it "
+                   "importing TensorFlow; it builds Keras' ResNet-50 and has no size flag, and prints text, not "
+                   "JSON lines: a smoke run needs a size flag and a JSON mode first", output="text",
           takes_out=False),
 )
 
