@@ -117,6 +117,9 @@ def test_the_entry_point_plans_every_suite_with_and_without_a_horovod_venv(tmp_p
     for name in ("peak_rss", "synthetic_vs_horovod"):
         assert lines[name].endswith(f"--horovod-venv {venv}"), lines[name]
     assert f"--hvdlite-path {ROOT}" in lines["peak_rss"]
+    smoke_peer = entry_point("--smoke", "--dry-run", "--horovod-venv", str(venv), "--results", str(tmp_path)).stderr
+    assert "hvdlite.torch" not in smoke_peer  # the smoke runs' stand-ins for Horovod give way to the real one
+    assert smoke_peer.count("--hvd-module horovod.torch") == 3 and "--peer-module" not in smoke_peer
     table = entry_point("--list").stdout
     assert all(f"`{b.name}.py`" in table for b in BENCHMARKS) and "none: measured (session 7): 53 s" in table
 
