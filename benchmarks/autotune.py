@@ -33,10 +33,14 @@ BAD = {"fusion_threshold_bytes": 0, "cycle_time_ms": 1.0, "allreduce_chunk_bytes
 HAND_SET = {
     "default_4MB_1ms_1MB": {"fusion_threshold_bytes": 4 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 1 * MIB},
     "fusion16MB_chunk2MB": {"fusion_threshold_bytes": 16 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 2 * MIB},
-    "fusion64MB_chunk4MB": {"fusion_threshold_bytes": 64 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 4 * MIB},
-    "fusion4MB_chunk256KB": {"fusion_threshold_bytes": 4 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": MIB // 4},
-    "fusion8MB_cycle0.2_chunk2MB": {"fusion_threshold_bytes": 8 * MIB, "cycle_time_ms": 0.2, "allreduce_chunk_bytes": 2 * MIB},
-    "fusion32MB_cycle5_chunk1MB": {"fusion_threshold_bytes": 32 * MIB, "cycle_time_ms": 5.0, "allreduce_chunk_bytes": 1 * MIB},
+    "fusion64MB_chunk4MB": {"fusion_threshold_bytes": 64 * MIB, "cycle_time_ms": 1.0,
+                            "allreduce_chunk_bytes": 4 * MIB},
+    "fusion4MB_chunk256KB": {"fusion_threshold_bytes": 4 * MIB, "cycle_time_ms": 1.0,
+                             "allreduce_chunk_bytes": MIB // 4},
+    "fusion8MB_cycle0.2_chunk2MB": {"fusion_threshold_bytes": 8 * MIB, "cycle_time_ms": 0.2,
+                                    "allreduce_chunk_bytes": 2 * MIB},
+    "fusion32MB_cycle5_chunk1MB": {"fusion_threshold_bytes": 32 * MIB, "cycle_time_ms": 5.0,
+                                   "allreduce_chunk_bytes": 1 * MIB},
 }
 
 

@@ -3,7 +3,8 @@ default) on 1,000 small ops and on ResNet-50's gradient sync, the call-site chec
 hvd.check_replicas on ResNet-50 vs a training step.
 
 Run:   mpiexec -n 2 python benchmarks/diagnostics.py [--out benchmarks/results/diagnostics.json]
-Smoke: mpiexec -n 2 python benchmarks/diagnostics.py --reps 2 --sessions 1 --inflight 50 --scale 0.01 --batch 1 --image 64
+Smoke: mpiexec -n 2 python benchmarks/diagnostics.py --reps 2 --sessions 1 --inflight 50 --scale 0.01 --batch 1 \
+           --image 64
 
 Methods (one JSON line each, after a machine line; times are the slowest rank's, medians over repetitions):
   small_ops_<setting>          --inflight named 4-float ``allreduce_async`` (numpy, Sum), then synchronize each.

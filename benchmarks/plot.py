@@ -179,7 +179,8 @@ def summary_table(s: dict[str, Any]) -> str:
         rows.append(f"| {label} | {fig(s[f'{measure}_hvdlite_torch_{unit}'], unit)} | "
                     f"{fig(s[f'{measure}_module_{unit}'], unit)} | {fig(s[f'{measure}_mpi4py_{unit}'], unit)} | "
                     f"{ratio(s[f'{measure}_hvdlite_torch_over_module'])} | "
-                    f"{ratio(s[f'{measure}_hvdlite_torch_over_mpi4py'])} | {ratio(s[f'{measure}_module_over_mpi4py'])} |")
+                    f"{ratio(s[f'{measure}_hvdlite_torch_over_mpi4py'])} | "
+                    f"{ratio(s[f'{measure}_module_over_mpi4py'])} |")
     return "\n".join(rows) + "\n"
 
 

@@ -1,6 +1,7 @@
 """Small collectives: one tiny allreduce's latency, 1,000 small allreduces in flight, and idle engine CPU.
 
-Run:   mpiexec -n 2 python benchmarks/small_ops.py [--hvd-module horovod.torch] [--out benchmarks/results/small_ops.json]
+Run:   mpiexec -n 2 python benchmarks/small_ops.py [--hvd-module horovod.torch]
+           [--out benchmarks/results/small_ops.json]
 Smoke: mpiexec -n 2 python benchmarks/small_ops.py --iters 20 --reps 2 --inflight 50 --idle-seconds 0.5
 
 Methods (one JSON line each, after a machine line):

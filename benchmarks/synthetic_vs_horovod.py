@@ -16,7 +16,6 @@ load from other jobs, a library whose threads poll while they wait is scheduled 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import resource

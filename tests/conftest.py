@@ -1,8 +1,11 @@
-"""Shared test helpers: launching real MPI jobs of the project's worker scripts, with timeouts."""
+"""Shared test helpers (launching real MPI jobs of the project's worker scripts, with timeouts; reading their
+output) and the test tiers: every test gets exactly one tier marker, from its file's name (TIERS)."""
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -17,6 +20,47 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 #: The variable that tells a worker where to write its structured results (see tests/workers/report.py).
 REPORT_DIR_VARIABLE = "HVDT_WORKER_REPORT_DIR"
 PARALLEL = Path(__file__).resolve().parent / "parallel"
+
+#: The test tiers (pytest markers, registered in setup.cfg; times in README.md's "Testing"), by test file name:
+#: the first pattern that matches a file gives its tests their tier, so a new file gets one too (an unknown
+#: ``test_*.py`` launches MPI jobs, like most files here). A test that carries a tier marker itself keeps it.
+TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("unit", ("test_*_unit.py", "test_torch.py", "test_reduce_scaling.py", "test_elastic_auth.py")),  # one process
+    ("static", ("test_typing.py", "test_layering.py", "test_tiers.py", "test_architecture_doc.py")),  # the source
+    ("examples", ("test_*example*.py",)),  # examples/ trained to their accuracy under mpiexec
+    ("benchmark", ("test_*benchmark*.py",)),  # benchmarks/' smoke runs
+    ("cluster", ("test_slurm*.py", "test_multihost*.py", "test_elastic_hosts*.py", "test_launch_ssh*.py",
+                 "test_launch_openmpi*.py", "test_launch_output*.py", "test_cluster*.py")),  # Slurm, netns hosts
+    ("launcher", ("test_launch_*.py", "test_sentinel*.py", "test_run_func*.py", "test_elastic*.py")),  # hvdlite-run
+    ("multi_rank", ("test_*.py",)),  # mpiexec -n 2/3/... jobs of the core and frontends (tests/parallel too)
+)
+TIER_NAMES = tuple(name for name, _ in TIERS)
+
+
+def tier_of(path: str | Path) -> str:
+    """The tier of the tests in this file (by its name: the first matching pattern of TIERS; tests/parallel's
+    files all run inside MPI ranks)."""
+    if Path(path).parent == PARALLEL:
+        return "multi_rank"
+    name = Path(path).name
+    for tier, patterns in TIERS:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            return tier
+    raise ValueError(f"{name} matches no pattern of TIERS in tests/conftest.py: give it a tier there")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give every test its file's tier, unless it carries one; refuse a test with two."""
+    doubled = []
+    for item in items:
+        own = [m.name for m in item.iter_markers() if m.name in TIER_NAMES]
+        if not own:
+            item.add_marker(tier_of(item.path))
+        elif len(set(own)) > 1:
+            doubled.append(f"{item.nodeid}: {sorted(set(own))}")
+    if doubled:
+        raise pytest.UsageError("tests with more than one tier marker (keep one):\n" + "\n".join(doubled))
+
 
 # tests/parallel/ runs inside MPI ranks (see tests/test_parallel.py); the outer pytest only spawns it.
 collect_ignore = [] if os.environ.get("HVDT_IN_RANKS") else ["parallel"]
@@ -58,6 +102,20 @@ def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+def final_accuracy(stdout: str, stderr: str = "") -> float:
+    """The one ``test_accuracy=<float>`` line an example or worker prints (on rank 0 only) at its end."""
+    found = re.findall(r"^test_accuracy=([0-9.]+)$", stdout, flags=re.M)
+    assert len(found) == 1, f"expected one test_accuracy line (rank 0 only):\n{stdout}\n{stderr}"
+    return float(found[0])
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """Every line of a benchmark's or worker's output is one JSON object (they print nothing else on stdout)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines, "the program printed nothing"
+    return [json.loads(line) for line in lines]
 
 
 def worker_reports(report_dir: Path) -> dict[int, dict[str, Any]]:

@@ -1,4 +1,6 @@
-"""Smoke runs of the benchmarks with tiny sizes at 2 ranks: well-formed JSON lines with every method.
+"""Smoke runs of every benchmark of benchmarks/registry.py through ``python -m benchmarks --smoke``, with tiny
+sizes: well-formed JSON with every method, whatever each script promises. Every measuring script of
+benchmarks/ is in the registry, and each is either smoked here (seconds) or says there why it cannot be.
 
 Benchmarks are not tests: nothing here looks at a timing, only that each benchmark still runs and reports.
 """
@@ -6,22 +8,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
-from conftest import ROOT, run_mpi
+from conftest import ROOT, json_lines
+
+sys.path.insert(0, str(ROOT))
+from benchmarks.registry import BENCHMARKS, BY_NAME, NOT_BENCHMARKS, SUITES  # noqa: E402
 
 BENCH = ROOT / "benchmarks"
-
-
-def json_lines(text: str) -> list[dict]:
-    """Every line of the output is one JSON object (the benchmarks print nothing else on stdout)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert lines, "the benchmark printed nothing"
-    return [json.loads(line) for line in lines]
+Records = Any  # list[dict] of JSON lines, or one JSON object for output="json"
 
 
 def by_method(records: list[dict], **match: object) -> dict[str, dict]:
@@ -34,12 +35,100 @@ def assert_positive(record: dict, *keys: str) -> None:
         assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, (key, record)
 
 
-def test_grad_sync_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "grad_sync.json"
-    proc = run_mpi(BENCH / "grad_sync.py", 2, timeout=240, args=[
-        "--scale", "0.0005", "--reps", "2", "--warmup", "1", "--hvd-module", "hvdlite.torch", "--out", str(out)])
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
+def entry_point(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+    assert proc.returncode == 0, \
+        f"python -m benchmarks {' '.join(args)}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def smoke(name: str, tmp_path: Path, *extra: str) -> Records:
+    """``python -m benchmarks --only NAME --smoke [-- EXTRA]``: its results file, parsed; what the script printed
+    is the same (a script with --out writes there what it prints; the others' output is kept by the runner)."""
+    proc = entry_point("--only", name, "--smoke", "--no-plot", "--results", str(tmp_path),
+                       *(("--", *extra) if extra else ()))
+    text = (tmp_path / f"{name}.json").read_text()
+    if BY_NAME[name].output == "json":
+        assert json.loads(proc.stdout) == json.loads(text)
+        return json.loads(text)
+    records = json_lines(text)
+    assert json_lines(proc.stdout) == records
+    return records
+
+
+#: arguments a smoke test adds to the registry's (after --): peak_rss measures this checkout a second time, so
+#: one run covers the comparison of checkouts beside plain torch and DDP
+SMOKE_EXTRA = {"peak_rss": ("--hvdlite-path", f"again={ROOT}")}
+#: benchmark name -> the assertions on its smoke run's records
+CHECKS: dict[str, Callable[[Records, Path], None]] = {}
+
+
+def check(name: str) -> Callable[[Callable[[Records, Path], None]], Callable[[Records, Path], None]]:
+    def register(function: Callable[[Records, Path], None]) -> Callable[[Records, Path], None]:
+        CHECKS[name] = function
+        return function
+    return register
+
+
+@pytest.mark.parametrize("name", [b.name for b in BENCHMARKS if b.smoke is not None])
+def test_smoke(name: str, tmp_path: Path) -> None:
+    """Every smoked benchmark of the registry runs through the entry point and passes its checks."""
+    assert name in CHECKS, f"{name} is smoked in benchmarks/registry.py but has no @check here: write its checks"
+    CHECKS[name](smoke(name, tmp_path, *SMOKE_EXTRA.get(name, ())), tmp_path)
+
+
+def test_every_script_is_in_the_registry_and_smoked_or_says_why() -> None:
+    scripts = {p.stem for p in BENCH.glob("*.py")} - NOT_BENCHMARKS
+    assert scripts == set(BY_NAME), ("benchmarks/registry.py must list every measuring script of benchmarks/ "
+                                     f"(missing: {sorted(scripts - set(BY_NAME))}, "
+                                     f"gone: {sorted(set(BY_NAME) - scripts)})")
+    for bench in BENCHMARKS:
+        assert (bench.smoke is None) != (not bench.no_smoke), \
+            f"{bench.name}: give smoke arguments or no_smoke's reason"
+        assert bench.script.exists() and bench.launch in ("mpi", "python") and bench.question and bench.takes
+        assert bench.peer in ("", "module", "venv", "required") and bench.output in ("jsonl", "json", "text")
+    assert set(CHECKS) == {b.name for b in BENCHMARKS if b.smoke is not None}
+    assert set(SUITES["headline"]) < set(SUITES["all"]) == set(BY_NAME)
+
+
+def test_the_entry_point_plans_every_suite_with_and_without_a_horovod_venv(tmp_path: Path) -> None:
+    """--dry-run prints each command: the peer comes from the venv (its python and mpiexec with --hvd-module, or
+    --horovod-venv), train_throughput's Keras part stays on this Python, and without a venv the benchmark that
+    only compares with Horovod is skipped with a message."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for tool in ("python", "mpiexec"):
+        (venv / "bin" / tool).write_text("#!/bin/sh\n")
+        (venv / "bin" / tool).chmod(0o755)
+    alone = entry_point("all", "--dry-run", "--results", str(tmp_path / "r")).stderr
+    assert "no Horovod venv given: skipping Horovod" in alone
+    assert "synthetic_vs_horovod skipped: it compares with Horovod" in alone
+    planned = [line for line in alone.splitlines() if line.startswith("benchmarks: ") and ": /" in line]
+    assert {line.split(":")[1].strip() for line in planned} == set(BY_NAME) - {"synthetic_vs_horovod"}
+    assert "--hvd-module" not in alone and str(venv) not in alone
+    peer = entry_point("--dry-run", "--horovod-venv", str(venv), "--results", str(tmp_path / "r")).stderr
+    lines = {line.split(":")[1].strip() + (":keras" if "--frameworks keras" in line else ""): line
+             for line in peer.splitlines() if line.startswith("benchmarks: ") and ": /" in line}
+    assert set(lines) == set(SUITES["headline"]) | {"train_throughput:keras"}
+    for name in ("small_ops", "grad_sync", "train_throughput"):
+        assert f"{venv}/bin/python" in lines[name] and lines[name].endswith("--hvd-module horovod.torch"), lines[name]
+    assert f"{venv}/bin/mpiexec -n 2" in lines["small_ops"]
+    keras = lines["train_throughput:keras"]
+    assert f"{sys.executable} " in keras and "--hvd-module" not in keras
+    for name in ("peak_rss", "synthetic_vs_horovod"):
+        assert lines[name].endswith(f"--horovod-venv {venv}"), lines[name]
+    assert f"--hvdlite-path {ROOT}" in lines["peak_rss"]
+    smoke_peer = entry_point("--smoke", "--dry-run", "--horovod-venv", str(venv), "--results", str(tmp_path)).stderr
+    assert "hvdlite.torch" not in smoke_peer  # the smoke runs' stand-ins for Horovod give way to the real one
+    assert smoke_peer.count("--hvd-module horovod.torch") == 3 and "--peer-module" not in smoke_peer
+    table = entry_point("--list").stdout
+    assert all(f"`{b.name}.py`" in table for b in BENCHMARKS) and "none: measured (session 7): 53 s" in table
+
+
+@check("grad_sync")
+def check_grad_sync(records: Records, tmp_path: Path) -> None:
     machine = records[0]
     assert machine["kind"] == "machine" and machine["ranks"] == 2 and machine["bench"] == "grad_sync"
     assert records[-1]["kind"] == "done"
@@ -68,18 +157,9 @@ INFLIGHT_KEYS = ("inflight_fused", "inflight_unfused", "inflight_hvdlite_torch",
                  "inflight_mpi_one")
 
 
-def run_small_ops(tmp_path: Path, *extra: str) -> list[dict]:
-    out = tmp_path / "small_ops.json"
-    proc = run_mpi(BENCH / "small_ops.py", 2, timeout=180, args=[
-        "--iters", "20", "--reps", "2", "--inflight", "40", "--idle-seconds", "0.3", *extra, "--out", str(out)])
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
+@check("small_ops")
+def check_small_ops(records: Records, tmp_path: Path) -> None:
     assert records[0]["kind"] == "machine" and records[-1]["kind"] == "done"
-    return records
-
-
-def test_small_ops_smoke(tmp_path: Path) -> None:
-    records = run_small_ops(tmp_path, "--sessions", "1")
     methods = by_method(records)
     assert set(methods) == {*LATENCY_KEYS, *INFLIGHT_KEYS, "idle_cpu_baseline", "idle_cpu_hvdlite"}
     for key in LATENCY_KEYS:
@@ -107,11 +187,16 @@ def test_small_ops_smoke(tmp_path: Path) -> None:
         assert s[f"{measure}_module_{'us' if measure == 'latency' else 'ms'}"] is None
         assert s[f"{measure}_hvdlite_torch_over_module"] is None and s[f"{measure}_module_over_mpi4py"] is None
         assert_positive(s, f"{measure}_hvdlite_torch_over_mpi4py")
+    # plot.py's tables from these results: the comparison with a module says it was not measured
+    tables = subprocess.run([sys.executable, str(BENCH / "plot.py"), "--results", str(tmp_path), "--tables"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert tables.returncode == 0, tables.stderr
+    assert "**small_ops, hvdlite.torch vs module (not measured)**" in tables.stdout
 
 
 def test_small_ops_with_module_smoke(tmp_path: Path) -> None:
     """--hvd-module (hvdlite.torch standing in for horovod.torch) in two alternating sessions: re-init works."""
-    records = run_small_ops(tmp_path, "--sessions", "2", "--hvd-module", "hvdlite.torch")
+    records = smoke("small_ops", tmp_path, "--sessions", "2", "--hvd-module", "hvdlite.torch")
     assert records[0]["module"] == "hvdlite.torch"
     methods = by_method(records)
     assert set(methods) == {*LATENCY_KEYS, *INFLIGHT_KEYS, "latency_module", "inflight_module",
@@ -137,15 +222,8 @@ def test_small_ops_with_module_smoke(tmp_path: Path) -> None:
     assert s["inflight_module_over_mpi4py"] == pytest.approx(methods["inflight_module"]["ratio_to_mpi_loop"])
 
 
-def test_train_throughput_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "train_throughput.json"
-    cmd = [sys.executable, str(BENCH / "train_throughput.py"), "--np", "2", "--tiny", "--steps", "2",
-           "--rounds", "1", "--warmup", "1", "--keras-models", "transformer", "--hvd-module", "hvdlite.torch",
-           "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
+@check("train_throughput")
+def check_train_throughput(records: Records, tmp_path: Path) -> None:
     assert not [r for r in records if r.get("kind") == "error"], records
     done = {r["framework"] for r in records if r.get("kind") == "done"}
     assert done == {"torch", "keras"}
@@ -184,15 +262,9 @@ def test_plot_regenerates_from_json(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
-def test_autotune_smoke(tmp_path: Path) -> None:
+@check("autotune")
+def check_autotune(records: Records, tmp_path: Path) -> None:
     """The autotune benchmark runs, finishes tuning within its budget and reports every configuration."""
-    out = tmp_path / "autotune.json"
-    proc = run_mpi(BENCH / "autotune.py", 2, timeout=240, args=[
-        "--scale", "0.0005", "--reps", "1", "--rounds", "1", "--warmup-samples", "0", "--steps-per-sample", "2",
-        "--max-samples", "3", "--out", str(out)])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
     tuning = [r for r in records if r.get("kind") == "tuning"]
     assert len(tuning) == 1 and tuning[0]["finished"] is True
     configs = {r["config"]: r for r in records if r.get("kind") == "config"}
@@ -205,41 +277,9 @@ def test_autotune_smoke(tmp_path: Path) -> None:
     assert_positive(summary[0], "autotuned_over_best_hand_set")
 
 
-def test_run_all_smoke_without_horovod(tmp_path: Path) -> None:
-    """run_all.sh --smoke with no Horovod venv: says it skips Horovod and writes every results file."""
-    proc = subprocess.run(["bash", str(BENCH / "run_all.sh"), "--smoke", "--results", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "no Horovod venv given: skipping Horovod" in proc.stderr
-    small = json_lines((tmp_path / "small_ops.json").read_text())
-    assert "latency_module" not in by_method(small) and "latency_hvdlite_torch" in by_method(small)
-    grad = json_lines((tmp_path / "grad_sync.json").read_text())
-    assert "hvd_module_async" not in by_method(grad, model="resnet50") and grad[-1]["kind"] == "done"
-    train = json_lines((tmp_path / "train_throughput.json").read_text())
-    assert {r["framework"] for r in train if r.get("kind") == "done"} == {"torch", "keras"}
-    assert not [r for r in train if r.get("kind") in ("error", "skipped")], train
-    assert (tmp_path / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "**small_ops, hvdlite.torch vs module (not measured)**" in proc.stdout
-    hw = json_lines((tmp_path / "hw_scaling.json").read_text())
-    assert {r["model"] for r in hw if "efficiency" in r} == {"resnet50", "transformer"}
-    rss = json_lines((tmp_path / "peak_rss.json").read_text())
-    (summary,) = [r for r in rss if r.get("kind") == "summary"]
-    assert set(summary["configs"]) == {"single", "ddp", summary["subject"]}  # no Horovod, no baseline given
-    assert summary["configs"]["single"]["ranks"] == 1 and summary["configs"]["ddp"]["ranks"] == 2
-    assert_positive(summary, "over_ddp", "over_single")
-    assert not (tmp_path / "synthetic_vs_horovod.json").exists()
-    assert "synthetic_vs_horovod skipped" in proc.stderr
-    assert "**peak_rss**" in proc.stdout and "**hw_scaling**" in proc.stdout
-
-
-def test_hw_scaling_smoke(tmp_path: Path) -> None:
+@check("hw_scaling")
+def check_hw_scaling(records: Records, tmp_path: Path) -> None:
     """The machine-limit benchmark reports, per model, one rank alone against every rank at once."""
-    out = tmp_path / "hw_scaling.json"
-    proc = run_mpi(BENCH / "hw_scaling.py", 2, timeout=240, args=[
-        "--tiny", "--steps", "1", "--rounds", "1", "--out", str(out)])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
     models = {r["model"]: r for r in records if r.get("bench") == "hw_scaling" and "model" in r}
     assert set(models) == {"resnet50", "transformer"}
     for record in models.values():
@@ -248,13 +288,9 @@ def test_hw_scaling_smoke(tmp_path: Path) -> None:
         assert record["efficiency"] == pytest.approx(record["alone_ms"] / record["together_ms"])
 
 
-def test_latency_breakdown_smoke(tmp_path: Path) -> None:
+@check("latency_breakdown")
+def check_latency_breakdown(records: Records, tmp_path: Path) -> None:
     """The latency breakdown reports every phase of a synchronous allreduce, in order, from rank 0."""
-    out = tmp_path / "latency.json"
-    proc = run_mpi(BENCH / "latency_breakdown.py", 2, timeout=120, args=["--ops", "20", "--out", str(out)])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
     phases = [r for r in records if "phase" in r]
     assert [r["phase"] for r in phases] == ["submitted", "cycle_start", "negotiation_start", "negotiation_end",
                                             "data_start", "completed", "woken"]
@@ -263,11 +299,10 @@ def test_latency_breakdown_smoke(tmp_path: Path) -> None:
     assert phases[-1]["us_since_call"] >= phases[0]["us_since_call"]
 
 
-def test_gloo_vs_mpi_smoke() -> None:
+@check("gloo_vs_mpi")
+def check_gloo_vs_mpi(records: Records, tmp_path: Path) -> None:
     """Both planes run ResNet-50's 161 gradients (shrunk) and the line carries their times and ratio."""
-    proc = run_mpi(BENCH / "gloo_vs_mpi.py", 2, timeout=180, args=["--scale", "0.001", "--reps", "1", "--rounds", "1"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (record,) = [r for r in json_lines(proc.stdout) if r.get("bench") == "gloo_vs_mpi"]
+    (record,) = [r for r in records if r.get("bench") == "gloo_vs_mpi"]
     assert record["tensors"] == 161
     assert_positive(record, "mpi_ms", "gloo_ms", "gloo_over_mpi")
     ratio = record["gloo_ms"] / record["mpi_ms"]  # from times rounded to 0.01 ms: allow exactly that rounding
@@ -275,20 +310,17 @@ def test_gloo_vs_mpi_smoke() -> None:
     assert abs(record["gloo_over_mpi"] - ratio) <= slack, (record, ratio, slack)
 
 
-def test_gpu_overhead_smoke_without_a_gpu() -> None:
+@check("gpu_overhead")
+def check_gpu_overhead(records: Records, tmp_path: Path) -> None:
     """Without CUDA the GPU overhead script runs its tiny CPU version to the end and says so."""
-    proc = run_mpi(BENCH / "gpu_overhead.py", 1, timeout=180, args=["--rounds", "1"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (record,) = json_lines(proc.stdout)
+    (record,) = records
     assert record["device"] == "cpu (smoke test)" and record["ranks"] == 1
     assert_positive(record, "torch_step_ms", "hvdlite_step_ms", "forced_step_ms")
 
-def test_powersgd_bytes_smoke(tmp_path: Path) -> None:
-    out = tmp_path / "powersgd_bytes.json"
-    proc = run_mpi(BENCH / "powersgd_bytes.py", 2, timeout=240, args=[
-        "--model", "small-transformer", "--steps", "1", "--ranks", "1,2", "--out", str(out)])
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text()) and records[-1]["kind"] == "done"
+
+@check("powersgd_bytes")
+def check_powersgd_bytes(records: Records, tmp_path: Path) -> None:
+    assert records[-1]["kind"] == "done"
     methods = by_method(records)
     assert set(methods) == {"powersgd_rank1", "powersgd_rank2", "uncompressed"}
     full = methods["uncompressed"]["bytes_per_step"]
@@ -298,16 +330,10 @@ def test_powersgd_bytes_smoke(tmp_path: Path) -> None:
     assert one["ratio"] == one["bytes_per_step"] / full and one["tensors_compressed"] > 0 and one["ranks"] == 2
 
 
-def test_diagnostics_smoke(tmp_path: Path) -> None:
+@check("diagnostics")
+def check_diagnostics(records: Records, tmp_path: Path) -> None:
     """The diagnostics benchmark reports every setting's small-op and gradient-sync times, the call-site check
     and check_replicas against a (tiny) ResNet-50 step."""
-    out = tmp_path / "diagnostics.json"
-    proc = run_mpi(BENCH / "diagnostics.py", 2, timeout=300, args=[
-        "--reps", "1", "--sessions", "1", "--inflight", "20", "--scale", "0.001", "--batch", "1", "--image", "32",
-        "--out", str(out)])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
     methods = by_method(records, bench="diagnostics")
     for what in ("small_ops", "grad_sync"):
         assert_positive(methods[f"{what}_default"], "ms", "straggler_overhead")
@@ -323,18 +349,16 @@ def test_diagnostics_smoke(tmp_path: Path) -> None:
                     "module_ratio_to_step", "optimizer_ratio_to_step")
 
 
-def test_peak_rss_smoke_two_checkouts(tmp_path: Path) -> None:
-    """peak_rss.py measures each --hvdlite-path in its own fresh job, with hvdlite imported from that checkout,
-    and compares the first with the others (here the same checkout twice; run_all's smoke covers single and DDP)."""
-    out = tmp_path / "peak_rss.json"
-    cmd = [sys.executable, str(BENCH / "peak_rss.py"), "--model", "tiny", "--steps", "1", "--repeats", "1",
-           "--no-single", "--no-ddp", "--hvdlite-path", str(ROOT), "--hvdlite-path", f"again={ROOT}",
-           "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
-    runs = [r for r in records if r.get("kind") == "run"]
+@check("peak_rss")
+def check_peak_rss(records: Records, tmp_path: Path) -> None:
+    """peak_rss.py measures plain torch, DDP and each --hvdlite-path in its own fresh job, with hvdlite imported
+    from that checkout, and compares the first with the others (here this checkout twice: the runner gives it
+    first, SMOKE_EXTRA adds it again as "again")."""
+    (summary,) = [r for r in records if r.get("kind") == "summary"]
+    assert set(summary["configs"]) == {"single", "ddp", summary["subject"], "hvdlite:again"}  # no Horovod
+    assert summary["configs"]["single"]["ranks"] == 1 and summary["configs"]["ddp"]["ranks"] == 2
+    assert_positive(summary, "over_ddp", "over_single")
+    runs = [r for r in records if r.get("kind") == "run" and r["config"].startswith("hvdlite")]
     assert [r["config"] for r in runs][1] == "hvdlite:again" and len(runs) == 2
     for run in runs:
         assert run["ranks"] == 2 and [r["rank"] for r in run["per_rank"]] == [0, 1]
@@ -342,27 +366,21 @@ def test_peak_rss_smoke_two_checkouts(tmp_path: Path) -> None:
         for rank in run["per_rank"]:
             assert Path(rank["module_file"]).resolve() == ROOT / "hvdlite" / "__init__.py"
             assert rank["peak_rss_mb"] >= rank["rss_after_model_mb"] > 0
-    (summary,) = [r for r in records if r.get("kind") == "summary"]
     first, again = (summary["configs"][r["config"]]["peak_rss_mb"] for r in runs)
     assert summary["subject"] == runs[0]["config"]
     assert summary["over_hvdlite:again"] == round(first / again, 4)
+
+
+def test_peak_rss_refuses_a_checkout_without_hvdlite(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(BENCH / "peak_rss.py"), "--hvdlite-path", str(tmp_path)],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and f"{tmp_path} has no hvdlite package" in bad.stderr
 
 
-def test_synthetic_vs_horovod_smoke(tmp_path: Path) -> None:
+@check("synthetic_vs_horovod")
+def check_synthetic_vs_horovod(records: Records, tmp_path: Path) -> None:
     """The synthetic-benchmark driver launches the example once per side and round (hvdlite.torch standing in
     for horovod.torch) and reports each launch's img/sec and the ratio."""
-    out = tmp_path / "synth.json"
-    cmd = [sys.executable, str(BENCH / "synthetic_vs_horovod.py"), "--rounds", "1", "--peer-module", "hvdlite.torch",
-           "--out", str(out), "--", "--model", "resnet18", "--batch-size", "2", "--image-size", "32",
-           "--num-classes", "10", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
-           "--num-iters", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
     runs = {r["side"]: r for r in records if r.get("kind") == "run"}
     assert set(runs) == {"hvdlite", "peer"} and runs["peer"]["module"] == "hvdlite.torch"
     for run in runs.values():
@@ -375,15 +393,57 @@ def test_synthetic_vs_horovod_smoke(tmp_path: Path) -> None:
     assert summary["hvdlite_cpu_s"] == runs["hvdlite"]["cpu_s"] and summary["peer_cpu_s"] == runs["peer"]["cpu_s"]
 
 
-def test_bf16_accumulation_smoke(tmp_path: Path) -> None:
-    """bf16_accumulation.py --smoke: its three mpiexec jobs at -n 2 report every distribution and method; the fp32
-    average's error is float32 rounding, and bf16's is at least bf16's own rounding (the floor)."""
-    out = tmp_path / "bf16.json"
-    proc = subprocess.run([sys.executable, str(BENCH / "bf16_accumulation.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=480, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = json_lines(proc.stdout)
-    assert records == json_lines(out.read_text())
+@check("zero_memory")
+def check_zero_memory(records: Records, tmp_path: Path) -> None:
+    """ZeroRedundancyOptimizer's state really is 1/N of DistributedOptimizer's."""
+    jobs = {(r["optimizer"], r["ranks"]): r for r in records if "optimizer" in r}
+    assert sorted(jobs) == [("dist", 1), ("dist", 2), ("zero", 1), ("zero", 2)]
+    full = 2 * jobs["dist", 1]["model_bytes"]  # AdamW's two moments
+    assert [p["state_bytes"] for p in jobs["dist", 2]["per_rank"]] == [full, full]
+    for p in jobs["zero", 2]["per_rank"]:  # half, plus under one padding element per bucket and moment
+        assert full / 2 <= p["state_bytes"] <= full / 2 + 2 * 4 * 199, p
+    summary = records[-1]
+    assert summary["kind"] == "summary" and [row["ranks"] for row in summary["rows"]] == [1, 2]
+
+
+@check("zero_throughput")
+def check_zero_throughput(records: Records, tmp_path: Path) -> None:
+    rates = {r["method"]: r["samples_per_s"] for r in records if "method" in r}
+    assert sorted(rates) == ["hvdlite_distributed", "hvdlite_zero", "torch_zero_ddp_gloo"]
+    assert all(rate > 0 for rate in rates.values())
+    assert {"zero_vs_distributed", "zero_vs_torch_zero"} <= set(records[-1])
+
+
+@check("negotiation_scale")
+def check_negotiation_scale(report: Records, tmp_path: Path) -> None:
+    """One job of 2 ranks: the cached round's bit vector is 8 + cache_capacity / 8 bytes per rank, and the full
+    round's bytes are both ranks' messages."""
+    assert report["benchmark"] == "negotiation_scale"
+    (result,) = report["results"]
+    assert result["ranks"] == 2 and result["tensors_per_step"] == 2
+    assert result["bitvector_bytes_per_cycle_per_rank"] == 8 + 1024 / 8
+    assert result["cached_full_rounds"] == 0  # the steady names, agreed once, travel as cache bits only
+    assert result["full_path_bytes_per_round"] == 2 * result["full_path_bytes_per_rank_message"] > 0
+    assert_positive(result, "cached_cycle_ms", "full_cycle_ms", "cached_step_ms", "full_step_ms")
+
+
+@check("profile_step")
+def check_profile_step(records: Records, tmp_path: Path) -> None:
+    """Every method's step splits into phases that add up, with the CPU of each thread."""
+    assert records[0]["kind"] == "machine" and records[0]["model"] == "transformer"
+    methods = by_method(records)
+    assert set(methods) == {"single", "hvdlite", "overlap", "ddp", "deferred"}
+    for name, r in methods.items():
+        assert_positive(r, "forward_ms", "backward_ms", "update_ms", "step_ms")
+        assert r["sync_ms"] >= 0 and r["cpu_ms_main"] >= 0 and r["cpu_ms_engine"] >= 0, r
+        phases = r["forward_ms"] + r["backward_ms"] + r["sync_ms"] + r["update_ms"]
+        assert phases == pytest.approx(r["step_ms"], rel=0.05), r
+
+
+@check("bf16_accumulation")
+def check_bf16_accumulation(records: Records, tmp_path: Path) -> None:
+    """Its three mpiexec jobs at -n 2 report every distribution and method; the fp32 average's error is float32
+    rounding, and bf16's is at least bf16's own rounding (the floor)."""
     assert not [r for r in records if r.get("kind") == "error"], records
     errors = [r for r in records if r["kind"] == "precision"]
     assert {(r["distribution"], r["method"]) for r in errors} == {

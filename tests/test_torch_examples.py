@@ -3,16 +3,10 @@ from __future__ import annotations
 
 import re
 
-from conftest import ROOT, run_mpi
+from conftest import ROOT, final_accuracy, run_mpi
 
 DIGITS = ROOT / "examples" / "pytorch_digits.py"
 BENCHMARK = ROOT / "examples" / "pytorch_synthetic_benchmark.py"
-
-
-def final_accuracy(stdout: str) -> float:
-    found = re.findall(r"^test_accuracy=([0-9.]+)$", stdout, flags=re.M)
-    assert len(found) == 1, stdout
-    return float(found[0])
 
 
 def test_digits_trains_to_95_percent_checkpoints_and_resumes(tmp_path) -> None:

@@ -3,15 +3,9 @@ from __future__ import annotations
 
 import re
 
-from conftest import ROOT, run_mpi
+from conftest import ROOT, final_accuracy, run_mpi
 
 EXAMPLE = ROOT / "examples" / "pytorch_digits_zero.py"
-
-
-def final_accuracy(stdout: str) -> float:
-    found = re.findall(r"^test_accuracy=([0-9.]+)$", stdout, flags=re.M)
-    assert len(found) == 1, stdout
-    return float(found[0])
 
 
 def test_digits_zero_trains_to_95_percent_and_resumes_at_another_size(tmp_path) -> None:

@@ -16,7 +16,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Broadcast any picklable object (cloudpickle) from ``root_rank``; returns it on every rank."""
     name = _auto_name("broadcast_object", name, process_set)
-    ps_id = _pset_id(process_set, "broadcast_object", name)
+    _pset_id(process_set, "broadcast_object", name)  # raises, naming the set, when it is not registered
     is_root = state().rank == int(root_rank)  # a rank of the whole job, as in Horovod
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root else np.empty(0, np.uint8)
     length = broadcast(np.array([payload.size], dtype=np.int64), root_rank, name + ".size", process_set)

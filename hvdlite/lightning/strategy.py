@@ -54,12 +54,12 @@ class _StackedGather(torch.autograd.Function):
     the gradient of its slice (hvd.allgather's own gradient averages, Horovod's convention)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: Tensor, process_set: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, tensor: Tensor, process_set: Any) -> Tensor:
         ctx.process_set = process_set
         return hvd.allgather(tensor.unsqueeze(0).contiguous(), process_set=process_set)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple:
         summed = hvd.allreduce(grad.contiguous(), op=hvd.Sum, process_set=ctx.process_set)
         return summed[ctx.process_set.rank()], None
 
@@ -169,7 +169,7 @@ class HvdliteStrategy(ParallelStrategy):
         # precision plugin clips/unscales them before step(), and step() runs the closure (the backward).
         self._skip_sync = contextlib.ExitStack()
         for dist in wrapped:
-            self._skip_sync.enter_context(dist.skip_synchronize())  # type: ignore[attr-defined]
+            self._skip_sync.enter_context(dist.skip_synchronize())
 
     # -- gradients ----------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -188,8 +188,8 @@ class HvdliteStrategy(ParallelStrategy):
         for opt in self.optimizers:
             opt = opt.optimizer if isinstance(opt, LightningOptimizer) else opt
             # only optimizers whose parameters got gradients (manual optimization may step one of several)
-            if opt.gradients_pending:  # type: ignore[attr-defined]
-                opt.synchronize()  # type: ignore[attr-defined]
+            if opt.gradients_pending:
+                opt.synchronize()
 
     # -- collectives: reduce (self.log(sync_dist=True)), all_gather, broadcast, barrier ---------------
     def reduce(self, tensor: Union[Tensor, Any], group: Optional[Any] = None,

@@ -91,7 +91,7 @@ def _flags(**options: Any) -> list[str]:
     return flags
 
 
-def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dict] = None,
+def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dict[str, Any]] = None,
         num_proc: Optional[int] = None, min_num_proc: Optional[int] = None, max_num_proc: Optional[int] = None,
         slots: Optional[int] = None, reset_limit: Optional[int] = None, cooldown_range: Any = None,
         hosts: Optional[str] = None, hostfile: Optional[str] = None, start_timeout: Optional[int] = None,

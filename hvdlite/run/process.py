@@ -50,7 +50,7 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
     return code
 
 
-def _signal(proc: subprocess.Popen, sig: int) -> None:
+def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
     try:
         proc.send_signal(sig)
     except ProcessLookupError:

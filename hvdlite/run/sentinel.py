@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 from types import FrameType, ModuleType
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # run by path: hvdlite/run/ must not shadow anything
@@ -102,7 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not command:
         _write("usage: python sentinel.py -- PROGRAM [ARGS...]")
         return 2
-    state: dict = {"child": 0, "pending": [], "forwarded": set()}
+    state: dict[str, Any] = {"child": 0, "pending": [], "forwarded": set()}
 
     def forward(signum: int, _frame: Optional[FrameType]) -> None:
         state["forwarded"].add(signum)

@@ -15,7 +15,7 @@ from ..core.launch import getenv, launcher_rank
 from .func import KEY_VARIABLE
 
 
-def _request(addresses: Sequence[str], port: int, key: bytes, message: tuple) -> bytes:
+def _request(addresses: Sequence[str], port: int, key: bytes, message: tuple[Any, ...]) -> bytes:
     problems = []
     for address in addresses:
         try:

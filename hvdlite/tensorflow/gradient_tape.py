@@ -86,5 +86,5 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
         if not hasattr(layer, "trainable_weights"):
             raise ValueError(f"local_layers must be Keras layers, got {type(layer).__name__}")
         for weight in layer.trainable_weights:
-            tape.register_local_source(weight)  # type: ignore[attr-defined]
+            tape.register_local_source(weight)
     return tape

@@ -187,6 +187,5 @@ def variable_names(variables: Sequence[Any]) -> list[str]:
     return out
 
 
-__all__ = ["variable_names", "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter", "reduce_gradients",
-           "reduce_partially",
-           "Compressor"]
+__all__ = ["variable_names", "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter",
+           "reduce_gradients", "reduce_partially", "Compressor"]

@@ -35,7 +35,7 @@ class DistributedAdasumOptimizer(_DistributedOptimizer):
 
     _bucketed = False  # each unit's local step and delta are its own submission
 
-    def _submit_params(self, params: list[torch.Tensor]) -> list[Any]:  # type: ignore[override]
+    def _submit_params(self, params: list[torch.Tensor]) -> list[Any]:
         """Step ``params`` locally, then start the Adasum of their deltas (one grouped allreduce)."""
         with torch.no_grad():
             starts = [q.detach().clone() for q in params]
@@ -88,4 +88,4 @@ class DistributedAdasumOptimizer(_DistributedOptimizer):
             self._synchronized = False
         return loss
 
-    step.hooked = True  # type: ignore[attr-defined]  # torch's step hooks run in the wrapped step
+    step.hooked = True  # torch's step hooks run in the wrapped step

@@ -9,7 +9,7 @@ import torch
 import hvdlite.core as core
 from hvdlite.core import basics
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
-from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set
+from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set  # noqa: F401 - Sum for the others
 from hvdlite.core.frontend import Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_prepared
 
 from .tensors import (check_one_device, dtype_hint, from_host, hints, on_plane, prepared, splits_array, to_host,

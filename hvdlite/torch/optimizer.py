@@ -227,7 +227,7 @@ class _DistributedOptimizer(ReadinessOwner):
         self._synchronized = False
         return super().step(closure)  # type: ignore[misc]
 
-    step.hooked = True  # type: ignore[attr-defined]  # torch's step hooks run once, in the wrapped step
+    step.hooked = True  # torch's step hooks run once, in the wrapped step
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As the wrapped optimizer's; refused while this step's reductions are pending. The buckets stay

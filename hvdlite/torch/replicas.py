@@ -68,9 +68,9 @@ def check_every(opt: torch.optim.Optimizer, steps: int) -> None:
         result = step(*args, **kwargs)
         count[0] += 1
         if count[0] % steps == 0:
-            check_replicas(opt, opt.process_set)  # type: ignore[attr-defined]
+            check_replicas(opt, opt.process_set)
         return result
-    opt.step = checked_step  # type: ignore[method-assign]
+    opt.step = checked_step
 
 
 __all__ = ["check_every", "check_replicas", "named_tensors"]

@@ -262,7 +262,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collective over the set: gather every shard's state into a whole, ordinary optimizer state dict
         on global rank ``to`` (read it there with state_dict())."""
-        entries = []  # (bucket index, key, row) of every per-element state tensor
+        entries: list[Any] = []  # (bucket index, key, row) of every per-element state tensor
         for k, bucket in enumerate(self._buckets):
             local = self.optim.state.get(bucket.shard, {})
             entries.extend((k, key, value) for key, value in sorted(local.items())

@@ -159,7 +159,7 @@ def shard_state(bucket: Bucket, states: list[Optional[dict]], rank: int) -> dict
                          f"optimizer steps a bucket as one, so load a dict written by consolidate_state_dict()")
     out: dict[str, Any] = {}
     for key in states[0]:
-        values = [s[key] for s in states]  # type: ignore[index]
+        values = [s[key] for s in states]
         per_element = all(isinstance(v, torch.Tensor) and v.shape == p.shape and (v.dim() > 0 or key != "step")
                           for v, p in zip(values, bucket.params))
         if per_element:

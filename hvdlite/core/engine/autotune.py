@@ -7,7 +7,8 @@ every cycle. (``gradient_overlap`` is not tuned: a frontend reads it once, when 
 A *step* is what the engine sees without framework help: it ends when a name (per process set) that already
 ran since the last step boundary runs again; a training loop submits each gradient name once per step.
 A *sample* is ``autotune_steps_per_sample`` whole steps run under one set of settings; its score is the
-bytes of the allreduce, reducescatter and broadcast tensors of those steps divided by the seconds from the first to the last boundary.
+bytes of the allreduce, reducescatter and broadcast tensors of those steps divided by the seconds from the first
+to the last boundary.
 The first ``autotune_warmup_samples`` samples are discarded; then the start settings, two fixed test points
 and Gaussian-process proposals (expected improvement, scikit-learn) are scored up to
 ``autotune_bayes_opt_max_samples`` samples, and the best one is kept.

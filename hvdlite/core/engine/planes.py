@@ -259,8 +259,9 @@ def plane_of(inputs: Sequence[Any], kind: Any, name: str) -> str:
     On every submission: the error's text is built only when it is raised."""
     names = {getattr(a, "plane", "") for a in inputs}
     if len(names) > 1:
-        raise TypeError(f"{kind} {name!r}: the tensors of one grouped op must all be on one kind of device (host memory "
-                        f"or the rank's GPU); got tensors for data planes {sorted(n or 'mpi' for n in names)}. "
+        raise TypeError(f"{kind} {name!r}: the tensors of one grouped op must all be on one kind of device "
+                        f"(host memory or the rank's GPU); got tensors for data planes "
+                        f"{sorted(n or 'mpi' for n in names)}. "
                         f"Move them to one device first, or submit them as separate ops")
     return names.pop() if names else ""
 

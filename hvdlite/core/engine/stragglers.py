@@ -120,7 +120,8 @@ class Stragglers:
                                last[worst] * 100 / lateness.shape[1], lateness.shape[1], means[worst] * 1e3,
                                np.percentile(lateness[worst], 95) * 1e3, threshold)
         self._named = straggler
-        self._window = (lateness, last, straggler, self.windows)  # one assignment: report() on a user thread sees a whole window
+        # one assignment: report() on a user thread sees a whole window
+        self._window = (lateness, last, straggler, self.windows)
         if timeline.enabled and stamps is not None and len(stamps) == lateness.shape[1]:  # no joined rank's gaps
             for i, ts in enumerate(stamps):
                 timeline.counter("LATENESS_MS", ts, {f"rank {r}": round(float(lateness[r, i]) * 1e3, 3)

@@ -1,4 +1,4 @@
-"""Delete an elastic run's commits on other hosts in the background, each within a time limit, logging the ones that fail."""
+"""Delete an elastic run's commits on other hosts in the background, each within a time limit, logging failures."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +21,7 @@ class Removal:
 
     host: str
     where: str  # the directory to delete by hand if this fails
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     output: IO[bytes]
     started: float
 

@@ -53,8 +53,7 @@ class HostSource:
         elif args.hosts or args.hostfile:
             self.fixed = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
             self.kind = "hosts " + ",".join(map(str, self.fixed))
-        elif slurm_allocation(env) is not None:
-            allocation = slurm_allocation(env)
+        elif (allocation := slurm_allocation(env)) is not None:
             names = slurm_nodes(env)
             per_node = self.slots_per_host or max(1, (allocation.tasks or len(names)) // len(names))
             self.fixed = [Host(name, per_node) for name in names]
@@ -323,7 +322,7 @@ class ElasticDriver:
                     ",".join(map(str, now)) or "none", generation)
         return True
 
-    def _stop(self, proc: subprocess.Popen, srun: bool) -> None:
+    def _stop(self, proc: subprocess.Popen[bytes], srun: bool) -> None:
         try:
             proc.send_signal(signal.SIGTERM if srun else signal.SIGINT)
         except ProcessLookupError:

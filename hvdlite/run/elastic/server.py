@@ -5,8 +5,8 @@ job is the one that failed (the launcher kills the others after it).
 
 The endpoint listens on one address, the interface the job uses (loopback for a job on this machine only,
 see :func:`bind_address`), and accepts only messages signed with the job's secret (the protocol is
-described in ``hvdlite.core.elastic.link``; the shared names are in ``hvdlite.core.elastic_wire``): a connection whose message is unsigned, wrongly signed or
-replayed is logged with its peer's address and closed, and changes nothing.
+described in ``hvdlite.core.elastic.link``; the shared names are in ``hvdlite.core.elastic_wire``): a connection
+whose message is unsigned, wrongly signed or replayed is logged with its peer's address and closed, and changes nothing.
 """
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
             return super().apply(grads, trainable_variables)  # type: ignore[misc]
         if trainable_variables is None:
             if not self.built:  # type: ignore[attr-defined]
-                return super().apply(grads, trainable_variables)  # Keras raises its own error
+                return super().apply(grads, trainable_variables)  # type: ignore[misc]  # Keras raises its own error
             variables = list(self._trainable_variables)  # type: ignore[attr-defined]
         else:
             variables = list(trainable_variables)
@@ -153,7 +153,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
 
     Returns a new optimizer of a subclass of ``type(optimizer)`` built from ``optimizer.get_config()``.
     ``op`` is hvd.Average (default), hvd.Sum or hvd.Adasum (the gradients are combined with Adasum, which
-    needs a power-of-two number of ranks; do not scale the learning rate by the number of ranks). With ``backward_passes_per_step=N`` gradients are summed
+    needs a power-of-two number of ranks; do not scale the learning rate by the number of ranks). With
+    ``backward_passes_per_step=N`` gradients are summed
     locally (averaged if ``average_aggregated_gradients``) and reduced and applied every N-th step; the
     other steps only advance ``optimizer.iterations``. ``groups``, ``device_*`` are accepted and ignored.
     """
@@ -178,7 +179,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    return distributed_class(base, settings, family).from_config(config)
+    return distributed_class(base, settings, family).from_config(config)  # type: ignore[attr-defined]
 
 
 def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
