@@ -5,6 +5,7 @@ load_model(..., legacy_opts), elastic KerasState; a model and an optimizer of di
 under Keras 3 and, in the TF_USE_LEGACY_KERAS=1 variant, under tf-keras (Keras 2)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -264,3 +265,27 @@ def test_tf_keras_found_after_from_tensorflow_keras_import(rank: int, caplog: py
     loaded = hvd.load_model(path)
     assert isinstance(loaded, keras.Model) and hasattr(loaded.optimizer, "_hvd"), type(loaded)
     assert int(loaded.optimizer.iterations.numpy()) == 1
+
+
+def test_sync_batch_norm_is_a_layer_of_the_keras_tf_keras_is(rank: int, size: int) -> None:
+    """hvd.SyncBatchNormalization(axis=1, fused=False) (Horovod's keywords) is a layer of the Keras tf.keras
+    stands for; under tf-keras it also works in a tf.compat.v1 session (its moving statistics fetched there),
+    as Horovod's test_horovod_syncbn_cpu runs it. Its output and moving mean are those of the whole batch."""
+    data = [np.arange(8, dtype=np.float32).reshape(4, 2) * (r + 1) + r for r in range(size)]
+    whole = np.concatenate(data).astype(np.float64)
+    expected = (data[rank] - whole.mean(axis=0)) / np.sqrt(whole.var(axis=0) + 1e-3)
+    modes = ["eager", "session"] if LEGACY else ["eager"]
+    for mode in modes:
+        with (tf.Graph().as_default() if mode == "session" else contextlib.nullcontext()):
+            layer = hvd_tf.SyncBatchNormalization(axis=1, fused=False, momentum=0.0)
+            assert isinstance(layer, keras.layers.BatchNormalization), type(layer).__mro__
+            out = layer(tf.constant(data[rank]), training=True)
+            if mode == "session":
+                with tf.compat.v1.Session() as sess:
+                    sess.run(tf.compat.v1.global_variables_initializer())
+                    out = sess.run([out] + layer.updates)[0]  # TF1: the moving averages are update ops
+                    moving_mean = sess.run(layer.moving_mean)
+            else:
+                out, moving_mean = out.numpy(), np.asarray(layer.moving_mean)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(moving_mean, whole.mean(axis=0), rtol=1e-5)
