@@ -29,20 +29,29 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 or tf-keras optimizer so it averages (``op=hvd.Sum``: sums; ``op=hvd.Adasum``: combines
-    with Adasum)
+    """Wrap an optimizer so it averages (``op=hvd.Sum``: sums; ``op=hvd.Adasum``: combines with Adasum) the
     gradients over all ranks before applying them.
 
-    This is ``hvdlite.tensorflow.keras.DistributedOptimizer``; TF1 ``tf.compat.v1.train.Optimizer`` objects
-    are not supported (use DistributedGradientTape, or BroadcastGlobalVariablesHook with your own reduction).
+    A TF1 ``tf.compat.v1.train.Optimizer`` (GradientDescentOptimizer, MomentumOptimizer, ...) is wrapped as
+    Horovod does: a TF1 optimizer whose ``compute_gradients()`` (and so ``minimize()``) returns the combined
+    gradients, in a graph and eagerly. A Keras 3 or tf-keras optimizer gets
+    ``hvdlite.tensorflow.keras.DistributedOptimizer``.
     """
+    from .optimizer_v1 import is_tf1_optimizer
+
+    if is_tf1_optimizer(optimizer):
+        return _tf1_distributed(optimizer, name, use_locking, compression, sparse_as_dense,
+                                backward_passes_per_step, op, gradient_predivide_factor,
+                                average_aggregated_gradients, groups, process_set, scale_local_gradients)
+
     from .keras_families import family_of
     from .keras.optimizer import DistributedOptimizer as _keras_distributed
 
     try:
         family_of(optimizer, "optimizer", "hvdlite.tensorflow.DistributedOptimizer")
     except ValueError as error:
-        raise ValueError(f"{error}. For a custom training loop use hvd.DistributedGradientTape instead.") from None
+        raise ValueError(f"{error}, or a TF1 tf.compat.v1.train.Optimizer. For a custom training loop use "
+                         f"hvd.DistributedGradientTape instead.") from None
 
     return _keras_distributed(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
                               compression=compression, sparse_as_dense=sparse_as_dense,
@@ -50,6 +59,27 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
                               backward_passes_per_step=backward_passes_per_step,
                               average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
                               groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+def _tf1_distributed(optimizer: Any, name: Any, use_locking: bool, compression: type, sparse_as_dense: bool,
+                     backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
+                     average_aggregated_gradients: bool, groups: Any, process_set: ProcessSet,
+                     scale_local_gradients: bool) -> Any:
+    """The TF1 DistributedOptimizer (optimizer_v1.py), with its arguments checked as Horovod checks them."""
+    from hvdlite.core import Adasum, Sum
+    from hvdlite.core.frontend import check_gradient_options
+    from .optimizer_v1 import DistributedTF1Optimizer
+
+    reduce_op, passes = check_gradient_options(op, gradient_predivide_factor, backward_passes_per_step)
+    if reduce_op not in (Average, Sum, Adasum):
+        raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")
+    if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
+        raise ValueError("groups must be a positive integer or a list of lists of tf.Variable")
+    settings = dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=reduce_op,
+                    gradient_predivide_factor=float(gradient_predivide_factor), backward_passes_per_step=passes,
+                    average_aggregated_gradients=bool(average_aggregated_gradients), process_set=process_set,
+                    scale_local_gradients=bool(scale_local_gradients))
+    return DistributedTF1Optimizer(optimizer, settings, name=name, use_locking=use_locking)
 
 
 __all__ = [

@@ -40,6 +40,18 @@ class _DistributedTape:
                                opts["scale_local_gradients"])
         return tf.nest.pack_sequence_as(grads, out)
 
+    def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
+                                       use_generic_names: bool = False) -> tuple[list, list]:
+        """``gradient()``'s results split as Horovod's tape does: ``(local, shared)``, each a list of
+        ``(source, gradient)`` pairs in the order of ``sources``; local ones are those registered with
+        ``register_local_source`` (or a local layer's weights)."""
+        flat_sources = tf.nest.flatten(sources)
+        grads = tf.nest.flatten(self.gradient(target, sources, output_gradients, use_generic_names))
+        local_pairs, shared_pairs = [], []
+        for source, grad in zip(flat_sources, grads):
+            (local_pairs if id(source) in self._hvd_local_sources else shared_pairs).append((source, grad))
+        return local_pairs, shared_pairs
+
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
                             compression: type = Compression.none, sparse_as_dense: bool = False,

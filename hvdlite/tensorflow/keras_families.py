@@ -153,7 +153,13 @@ def model_family(model: Any, what: str, optimizer: Optional[Any] = None) -> Fami
 
 
 def tf_keras_family() -> Family:
-    """The family ``tf.keras`` stands for in this process (tf-keras iff TF_USE_LEGACY_KERAS was set)."""
+    """The family ``tf.keras`` stands for in this process (tf-keras iff TF_USE_LEGACY_KERAS was set).
+
+    Decided from the classes ``tf.keras`` hands out, not from its module name, which ``from tensorflow.keras
+    import ...`` rewrites to ``"tensorflow.keras"`` whichever Keras it is."""
     import tensorflow as tf
 
-    return KERAS2 if tf.keras.__name__.startswith("tf_keras") else KERAS3
+    model = tf.keras.Model  # resolves tf.keras' lazy loader (which imports tf_keras when it stands for it)
+    if KERAS2.available() and isinstance(model, type) and issubclass(model, KERAS2.module().Model):
+        return KERAS2
+    return KERAS3

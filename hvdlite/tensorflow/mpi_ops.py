@@ -8,8 +8,9 @@ so building a collective there raises :class:`XLANotSupportedError` instead of s
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -92,6 +93,24 @@ def run_collective(kind: str, fn: Callable[..., Sequence[Any]], inputs: Sequence
     if outs:
         _last_collective[graph] = outs[0].op
     return outs
+
+
+@contextlib.contextmanager
+def unchained_collectives() -> Iterator[None]:
+    """Collectives built inside neither wait for the graph's earlier collectives nor make its later ones wait
+    for them: for an op a ``tf.compat.v1`` session runs on its own (the broadcast of the initial variables),
+    which must not pull in a training step's collectives (and their placeholders), nor be re-run by them."""
+    if tf.executing_eagerly():
+        yield
+        return
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_collective.pop(graph, None)
+    try:
+        yield
+    finally:
+        _last_collective.pop(graph, None)
+        if previous is not None:
+            _last_collective[graph] = previous
 
 
 def _set_shape(t: tf.Tensor, shape: Any) -> tf.Tensor:

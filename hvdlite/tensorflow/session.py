@@ -6,6 +6,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from .functions import broadcast_variables
+from .mpi_ops import unchained_collectives
 
 
 def broadcast_global_variables(root_rank: int) -> tf.Operation:
@@ -15,7 +16,8 @@ def broadcast_global_variables(root_rank: int) -> tf.Operation:
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
                            "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
-    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    with unchained_collectives():  # run on its own: it must not wait for a training step's collectives
+        return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):

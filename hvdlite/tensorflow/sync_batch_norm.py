@@ -6,17 +6,28 @@ from typing import Any, Optional
 import keras
 import tensorflow as tf
 
-from hvdlite.core import ProcessSet, Sum, global_process_set
-from hvdlite.core.frontend import logger, sync_moments
+from hvdlite.core import ProcessSet, global_process_set
+from hvdlite.core.frontend import logger
 
-from .mpi_ops import _grouped_allreduce
+from .keras_families import KERAS2, tf_keras_family
+from .batch_norm_stats import synced_moments
 
 #: Keyword arguments of Keras 2's BatchNormalization that Keras 3 dropped, with the value that means "off".
 _DROPPED = {"virtual_batch_size": None, "adjustment": None}
 
 
+class _SyncBatchNormalizationMeta(type):
+    """``SyncBatchNormalization(...)`` builds the tf-keras layer when tf.keras is tf-keras (TF_USE_LEGACY_KERAS=1)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is SyncBatchNormalization and tf_keras_family() is KERAS2:
+            from .sync_batch_norm_keras2 import SyncBatchNormalization as TfKerasSyncBatchNormalization
+            return TfKerasSyncBatchNormalization(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
 @keras.saving.register_keras_serializable(package="hvdlite")
-class SyncBatchNormalization(keras.layers.BatchNormalization):
+class SyncBatchNormalization(keras.layers.BatchNormalization, metaclass=_SyncBatchNormalizationMeta):
     """Batch normalization with mean and variance computed over the union of the batches of every rank of
     ``process_set`` (default: all ranks).
 
@@ -26,6 +37,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     the moving statistics, as usual.
 
     ``fused`` (Horovod's default False) is accepted with any value and ignored: Keras 3 has no fused kernel.
+    When ``tf.keras`` is tf-keras (TF_USE_LEGACY_KERAS=1), this builds the tf-keras layer of the same name
+    (sync_batch_norm_keras2.py), as Horovod's is a ``tf.keras`` layer.
     """
 
     def __init__(self, fused: Optional[bool] = False, process_set: ProcessSet = global_process_set,
@@ -51,25 +64,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         ps = self.process_set
         if not ps.included() or ps.size() == 1:
             return super()._moments(inputs, mask)
-        axes = list(self._reduction_axes)
-        x = tf.convert_to_tensor(inputs)
-        original = x.dtype
-        if original in (tf.float16, tf.bfloat16):
-            x = tf.cast(x, tf.float32)
-        weights = None
-        if mask is not None:
-            weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), x.dtype), tf.shape(x))
-        per_channel = [1] * x.shape.rank
-        per_channel[self.axis] = -1
-
-        def allreduce_sum(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-            return _grouped_allreduce(tensors, op=Sum, process_set=ps)
-
-        mean, variance, _ = sync_moments(x, weights, lambda t: tf.reduce_sum(t, axis=axes), allreduce_sum,
-                                         lambda t: tf.reshape(t, per_channel))
-        if original != x.dtype:
-            mean, variance = tf.cast(mean, original), tf.cast(variance, original)
-        return mean, variance
+        return synced_moments(inputs, list(self._reduction_axes), mask, ps, keep_dims=False)
 
     def get_config(self) -> dict:
         config = super().get_config()

@@ -5,6 +5,7 @@ load_model(..., legacy_opts), elastic KerasState; a model and an optimizer of di
 under Keras 3 and, in the TF_USE_LEGACY_KERAS=1 variant, under tf-keras (Keras 2)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -172,3 +173,119 @@ def test_a_model_and_an_optimizer_of_different_keras_are_refused(caplog: pytest.
             callback.on_train_begin()
         with pytest.raises(ValueError, match=r"the optimizer .* but the local layer .*TF_USE_LEGACY_KERAS"):
             hvd.PartialDistributedOptimizer(opt_keras.optimizers.SGD(0.1), local_layers=model.layers[0])
+
+
+def _aggregation_case(rank: int, size: int, op: object, average: bool, local: bool) -> None:
+    """backward_passes_per_step=2 through apply_gradients: a dense and a sparse (tf.gather) gradient, one
+    variable local; the first pass of the first cycle has an infinite gradient, which must not leak into the
+    second cycle. Checks the weights after each pass against the arithmetic."""
+    plain = keras.optimizers.legacy.SGD(1.0) if LEGACY else keras.optimizers.SGD(1.0)
+    opt = hvd.DistributedOptimizer(plain, op=op, backward_passes_per_step=2, average_aggregated_gradients=average)
+    a, b = variable(np.zeros(2, np.float32)), variable(np.zeros(3, np.float32))
+    if local:
+        opt.register_local_var(a)
+    factor = (1.0 / size if op is hvd.Average else 1.0) * (0.5 if average else 1.0)
+    local_factor = (1.0 / size) * (0.5 if average else 1.0)
+    expected_a, expected_b = np.zeros(2), np.zeros(3)
+    for step in range(4):
+        grad_a = tf.constant([np.inf if step == 0 else rank + 1.0, 1.0], tf.float32)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(b, [0, 2]) * (rank + 1.0))
+        grad_b = tape.gradient(loss, b)
+        assert isinstance(grad_b, tf.IndexedSlices)
+        apply(opt, [grad_a, grad_b], [a, b])
+        if step % 2 == 1:  # the reducing pass: the sums of both passes, reduced, then applied
+            mine = np.array([(np.inf if step == 1 else rank + 1.0) + rank + 1.0, 2.0])
+            summed_a = mine * local_factor if local else \
+                np.array([(np.inf if step == 1 else 2 * sum(range(1, size + 1))), 2.0 * size]) * factor
+            expected_a -= summed_a
+            expected_b -= np.array([1, 0, 1]) * 2 * (sum(range(1, size + 1))) * factor
+        np.testing.assert_allclose(np.asarray(a), expected_a, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(b), expected_b, rtol=1e-6)
+        assert int(opt.iterations.numpy()) == step + 1
+        assert int(opt._agg_helper.counter.numpy()) == (step + 1) % 2
+
+
+@pytest.mark.parametrize("op,average,local", [(hvd.Average, False, False), (hvd.Sum, True, False),
+                                              (hvd.Average, True, True)])
+def test_backward_passes_aggregate_sparse_local_and_inf_gradients(rank: int, size: int, op: object,
+                                                                   average: bool, local: bool) -> None:
+    _aggregation_case(rank, size, op, average, local)
+
+
+@pytest.mark.skipif(not LEGACY, reason="_compute_gradients is the hook of tf-keras' legacy optimizers")
+def test_legacy_compute_gradients_reduces_and_aggregates_as_horovods(rank: int, size: int) -> None:
+    """tf-keras legacy: _compute_gradients (minimize's hook, which Horovod's Keras 2 code calls) returns the
+    reduced gradients; apply_gradients of those does not reduce again; with backward_passes_per_step=2 it
+    applies on every second call only, and _agg_helper.counter counts the passes."""
+    x = tf.Variable([1.0, 2.0])
+    opt = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(0.5), op=hvd.Sum)
+    assert opt._agg_helper is None
+    pairs = opt._compute_gradients(lambda: tf.reduce_sum(x * (rank + 1.0)), var_list=[x])
+    total = sum(range(1, size + 1))
+    np.testing.assert_allclose(pairs[0][0].numpy(), [total, total])
+    opt.apply_gradients(pairs)  # applied as reduced, not summed over the ranks once more
+    np.testing.assert_allclose(x.numpy(), [1.0 - 0.5 * total, 2.0 - 0.5 * total])
+    y = tf.Variable([0.0])
+    agg = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(1.0), backward_passes_per_step=2)
+
+    @tf.function
+    def step() -> None:
+        agg.apply_gradients(agg._compute_gradients(lambda: y * (rank + 1.0), var_list=[y]),
+                            experimental_aggregate_gradients=False)
+    for i in range(5):
+        step()
+        assert int(agg._agg_helper.counter.numpy()) == (i + 1) % 2
+        assert int(agg.iterations.numpy()) == i + 1
+        np.testing.assert_allclose(y.numpy(), [-((i + 1) // 2) * 2 * total / size], rtol=1e-6)
+    agg.minimize(lambda: y * (rank + 1.0), var_list=[y])  # minimize goes through _compute_gradients too
+    assert int(agg._agg_helper.counter.numpy()) == 0
+    np.testing.assert_allclose(y.numpy(), [-3 * 2 * total / size], rtol=1e-6)
+
+
+def test_tf_keras_found_after_from_tensorflow_keras_import(rank: int, caplog: pytest.LogCaptureFixture) -> None:
+    """`from tensorflow.keras import ...` renames tf.keras to "tensorflow.keras"; the Keras it stands for is
+    still told right (from its classes): no false warning, and hvd.load_model loads a tf-keras .h5 with tf-keras."""
+    from tensorflow.keras import layers, models  # noqa: F401 - the usual Keras 2 import style
+    assert tf.keras.__name__ == "tensorflow.keras"
+    hvdlite_logger = logging.getLogger("hvdlite")
+    hvdlite_logger.addHandler(caplog.handler)
+    try:
+        caplog.clear()
+        opt = hvd.DistributedOptimizer(SGD(0.1))
+        warned = [rec.getMessage() for rec in caplog.records if "while tf.keras is" in rec.getMessage()]
+        assert warned == [], warned
+    finally:
+        hvdlite_logger.removeHandler(caplog.handler)
+    model = models.Sequential([layers.Dense(2, input_shape=(3,))])
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(np.ones((4, 3), np.float32), np.zeros((4, 2), np.float32), epochs=1, verbose=0)
+    path = os.path.join(tempfile.mkdtemp(prefix=f"hvdlite-tfk-{rank}-"), "m" + SUFFIX)
+    model.save(path)
+    loaded = hvd.load_model(path)
+    assert isinstance(loaded, keras.Model) and hasattr(loaded.optimizer, "_hvd"), type(loaded)
+    assert int(loaded.optimizer.iterations.numpy()) == 1
+
+
+def test_sync_batch_norm_is_a_layer_of_the_keras_tf_keras_is(rank: int, size: int) -> None:
+    """hvd.SyncBatchNormalization(axis=1, fused=False) (Horovod's keywords) is a layer of the Keras tf.keras
+    stands for; under tf-keras it also works in a tf.compat.v1 session (its moving statistics fetched there),
+    as Horovod's test_horovod_syncbn_cpu runs it. Its output and moving mean are those of the whole batch."""
+    data = [np.arange(8, dtype=np.float32).reshape(4, 2) * (r + 1) + r for r in range(size)]
+    whole = np.concatenate(data).astype(np.float64)
+    expected = (data[rank] - whole.mean(axis=0)) / np.sqrt(whole.var(axis=0) + 1e-3)
+    modes = ["eager", "session"] if LEGACY else ["eager"]
+    for mode in modes:
+        with (tf.Graph().as_default() if mode == "session" else contextlib.nullcontext()):
+            layer = hvd_tf.SyncBatchNormalization(axis=1, fused=False, momentum=0.0)
+            assert isinstance(layer, keras.layers.BatchNormalization), type(layer).__mro__
+            out = layer(tf.constant(data[rank]), training=True)
+            if mode == "session":
+                with tf.compat.v1.Session() as sess:
+                    sess.run(tf.compat.v1.global_variables_initializer())
+                    out = sess.run([out] + layer.updates)[0]  # TF1: the moving averages are update ops
+                    moving_mean = sess.run(layer.moving_mean)
+            else:
+                out, moving_mean = out.numpy(), np.asarray(layer.moving_mean)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(moving_mean, whole.mean(axis=0), rtol=1e-5)

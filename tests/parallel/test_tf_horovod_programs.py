@@ -4,6 +4,7 @@ of the other sparse ops, broadcast's gradient, broadcast_ on ResourceVariables o
 and SyncBatchNormalization with the keyword arguments of Horovod's signature."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import numpy as np
@@ -158,3 +159,150 @@ def test_sync_batch_norm_takes_horovods_signature(rank: int, size: int, mode: st
     expected = (data[rank] - whole.mean(axis=0)) / np.sqrt(whole.var(axis=0) + 1e-3)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     assert layer.name == "sync_bn"
+
+
+# -- TF1 optimizers (tf.compat.v1.train.Optimizer) -------------------------------------------------------------
+X = np.arange(24, dtype=np.float32).reshape(12, 2) / 10.0
+Y = np.array([1, 0, 2, 1, 3, 0, 1, 2, 0, 1, 1, 2], np.float32)
+W0 = np.array([[0.5], [-0.25]], np.float32)
+
+
+def _tf1_optimizer(kind: str) -> Any:
+    return tf.compat.v1.train.GradientDescentOptimizer(0.1) if kind == "sgd" else \
+        tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9)
+
+
+def _tf1_train(kind: str, x: np.ndarray, y: np.ndarray, mode: str, distributed: bool, steps: int = 3,
+               start: np.ndarray = W0) -> np.ndarray:
+    """``steps`` minimize() steps of a TF1 optimizer on a linear least-squares model; the final weights."""
+    opt = _tf1_optimizer(kind)
+    if distributed:
+        opt = hvd.DistributedOptimizer(opt)
+    if mode == "eager":
+        w = tf.Variable(start)
+        for _ in range(steps):
+            opt.minimize(lambda: tf.reduce_mean((tf.matmul(x, w)[:, 0] - y) ** 2), var_list=[w])
+        return w.numpy()
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant(start))
+        xs, ys = tf.compat.v1.placeholder(tf.float32, [None, 2]), tf.compat.v1.placeholder(tf.float32, [None])
+        step = opt.minimize(tf.reduce_mean((tf.matmul(xs, w)[:, 0] - ys) ** 2),
+                            global_step=tf.compat.v1.train.get_or_create_global_step())
+        hooks = [hvd.BroadcastGlobalVariablesHook(0)] if distributed else []
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+            for _ in range(steps):
+                sess.run(step, feed_dict={xs: x, ys: y})
+            return sess.run(w)
+
+
+@pytest.mark.parametrize("mode", ["eager", "session"])
+@pytest.mark.parametrize("kind", ["sgd", "momentum"])
+def test_tf1_distributed_optimizer_equals_one_process(rank: int, size: int, mode: str, kind: str) -> None:
+    """hvd.DistributedOptimizer(tf.compat.v1.train.*Optimizer): each rank on its shard equals one process on the
+    whole batch; in a session through MonitoredTrainingSession + BroadcastGlobalVariablesHook, which gives every
+    rank the root's initial weights (they start different here)."""
+    k = len(X) // size
+    shard = slice(rank * k, (rank + 1) * k)
+    start = W0 + (rank if mode == "session" else 0)
+    got = _tf1_train(kind, X[shard], Y[shard], mode, distributed=True, start=start)
+    expected = _tf1_train(kind, X[:k * size], Y[:k * size], mode, distributed=False)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert all(np.array_equal(got, other) for other in hvd.allgather_object(got))
+
+
+def _tf1_aggregation_program(rank: int, size: int, mode: str) -> None:
+    """Horovod's legacy-optimizer aggregation check: a gradient of rank (dense), of rank+1 (sparse) and of 1 on
+    a local variable; backward_passes_per_step=4, averaged; the variable moves on every 4th step only, and the
+    global step advances every step."""
+    class Accumulate(tf.compat.v1.train.Optimizer):
+        def __init__(self) -> None:
+            super().__init__(use_locking=False, name="accumulate")
+            self.dense_var, self.sparse_var, self.local_var = (tf.Variable([0.0]), tf.Variable([0.0, 0.0]),
+                                                               tf.Variable([0.0]))
+
+        def compute_gradients(self, *args: Any, **kwargs: Any) -> list:
+            sparse = tf.IndexedSlices(tf.constant([float(rank + 1)]), tf.constant([1]), tf.constant([2]))
+            return [(tf.constant([float(rank)]), self.dense_var), (sparse, self.sparse_var),
+                    (tf.constant([1.0]), self.local_var)]
+
+        def _resource_apply_dense(self, grad: Any, var: Any) -> Any:
+            return var.assign_add(grad)
+
+    opt = hvd.DistributedOptimizer(Accumulate(), backward_passes_per_step=4, average_aggregated_gradients=True,
+                                   sparse_as_dense=True)
+    inner = opt._optimizer
+    opt.register_local_var(inner.local_var)
+    mean_rank = sum(range(size)) / size
+
+    def expected(i: int) -> list:
+        done = (i + 1) // 4
+        return [[done * mean_rank], [0.0, done * (mean_rank + 1)], [done / size]]
+
+    if mode == "eager":
+        global_step = tf.Variable(0, dtype=tf.int64)
+        for i in range(10):
+            opt.apply_gradients(opt.compute_gradients(), global_step=global_step)
+            got = [v.numpy().tolist() for v in (inner.dense_var, inner.sparse_var, inner.local_var)]
+            np.testing.assert_allclose(sum(got, []), sum(expected(i), []), rtol=1e-6)
+            assert int(global_step.numpy()) == i + 1
+        return
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        opt = hvd.DistributedOptimizer(Accumulate(), backward_passes_per_step=4, average_aggregated_gradients=True,
+                                       sparse_as_dense=True)
+        inner = opt._optimizer
+        opt.register_local_var(inner.local_var)
+        pairs = opt.compute_gradients()
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        with tf.control_dependencies([g for g, _ in pairs]):
+            before = global_step + 0
+        with tf.control_dependencies([before]):
+            update = opt.apply_gradients(pairs, global_step=global_step)
+        values = [inner.dense_var.read_value(), inner.sparse_var.read_value(), inner.local_var.read_value()]
+        sess.run([tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()])
+        for i in range(10):
+            step, _ = sess.run((before, update))
+            assert step == i
+            np.testing.assert_allclose(sum([v.tolist() for v in sess.run(values)], []), sum(expected(i), []),
+                                       rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "session"])
+def test_tf1_distributed_optimizer_aggregates_backward_passes(rank: int, size: int, mode: str) -> None:
+    _tf1_aggregation_program(rank, size, mode)
+
+
+@pytest.mark.mpi(sizes=(2,))
+def test_tf1_distributed_optimizer_adasum(rank: int) -> None:
+    """op=hvd.Adasum combines the gradients with Adasum: orthogonal ones add up (a session and eagerly)."""
+    grad = [[1.0, 0.0], [0.0, 1.0]][rank]
+    for mode in ("eager", "session"):
+        class Fixed(tf.compat.v1.train.GradientDescentOptimizer):
+            def compute_gradients(self, *args: Any, **kwargs: Any) -> list:
+                return [(tf.constant(grad), var)]
+        with (tf.Graph().as_default() if mode == "session" else contextlib.nullcontext()):
+            var = tf.compat.v1.Variable([0.0, 0.0], use_resource=True) if mode == "session" else tf.Variable([0.0, 0.0])
+            opt = hvd.DistributedOptimizer(Fixed(1.0), op=hvd.Adasum)
+            if mode == "eager":
+                opt.apply_gradients(opt.compute_gradients())
+                got = var.numpy()
+            else:
+                update = opt.apply_gradients(opt.compute_gradients())
+                with tf.compat.v1.Session() as sess:
+                    sess.run(var.initializer)
+                    sess.run(update)
+                    got = sess.run(var)
+        np.testing.assert_allclose(got, [-1.0, -1.0])
+
+
+def test_tape_splits_local_and_global_gradients(rank: int, size: int) -> None:
+    """PartialDistributedGradientTape.get_local_and_global_gradients: (variable, gradient) pairs, local ones
+    divided by the size, shared ones averaged."""
+    layers = [tf.keras.layers.Dense(1, kernel_initializer="ones", use_bias=False) for _ in range(2)]
+    x = tf.constant([[rank + 1.0]])
+    with tf.GradientTape(persistent=True) as tape:
+        loss = layers[1](layers[0](x))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[layers[0]])
+    local, shared = tape.get_local_and_global_gradients(loss, [layers[0].kernel, layers[1].kernel])
+    assert [v is layers[0].kernel for v, _ in local] == [True] and [v is layers[1].kernel for v, _ in shared] == [True]
+    np.testing.assert_allclose(local[0][1].numpy(), [[(rank + 1.0) / size]])
+    np.testing.assert_allclose(shared[0][1].numpy(), [[sum(range(1, size + 1)) / size]])

@@ -17,9 +17,10 @@ import tensorflow as tf
 from hvdlite.core import Adasum, Average, ProcessSet, Sum, global_process_set
 from hvdlite.core.frontend import check_gradient_options, logger, mixin_class
 
+from ..aggregation import aggregate, on_reduced_pass
 from ..compression import Compression
 from ..keras_families import KERAS3, Family, family_of, same_family, tf_keras_family
-from ..mpi_ops import check_not_xla, dense
+from ..mpi_ops import check_not_xla
 from ..reduction import reduce_partially, variable_names
 
 
@@ -31,6 +32,7 @@ class _HvdState:
         self.local_vars: set = set()
         self.accumulators: dict = {}
         self.counter: Optional[tf.Variable] = None
+        self.prepared: list = []  # tf-keras: the gradients _compute_gradients reduced, until applied
 
 
 class DistributedOptimizerMixin:
@@ -63,35 +65,27 @@ class DistributedOptimizerMixin:
         return reduce_partially(grads, local, names, s["compression"], s["sparse_as_dense"], s["op"],
                                 s["gradient_predivide_factor"], s["process_set"], s["scale_local_gradients"])
 
+    @property
+    def _agg_helper(self) -> Optional[_HvdState]:
+        """Horovod's name for the aggregation state (``_agg_helper.counter``: the backward passes summed since
+        the last reduction); None without ``backward_passes_per_step``."""
+        return self._hvd if self._hvd.settings["backward_passes_per_step"] > 1 else None
+
+    def _hvd_aggregate(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        """Sum ``grads`` locally; every ``backward_passes_per_step``-th call the reduced sums (aggregation.py)."""
+        s = self._hvd.settings
+        self._hvd_make_accumulators(variables)
+        return aggregate(grads, [self._hvd.accumulators[id(v)] for v in variables], self._hvd.counter,
+                         s["backward_passes_per_step"], s["average_aggregated_gradients"],
+                         lambda sums, at: self._hvd_reduce(sums, [variables[i] for i in at]))
+
     def _hvd_accumulate_and_apply(self, grads: list[Any], variables: list[Any],
                                   apply: Callable[[list[Any], list[Any]], Any]) -> Any:
         """Sum ``grads`` locally; every ``backward_passes_per_step``-th call reduce the sums and ``apply`` them
         (the plain optimizer's own apply), the other calls only advance ``iterations``."""
-        s = self._hvd.settings
-        steps = s["backward_passes_per_step"]
-        self._hvd_make_accumulators(variables)
-        accumulators = [self._hvd.accumulators[id(v)] for v in variables]
-        for g, acc in zip(grads, accumulators):
-            if g is not None:
-                acc.assign_add(tf.cast(dense(g), acc.dtype))
-        counter: Any = self._hvd.counter
-        counter.assign_add(1)
-
-        def reduce_and_apply() -> tf.Tensor:
-            summed = [None if g is None else acc.read_value() for g, acc in zip(grads, accumulators)]
-            if s["average_aggregated_gradients"]:
-                summed = [None if g is None else g / steps for g in summed]
-            apply(self._hvd_reduce(summed, variables), variables)
-            for acc in accumulators:
-                acc.assign(tf.zeros_like(acc))
-            counter.assign(0)
-            return tf.constant(True)
-
-        def only_count() -> tf.Tensor:
-            self.iterations.assign_add(1)  # type: ignore[attr-defined]
-            return tf.constant(False)
-
-        return tf.cond(counter.read_value() >= steps, reduce_and_apply, only_count)
+        aggregated = self._hvd_aggregate(grads, variables)
+        return on_reduced_pass(self._hvd.counter, aggregated, lambda: apply(aggregated, variables),
+                               lambda: self.iterations.assign_add(1))  # type: ignore[attr-defined]
 
 
 class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
