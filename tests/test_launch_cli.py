@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_child_venv
-from cluster.fixtures import (PYTHON, WORKERS, assert_ctrl_c_stops_every_rank, assert_topology, base_env,
+from cluster.fixtures import (PYTHON, WORKERS, assert_ctrl_c_stops_every_rank, assert_kill_9_takes_the_job,
+                              assert_topology, base_env,
                               run, topology)
 from hvdlite.run.args import TUNING_FLAGS, env_assignments, parse_args, tuning_environment
 from hvdlite.run.commands import Plan, build_command, child_environment
@@ -161,17 +162,31 @@ def test_check_build() -> None:
     assert "[X] MPICH hydra mpiexec" in out or "[X] Open MPI" in out, out
 
 
+def assert_one_clean_line_per_rank(out: str, ranks: int = 2) -> None:
+    """Ctrl-C under hvdlite-run: each rank says it was interrupted in one line; no traceback, no rank
+    reported as killed (the sentinels forwarded the stop), no failing excepthook."""
+    lines = re.findall(r"^\[hvdlite rank (\d+)\] interrupted \(KeyboardInterrupt at \S+launch_sleep\.py:\d+\); "
+                       r"stopping$", out, re.M)
+    assert sorted(lines) == [str(r) for r in range(ranks)], out
+    for text in ("Traceback", "Error in sys.excepthook", "KeyboardInterrupt:", "was killed by signal", "Killed"):
+        assert text not in out, out
+
+
 def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
-    """SIGINT to hvdlite-run (a terminal's Ctrl-C) stops every rank and exits non-zero."""
-    out = assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path)
-    assert "was killed by signal" not in out, out  # the sentinels forwarded the stop: no rank was "killed"
+    """SIGINT to hvdlite-run (a terminal's Ctrl-C) stops every rank, one line each, and exits 130."""
+    assert_one_clean_line_per_rank(assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path))
 
 
 def test_sigterm_stops_every_rank(tmp_path: Path) -> None:
     """SIGTERM to hvdlite-run (kill, a batch system's stop) stops every rank, sentinels and programs alike,
-    and exits non-zero; no rank is reported as killed, since the job was asked to stop."""
+    and exits 143; no rank is reported as killed, since the job was asked to stop."""
     out = assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path, sig=signal.SIGTERM)
-    assert "was killed by signal" not in out, out
+    assert "was killed by signal" not in out and "Traceback" not in out, out
+
+
+def test_kill_9_of_hvdlite_run_takes_the_job(tmp_path: Path) -> None:
+    """kill -9 of hvdlite-run (a timeout's SIGKILL) leaves no mpiexec, hydra proxy, sentinel or rank behind."""
+    assert_kill_9_takes_the_job([*RUN, "-np", "2"], base_env(), tmp_path)
 
 
 def test_exit_code_passes_through_the_sentinel_and_is_reported_with_the_rank() -> None:
