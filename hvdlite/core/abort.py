@@ -73,9 +73,9 @@ def interrupted(state: Any, tb: Any) -> None:
     interrupts the exit ("Error in sys.excepthook"). hvdlite's shutdown is skipped: every rank is stopping.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    frames = traceback.extract_tb(tb)
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    frames = [f for f in frames if not f.filename.startswith(package)] or frames  # the caller's line, if any
+    every = list(traceback.extract_tb(tb))
+    frames = [f for f in every if not f.filename.startswith(package)] or every  # the caller's line, if any
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     try:
         sys.stdout.flush()
