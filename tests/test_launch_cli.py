@@ -86,6 +86,20 @@ def test_command_for_each_launcher() -> None:
         choose_srun_mpi(ompi_lib, ["none"])
 
 
+def test_the_program_is_resolved_as_the_users_shell_would(tmp_path: Path) -> None:
+    """The program name becomes the first match on the user's PATH (a venv's bin/ before /usr/bin), symlinks
+    kept (a venv's python is a symlink to the base interpreter); a path or an unknown name is left alone."""
+    from hvdlite.run.commands import resolve_program
+    venv_bin, system_bin = tmp_path / "venv" / "bin", tmp_path / "usr" / "bin"
+    for directory in (venv_bin, system_bin):
+        directory.mkdir(parents=True)
+        (directory / "python3").symlink_to(PYTHON)
+    path = os.pathsep.join([str(venv_bin), str(system_bin)])
+    assert resolve_program(["python3", "t.py"], {"PATH": path}) == [str(venv_bin / "python3"), "t.py"]
+    assert resolve_program(["./t.sh", "-v"], {"PATH": path}) == ["./t.sh", "-v"]
+    assert resolve_program(["no-such-program"], {"PATH": path}) == ["no-such-program"]
+
+
 # --------------------------------------------------------------------------------------------- real runs
 def test_hvdlite_run_np_verbose_env(nproc: int) -> None:
     """`hvdlite-run -np N -x VAR=... --verbose` runs N real ranks with the right topology and environment."""

@@ -32,6 +32,9 @@ from hvdlite.run.launchers import OPENMPI, identify
 MPIRUN, MPICC = "/usr/bin/mpirun", "/usr/bin/mpicc"
 TOPOLOGY = str(WORKERS / "launch_topology.py")
 REQUIRED = "HVDT_SYSTEM_OPENMPI"
+#: The first run compiles mpi4py inside the first test's set-up (minutes on a loaded machine); every launch
+#: below has its own timeout, so a hang still fails fast.
+pytestmark = pytest.mark.timeout(2400)
 CACHE = "HVDT_SYSTEM_OPENMPI_CACHE"
 
 
