@@ -52,7 +52,6 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
             signal.signal(sig, handler)
     if received:
         kill_group(proc.pid)  # ranks the interrupted launcher left behind in its session
-    if received:
         return 128 + received[0][0]
     if code < 0:
         return 128 - code

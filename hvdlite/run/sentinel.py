@@ -5,10 +5,11 @@ hvdlite-run puts ``python -S .../hvdlite/run/sentinel.py -- PROGRAM ARGS`` in fr
 files, so the launcher's PMI connection and the console reach it unchanged), arranges for the program to
 be killed if the sentinel dies (``PR_SET_PDEATHSIG``: when the launcher kills the job, it kills the
 sentinels and their programs go with them), stops the program (SIGTERM) if the launcher's daemon that
-started the sentinel dies without cleaning up (the launcher was killed with ``kill -9``), forwards the signals launchers send to stop or notify a job,
-and waits. When the program ends by a signal the sentinel did not forward (``kill -9``, the kernel's
-out-of-memory killer, a crash), it writes one line naming the rank, pid, host and signal, and exits with
-128+signal, so the launcher still sees a failure and stops the other ranks. An exit code passes through
+started the sentinel dies without cleaning up (the launcher was killed with ``kill -9``), forwards the
+signals launchers send to stop or notify a job, and waits. When the program ends by a signal the sentinel
+did not forward (``kill -9``, the kernel's out-of-memory killer, a crash), it writes one line naming the
+rank, pid, host and signal, and exits with 128+signal, so the launcher still sees a failure and stops the
+other ranks. An exit code passes through
 unchanged (a non-zero one is reported with the rank, in one line).
 
 The launcher runs this file by path, not with ``-m``: ``-m`` would import the ``hvdlite`` package (numpy,
