@@ -124,10 +124,13 @@ def test_signals_and_kill_9_under_open_mpi(sysompi: Path, tmp_path: Path) -> Non
     of hvdlite-run leaves no mpirun, sentinel or rank behind."""
     cmd = [str(sysompi / "python3"), "-m", "hvdlite.run", "-np", "2"]
     python = str(sysompi / "python3")
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        out = assert_ctrl_c_stops_every_rank(cmd, _env(sysompi), tmp_path / sig.name, sig=sig, python=python)
+    for name, sig in (("int", signal.SIGINT), ("term", signal.SIGTERM), ("kill", signal.SIGKILL)):
+        (tmp_path / name).mkdir()
+        if sig == signal.SIGKILL:
+            assert_kill_9_takes_the_job(cmd, _env(sysompi), tmp_path / name, python=python)
+            continue
+        out = assert_ctrl_c_stops_every_rank(cmd, _env(sysompi), tmp_path / name, sig=sig, python=python)
         assert "Traceback" not in out and "was killed by signal" not in out, out
-    assert_kill_9_takes_the_job(cmd, _env(sysompi), tmp_path / "kill", python=python)
 
 
 def test_a_launcher_of_the_other_mpi_is_explained(sysompi: Path) -> None:
@@ -142,7 +145,7 @@ def test_a_launcher_of_the_other_mpi_is_explained(sysompi: Path) -> None:
                         r"mpirun/mpiexec .*Fix: launch with MPICH's mpiexec .* rebuild mpi4py against Open MPI: "
                         r"MPICC=", proc.stderr)
     assert sorted(errors) == ["rank 0 of 2", "rank 1 of 2"], proc.stderr
-    assert "unsupported PMI version" not in proc.stderr, proc.stderr
+    assert "Fatal error in internal_Init_thread" not in proc.stderr, proc.stderr  # MPICH's own crash, explaining nothing
 
     mpiexec = str(Path(PYTHON).parent / "mpiexec")  # pip's MPICH (hydra)
     proc = run([mpiexec, "-n", "2", str(sysompi / "python3"), "-c", program], env=_env(sysompi), timeout=120)
