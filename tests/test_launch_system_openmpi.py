@@ -60,18 +60,24 @@ def system_openmpi() -> str:
 def _mpi4py_wheel(ompi_version: str) -> Path:
     """mpi4py (the version this Python has) compiled against the system Open MPI, built once and cached."""
     version = importlib.metadata.version("mpi4py")
-    key = f"mpi4py-{version}-py{sys.version_info[0]}{sys.version_info[1]}-openmpi-{ompi_version}"
+    key = f"mpi4py-{version}-py{sys.version_info[0]}{sys.version_info[1]}-openmpi-{ompi_version}-1"
     cache = Path(os.environ.get(CACHE) or Path.home() / ".cache" / "hvdlite-tests" / "system-openmpi") / key
     wheels = sorted(cache.glob("mpi4py-*.whl"))
     if wheels:
         return wheels[0]
     cache.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=key + ".", dir=cache.parent))
-    # -O1 -g0: the one big generated C file compiles several times faster than with -O3 -g
-    env = {**os.environ, "MPICC": MPICC, "CFLAGS": "-O1 -g0"}
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-cache-dir",
-                           "--disable-pip-version-check", "--no-binary", "mpi4py", f"mpi4py=={version}", "-w",
-                           str(build)], capture_output=True, text=True, timeout=1800, env=env)
+    # Built by a bare venv's python: this one's venv may hold pip MPICH's mpi.h in its include/, which the
+    # compiler would find before Open MPI's (a wheel that then fails on undefined MPICH symbols).
+    # -O0 -g0: the one big generated C file compiles several times faster than with -O3 -g.
+    with tempfile.TemporaryDirectory() as bare:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", bare], check=True, timeout=120)
+        env = {**os.environ, "MPICC": MPICC, "CFLAGS": "-O0 -g0"}
+        env.pop("PYTHONPATH", None)
+        proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(Path(bare, "bin", "python")), "wheel",
+                               "-q", "--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--no-binary",
+                               "mpi4py", f"mpi4py=={version}", "-w", str(build)],
+                              capture_output=True, text=True, timeout=1800, env=env)
     if proc.returncode != 0:
         shutil.rmtree(build, ignore_errors=True)
         pytest.fail(f"cannot build mpi4py=={version} against {MPICC}:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
@@ -88,12 +94,15 @@ def sysompi(system_openmpi: str, tmp_path_factory: pytest.TempPathFactory) -> Pa
     packages (numpy, hvdlite) and pip's MPICH too, as a user's venv with the mpich extra would."""
     wheel = _mpi4py_wheel(system_openmpi)
     python = make_child_venv(tmp_path_factory.mktemp("sysompi") / "venv")
+    # --ignore-installed: the venv sees this Python's mpi4py (a binary wheel) and would keep it
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                           "--no-index", "--disable-pip-version-check", str(wheel)],
+                           "--no-index", "--ignore-installed", "--disable-pip-version-check", str(wheel)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    library = subprocess.run([str(python), "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
+    library = subprocess.run([str(python), "-c", "import mpi4py.MPI as M; print(M.__file__); "
+                              "print(M.Get_library_version())"],
                              capture_output=True, text=True, timeout=120, env=_env(python.parent))
+    assert library.stdout.startswith(str(python.parent.parent)), library.stdout + library.stderr  # the venv's own
     assert f"Open MPI v{system_openmpi}" in library.stdout, library.stdout + library.stderr
     return python.parent
 
