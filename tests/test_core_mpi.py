@@ -39,4 +39,6 @@ def test_rank_exiting_early_fails_peers_with_the_cause(nproc: int, tmp_path: Pat
     for report in reports.values():
         # the peers' pending op fails with the cause, and a later call fails too
         assert "rank(s) 1 called hvd.shutdown() or exited" in report["error"], report
+        assert "call hvd.join() on every rank" in report["error"], report  # the fix for uneven batches
+        assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S" in report["error"], report
         assert report["later_error"] == "ShutdownError", report

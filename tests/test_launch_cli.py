@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import make_child_venv
-from cluster.fixtures import (PYTHON, WORKERS, assert_ctrl_c_stops_every_rank, assert_topology, base_env,
+from cluster.fixtures import (PYTHON, WORKERS, assert_ctrl_c_stops_every_rank, assert_kill_9_takes_the_job,
+                              assert_topology, base_env,
                               run, topology)
-from hvdlite.run.args import TUNING_FLAGS, env_assignments, parse_args, tuning_environment
+from hvdlite.run.args import TUNING_FLAGS, env_assignments, jsrun_refusal, parse_args, tuning_environment
 from hvdlite.run.commands import Plan, build_command, child_environment
 from hvdlite.run.hosts import Host, HostSpecError, check_slots, cpus_per_node_total, parse_hostfile, parse_hosts
 from hvdlite.run.launchers import MPICH, OPENMPI, SRUN, Launcher, choose_srun_mpi, library_family, MPILibrary
@@ -85,6 +86,20 @@ def test_command_for_each_launcher() -> None:
         choose_srun_mpi(ompi_lib, ["none"])
 
 
+def test_the_program_is_resolved_as_the_users_shell_would(tmp_path: Path) -> None:
+    """The program name becomes the first match on the user's PATH (a venv's bin/ before /usr/bin), symlinks
+    kept (a venv's python is a symlink to the base interpreter); a path or an unknown name is left alone."""
+    from hvdlite.run.commands import resolve_program
+    venv_bin, system_bin = tmp_path / "venv" / "bin", tmp_path / "usr" / "bin"
+    for directory in (venv_bin, system_bin):
+        directory.mkdir(parents=True)
+        (directory / "python3").symlink_to(PYTHON)
+    path = os.pathsep.join([str(venv_bin), str(system_bin)])
+    assert resolve_program(["python3", "t.py"], {"PATH": path}) == [str(venv_bin / "python3"), "t.py"]
+    assert resolve_program(["./t.sh", "-v"], {"PATH": path}) == ["./t.sh", "-v"]
+    assert resolve_program(["no-such-program"], {"PATH": path}) == ["no-such-program"]
+
+
 # --------------------------------------------------------------------------------------------- real runs
 def test_hvdlite_run_np_verbose_env(nproc: int) -> None:
     """`hvdlite-run -np N -x VAR=... --verbose` runs N real ranks with the right topology and environment."""
@@ -136,7 +151,9 @@ def test_too_many_slots_is_refused() -> None:
 def test_no_launcher_found(tmp_path: Path) -> None:
     """With no mpiexec/mpirun next to Python or on PATH, hvdlite-run says so and how to fix it."""
     python = make_child_venv(tmp_path / "venv")
-    env = base_env(PATH="/usr/bin:/bin")
+    empty = tmp_path / "bin"  # not /usr/bin: a distribution's MPI (apt's openmpi-bin) may live there
+    empty.mkdir()
+    env = base_env(PATH=str(empty))
     env.pop("SLURM_JOB_ID", None)
     env.pop("SLURM_JOBID", None)
     proc = run([str(python), "-m", "hvdlite.run", "-np", "2", "python", "x.py"], env=env,
@@ -158,20 +175,44 @@ def test_check_build() -> None:
     library = " ".join(MPI.Get_library_version().splitlines()[0].split())
     assert f"[X] MPI: {library}" in out, out
     assert "MPI thread level: MPI_THREAD_MULTIPLE" in out, out
+    # the build flags a training script sees (the torch frontend's, when torch is here), not the bare core's
+    if importlib.util.find_spec("torch"):
+        import hvdlite.torch as hvd
+    else:
+        import hvdlite as hvd  # type: ignore[no-redef]
+    controllers = out.split("Available controllers:")[1].split("MPI thread level")[0]
+    assert f"{'[X]' if hvd.gloo_built() else '[ ]'} Gloo" in controllers, out
+    operations = out.split("Available tensor operations:")[1].split("Launchers:")[0]
+    for name in ("NCCL", "Gloo"):
+        assert f"{'[X]' if getattr(hvd, name.lower() + '_built')() else '[ ]'} {name}" in operations, out
     assert "[X] MPICH hydra mpiexec" in out or "[X] Open MPI" in out, out
 
 
+def assert_one_clean_line_per_rank(out: str, ranks: int = 2) -> None:
+    """Ctrl-C under hvdlite-run: each rank says it was interrupted in one line; no traceback, no rank
+    reported as killed (the sentinels forwarded the stop), no failing excepthook."""
+    lines = re.findall(r"^\[hvdlite rank (\d+)\] interrupted \(KeyboardInterrupt at \S+launch_sleep\.py:\d+\); "
+                       r"stopping$", out, re.M)
+    assert sorted(lines) == [str(r) for r in range(ranks)], out
+    for text in ("Traceback", "Error in sys.excepthook", "KeyboardInterrupt:", "was killed by signal", "Killed"):
+        assert text not in out, out
+
+
 def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
-    """SIGINT to hvdlite-run (a terminal's Ctrl-C) stops every rank and exits non-zero."""
-    out = assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path)
-    assert "was killed by signal" not in out, out  # the sentinels forwarded the stop: no rank was "killed"
+    """SIGINT to hvdlite-run (a terminal's Ctrl-C) stops every rank, one line each, and exits 130."""
+    assert_one_clean_line_per_rank(assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path))
 
 
 def test_sigterm_stops_every_rank(tmp_path: Path) -> None:
     """SIGTERM to hvdlite-run (kill, a batch system's stop) stops every rank, sentinels and programs alike,
-    and exits non-zero; no rank is reported as killed, since the job was asked to stop."""
+    and exits 143; no rank is reported as killed, since the job was asked to stop."""
     out = assert_ctrl_c_stops_every_rank([*RUN, "-np", "2"], base_env(), tmp_path, sig=signal.SIGTERM)
-    assert "was killed by signal" not in out, out
+    assert "was killed by signal" not in out and "Traceback" not in out, out
+
+
+def test_kill_9_of_hvdlite_run_takes_the_job(tmp_path: Path) -> None:
+    """kill -9 of hvdlite-run (a timeout's SIGKILL) leaves no mpiexec, hydra proxy, sentinel or rank behind."""
+    assert_kill_9_takes_the_job([*RUN, "-np", "2"], base_env(), tmp_path)
 
 
 def test_exit_code_passes_through_the_sentinel_and_is_reported_with_the_rank() -> None:
@@ -230,15 +271,61 @@ def test_horovod_settings_flags() -> None:
         parse_args(["-np", "2", "--log-level", "verbose", "python", "t.py"])
 
 
+#: Every flag of horovodrun 0.28 (horovod/runner/launch.py's parser) with a value it accepts.
+HOROVODRUN_FLAGS = [
+    ["-np", "2"], ["--num-proc", "2"], ["--disable-cache"], ["--start-timeout", "30"],
+    ["--network-interfaces", "lo"], ["--network-interface", "lo"], ["--output-filename", "/tmp/o"], ["--verbose"],
+    ["--config-file", "/dev/null"], ["-p", "22"], ["--ssh-port", "22"], ["-i", "/k"], ["--ssh-identity-file", "/k"],
+    ["--fusion-threshold-mb", "32"], ["--cycle-time-ms", "2"], ["--cache-capacity", "512"],
+    ["--hierarchical-allreduce"], ["--no-hierarchical-allreduce"], ["--hierarchical-allgather"],
+    ["--no-hierarchical-allgather"], ["--autotune"], ["--no-autotune"], ["--autotune-log-file", "/tmp/a.csv"],
+    ["--autotune-warmup-samples", "1"], ["--autotune-steps-per-sample", "2"],
+    ["--autotune-bayes-opt-max-samples", "3"], ["--autotune-gaussian-process-noise", "0.5"],
+    ["--min-np", "1"], ["--min-num-proc", "1"], ["--max-np", "4"], ["--max-num-proc", "4"],
+    ["--slots-per-host", "2"], ["--elastic-timeout", "60"], ["--reset-limit", "3"],
+    ["--blacklist-cooldown-range", "10", "20"], ["--timeline-filename", "/tmp/t.json"], ["--timeline-mark-cycles"],
+    ["--no-timeline-mark-cycles"], ["--no-stall-check"], ["--stall-check"], ["--stall-check-warning-time-seconds", "5"],
+    ["--stall-check-shutdown-time-seconds", "9"], ["--mpi-threads-disable"], ["--no-mpi-threads-disable"],
+    ["--mpi-args=-v"], ["--tcp"], ["--binding-args=--bind-to core"], ["--num-nccl-streams", "2"],
+    ["--thread-affinity", "1"], ["--gloo-timeout-seconds", "30"], ["--log-level", "INFO"], ["--log-with-timestamp"],
+    ["--log-without-timestamp"], ["-prefix-timestamp"], ["--prefix-output-with-timestamp"],
+    ["--log-hide-timestamp"], ["--no-log-hide-timestamp"], ["-H", "localhost:2"], ["--hosts", "localhost:2"],
+    ["-hostfile", "/tmp/h"], ["--hostfile", "/tmp/h"], ["--host-discovery-script", "/bin/true"], ["--gloo"],
+    ["--mpi"], ["--jsrun"],
+]
+
+
+def test_every_horovodrun_flag_is_accepted() -> None:
+    """horovodrun command lines run unchanged: each of its flags parses (--gloo and --jsrun are refused with
+    the reason, not as unrecognized arguments: see test_refused_flags_say_why, test_jsrun_is_refused...)."""
+    for values in HOROVODRUN_FLAGS:
+        if values[0] == "--gloo":
+            continue
+        assert parse_args([*values, "python", "t.py"]).command == ["python", "t.py"], values
+    args = parse_args(["-np", "2", "--min-num-proc", "1", "--max-num-proc", "3", "--no-log-hide-timestamp", "p"])
+    assert (args.min_np, args.max_np, args.log_hide_time) == (1, 3, False)
+
+
+def test_jsrun_is_refused_with_the_reason() -> None:
+    """--jsrun outside IBM LSF is refused before anything starts, saying why; inside LSF it says what to use."""
+    proc = run([*RUN, "-np", "2", "--jsrun", PYTHON, TOPOLOGY], timeout=60, env=base_env(LSB_JOBID=""))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.strip() == ("hvdlite-run: error: --jsrun: jsrun starts processes inside an IBM LSF "
+                                   "allocation, and this is not one (LSB_JOBID is not set). Drop --jsrun: "
+                                   "hvdlite-run starts the ranks with mpiexec, mpirun or srun"), proc.stderr
+    assert "in this LSF allocation (job 77) drop --jsrun" in jsrun_refusal({"LSB_JOBID": "77"})
+
+
 def test_flags_without_effect_warn_and_run() -> None:
+    """A horovodrun flag that asks for something hvdlite does not do warns; its --no- form (asking for what
+    hvdlite does anyway) runs silently."""
     proc = run([*RUN, "-np", "2", "--hierarchical-allreduce", "--no-hierarchical-allgather", "--thread-affinity",
-                "1", "--num-nccl-streams", "2", "--tcp", "--disable-cache", PYTHON, TOPOLOGY], timeout=120)
+                "1", "--num-nccl-streams", "2", "--tcp", "--disable-cache", "--no-mpi-threads-disable", PYTHON,
+                TOPOLOGY], timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     warnings = [l for l in proc.stderr.splitlines() if l.startswith("hvdlite-run: warning:")]
     assert warnings == [
         "hvdlite-run: warning: --hierarchical-allreduce has no effect: hvdlite's allreduce is MPI's own (MPI picks "
-        "the algorithm)",
-        "hvdlite-run: warning: --hierarchical-allgather has no effect: hvdlite's allgather is MPI's own (MPI picks "
         "the algorithm)",
         "hvdlite-run: warning: --thread-affinity has no effect: hvdlite's engine thread is a Python thread; bind "
         "ranks with --binding-args instead",

@@ -86,6 +86,27 @@ def test_the_program_dies_with_the_sentinel(tmp_path: Path) -> None:
     assert wait_gone([child], 10) == [], f"the program (pid {child}) outlived its sentinel"
 
 
+def test_the_program_stops_when_the_sentinels_parent_dies(tmp_path: Path) -> None:
+    """kill -9 of the process that started the sentinel (a launcher's per-host daemon, left without its
+    launcher) stops the sentinel and its program: the sentinel gets SIGTERM (PR_SET_PDEATHSIG) and forwards
+    it, so the program ends as on any stop, and the sentinel reports no killed rank."""
+    ready = tmp_path / "pid"
+    program = f"import os, time; open({str(ready)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    daemon = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-S', {SENTINEL!r}, '--', "
+              f"sys.executable, '-c', {program!r}]); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", daemon], cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() or not ready.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    child = int(ready.read_text())
+    watcher = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the sentinel
+    assert pid_alive(child) and pid_alive(watcher)
+    proc.kill()
+    proc.wait()
+    assert wait_gone([child, watcher], 10) == [], "the sentinel or its program outlived the daemon that started it"
+
+
 def test_the_sentinel_imports_neither_hvdlite_nor_numpy() -> None:
     """It lives as long as its rank: the standard library only (plus hvdlite.core.launch_check when it
     reports, loaded without the packages' __init__)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -45,6 +46,8 @@ def install_excepthook(current: Callable[[], Any]) -> None:
             os._exit(1)
 
     def main_thread_hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        if issubclass(exc_type, KeyboardInterrupt):
+            interrupted(current(), tb)
         if _previous_excepthook not in (None, sys.__excepthook__):
             _previous_excepthook(exc_type, exc, tb)
         abort_job(exc_type, exc, tb)
@@ -59,3 +62,28 @@ def install_excepthook(current: Callable[[], Any]) -> None:
 
     sys.excepthook = main_thread_hook
     threading.excepthook = thread_hook
+
+
+def interrupted(state: Any, tb: Any) -> None:
+    """Ctrl-C (SIGINT) stopped this rank: say so in one line and end the process by SIGINT, as Python does
+    for an uncaught KeyboardInterrupt (exit status 130), without a traceback per rank.
+
+    Launchers deliver a job's Ctrl-C to every rank, sometimes more than once (the launcher and the per-rank
+    sentinel both forward it): further SIGINTs are ignored from here on, so no second KeyboardInterrupt
+    interrupts the exit ("Error in sys.excepthook"). hvdlite's shutdown is skipped: every rank is stopping.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    every = list(traceback.extract_tb(tb))
+    frames = [f for f in every if not f.filename.startswith(package)] or every  # the caller's line, if any
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(f"[hvdlite rank {state.rank if state else '?'}] interrupted (KeyboardInterrupt{where}); "
+                         f"stopping\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed console must not keep the rank alive
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)  # not reached: the default SIGINT action ends the process

@@ -5,6 +5,8 @@ Every other core module is private to the core (``tests/test_layering.py`` check
 - ``Config``, ``environ()``, ``getenv(name)``: the settings and the HVDLITE_/HOROVOD_ environment they read.
 - ``launcher_rank()``: this process's rank and the job's size as its launcher announced them.
 - ``int_or_none(text)``: an integer environment value, or None when unset or not a number.
+- ``library_family(text)``, ``launcher_mismatch(library, family, launcher)``: which MPI a library text
+  names, and why (with the fix) its ranks cannot run under a launcher of another MPI.
 - ``probe_mpi_library()``: the MPI library mpi4py loads (text, version), without initializing MPI.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - the build flags (``mpi_built()``, ``nccl_built()``, ...) and ``LaunchError``.
@@ -22,10 +24,10 @@ from .config import Config, environ, getenv
 from .elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
                            job_dir, remove_job, remover_command, signature)
 from .errors import LaunchError
-from .launch_check import int_or_none, launcher_rank
+from .launch_check import int_or_none, launcher_mismatch, launcher_rank, library_family
 from .log import logger
 
-__all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "probe_mpi_library", "logger",
+__all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "library_family", "launcher_mismatch", "probe_mpi_library", "logger",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
            "SECRET_VARIABLE", "signature", "remove_job", "job_dir", "remover_command"]

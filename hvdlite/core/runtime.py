@@ -21,7 +21,7 @@ from .engine.psets import Registry
 from .engine.requests import Kind, Request, make_signature, tensor_layout
 from .engine.timeline import Timeline
 from .errors import NotInitializedError, ShutdownError
-from .launch_check import check_launch
+from .launch_check import check_launch, check_launcher_before_init, launched_by_open_mpi
 from .log import logger
 from .names import Names
 from .engine.planes import PlaneTable, plane_of
@@ -163,7 +163,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
             require_library()
         log.set_level(config.log_level)
         log.set_timestamps(not config.log_hide_time)
-        mpi.start()
+        # Under Open MPI's launcher an MPICH library dies inside its own MPI_Init: look before starting.
+        mpi.start(check_launcher_before_init if launched_by_open_mpi() else None)
         world = mpi.make_world(comm)
         log.set_rank(world.Get_rank())
         check_launch(mpi.world_size())  # the job as launched, not a sub-world from comm=

@@ -5,10 +5,10 @@ import argparse
 import sys
 from typing import Mapping, Optional, Sequence
 
-from ..core.launch import Config, environ
-from .args import env_assignments, is_elastic, no_effect_warnings, parse_args, tuning_environment
+from ..core.launch import Config, environ, launcher_mismatch
+from .args import env_assignments, is_elastic, jsrun_refusal, no_effect_warnings, parse_args, tuning_environment
 from .commands import (Plan, build_command, child_environment, format_command, is_root, output_wrapper,
-                       sentinel_wrapper, split_mpi_args, ssh_arguments)
+                       resolve_program, sentinel_wrapper, split_mpi_args, ssh_arguments)
 from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
 from .launchers import (MPICH, OPENMPI, SRUN, Launcher, LaunchError, choose_srun_mpi, find_mpi_launcher,
                         find_srun, mpi_library, srun_plugins, srun_version)
@@ -18,6 +18,8 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
     """Choose the launcher and work out the plan; also return warnings to show. Raises on a plan that
     cannot work (no launcher, too few slots, bad host list)."""
     warnings: list[str] = []
+    if getattr(args, "use_jsrun", False):
+        raise LaunchError(jsrun_refusal(env))
     hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
     allocation = slurm_allocation(env)
     library = mpi_library()
@@ -36,9 +38,9 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
         launcher = Launcher(SRUN, srun, srun_version(srun, env))
     else:
         launcher = find_mpi_launcher(env, want=None if kind == "auto" else kind, library=library)
-        if library is not None and library.family in (MPICH, OPENMPI) and launcher.kind != library.family:
-            warnings.append(f"mpi4py loads {library.version} but the launcher is {launcher.describe()}; the "
-                            f"ranks may not find each other")
+        problem = launcher_mismatch(library.version, launcher.kind, launcher.describe()) if library else ""
+        if problem:
+            raise LaunchError(problem)
 
     num_proc = args.num_proc
     if num_proc is None:
@@ -72,7 +74,8 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
     sentinel = getattr(args, "launch_sentinel", None)
     sentinel = Config.setting("launch_sentinel", env) if sentinel is None else sentinel
     command += sentinel_wrapper(sentinel, sys.executable)  # after the output wrapper: its line is logged too
-    plan = Plan(num_proc=num_proc, command=command + list(args.command), hosts=hosts, extra_env=extra_env,
+    plan = Plan(num_proc=num_proc, command=command + resolve_program(args.command, env), hosts=hosts,
+                extra_env=extra_env,
                 mpi_args=split_mpi_args(args.mpi_args), network_interfaces=list(args.nics or []),
                 srun_mpi=srun_mpi or "pmi2", in_slurm=allocation is not None, is_root=is_root(),
                 ssh_args=ssh_args,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 #: hvdlite-run tuning flags and the hvdlite setting (its ``HVDLITE_<NAME>`` variable) each one sets for every rank,
 #: with a scale applied to the flag's value (MiB -> bytes).
@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start hvdlite's log lines with the time")
     stamps.add_argument("--log-without-timestamp", "--log-hide-timestamp", dest="log_hide_time",
                         action="store_true", default=None, help="leave the time out of hvdlite's log lines")
+    stamps.add_argument("--no-log-hide-timestamp", dest="log_hide_time", action="store_false", default=None,
+                        help=argparse.SUPPRESS)  # horovodrun's deprecated --log-with-timestamp
     tuning.add_argument("--stall-check-warning-time-seconds", type=float, metavar="S",
                         help="warn when a tensor waits this long for other ranks")
     tuning.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="S",
@@ -137,6 +139,8 @@ def add_horovodrun_flags(parser: argparse.ArgumentParser) -> None:
     controller = group.add_mutually_exclusive_group()
     controller.add_argument("--mpi", dest="use_mpi", action="store_true", help="accepted: hvdlite always uses MPI")
     controller.add_argument("--gloo", dest="use_gloo", action="store_true", help="refused: hvdlite has no Gloo")
+    controller.add_argument("--jsrun", dest="use_jsrun", action="store_true",
+                            help="refused: hvdlite-run does not drive IBM LSF's jsrun (use mpirun in the allocation)")
     group.add_argument("--network-interfaces", "--network-interface", dest="nics", action=_NicsAction,
                        metavar="NIC[,NIC...]", help="network interfaces for MPI traffic between hosts, e.g. "
                        "eth0,ib0 (repeatable); all are given to MPI")
@@ -217,11 +221,23 @@ def refusal(args: argparse.Namespace) -> str:
     return ""
 
 
+def jsrun_refusal(env: Mapping[str, str]) -> str:
+    """Why horovodrun's --jsrun cannot run here: outside IBM LSF there is no jsrun allocation, and inside
+    one hvdlite-run still starts the ranks with mpirun (which reads the LSF allocation)."""
+    job = env.get("LSB_JOBID")
+    if not job:
+        return ("--jsrun: jsrun starts processes inside an IBM LSF allocation, and this is not one (LSB_JOBID is "
+                "not set). Drop --jsrun: hvdlite-run starts the ranks with mpiexec, mpirun or srun")
+    return (f"--jsrun: hvdlite-run does not drive jsrun; in this LSF allocation (job {job}) drop --jsrun and run "
+            f"hvdlite-run -np N ... (--launcher openmpi: Open MPI's mpirun reads the LSF allocation)")
+
+
 def no_effect_warnings(args: argparse.Namespace) -> list[str]:
     """A warning for each given horovodrun flag that changes nothing in hvdlite."""
     warnings = []
     for name, reason in NO_EFFECT_FLAGS.items():
-        if getattr(args, name, None) is not None:
+        # --no-hierarchical-allreduce and kin ask for what hvdlite does anyway: nothing to warn about
+        if getattr(args, name, None) not in (None, False):
             warnings.append(f"--{name.replace('_flag', '').replace('_', '-')} has no effect: {reason}")
     return warnings
 
@@ -271,9 +287,10 @@ ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script")
 def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
     """horovodrun's elastic flags; any of --min-np/--max-np/--host-discovery-script turns elastic mode on."""
     group = parser.add_argument_group("elastic training (restarts the job at a new size; see docs/elastic.md)")
-    group.add_argument("--min-np", dest="min_np", type=int, metavar="N",
+    group.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
                        help="fewest processes to run with; wait (--elastic-timeout) while fewer slots are usable")
-    group.add_argument("--max-np", dest="max_np", type=int, metavar="N", help="most processes to run with")
+    group.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                       help="most processes to run with")
     group.add_argument("--host-discovery-script", dest="host_discovery_script", metavar="SCRIPT",
                        help="executable printing the usable hosts, one 'host:slots' a line; run every second")
     group.add_argument("--slots-per-host", dest="slots_per_host", type=int, metavar="K",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import subprocess
 import sys
 from typing import Mapping, Optional
@@ -49,6 +50,30 @@ def thread_level(env: Mapping[str, str]) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+#: Asks the torch frontend for Horovod's build flags: its data planes (gloo, NCCL) register when it is imported.
+_FLAGS_PROBE = ("import json, hvdlite.torch as hvd\n"
+                "print(json.dumps({name: getattr(hvd, name + '_built')() for name in "
+                "('nccl', 'ddl', 'ccl', 'mpi', 'gloo')}))\n")
+
+
+def built_flags(env: Mapping[str, str]) -> dict[str, bool]:
+    """What ``hvd.nccl_built()``, ``hvd.gloo_built()`` ... say to a training script: asked of hvdlite.torch in
+    a child process when torch is installed (the launcher itself never imports a framework), else of the
+    core."""
+    from ..core import launch as runtime
+    flags = {"nccl": runtime.nccl_built(), "ddl": runtime.ddl_built(), "ccl": runtime.ccl_built(),
+             "mpi": runtime.mpi_built(), "gloo": runtime.gloo_built()}
+    if importlib.util.find_spec("torch") is None:
+        return flags
+    try:
+        proc = subprocess.run([sys.executable, "-c", _FLAGS_PROBE], capture_output=True, text=True, timeout=300,
+                              env=dict(env), stdin=subprocess.DEVNULL)
+        flags.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        pass  # torch that cannot load: the core's answer stands
+    return flags
+
+
 def _box(flag: bool) -> str:
     return "[X]" if flag else "[ ]"
 
@@ -56,22 +81,21 @@ def _box(flag: bool) -> str:
 def report(env: Mapping[str, str]) -> str:
     """The --check-build text."""
     from .. import __version__
-    from ..core import launch as runtime
 
     lines = [f"hvdlite v{__version__}:", "", "Available frameworks:"]
     for name, version in framework_versions().items():
         lines.append(f"    {_box(version is not None)} {name}" + (f" {version}" if version else ""))
     library = mpi_library()
+    flags = built_flags(env)
     lines += ["", "Available controllers:",
-              f"    {_box(library is not None and runtime.mpi_built())} MPI"
+              f"    {_box(library is not None and flags['mpi'])} MPI"
               + (f": {library.version}" if library else " (mpi4py cannot load an MPI library)"),
-              f"    {_box(runtime.gloo_built())} Gloo"]
+              f"    {_box(flags['gloo'])} Gloo" + (" (torch.distributed's gloo, for hvdlite.torch's CPU tensors)"
+                                                   if flags["gloo"] else "")]
     lines += ["", f"MPI thread level: {thread_level(env) if library else 'n/a'}"]
     lines += ["", "Available tensor operations:"]
-    for name, built in (("NCCL", runtime.nccl_built()), ("DDL", runtime.ddl_built()),
-                        ("CCL", runtime.ccl_built()), ("MPI", runtime.mpi_built()),
-                        ("Gloo", runtime.gloo_built())):
-        lines.append(f"    {_box(built)} {name}")
+    for name in ("NCCL", "DDL", "CCL", "MPI", "Gloo"):
+        lines.append(f"    {_box(flags[name.lower()])} {name}")
     lines += ["", "Launchers:"]
     launchers = [launcher for launcher in (identify(path, env) for path in candidate_paths(env)) if launcher]
     for launcher in launchers:

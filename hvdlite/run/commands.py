@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
 from typing import Mapping, Optional, Sequence
 
 from .hosts import Host
@@ -65,6 +66,21 @@ SENTINEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sentinel.py
 def sentinel_wrapper(enabled: bool, python: str) -> list[str]:
     """What goes in front of the program so that a rank killed by a signal is named (launch_sentinel)."""
     return [python, "-S", SENTINEL, "--"] if enabled else []
+
+
+def resolve_program(command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """The command with its program named by the path the user's shell would run (``python3`` ->
+    ``/home/u/venv/bin/python3``, the first match on our PATH, symlinks kept); unchanged when the name has
+    a slash already or is not found here (a program only the ranks' hosts have).
+
+    Launchers may start ranks with another PATH than ours: Open MPI's mpirun called by its absolute path
+    behaves as if given ``--prefix`` and puts that prefix's bin/ first (``/usr/bin/mpirun`` ->
+    ``/usr/bin/python3`` instead of the virtualenv's), and srun or a remote host's login may differ too.
+    """
+    if not command or os.sep in command[0]:
+        return list(command)
+    found = shutil.which(command[0], path=env.get("PATH", os.defpath))
+    return [os.path.abspath(found), *command[1:]] if found else list(command)
 
 
 def split_mpi_args(text: str) -> list[str]:

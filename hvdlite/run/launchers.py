@@ -9,6 +9,7 @@ import sys
 from typing import Iterator, Mapping, Optional, Sequence
 
 from ..core.launch import LaunchError as LaunchError  # re-exported: one of hvdlite.run's public names
+from ..core.launch import library_family
 
 MPICH, OPENMPI, SRUN = "mpich", "openmpi", "srun"
 
@@ -49,15 +50,6 @@ def mpi_library() -> Optional[MPILibrary]:
     return MPILibrary(family=library_family(text), version=f"{first} (MPI {major}.{minor})")
 
 
-def library_family(text: str) -> str:
-    """'openmpi' for Open MPI, 'mpich' for MPICH and its derivatives (Intel MPI, MVAPICH), else 'unknown'."""
-    if "Open MPI" in text:
-        return OPENMPI
-    if re.search(r"MPICH|Intel\(R\) MPI|MVAPICH", text):
-        return MPICH
-    return "unknown"
-
-
 def identify(path: str, env: Mapping[str, str]) -> Optional[Launcher]:
     """Run ``PATH --version`` and tell hydra (MPICH) from Open MPI's mpirun; None if it is neither."""
     try:
@@ -68,7 +60,7 @@ def identify(path: str, env: Mapping[str, str]) -> Optional[Launcher]:
     text = proc.stdout + proc.stderr
     if re.search(r"Open MPI|OpenRTE|prterun|PRRTE", text):
         kind = OPENMPI
-        match = re.search(r"\(Open MPI\)\s*(\S+)|Open MPI\D*(\d[\w.]*)", text)
+        match = re.search(r"\((?:Open MPI|OpenRTE|PRRTE)\)\s*(\d\S*)|Open MPI\D*(\d[\w.]*)", text)
         version = f"Open MPI {next(g for g in match.groups() if g)}" if match else "Open MPI"
     elif re.search(r"HYDRA|MPICH|Intel\(R\) MPI", text):
         kind = MPICH

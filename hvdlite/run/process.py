@@ -5,7 +5,9 @@ import os
 import signal
 import subprocess
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from .sentinel import die_with_parent
 
 #: Seconds the launcher gets to stop its ranks after a forwarded signal before it is killed.
 GRACE_SECONDS = 15.0
@@ -17,9 +19,16 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
     The launcher runs in its own session, so a terminal's Ctrl-C reaches only hvdlite-run, which forwards
     it: SIGINT to mpiexec/mpirun (they pass it to every rank and stop the job), SIGTERM to srun (one
     SIGINT only makes srun print the step's state). A second signal, or a launcher still alive
-    ``GRACE_SECONDS`` later, gets SIGKILL for the launcher's whole process group.
+    ``GRACE_SECONDS`` later, gets SIGKILL for the launcher's whole process group. A job stopped by a
+    signal exits 128+N whatever the launcher returns (Open MPI's mpirun says 1): 130 for Ctrl-C, 143 for
+    SIGTERM, under every launcher.
+
+    hvdlite-run itself killed without a chance to forward anything (``kill -9``, a timeout's SIGKILL) still
+    takes its job with it: Linux sends the launcher SIGTERM when hvdlite-run dies (``PR_SET_PDEATHSIG``),
+    and the launcher stops its ranks as on any SIGTERM (the per-rank sentinels do the same if the
+    launcher's own daemons die).
     """
-    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True)
+    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, preexec_fn=stop_with(os.getpid()))
     received: list[tuple[int, float]] = []
 
     def forward(signum: int, _frame: Any) -> None:
@@ -43,11 +52,21 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
             signal.signal(sig, handler)
     if received:
         kill_group(proc.pid)  # ranks the interrupted launcher left behind in its session
+        return 128 + received[0][0]
     if code < 0:
         return 128 - code
-    if received and code == 0:
-        return 128 + received[0][0]
     return code
+
+
+def stop_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for a launcher started by ``parent``: SIGTERM it when ``parent`` dies."""
+    arm = die_with_parent(signal.SIGTERM)
+
+    def preexec() -> None:
+        arm()
+        if os.getppid() != parent:  # the parent died before the death signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -4,10 +4,12 @@ hvdlite-run puts ``python -S .../hvdlite/run/sentinel.py -- PROGRAM ARGS`` in fr
 (under mpiexec, mpirun and srun alike). The sentinel forks the program (same argv, environment and open
 files, so the launcher's PMI connection and the console reach it unchanged), arranges for the program to
 be killed if the sentinel dies (``PR_SET_PDEATHSIG``: when the launcher kills the job, it kills the
-sentinels and their programs go with them), forwards the signals launchers send to stop or notify a job,
-and waits. When the program ends by a signal the sentinel did not forward (``kill -9``, the kernel's
-out-of-memory killer, a crash), it writes one line naming the rank, pid, host and signal, and exits with
-128+signal, so the launcher still sees a failure and stops the other ranks. An exit code passes through
+sentinels and their programs go with them), stops the program (SIGTERM) if the launcher's daemon that
+started the sentinel dies without cleaning up (the launcher was killed with ``kill -9``), forwards the
+signals launchers send to stop or notify a job, and waits. When the program ends by a signal the sentinel
+did not forward (``kill -9``, the kernel's out-of-memory killer, a crash), it writes one line naming the
+rank, pid, host and signal, and exits with 128+signal, so the launcher still sees a failure and stops the
+other ranks. An exit code passes through
 unchanged (a non-zero one is reported with the rank, in one line).
 
 The launcher runs this file by path, not with ``-m``: ``-m`` would import the ``hvdlite`` package (numpy,
@@ -74,8 +76,9 @@ def exited_message(who: str, pid: int, host: str, code: int) -> str:
     return f"hvdlite-run: {who} (pid {pid} on host {host}) exited with code {code}"
 
 
-def _die_with_parent() -> Callable[[], None]:
-    """A function for the forked child that asks Linux to SIGKILL it when its parent (the sentinel) dies."""
+def die_with_parent(signum: int = signal.SIGKILL) -> Callable[[], None]:
+    """A function for a (forked) child that asks Linux to send it ``signum`` when its parent dies
+    (``PR_SET_PDEATHSIG``); a no-op where prctl is unavailable."""
     try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
@@ -84,7 +87,7 @@ def _die_with_parent() -> Callable[[], None]:
         return lambda: None
 
     def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     return arm
 
 
@@ -118,7 +121,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     caught = [sig for sig in FORWARDED if signal.getsignal(sig) != signal.SIG_IGN]
     for sig in caught:
         signal.signal(sig, forward)
-    arm = _die_with_parent()
+    # The launcher's per-host daemon (hydra's proxy, Open MPI's orted/prted, slurmstepd) killed without a
+    # chance to clean up (kill -9 of the launcher) must not leave this rank running: its death stops the
+    # program as the launcher would have (SIGTERM, forwarded like any stop signal).
+    launcher_daemon = os.getppid()
+    die_with_parent(signal.SIGTERM)()
+    if os.getppid() != launcher_daemon:
+        state["pending"].append(signal.SIGTERM)
+        state["forwarded"].add(signal.SIGTERM)
+    arm = die_with_parent()
     parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()

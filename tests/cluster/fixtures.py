@@ -281,12 +281,11 @@ def sbatch_wait(args: Sequence[str], output: Path, timeout: float, env: dict[str
                      exit_code=int(code.group(1)) if code else -1, output=text)
 
 
-def assert_ctrl_c_stops_every_rank(cmd: Sequence[str], env: dict[str, str], pid_dir: Path,
-                                   sig: int = signal.SIGINT) -> str:
-    """Start a launcher running tests/workers/launch_sleep.py (each rank writes ``pid_dir/<rank>.pid``),
-    send it ``sig`` (SIGINT: a terminal's Ctrl-C) once two ranks run, and check it exits non-zero with every
-    rank gone; return the launcher's output."""
-    proc = subprocess.Popen([*cmd, PYTHON, str(WORKERS / "launch_sleep.py"), str(pid_dir)], env=env, cwd=ROOT,
+def _start_sleepers(cmd: Sequence[str], env: dict[str, str], pid_dir: Path,
+                    python: str) -> tuple[subprocess.Popen, list[int]]:
+    """Start a launcher running tests/workers/launch_sleep.py (each rank writes ``pid_dir/<rank>.pid``) and
+    wait until two ranks run; return the launcher and the ranks' pids."""
+    proc = subprocess.Popen([*cmd, python, str(WORKERS / "launch_sleep.py"), str(pid_dir)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -294,14 +293,66 @@ def assert_ctrl_c_stops_every_rank(cmd: Sequence[str], env: dict[str, str], pid_
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "ranks did not start within 120 s"
             time.sleep(0.1)
-        pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc, [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+
+
+def assert_ctrl_c_stops_every_rank(cmd: Sequence[str], env: dict[str, str], pid_dir: Path,
+                                   sig: int = signal.SIGINT, python: str = PYTHON) -> str:
+    """Start a launcher running tests/workers/launch_sleep.py, send it ``sig`` (SIGINT: a terminal's
+    Ctrl-C) once two ranks run, and check it exits with 128+sig (130, 143) with every rank gone; return the
+    launcher's output."""
+    proc, pids = _start_sleepers(cmd, env, pid_dir, python)
+    try:
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode != 0, out + err
+    assert proc.returncode == 128 + sig, (proc.returncode, out + err)
     alive = wait_gone(pids, 30)
     assert not alive, f"ranks {alive} still run after {signal.Signals(sig).name}"
     return out + err
+
+
+def tagged_processes(tag: str) -> dict[int, str]:
+    """Live processes whose environment holds HVDT_JOB_TAG=``tag`` (a job's launcher, daemons, wrappers and
+    ranks all inherit it), by pid, with their command lines."""
+    found = {}
+    needle = f"HVDT_JOB_TAG={tag}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and pid_alive(int(entry.name)):
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return found
+
+
+def assert_kill_9_takes_the_job(cmd: Sequence[str], env: dict[str, str], pid_dir: Path,
+                                python: str = PYTHON) -> None:
+    """SIGKILL of the launcher command ``cmd`` (what subprocess.run(..., timeout=...) does on its timeout)
+    while two ranks of tests/workers/launch_sleep.py run: within 20 s no process of the job is left (the
+    launcher's children, its per-host daemons, the rank wrappers and the ranks)."""
+    tag = os.urandom(8).hex()
+    proc, pids = _start_sleepers(cmd, {**env, "HVDT_JOB_TAG": tag}, pid_dir, python)
+    job = tagged_processes(tag)
+    assert set(pids) <= set(job) and proc.pid in job, (pids, job)
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 20
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = tagged_processes(tag)
+    for pid in left:  # do not leave them to the rest of the suite
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"20 s after kill -9 of {cmd[0]} these processes of its job still run: {left}"

@@ -89,7 +89,7 @@ def log_lines() -> Iterator[list[str]]:
 
 def test_stall_warning_names_the_tensor_and_the_missing_rank(reinit: Callable[..., None],
                                                               log_lines: list[str]) -> None:
-    reinit(stall_check_time_seconds=0.5, idle_heartbeat_seconds=0.1)
+    reinit(stall_check_time_seconds=0.5, idle_heartbeat_seconds=0.1, stall_shutdown_time_seconds=0)
     if R == N - 1:
         time.sleep(2.0)
     same(hvd.allreduce(np.ones(2), op=hvd.Sum, name="late.tensor"), np.full(2, float(N)), "late")
@@ -98,6 +98,10 @@ def test_stall_warning_names_the_tensor_and_the_missing_rank(reinit: Callable[..
         assert text.startswith("[hvdlite rank 0] WARNING: "), text
         warning = [line for line in text.splitlines() if "late.tensor" in line]
         assert warning and f"missing ranks [{N - 1}]" in warning[0], text
+        # the fixes for the usual cause (uneven batches before a metric allreduce) and for waiting forever
+        assert "call hvd.join() on every rank after its last batch" in text, text
+        assert "without HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S (hvdlite-run --stall-check-shutdown-time-seconds S) " \
+               "these ranks wait forever" in text, text
     else:
         assert "late.tensor" not in text, text
 
@@ -105,8 +109,9 @@ def test_stall_warning_names_the_tensor_and_the_missing_rank(reinit: Callable[..
 def test_stall_shutdown_fails_the_stalled_op(reinit: Callable[..., None]) -> None:
     reinit(stall_check_time_seconds=0.3, stall_shutdown_time_seconds=1.0, idle_heartbeat_seconds=0.1)
     if R != N - 1:
-        with pytest.raises(hvd.StallError, match=re.escape(f"ranks [{N - 1}] never submitted")):
+        with pytest.raises(hvd.StallError, match=re.escape(f"ranks [{N - 1}] never submitted")) as info:
             hvd.allreduce(np.ones(2), name="never")
+        assert "call hvd.join() on every rank after its last batch" in str(info.value), str(info.value)
     else:
         # past the others' stall shutdown (so "never" stalls), and well before their barrier could stall too
         # (it is submitted only after "never" failed, at 1.0 s or later): a barrier submitted here before

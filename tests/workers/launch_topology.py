@@ -39,7 +39,7 @@ def main() -> int:
     info: dict[str, object] = {
         "rank": rank, "size": size, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
         "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "host": socket.gethostname(),
-        "pid": os.getpid(), "slurm_procid": os.environ.get("SLURM_PROCID"),
+        "pid": os.getpid(), "slurm_procid": os.environ.get("SLURM_PROCID"), "executable": sys.executable,
         "env": {name: os.environ.get(name) for name in filter(None, opts.env.split(","))},
     }
     total = hvd.allreduce(np.full(4, rank + 1, dtype=np.float64), op=hvd.Sum, name="topology.sum")

@@ -17,13 +17,24 @@ _MPI: Any = None
 THREAD_LEVELS = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED", "MPI_THREAD_MULTIPLE")
 
 
-def start() -> Any:
-    """Initialise MPI (asking for MPI_THREAD_MULTIPLE) and check the level granted; return the module."""
+def start(before_init: Optional[Callable[[str], None]] = None) -> Any:
+    """Initialise MPI (asking for MPI_THREAD_MULTIPLE) and check the level granted; return the module.
+
+    ``before_init(library_text)``, when given, looks at the library before MPI_Init (and may raise)."""
     global _MPI
     if _MPI is None:
+        import sys
         import mpi4py
         mpi4py.rc.thread_level = "multiple"
-        from mpi4py import MPI
+        if "mpi4py.MPI" not in sys.modules and before_init is not None:
+            mpi4py.rc.initialize = False
+            mpi4py.rc.finalize = True  # as if mpi4py had started MPI itself
+            from mpi4py import MPI
+            before_init(MPI.Get_library_version())
+            if not MPI.Is_initialized():
+                MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        else:
+            from mpi4py import MPI
         _MPI = MPI
     level = _MPI.Query_thread()
     if level < _MPI.THREAD_SERIALIZED:

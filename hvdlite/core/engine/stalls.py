@@ -82,10 +82,21 @@ def warn(stalled: list[Stalled], cfg: Config, since_last_warning: float) -> bool
     lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
              f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "") + s.where
              for s in stalled]
+    ending = ("these waits end the job with an error after %g s (stall_shutdown_time_seconds)"
+              % cfg.stall_shutdown_time_seconds if cfg.stall_shutdown_time_seconds > 0 else
+              "without HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S (hvdlite-run --stall-check-shutdown-time-seconds S) "
+              "these ranks wait forever; set it to fail the stalled ops after S s instead")
     logger.warning("One or more collectives have waited over %g s for other ranks. The missing "
                    "ranks have not submitted them (they may be stuck, have skipped the op, or "
-                   "used a different name):\n%s", cfg.stall_check_time_seconds, "\n".join(lines))
+                   "used a different name):\n%s\n%s; %s.", cfg.stall_check_time_seconds, "\n".join(lines),
+                   JOIN_HINT, ending)
     return True
+
+
+#: The usual cause of a stall at the end of an epoch, and its fix (Horovod's hvd.join()).
+JOIN_HINT = ("If ranks got different numbers of batches (uneven data), a rank whose data ended has moved on: "
+             "call hvd.join() on every rank after its last batch (it stands in for the ops other ranks still "
+             "run) before a metric allreduce")
 
 
 def verdict(stalled: list[Stalled], cfg: Config) -> list[Response]:
@@ -100,7 +111,8 @@ def verdict(stalled: list[Stalled], cfg: Config) -> list[Response]:
         note = f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""
         failed.append(Response(s.name, cast(Signature, s.sig), error_kind="stall", error=(
             f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s (stall_shutdown_time_seconds={limit:g}): "
-            f"ranks {s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.{note}{s.where}")))
+            f"ranks {s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.{note}{s.where} "
+            f"{JOIN_HINT}.")))
     return failed
 
 
@@ -120,7 +132,8 @@ def shutdown_message(rank: int, stopping: list[int]) -> str:
     who = ", ".join(map(str, stopping))
     return (f"rank {rank}: hvdlite was shut down because rank(s) {who} called hvd.shutdown() or "
             f"exited while this rank still expected collectives. Look at rank(s) {who} for the cause; "
-            f"every rank must run the same collectives before finishing.")
+            f"every rank must run the same collectives before finishing. {JOIN_HINT}; "
+            f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S turns a rank that never comes into an error after S s.")
 
 
 __all__ = ["Stop", "Watchdog", "Wedged", "shutdown_message", "verdict", "warn", "wedged_message"]

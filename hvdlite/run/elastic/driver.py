@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from ..commands import Plan, build_command, child_environment, format_command
 from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_hosts, slurm_allocation,
                      total_slots)
 from ..launchers import SRUN, Launcher, LaunchError
-from ..process import kill_group
+from ..process import kill_group, stop_with
 from .cleanup import CommitRemover
 from .discovery import Blacklist, DiscoveryError, assign, run_discovery_script, slurm_nodes
 from .server import DriverServer, bind_address, is_local, new_secret
@@ -261,7 +262,7 @@ class ElasticDriver:
         if self.args.verbose:
             shown = {k: ("<hidden>" if k == SECRET_VARIABLE else v) for k, v in env.items() if self.env.get(k) != v}
             logger.info("running: %s", format_command(cmd, shown))
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=stop_with(os.getpid()))
         srun = launcher.kind == SRUN
         lost_at = 0.0
         changed = False
