@@ -27,7 +27,8 @@ from .errors import LaunchError
 from .launch_check import int_or_none, launcher_mismatch, launcher_rank, library_family
 from .log import logger
 
-__all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "library_family", "launcher_mismatch", "probe_mpi_library", "logger",
+__all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "library_family", "launcher_mismatch",
+           "probe_mpi_library", "logger",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
            "SECRET_VARIABLE", "signature", "remove_job", "job_dir", "remover_command"]

@@ -10,7 +10,7 @@ from .args import env_assignments, is_elastic, jsrun_refusal, no_effect_warnings
 from .commands import (Plan, build_command, child_environment, format_command, is_root, output_wrapper,
                        resolve_program, sentinel_wrapper, split_mpi_args, ssh_arguments)
 from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
-from .launchers import (MPICH, OPENMPI, SRUN, Launcher, LaunchError, choose_srun_mpi, find_mpi_launcher,
+from .launchers import (MPICH, SRUN, Launcher, LaunchError, choose_srun_mpi, find_mpi_launcher,
                         find_srun, mpi_library, srun_plugins, srun_version)
 
 
