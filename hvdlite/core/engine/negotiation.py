@@ -20,6 +20,7 @@ from .requests import FIELD_LABELS, Kind, Response, Signature
 FLAG_FULL = 1        # some rank needs the full path this cycle
 FLAG_SHUTDOWN = 2    # some rank is shutting down
 FLAG_BUSY = 4        # some rank has requests pending (idle ranks keep cycling promptly)
+FLAG_EXCHANGE = 8    # rank 0: exchange straggler times at the next cycle with agreed ops (engine/stragglers.py)
 NEGOTIATION_POLL_CAP = 0.001  # seconds between polls of a negotiation message exchange
 
 
