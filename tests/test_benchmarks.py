@@ -289,6 +289,30 @@ def test_gpu_overhead_smoke_without_a_gpu() -> None:
     assert record["device"] == "cpu (smoke test)" and record["ranks"] == 1
     assert_positive(record, "torch_step_ms", "hvdlite_step_ms", "forced_step_ms")
 
+
+def test_gpu_latency_smoke(tmp_path: Path) -> None:
+    """gpu_latency.py says "no CUDA device" and exits 0 where there is none; its --dry-run-cpu runs every measure
+    (gloo standing in for NCCL, stage_host_copies for staging) to the summary line."""
+    import torch
+    proc = run_mpi(BENCH / "gpu_latency.py", 1, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if not torch.cuda.is_available():
+        assert json_lines(proc.stdout) == [{"bench": "gpu_latency", "kind": "skipped", "reason": "no CUDA device",
+                                            "ranks": 1}]
+    out = tmp_path / "gpu_latency.json"
+    proc = run_mpi(BENCH / "gpu_latency.py", 1, timeout=240, args=[  # -n 1: the cheapest run of every path
+        "--dry-run-cpu", "--iters", "5", "--inflight", "20", "--rounds", "1", "--out", str(out)])
+    records = json_lines(proc.stdout)
+    assert records == json_lines(out.read_text()) and records[-1]["kind"] == "done"
+    methods = by_method(records, bench="gpu_latency")
+    assert set(methods) == {"latency_hvdlite", "latency_direct", "latency_staged", "inflight_hvdlite",
+                            "inflight_direct", "inflight_staged", "inflight_cold_hvdlite"}
+    (summary,) = [r for r in records if r.get("kind") == "summary"]
+    assert summary["latency_hvdlite_over_direct"] == methods["latency_hvdlite"]["us"] / methods["latency_direct"]["us"]
+    assert summary["inflight_hvdlite_over_direct"] == methods["inflight_hvdlite"]["ms"] / methods["inflight_direct"]["ms"]
+    assert methods["inflight_hvdlite"]["count"] == 20 and summary["dry_run_cpu"] is True
+
+
 def test_powersgd_bytes_smoke(tmp_path: Path) -> None:
     out = tmp_path / "powersgd_bytes.json"
     proc = run_mpi(BENCH / "powersgd_bytes.py", 2, timeout=240, args=[
