@@ -68,6 +68,7 @@ class Stragglers:
         self._report: dict[str, Any] = _empty(size, config)
         self._reported: Optional[Held] = None  # the exchange _report was made from
         self._named: Optional[int] = None  # the rank last named in the log
+        self._named_at = -1  # the ops exchanged when it was named (-1: never)
         self._due = False  # rank 0 asked for an exchange: the next cycle with agreed ops makes one
         self.windows = 0
         # rank 0's clock: when it raises FLAG_EXCHANGE (inf: never; the loop compares it once per cycle)
@@ -147,14 +148,18 @@ class Stragglers:
         count, stamps = fresh
         result = analyse(held.times, self.config.straggler_threshold_ms)
         straggler = result.straggler
-        if straggler is not None and self._named != straggler:
+        window = self.config.straggler_window_ops
+        if straggler is None:
+            self._named = None
+        elif straggler != self._named and (self._named_at < 0 or held.ops - self._named_at >= window):
+            # a new straggler, at most one line per window of ops (time ticks may exchange a few ops at a time)
             ops = result.lateness.shape[1]
             logger.warning("rank %d is the straggler: it submitted last in %.0f%% of the last %d ops, "
                            "%.1f ms after the first rank on average (p95 %.1f ms; straggler_threshold_ms=%g). "
                            "hvd.straggler_report() has every rank's figures.", straggler,
                            result.last[straggler] * 100 / ops, ops, result.means[straggler] * 1e3,
                            np.percentile(result.lateness[straggler], 95) * 1e3, self.config.straggler_threshold_ms)
-        self._named = straggler
+            self._named, self._named_at = straggler, held.ops
         new = held.times[:, :, held.times.shape[2] - count:] if count else held.times[:, :, :0]
         if timeline.enabled and stamps and len(stamps) == new.shape[2] and not np.isnan(new).any():
             lateness = result.lateness[:, result.lateness.shape[1] - len(stamps):]
