@@ -258,11 +258,13 @@ def main(argv: list[str] | None = None) -> None:
         # cold last: its fresh names fill the response cache (the warm names would be evicted)
         times["inflight_cold_hvdlite_torch"] += counters["inflight_cold_hvdlite_torch"].measure(
             lambda: per_round(comm, inflight_cold(hvd_torch), args.reps), args.reps + 1)
+        comm.Barrier()  # every rank has read its engine's CPU clock: a peer's shutdown stops this engine too
         hvd_torch.shutdown()
         # hvdlite, fusion off.
         hvd.init(**{**settings, "fusion_threshold_bytes": 0})
         times["inflight_unfused"] += counters["inflight_unfused"].measure(
             lambda: per_round(comm, inflight_hvd, args.reps), args.reps + 1)
+        comm.Barrier()
         hvd.shutdown()
         # The Horovod-compatible module, alone (hvdlite is shut down).
         if args.hvd_module:
