@@ -308,8 +308,9 @@ def test_gpu_latency_smoke(tmp_path: Path) -> None:
     assert set(methods) == {"latency_hvdlite", "latency_direct", "latency_staged", "inflight_hvdlite",
                             "inflight_direct", "inflight_staged", "inflight_cold_hvdlite"}
     (summary,) = [r for r in records if r.get("kind") == "summary"]
-    assert summary["latency_hvdlite_over_direct"] == methods["latency_hvdlite"]["us"] / methods["latency_direct"]["us"]
-    assert summary["inflight_hvdlite_over_direct"] == methods["inflight_hvdlite"]["ms"] / methods["inflight_direct"]["ms"]
+    lat, inflight = methods["latency_hvdlite"], methods["inflight_hvdlite"]
+    assert summary["latency_hvdlite_over_direct"] == lat["us"] / methods["latency_direct"]["us"]
+    assert summary["inflight_hvdlite_over_direct"] == inflight["ms"] / methods["inflight_direct"]["ms"]
     assert methods["inflight_hvdlite"]["count"] == 20 and summary["dry_run_cpu"] is True
 
 

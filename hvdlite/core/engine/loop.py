@@ -23,8 +23,8 @@ from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
 from .presence import Presence
-from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache, allgather_messages,
-                          decide, pending_message)
+from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache,
+                          allgather_messages, decide, pending_message)
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .stalls import Stop, Watchdog, Wedged
