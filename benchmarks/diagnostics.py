@@ -27,9 +27,10 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's,
                                (on) that times the straggler code itself on the engine thread: ``record_us_per_op``,
                                ``keep_times_us_per_op`` (keeping each request's submission time at its cache bit
                                when it is counted, measured on its own: fresh requests, kept vs not),
-                               ``window_us_per_op`` (starting the window's swap + adopt, per op),
-                               ``swap_wait_us_per_op`` (polling for the swap's end in the next cycle: waiting for a
-                               descheduled peer, so load-dependent; ~0 on a quiet machine), ``full_round_us`` (a full
+                               ``window_us_per_op`` (each exchange: the all-gather, its wait and keeping the times,
+                               then rank 0's analysis for its log line, per op), ``swap_wait_us_per_op`` (0: the
+                               wait is inside the exchange since session 8; an older version polled for its end in
+                               the next cycle), ``full_round_us`` (a full
                                negotiation round without the straggler code), and ``attributed_us_per_op``
                                (record + keep_times + window + any extra full rounds per op) with
                                ``attributed_share`` of the off setting's CPU per op (engine + submitter): the
@@ -233,14 +234,15 @@ def _instrumented(comm: Any, args: argparse.Namespace,
     hvd.init(**CPU_SETTINGS)
     engine = state().engine
     tracker = engine.stragglers
-    # this version's straggler calls (an older one had wants_round/outgoing, and adopted in the full round)
-    methods = [n for n in ("record", "wants_round", "swap", "settle", "outgoing", "adopt") if hasattr(tracker, n)]
+    # this version's straggler calls (swap exchanges and adopts, settle analyses on rank 0; an older one had
+    # wants_round/outgoing and adopted in the full round, then one swapped in one cycle and adopted in the next)
+    methods = [n for n in ("record", "wants_round", "swap", "settle", "outgoing") if hasattr(tracker, n)]
     spent = dict.fromkeys([*methods, "full_round"], 0.0)
     calls = dict.fromkeys(spent, 0)
     rounds: list[float] = []  # each full round's CPU without the straggler calls inside it
 
     def inside() -> float:
-        return sum(spent[n] for n in methods if n != "adopt" or "settle" not in spent)
+        return sum(spent[n] for n in methods)
 
     def timing(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def timed_call(*a: Any, **kw: Any) -> Any:
@@ -254,7 +256,7 @@ def _instrumented(comm: Any, args: argparse.Namespace,
                 if name == "full_round":
                     rounds.append(took - (inside() - before))
         return timed_call
-    for name in methods:  # settle = the swap's wait + adopt
+    for name in methods:
         setattr(tracker, name, timing(name, getattr(tracker, name)))
     engine._full_round = timing("full_round", engine._full_round)  # type: ignore[method-assign]
     probe = timing("probe", lambda: None)
@@ -276,10 +278,9 @@ def _instrumented(comm: Any, args: argparse.Namespace,
 
         def net(*names: str) -> float:
             return max(sum(spent[n] - calls[n] * overhead for n in names if n in spent), 0.0)
-        wait = net("settle") - net("adopt") if "settle" in spent else 0.0
         result[what] = {"record_us_per_op": net("record", "wants_round") * 1e6 / total,
-                        "window_us_per_op": net("swap", "outgoing", "adopt") * 1e6 / total,
-                        "swap_wait_us_per_op": max(wait, 0.0) * 1e6 / total,
+                        "window_us_per_op": net("swap", "settle", "outgoing") * 1e6 / total,
+                        "swap_wait_us_per_op": 0.0,
                         "record_calls_per_op": calls["record"] / total, "timing_overhead_us": overhead * 1e6,
                         "full_round_us": min(rounds, default=0.0) * 1e6,
                         "full_round_us_median": float(np.median(rounds)) * 1e6 if rounds else 0.0,
@@ -325,7 +326,8 @@ def straggler_costs(size: int, small_op_us: float) -> dict:
     window = np.stack([np.random.default_rng(r).random((2, 1000)) for r in range(size)])
 
     def adopt_and_report() -> None:
-        tracker.adopt(window, timeline)
+        tracker.adopt(window)
+        tracker.settle(timeline)  # rank 0's analysis for its log line
         tracker.report()
     adopt_ms = min(timeit.repeat(adopt_and_report, number=5, repeat=3)) / 5 * 1e3
     return {"record_us_per_op": record_us, "adopt_ms": adopt_ms, "ops": len(responses),

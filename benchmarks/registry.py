@@ -110,6 +110,10 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench("bf16_accumulation", "the averaged gradient's error against fp64 at 2-64 ranks, bytes and time: fp32, "
           "bf16 reduced in bf16 (Horovod's way) and bf16 on the wire with fp32 accumulation", "python",
           "~6.5 min (session 8, loaded machine)", ("--smoke",), takes_np=False),
+    Bench("gpu_latency", "one GPU: a tiny CUDA allreduce's latency and 1,000 in flight through hvdlite.torch "
+          "against torch.distributed's NCCL directly, and host staging (says \"no CUDA device\" without one)",
+          "mpi", "~1 min (estimate; never run on a GPU yet)",
+          ("--dry-run-cpu", "--iters", "5", "--inflight", "20", "--rounds", "1"), ranks=1),
     Bench("keras_reduce", "where Keras' gradient reduction time goes (ResNet-50's 214 gradients), method by "
           "method", "mpi", "~1 min (README, with --fit)", None,
           no_smoke="measured (session 7): 53 s at -n 2 for one round, 18 s with one method, 9-10 s of it "

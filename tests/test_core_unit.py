@@ -290,6 +290,36 @@ def test_response_cache_bit_vector_spans_several_words() -> None:
     assert len(ready) == 126 and "t0" not in ready and "t1" in ready and "t128" in ready
 
 
+def test_response_cache_evicts_the_least_recently_used_like_a_full_scan() -> None:
+    """Random rounds of new names, re-used names (ready) and removed process sets: every eviction picks the bit
+    a scan of every bit picks (least last_used, then lowest bit), so every rank picks the same one."""
+    rng = np.random.default_rng(0)
+    cache = ResponseCache(capacity=16, my_rank=0)
+    names: list[tuple[int, str]] = []
+    evictions = 0
+    for tick in range(1, 400):
+        if rng.random() < 0.5:  # a full round: a few names, new or again (some several in one round)
+            for _ in range(int(rng.integers(1, 6))):
+                ps = int(rng.integers(0, 3))
+                key = (ps, f"n{int(rng.integers(0, 40))}")
+                full = not cache._free and key not in cache.by_name
+                expected = min(range(16), key=lambda b: (cache.last_used[b], b)) if full else None
+                cache.put(key[1], sig(ps=ps), [0], tick)
+                bit = cache.by_name[key]
+                if expected is not None:
+                    assert bit == expected, (tick, key, bit, expected)
+                    evictions += 1
+                names.append(key)
+        elif rng.random() < 0.9:  # a cached round: some cached names ran
+            missing = cache.bits()
+            missing[:16] = rng.random(16) < 0.7
+            cache.ready(missing, tick)
+        else:
+            cache.remove_process_set(int(rng.integers(1, 3)))
+        assert len(cache.by_name) + len(cache._free) == 16
+    assert evictions > 100
+
+
 def test_bfloat16_rounding() -> None:
     values = np.array([1.0, 3.140625, -2.5, 1.00390625, 65504.0, np.inf], dtype=np.float32)
     np.testing.assert_array_equal(bf16_to_f32(f32_to_bf16(values)),

@@ -92,9 +92,12 @@ class Config:
     #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.
     launch_sentinel: bool = True
 
-    #: Straggler attribution: agreed ops of the global process set per window; every window the ranks swap
-    #: how long each of their requests waited, in one full negotiation round (0 turns it off).
+    #: Straggler attribution: the report covers the last this many agreed ops of the global process set; the
+    #: ranks exchange their submission times whenever this many are counted (0 turns attribution off).
     straggler_window_ops: int = 1000
+    #: ... and at the first cycle with agreed ops after this many seconds on rank 0's clock since the last
+    #: exchange, so a slow loop's report fills within seconds (0: only every straggler_window_ops ops).
+    straggler_window_seconds: float = 0.5
     #: A rank last in at least half the window's ops by more than this on average is named in one log line.
     straggler_threshold_ms: float = 5.0
 
@@ -123,7 +126,7 @@ class Config:
               "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
               "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune", "gpu_operations",
               "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall", "gpu_reducescatter",
-              "cpu_operations", "straggler_window_ops", "straggler_threshold_ms",
+              "cpu_operations", "straggler_window_ops", "straggler_window_seconds", "straggler_threshold_ms",
               "deterministic")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}

@@ -27,7 +27,9 @@ def engine_stats() -> dict[str, int]:
 
 
 def straggler_report() -> dict[str, Any]:
-    """Per rank, how late it submitted the ops of the last complete window of ``straggler_window_ops`` agreed
-    ops: mean and p95 milliseconds after the first rank, and the share of ops it submitted last; plus the
-    rank named as the straggler (or None). The same dict on every rank; zeros before the first window."""
+    """Per rank, how late it submitted the last ``straggler_window_ops`` agreed ops the ranks exchanged (they
+    exchange every that many ops, and every ``straggler_window_seconds``, so a few dozen steps give a report):
+    mean and p95 milliseconds after the first rank, and the share of ops it submitted last; plus the rank named
+    as the straggler (or None). The same dict on every rank read at the same point of the program; zeros
+    before the first exchange."""
     return state().engine.stragglers.report()

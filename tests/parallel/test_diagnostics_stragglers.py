@@ -1,6 +1,8 @@
 """Straggler attribution: the last rank sleeps 20 ms before each training step (torch here; Keras in
 test_diagnostics_keras.py); every rank's hvd.straggler_report() is the same dict and names that rank with
-about 20 ms of lateness; the log names it once; rank 0's timeline shows each op's lateness per rank."""
+about 20 ms of lateness; the log names it once; rank 0's timeline shows each op's lateness per rank. With the
+default settings (1,000-op windows) a few dozen steps of one op each already give the report (rank 0's time
+tick)."""
 from __future__ import annotations
 
 import json
@@ -19,25 +21,62 @@ from straggler_check import SLEEP_S, WINDOW, check_report, true_lateness_ms
 
 MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 300
+
+
+def covered(stamps: list[float], report: dict) -> list[float]:
+    """The submission stamps of the ops the report covers: the last ``window_ops`` of the ``ops_total``
+    exchanged (every op here is one of the global set, agreed in submission order)."""
+    return stamps[report["ops_total"] - report["window_ops"]:report["ops_total"]]
+
+
+def test_report_after_a_few_dozen_steps(reinit, rank: int, size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Default settings (1,000-op windows): 40 steps of one op each, far from a window, already give every
+    rank's lateness so far and name the sleeper, the same dict everywhere."""
+    reinit()  # a fresh engine: its ops are this test's
+    stamps = []
+    submit = Engine.submit
+
+    def stamped(self: Engine, *args: object, **kwargs: object) -> object:
+        stamps.append(time.monotonic())
+        return submit(self, *args, **kwargs)
+    monkeypatch.setattr(Engine, "submit", stamped)  # before the optimizer, whose set-up submits an op
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    x = torch.randn(4, 8)
+    for _ in range(40):
+        if rank == size - 1:
+            time.sleep(SLEEP_S)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    hvd.barrier()
+    monkeypatch.setattr(Engine, "submit", submit)
+    assert len(stamps) < 200, len(stamps)  # a few ops per step: far from the 1,000-op window
+    report = hvd.straggler_report()
+    assert report["window_ops"] > 0, report  # lateness so far, before any window of 1,000 ops
+    assert report["window_ops"] <= report["ops_total"] <= len(stamps), (report, len(stamps))
+    check_report(report, size, true_lateness_ms(covered(stamps, report), size, report["window_ops"]))
 def test_torch_training_names_the_rank_that_sleeps(reinit, rank: int, size: int, tmp_path_factory,
                                                    caplog: pytest.LogCaptureFixture,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     layers = 6
     # the optimizer may submit its gradients as one or several ops per step; all of them at step()
-    reinit(straggler_window_ops=WINDOW, gradient_overlap="off")
-    trace = Path(hvd_core.broadcast_object(str(tmp_path_factory.mktemp("trace") / "t.json")))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8, bias=False) for _ in range(layers)])
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters())
-    x = torch.randn(4, 8)
-    stamps = []  # the common clock (one host) when each gradient op is handed to the engine
+    reinit(straggler_window_ops=WINDOW, straggler_window_seconds=0, gradient_overlap="off")  # windows of ops only
+    stamps = []  # the common clock (one host) when each op is handed to the engine, from its first
     submit = Engine.submit  # every submission path (the per-gradient fast path too) ends here, once per op
 
     def stamped(self: Engine, *args: object, **kwargs: object) -> object:
         stamps.append(time.monotonic())
         return submit(self, *args, **kwargs)
     monkeypatch.setattr(Engine, "submit", stamped)
+    trace = Path(hvd_core.broadcast_object(str(tmp_path_factory.mktemp("trace") / "t.json")))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8, bias=False) for _ in range(layers)])
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    x = torch.randn(4, 8)
     with caplog.at_level(logging.WARNING, logger="hvdlite"):
         for step in range(2 * WINDOW):
             if step == WINDOW:
@@ -47,13 +86,14 @@ def test_torch_training_names_the_rank_that_sleeps(reinit, rank: int, size: int,
             opt.zero_grad()
             model(x).square().mean().backward()
             opt.step()
-        monkeypatch.setattr(Engine, "submit", submit)
         assert len(stamps) >= 2 * WINDOW  # a grouped op per step (and the optimizer's own set-up ops)
         hvd_core.stop_timeline()
         hvd.barrier()
-    end = len(stamps) // WINDOW * WINDOW  # the report's last complete window: these ops
-    true_ms = true_lateness_ms(stamps[:end], size, WINDOW)
-    check_report(hvd.straggler_report(), size, true_ms)
+        monkeypatch.setattr(Engine, "submit", submit)
+    report = hvd.straggler_report()
+    true_ms = true_lateness_ms(covered(stamps, report), size, report["window_ops"])
+    check_report(report, size, true_ms)
+    assert report["window_ops"] == WINDOW, report  # the last WINDOW ops exchanged
     if rank == 0:
         named = [r for r in caplog.records if "is the straggler" in r.getMessage()]
         assert len(named) == 1 and f"rank {size - 1} is the straggler" in named[0].getMessage(), named

@@ -23,8 +23,8 @@ from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
 from .presence import Presence
-from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache, allgather_messages,
-                          decide, pending_message)
+from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache,
+                          allgather_messages, decide, pending_message)
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .stalls import Stop, Watchdog, Wedged
@@ -192,6 +192,8 @@ class Engine(Dispatch):
             flags |= FLAG_BUSY
         if self.autotune.wants_round():  # rank 0's new settings travel in a full round
             flags |= FLAG_FULL
+        if self._last_cycle >= self.stragglers.tick_at:  # rank 0 only: time to compare lateness
+            flags |= FLAG_EXCHANGE
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
@@ -199,7 +201,8 @@ class Engine(Dispatch):
         all_flags, missing = cache.decode(result)
         self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
         self.busy_cycles += bool(all_flags & FLAG_BUSY)
-        self.stragglers.settle(self.timeline)  # the window whose swap started last cycle (every rank is past it)
+        if all_flags & FLAG_EXCHANGE:
+            self.stragglers.tick()  # every rank in this cycle: the next cycle with agreed ops exchanges
 
         full = bool(all_flags & FLAG_FULL)
         if full:
@@ -209,9 +212,10 @@ class Engine(Dispatch):
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
             known = None if full or not self.psets.only_global() else self._bits.times_of(cache.ready_bits)
             self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline, known)
+            self.stragglers.swap(self.comm)  # a window complete, or rank 0's tick: exchange before ops complete
             self.autotune.observe(responses)
             self._execute(responses)
-            self.stragglers.swap(self.comm)  # a window complete in this cycle: start swapping its times
+            self.stragglers.settle(self.timeline)  # rank 0: the log line and timeline of an exchange
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""

@@ -8,18 +8,21 @@ missing is ready everywhere.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import pickle
 from typing import Any, Iterable, Optional, Sequence, cast
 
 import numpy as np
 
 from . import callsite, polling
+from .eviction import LeastRecent
 from .mpi import counts_displacements
 from .requests import FIELD_LABELS, Kind, Response, Signature
 
 FLAG_FULL = 1        # some rank needs the full path this cycle
 FLAG_SHUTDOWN = 2    # some rank is shutting down
 FLAG_BUSY = 4        # some rank has requests pending (idle ranks keep cycling promptly)
+FLAG_EXCHANGE = 8    # rank 0: exchange straggler times at the next cycle with agreed ops (engine/stragglers.py)
 NEGOTIATION_POLL_CAP = 0.001  # seconds between polls of a negotiation message exchange
 
 
@@ -85,6 +88,8 @@ class ResponseCache:
         self.sigs: list[Optional[Signature]] = [None] * capacity
         self.responses: list[Optional[Response]] = [None] * capacity  # reused each time the bit is ready
         self.last_used = [0] * capacity
+        self._free = list(range(capacity))  # a heap of the bits not in use: the lowest first
+        self._lru = LeastRecent(self.last_used)  # the victim when every bit is in use
         self.member = self.bits()  # bits whose process set includes this rank
         self.valid = self.bits()   # bits in use
         self.version = 0      # bumped when a bit changes meaning
@@ -107,10 +112,10 @@ class ResponseCache:
         key = (sig.ps_id, name)
         bit = self.by_name.get(key, -1)
         if bit < 0:
-            if len(self.by_name) < self.capacity:
-                bit = self.names.index(None)
+            if self._free:
+                bit = heapq.heappop(self._free)
             else:
-                bit = min((b for b in range(self.capacity)), key=lambda b: (self.last_used[b], b))
+                bit = self._lru.victim()  # the least (last_used, bit)
                 old = self.sigs[bit]
                 assert old is not None  # the cache is full: every bit holds an entry
                 del self.by_name[(old.ps_id, self.names[bit])]
@@ -119,6 +124,7 @@ class ResponseCache:
         self.sigs[bit] = sig
         self.responses[bit] = Response(name, sig)
         self.last_used[bit] = tick
+        self._lru.touched(tick, bit)
         self.version += 1
         self.valid[bit] = True
         self.member[bit] = self.my_rank in members
@@ -132,6 +138,7 @@ class ResponseCache:
                 self.responses[bit] = None
                 self.member[bit] = False
                 self.valid[bit] = False
+                heapq.heappush(self._free, bit)
         self.version += 1
 
     # -- bit-vector encoding ------------------------------------------------------------------
@@ -150,6 +157,8 @@ class ResponseCache:
         responses, last_used = self.responses, self.last_used
         out = []
         self.ready_bits = np.flatnonzero(self.valid & ~missing_anywhere)  # the responses' bits, in their order
+        if tick < self._lru.ready_min:
+            self._lru.ready_min = tick
         for bit in self.ready_bits.tolist():
             last_used[bit] = tick
             out.append(responses[bit])

@@ -3,23 +3,29 @@
 For every op of the global process set the engine agrees on, each rank records, on its own clock, when it
 submitted the op and when it saw the round that agreed on it. The agreeing round ends at one moment for
 every rank, so the offset between two ranks' clocks is the difference of their agreement times; its median
-over the window is kept (a rank whose engine thread saw one round late, e.g. descheduled on a crowded node,
-does not move it), so clocks of different hosts never need to agree. With every submission time moved onto
-rank 0's clock, rank r's lateness on an op is its submission time minus the earliest one. Every
-``straggler_window_ops`` agreed ops, the ranks swap these times in one non-blocking all-gather of a fixed
-size, started in the cycle that completes the window (every rank counts the same agreed ops, so all reach
-it in the same cycle) and finished in the next cycle, after that cycle's round (so every rank has started
-it); each rank then computes the same report from the same numbers. Steady state pays no Python work per op:
-a cached round's submission times come as one array (kept at the requests' cache bits when they were
-counted), appended to a flat array of doubles, and the window's arithmetic is a few numpy calls; the
-percentiles and the report's dict are computed only when asked for.
+over the ops compared is kept (a rank whose engine thread saw one round late, e.g. descheduled on a crowded
+node, does not move it), so clocks of different hosts never need to agree. With every submission time moved
+onto rank 0's clock, rank r's lateness on an op is its submission time minus the earliest one.
+
+The ranks exchange these times (one small all-gather) in a cycle that agrees on ops, before running them:
+when ``straggler_window_ops`` ops are counted, or at the first such cycle after rank 0's clock says
+``straggler_window_seconds`` passed since the last exchange (rank 0 raises FLAG_EXCHANGE in the cycle's
+bit-vector round, so every rank sees it in the same cycle: one decision for the job, never a rank's own
+view). Every rank counts the same agreed ops in the same cycles, so all exchange the same number of ops in the
+same cycle, and each keeps the same last ``straggler_window_ops`` ops of every rank. ``report()`` computes
+from those, so it is the same dict on every rank read at the same point of the program (an op completes only
+after the exchange of its cycle), and a few dozen training steps already give every rank's lateness.
+Steady state pays no Python work per op: a cached round's submission times come as one array (kept at the
+requests' cache bits when they were counted), appended to a flat array of doubles; an exchange is a few numpy
+calls (the analysis only on rank 0, for its log line and timeline), and the report is computed when asked for.
 """
 from __future__ import annotations
 
 import math
+import time
 from array import array
 from operator import attrgetter
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -29,11 +35,26 @@ from . import polling
 from .timeline import Timeline
 
 _KEY = attrgetter("key")
-POLL_CAP_S = 1e-4  # the swap ends at once (every rank started it a cycle ago): a short poll
+POLL_CAP_S = 1e-4  # every rank starts the exchange in the same cycle: it ends within microseconds
+
+
+class Held(NamedTuple):
+    """What the ranks exchanged so far, the same on every rank: the last ops' times and the counts."""
+    times: np.ndarray  # (rank, submitted|agreed, op) of the last <= straggler_window_ops ops, on each clock
+    exchanges: int     # exchanges so far
+    ops: int           # agreed ops exchanged so far
+
+
+class Analysis(NamedTuple):
+    """Every rank's lateness on the ops held (those a joined rank stood in for left out)."""
+    lateness: np.ndarray  # seconds after the first submission, (rank, op)
+    last: np.ndarray      # per rank, the ops it submitted last
+    means: np.ndarray     # per rank, the mean lateness in seconds
+    straggler: Optional[int]
 
 
 class Stragglers:
-    """Per-op times of this rank, swapped once per window; the report of the last complete window."""
+    """Per-op times of this rank, exchanged with every rank's; the report of the last ops exchanged."""
 
     def __init__(self, config: Config, rank: int, size: int) -> None:
         self.config = config
@@ -42,16 +63,21 @@ class Stragglers:
         self._submitted = array("d")  # per agreed op, this rank's submission time (NaN: no request here)
         self._agreed = array("d")     # and when its round ended here
         self._stamps: list[float] = []  # timeline time of each op (rank 0 tracing only)
-        self._swap: Optional[tuple[Any, np.ndarray, list[float]]] = None  # (request, every rank's times, stamps)
-        self._window: Optional[tuple[np.ndarray, np.ndarray, Optional[int], int]] = None  # lateness, last,
-        # straggler and number of the last complete window
+        self._held: Optional[Held] = None  # one assignment per exchange: report() on a user thread sees a whole one
+        self._fresh: Optional[tuple[int, list[float]]] = None  # the last exchange's op count and stamps (rank 0)
         self._report: dict[str, Any] = _empty(size, config)
-        self._reported: Any = None  # the window _report was made from
+        self._reported: Optional[Held] = None  # the exchange _report was made from
         self._named: Optional[int] = None  # the rank last named in the log
+        self._named_at = -1  # the ops exchanged when it was named (-1: never)
+        self._due = False  # rank 0 asked for an exchange: the next cycle with agreed ops makes one
         self.windows = 0
+        # rank 0's clock: when it raises FLAG_EXCHANGE (inf: never; the loop compares it once per cycle)
+        self.tick_at = math.inf
+        if rank == 0 and config.straggler_window_ops > 0 and config.straggler_window_seconds > 0:
+            self.tick_at = time.monotonic() + config.straggler_window_seconds
 
     def record(self, responses: list[Any], pending: dict[Any, Any], now: float, timeline: Timeline,
-                 known: Optional[np.ndarray] = None) -> None:
+               known: Optional[np.ndarray] = None) -> None:
         """After a round ending at ``now``: the times of each agreed op of the global set (NaN where a joined
         rank had no request), in agreed order. ``known``: the responses' submission times, when every response
         is a good one of the global set with a request here (a cached round, the steady state: the times were
@@ -71,77 +97,115 @@ class Stragglers:
         if timeline.enabled:
             self._stamps += [timeline.now()] * (len(submitted) - len(self._stamps))
 
+    def tick(self) -> None:
+        """Every rank, in the cycle whose round carried rank 0's FLAG_EXCHANGE: exchange at the next swap()
+        that has ops (rank 0 raises it again only after that exchange)."""
+        self._due = True
+        self.tick_at = math.inf
+
     def swap(self, comm: Any) -> None:
-        """After a cycle's ops ran: if a window is complete (the same cycle on every rank), start swapping its
-        times with every rank (exactly ``straggler_window_ops`` ops each; the rest start the next window)."""
+        """After a cycle's ops were recorded, before they run (the same cycle on every rank): when a window
+        of ``straggler_window_ops`` ops is complete, or rank 0's time tick is due, exchange the ops' times
+        with every rank (a full window exactly; after a tick, every op counted) and keep the last window."""
         window = self.config.straggler_window_ops
-        if not 0 < window <= len(self._submitted) or self._swap is not None:
+        count = len(self._submitted)
+        if window <= 0 or (count < window and not (self._due and count)):
             return
-        mine = np.empty((2, window), dtype=np.float64)
-        mine[0] = np.frombuffer(self._submitted, dtype=np.float64, count=window)  # copies: the arrays may shrink
-        mine[1] = np.frombuffer(self._agreed, dtype=np.float64, count=window)
-        del self._submitted[:window], self._agreed[:window]
-        stamps, self._stamps = self._stamps[:window], self._stamps[window:]
-        everyone = np.empty((self.size, 2, window), dtype=np.float64)
-        self._swap = (comm.Iallgather(mine, everyone), everyone, stamps)
+        count = min(count, window)
+        mine = np.empty((2, count), dtype=np.float64)
+        mine[0] = np.frombuffer(self._submitted, dtype=np.float64, count=count)  # copies: the arrays shrink
+        mine[1] = np.frombuffer(self._agreed, dtype=np.float64, count=count)
+        del self._submitted[:count], self._agreed[:count]
+        stamps, self._stamps = self._stamps[:count], self._stamps[count:]
+        everyone = np.empty((self.size, 2, count), dtype=np.float64)
+        polling.wait(comm.Iallgather(mine, everyone), POLL_CAP_S)
+        self.adopt(everyone, stamps)
+
+    def adopt(self, times: np.ndarray, stamps: Optional[list[float]] = None) -> None:
+        """Keep every rank's times of newly exchanged ops, (rank, submitted|agreed, op), the same on every
+        rank, with the last ones held; rank 0 analyses them after the cycle's ops ran (settle())."""
+        held = self._held
+        count = times.shape[2]
+        ops = count
+        if held is not None:
+            times = np.concatenate((held.times, times), axis=2)[:, :, -max(self.config.straggler_window_ops, 1):]
+            ops += held.ops
+        self.windows += 1
+        self._held = Held(times, self.windows, ops)
+        self._due = False
+        if self.rank == 0 and self.config.straggler_window_seconds > 0:
+            self.tick_at = time.monotonic() + self.config.straggler_window_seconds
+        if self.rank == 0:
+            self._fresh = (count, stamps or [])
 
     def settle(self, timeline: Timeline) -> None:
-        """In the cycle after a swap started, after that cycle's round (every rank has started it, so it ends
-        at once): finish it and adopt the window, in the same cycle on every rank."""
-        if self._swap is None:
+        """Rank 0, after the cycle of an exchange ran its ops: name a new straggler in one log line, and put
+        each new op's lateness per rank on the timeline."""
+        fresh, held = self._fresh, self._held
+        if fresh is None or held is None:
             return
-        request, everyone, stamps = self._swap
-        polling.wait(request, POLL_CAP_S)
-        self._swap = None
-        self.adopt(everyone, timeline, stamps)
-
-    def adopt(self, times: np.ndarray, timeline: Timeline, stamps: Optional[list[float]] = None) -> None:
-        """Every rank's times of the window, (rank, submitted|agreed, op), the same on every rank: the
-        lateness per rank and op, who was last, the straggler and its log line (the report waits for report())."""
-        if np.isnan(times).any():  # ops a joined rank stood in for say nothing
-            times = times[:, :, ~np.isnan(times).any(axis=(0, 1))]
-        if times.shape[2] == 0:
-            return
-        offsets = _median_rows(times[:, 1] - times[0, 1])  # each clock minus rank 0's
-        submitted = times[:, 0] - offsets[:, None]
-        lateness = submitted - submitted.min(axis=0)  # seconds after the first submission, per rank and op
-        last = np.bincount(np.argmax(submitted, axis=0), minlength=self.size)
-        means = lateness.mean(axis=1)
-        worst = int(np.argmax(means))  # the first of equals
-        self.windows += 1
-        straggler: Optional[int] = None
-        threshold = self.config.straggler_threshold_ms
-        if self.size > 1 and last[worst] >= 0.5 * lateness.shape[1] and means[worst] * 1e3 > threshold:
-            straggler = worst
-            if self.rank == 0 and self._named != worst:
-                logger.warning("rank %d is the straggler: it submitted last in %.0f%% of the last %d ops, "
-                               "%.1f ms after the first rank on average (p95 %.1f ms; straggler_threshold_ms=%g). "
-                               "hvd.straggler_report() has every rank's figures.", worst,
-                               last[worst] * 100 / lateness.shape[1], lateness.shape[1], means[worst] * 1e3,
-                               np.percentile(lateness[worst], 95) * 1e3, threshold)
-        self._named = straggler
-        # one assignment: report() on a user thread sees a whole window
-        self._window = (lateness, last, straggler, self.windows)
-        if timeline.enabled and stamps is not None and len(stamps) == lateness.shape[1]:  # no joined rank's gaps
+        self._fresh = None
+        count, stamps = fresh
+        result = analyse(held.times, self.config.straggler_threshold_ms)
+        straggler = result.straggler
+        window = self.config.straggler_window_ops
+        if straggler is None:
+            self._named = None
+        elif straggler != self._named and (self._named_at < 0 or held.ops - self._named_at >= window):
+            # a new straggler, at most one line per window of ops (time ticks may exchange a few ops at a time)
+            ops = result.lateness.shape[1]
+            logger.warning("rank %d is the straggler: it submitted last in %.0f%% of the last %d ops, "
+                           "%.1f ms after the first rank on average (p95 %.1f ms; straggler_threshold_ms=%g). "
+                           "hvd.straggler_report() has every rank's figures.", straggler,
+                           result.last[straggler] * 100 / ops, ops, result.means[straggler] * 1e3,
+                           np.percentile(result.lateness[straggler], 95) * 1e3, self.config.straggler_threshold_ms)
+            self._named, self._named_at = straggler, held.ops
+        new = held.times[:, :, held.times.shape[2] - count:] if count else held.times[:, :, :0]
+        if timeline.enabled and stamps and len(stamps) == new.shape[2] and not np.isnan(new).any():
+            lateness = result.lateness[:, result.lateness.shape[1] - len(stamps):]
             for i, ts in enumerate(stamps):
                 timeline.counter("LATENESS_MS", ts, {f"rank {r}": round(float(lateness[r, i]) * 1e3, 3)
                                                      for r in range(self.size)})
 
     def report(self) -> dict[str, Any]:
-        """The last complete window's report: a fresh copy, identical on every rank (computed on first ask)."""
-        window = self._window
-        if window is not None and self._reported is not window:
-            lateness, last, straggler, windows = window
-            self._report = {"window_ops": int(lateness.shape[1]), "windows": windows,
+        """The last ``straggler_window_ops`` ops exchanged (fewer before there were that many): a fresh copy,
+        identical on every rank (computed on first ask)."""
+        held = self._held
+        if held is not None and self._reported is not held:
+            result = analyse(held.times, self.config.straggler_threshold_ms)
+            ops = result.lateness.shape[1]
+            self._report = {"window_ops": ops, "windows": held.exchanges, "ops_total": held.ops,
                             "threshold_ms": float(self.config.straggler_threshold_ms), "ranks": {
-                                r: {"mean_ms": round(float(lateness[r].mean()) * 1e3, 4),
-                                    "p95_ms": round(float(np.percentile(lateness[r], 95)) * 1e3, 4),
-                                    "last_share": round(float(last[r]) / lateness.shape[1], 4)}
-                                for r in range(self.size)}, "straggler": straggler}
-            self._reported = window
+                                r: {"mean_ms": round(float(result.means[r]) * 1e3, 4),
+                                    "p95_ms": round(float(np.percentile(result.lateness[r], 95)) * 1e3, 4)
+                                    if ops else 0.0,
+                                    "last_share": round(float(result.last[r]) / ops, 4) if ops else 0.0}
+                                for r in range(self.size)}, "straggler": result.straggler}
+            self._reported = held
         rep = dict(self._report)
         rep["ranks"] = {r: dict(s) for r, s in rep["ranks"].items()}
         return rep
+
+
+def analyse(times: np.ndarray, threshold_ms: float) -> Analysis:
+    """Every rank's lateness from every rank's times, (rank, submitted|agreed, op): the clock offsets, the
+    lateness per rank and op, who was last, and the straggler (last in at least half the ops, late by more
+    than ``threshold_ms`` on average; the first of equals)."""
+    size = times.shape[0]
+    if np.isnan(times).any():  # ops a joined rank stood in for say nothing
+        times = times[:, :, ~np.isnan(times).any(axis=(0, 1))]
+    ops = times.shape[2]
+    if ops == 0:
+        zeros = np.zeros(size)
+        return Analysis(np.zeros((size, 0)), zeros.astype(np.int64), zeros, None)
+    offsets = _median_rows(times[:, 1] - times[0, 1])  # each clock minus rank 0's
+    submitted = times[:, 0] - offsets[:, None]
+    lateness = submitted - submitted.min(axis=0)
+    last = np.bincount(np.argmax(submitted, axis=0), minlength=size)
+    means = lateness.mean(axis=1)
+    worst = int(np.argmax(means))
+    named = size > 1 and last[worst] >= 0.5 * ops and means[worst] * 1e3 > threshold_ms
+    return Analysis(lateness, last, means, worst if named else None)
 
 
 def _median_rows(x: np.ndarray) -> np.ndarray:
@@ -156,9 +220,9 @@ def _median_rows(x: np.ndarray) -> np.ndarray:
 
 
 def _empty(size: int, config: Config) -> dict[str, Any]:
-    return {"window_ops": 0, "windows": 0, "threshold_ms": float(config.straggler_threshold_ms),
+    return {"window_ops": 0, "windows": 0, "ops_total": 0, "threshold_ms": float(config.straggler_threshold_ms),
             "ranks": {r: {"mean_ms": 0.0, "p95_ms": 0.0, "last_share": 0.0} for r in range(size)},
             "straggler": None}
 
 
-__all__ = ["Stragglers"]
+__all__ = ["Analysis", "Held", "Stragglers", "analyse"]
