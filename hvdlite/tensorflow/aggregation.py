@@ -40,7 +40,7 @@ def aggregate(grads: Sequence[Any], accumulators: Sequence[Optional[tf.Variable]
     ``reduce(sums, positions)`` of the sums (divided by ``steps`` if ``average``) and set ``counter`` to 0;
     otherwise return the sums."""
     present = [i for i, g in enumerate(grads) if g is not None]
-    accs: list[tf.Variable] = [accumulators[i] for i in present]  # type: ignore[misc]
+    accs: list[tf.Variable] = [accumulators[i] for i in present]
 
     def clear() -> tf.Tensor:
         return _after([a.assign(tf.zeros_like(a), read_value=False) for a in accs], lambda: tf.constant(0))

@@ -47,7 +47,8 @@ class _DistributedTape:
         ``register_local_source`` (or a local layer's weights)."""
         flat_sources = tf.nest.flatten(sources)
         grads = tf.nest.flatten(self.gradient(target, sources, output_gradients, use_generic_names))
-        local_pairs, shared_pairs = [], []
+        local_pairs: list[tuple[Any, Any]] = []
+        shared_pairs: list[tuple[Any, Any]] = []
         for source, grad in zip(flat_sources, grads):
             (local_pairs if id(source) in self._hvd_local_sources else shared_pairs).append((source, grad))
         return local_pairs, shared_pairs

@@ -13,7 +13,7 @@ from hvdlite.core.frontend import logger
 from .keras_families import KERAS2
 from .batch_norm_stats import synced_moments
 
-tf_keras = KERAS2.module()
+tf_keras: Any = KERAS2.module()  # the tf-keras package, found at run time
 
 __all__ = ["SyncBatchNormalization"]
 
