@@ -12,9 +12,10 @@ _GENERATED = re.compile(r"^(?P<kind>.+?)(?:\.ps(?P<ps>\d+))?\.noname\.(?P<n>\d+)
 class Names:
     """The counters behind generated names; a fresh set per init() (State owns one).
 
-    A stall verdict is a job-wide event every rank learns of (``learn()``, from the engine thread): a rank
-    that raised before it generated a name the others submitted, or generated one the others never did,
-    skips past every name the verdict failed, so the ranks' next generated names agree again.
+    A stall verdict (or an op refused because ranks have joined) is a job-wide event every rank learns of
+    (``learn()``, from the engine thread): a rank that raised before it generated a name the others
+    submitted, or generated one the others never did, or had joined, skips past every name the verdict
+    failed, so the ranks' next generated names agree again.
     """
 
     def __init__(self) -> None:
