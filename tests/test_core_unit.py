@@ -256,7 +256,7 @@ def test_decide_join_stands_in_and_reports_last_rank() -> None:
         msgs = [RankMessage([("g", s, 0)]), RankMessage([("j", join, 0)], join_cycle=1)]
         responses, _ = decide(msgs, {0: [0, 1]}, 2)
         assert f"({label} is not supported with Join at this time)" in responses[0].error, responses[0].error
-        assert "HVDLITE_JOIN_ALLOWS_ALLGATHER_BROADCAST=1" in responses[0].error
+        assert "HVDLITE_JOIN_ALLOWS_ALLGATHER_BROADCAST=1 lets it run" in responses[0].error
         responses, _ = decide(msgs, {0: [0, 1]}, 2, JOIN_TOLERANT_PERMISSIVE)
         assert responses[0].error is None and responses[0].joined == frozenset({1})
 

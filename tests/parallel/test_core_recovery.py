@@ -126,9 +126,16 @@ def test_communicator_sets_are_resolved_when_registered_and_duplicates_refused(r
         hvd.shutdown()
         with pytest.raises(ValueError, match=re.escape(f"a process set with ranks {ranks} is already registered")):
             hvd.init(comm=world, process_sets=sets)
-    hvd.shutdown()
+    # Horovod stays initialized after refusing the list; each next init() must bring a valid list, and
+    # raises again until it does (test_process_sets_multi_comm.py); none of a refused list stays registered
+    with pytest.raises(ValueError, match=re.escape(f"a process set with ranks {list(range(N))} is already")):
+        hvd.init(comm=world, process_sets=[hvd.ProcessSet(members), hvd.ProcessSet(list(range(N)))])
+    assert hvd.is_initialized()
+    with pytest.raises(ValueError, match=re.escape(f"ranks [{N}] do not exist in a job of {N} ranks")):
+        hvd.init(comm=world, process_sets=[hvd.ProcessSet([N])])
     ps = hvd.ProcessSet(sub)
-    hvd.init(comm=world, process_sets=[ps])
+    hvd.init(comm=world, process_sets=[ps])  # the same engine: no shutdown between
+    hvd.init(comm=world, process_sets=[hvd.ProcessSet([N])])  # initialized with valid sets: init() is a no-op
     assert ps.ranks == members and ps.size() == N - 1 and ps.included() == (R in members)
     if R in members:
         same(hvd.broadcast(np.full(2, float(R)), N - 1, process_set=ps), np.full(2, float(N - 1)), "comm set")

@@ -283,12 +283,9 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         if error is not None:
             error += _sites(messages, key, present)
         if error is None and stand_ins and kind not in join_tolerant:
+            hint = " (HVDLITE_JOIN_ALLOWS_ALLGATHER_BROADCAST=1 lets it run)" * (kind in JOIN_TOLERANT_PERMISSIVE)
             error = (f"{kind} of {name!r} cannot run while ranks {sorted(stand_ins)} have called join() "
-                     f"({str(kind).capitalize()} is not supported with Join at this time); while ranks have "
-                     f"joined only {', '.join(sorted(str(k) for k in join_tolerant))} run"
-                     + ("" if kind not in JOIN_TOLERANT_PERMISSIVE else
-                        " (set HVDLITE_JOIN_ALLOWS_ALLGATHER_BROADCAST=1 to let allgather and broadcast run, "
-                        "the joined ranks giving no rows)"))
+                     f"({str(kind).capitalize()} is not supported with Join at this time){hint}")
         if error is None and kind is Kind.BROADCAST and ps_id == 0 and first_sig.root in stand_ins:
             error = (f"broadcast of {name!r} has root rank {first_sig.root}, which has already "
                      f"called join(); the root must not join before its broadcasts")
