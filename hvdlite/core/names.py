@@ -33,6 +33,19 @@ class Names:
         scope = f".ps{ps_id}" if ps_id else ""
         return f"{kind}{scope}.noname.{n}"
 
+    def give_back(self, name: str, ps_id: int = 0) -> None:
+        """A call refused on this rank before it submitted ``name`` (a wrong argument, a bad root) did not use
+        it: if it is the last generated name of its kind and set, the next call gets it again. So a refused
+        call consumes no name, whether it comes before or after a stall verdict that named the op it stood
+        for (the verdict alone moves this rank past that name)."""
+        found = _GENERATED.match(name)
+        if found is None or int(found["ps"] or 0) != ps_id:
+            return
+        key = (found["kind"], ps_id)
+        with self._lock:
+            if self._next.get(key) == int(found["n"]) + 1:
+                self._next[key] = int(found["n"])
+
     def learn(self, failed_name: str, ps_id: int) -> None:
         """A stall verdict failed ``failed_name`` in process set ``ps_id`` on every rank: if it is a generated
         name, this rank's next name of that kind and set comes after it."""
