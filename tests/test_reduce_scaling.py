@@ -92,29 +92,34 @@ def test_float32_is_scaled_by_the_factor_rounded_to_float32(factor: float) -> No
     np.testing.assert_array_equal(into.view(np.uint32), want.view(np.uint32))
     avg = x.copy()
     scale_inplace(avg, "float32", average_scale(factor, 3))  # Horovod: postscale / size in double, then float
-    np.testing.assert_array_equal(avg.view(np.uint32), (x * np.float32(factor / 3)).view(np.uint32))
+    want_avg = x / np.float32(3) if factor == 1.0 else x * np.float32(factor / 3)
+    np.testing.assert_array_equal(avg.view(np.uint32), want_avg.view(np.uint32))
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 12, 99])
-def test_float_average_multiplies_by_one_over_n(n: int) -> None:
-    """Average scales by ``postscale / n`` computed in double, then rounded to the buffer's precision: float32
-    (and float16, through float32) by ``float32(1 / n)``, float64 by ``1 / n``; bit for bit, subnormal and
-    huge values included."""
+def test_float_average_divides_and_with_a_user_factor_multiplies(n: int) -> None:
+    """A plain Average divides by n, correctly rounded (Horovod's tests expect ``t / size`` exactly, e.g.
+    test_horovod_join_allreduce at 3 ranks); with a user's postscale f it multiplies by ``f / n`` computed in
+    double, rounded to float32 for float32 and float16 (Horovod's ScaleBuffer); subnormal and huge values
+    included."""
     bits = np.random.default_rng(n).integers(0, 2**32, size=1 << 18, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
     x = x[np.isfinite(x)]
     got = x.copy()
     scale_inplace(got, "float32", average_scale(1.0, n))
-    np.testing.assert_array_equal(got.view(np.uint32), (x * np.float32(1.0 / n)).view(np.uint32))
+    np.testing.assert_array_equal(got.view(np.uint32), (x / np.float32(n)).view(np.uint32))
+    got = x.copy()
+    scale_inplace(got, "float32", average_scale(0.7, n))
+    np.testing.assert_array_equal(got.view(np.uint32), (x * np.float32(0.7 / n)).view(np.uint32))
     d = x.astype(np.float64) * 3.7
     got64 = d.copy()
     scale_inplace(got64, "float64", average_scale(1.0, n))
-    np.testing.assert_array_equal(got64, d * (1.0 / n))
+    np.testing.assert_array_equal(got64, d / n)
     h = x[np.abs(x) < 6e4].astype(np.float16)
     got16 = h.copy()
     scale_inplace(got16, "float16", average_scale(1.0, n))
     np.testing.assert_array_equal(got16.view(np.uint16),
-                                  (h.astype(np.float32) * np.float32(1.0 / n)).astype(np.float16).view(np.uint16))
+                                  (h.astype(np.float32) / np.float32(n)).astype(np.float16).view(np.uint16))
 
 
 def test_integers_with_a_user_factor_multiply_by_the_double_factor() -> None:

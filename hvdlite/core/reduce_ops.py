@@ -178,8 +178,9 @@ def _scale_int(dst: np.ndarray, src: np.ndarray, factor: float) -> None:
 def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
     """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place, as Horovod's CPU ScaleBuffer
     rounds it: float32 and float16 by the factor rounded to float32, in float32 (float16 rounded back once);
-    float64 by the double factor; integers in float64, truncated toward zero (see Scale for Average);
-    bfloat16 (which Horovod's CPU ops do not scale) as float16."""
+    float64 by the double factor; integers in float64, truncated toward zero; bfloat16 (which Horovod's CPU
+    ops do not scale) as float16. A plain Average (no user factor, see Scale) divides by the set size
+    instead, correctly rounded: what Horovod's own tests expect of it (``t / size``, exact at <= 3 ranks)."""
     if factor == 1.0:
         return
     scaled_copy(values, values, dtype, factor)
@@ -190,6 +191,12 @@ def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> 
     if factor == 1.0:
         if dst is not src:
             np.copyto(dst, src, casting="no")
+    elif exact_divisor(factor) != 1 and dtype in ("float32", "float64", "float16"):
+        divide_by = exact_divisor(factor)  # a plain Average: x / n, correctly rounded (Horovod's tests' t / s)
+        if dtype == "float16":
+            np.copyto(dst, src.astype(np.float32) / np.float32(divide_by), casting="unsafe")
+        else:
+            np.divide(src, dst.dtype.type(divide_by), out=dst)
     elif dtype == "float32":
         np.multiply(src, np.float32(float(factor)), out=dst)
     elif dtype == "float64":

@@ -282,10 +282,16 @@ def _rest(t: torch.Tensor) -> int:
 def _scale(t: torch.Tensor, factor: float) -> None:
     """Multiply in place with the MPI path's rounding (hvdlite.core.reduce_ops.scale_inplace): float32 and
     half precision by the factor rounded to float32, in float32; float64 in double; integers in float64,
-    truncated toward zero (a plain Average divides exactly)."""
+    truncated toward zero; a plain Average divides by the set size."""
     if factor == 1.0 or t.numel() == 0:
         return
-    if t.dtype in (torch.float16, torch.bfloat16, torch.float32):
+    divisor = exact_divisor(factor)
+    if divisor != 1 and t.dtype.is_floating_point:  # a plain Average divides (as scale_inplace)
+        if t.dtype in (torch.float16, torch.bfloat16):
+            t.copy_(t.float() / divisor)
+        else:
+            t.div_(divisor)
+    elif t.dtype in (torch.float16, torch.bfloat16, torch.float32):
         wide = t.float()
         wide *= torch.tensor(float(factor), dtype=torch.float32, device=t.device)
         t.copy_(wide)
@@ -293,7 +299,6 @@ def _scale(t: torch.Tensor, factor: float) -> None:
         t.mul_(float(factor))
     else:
         wide = t.double()
-        divisor = exact_divisor(factor)
         if divisor != 1:
             wide /= divisor
         else:

@@ -52,9 +52,14 @@ def summed(x: np.ndarray, dtype: str, k: int) -> np.ndarray:
 
 
 def average(total: np.ndarray, dtype: str, ranks: int) -> np.ndarray:
-    if dtype in INTS:  # hvdlite divides integer sums exactly (truncated toward zero)
+    """A plain Average divides, correctly rounded (integers truncated toward zero)."""
+    if dtype in INTS:
         return np.trunc(total.astype(np.float64) / ranks).astype(dtype)
-    return scaled(total, dtype, 1.0 / ranks)
+    if dtype == "bfloat16":
+        return f32_to_bf16(bf16_to_f32(total) / np.float32(ranks))
+    if dtype == "float16":
+        return (total.astype(np.float32) / np.float32(ranks)).astype(np.float16)
+    return total / total.dtype.type(ranks)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
