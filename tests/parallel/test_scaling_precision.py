@@ -1,6 +1,6 @@
 """Scaling bit for bit as Horovod's CPU ScaleBuffer rounds it, at 2, 3 and 4 ranks: float32 and float16 (bfloat16
 too) are multiplied by the factor rounded to float32, in float32; float64 by the double factor; integers in
-float64, truncated (a plain integer Average divides exactly). Average's factor is postscale / size in double.
+float64, truncated. A plain Average divides by the size, correctly rounded (integers truncated).
 Every op that scales: Average, prescale, postscale, reducescatter (Average and prescaled, grouped too), and
 Average while a rank has joined. Every rank holds the same tensor, so the sums do not depend on MPI's order."""
 from __future__ import annotations
