@@ -162,8 +162,12 @@ def split_of(op: Op, rank: int) -> list[int]:
 class Generator:
     """Builds one program for a world of ``size`` ranks from ``seed``."""
 
-    def __init__(self, seed: int, size: int) -> None:
+    def __init__(self, seed: int, size: int, join_allows_allgather_broadcast: bool = False) -> None:
         self.seed, self.size = seed, size
+        #: What the others run between joins: allreduce (Horovod's rule), or allgather and broadcast too
+        #: under the join_allows_allgather_broadcast setting.
+        self.join_kinds = ("allreduce", "allgather", "broadcast") if join_allows_allgather_broadcast \
+            else ("allreduce",)
         self.rng = np.random.default_rng([seed, size, 7919])
         self.sets: list[tuple] = []
         self.pool: list[Op] = []  # earlier ops whose name and signature may be reused (cache hits)
@@ -309,7 +313,7 @@ class Generator:
         for g, group in enumerate(groups):
             if g:
                 for k in range(int(rng.integers(1, 3))):
-                    op = self._op(index + g, k, sync=True, kinds=("allreduce", "allgather", "broadcast"),
+                    op = self._op(index + g, k, sync=True, kinds=self.join_kinds,
                                   members=tuple(range(self.size)))
                     op.grouped, op.op, op.pre, op.post, op.inplace = op.grouped and op.kind != "broadcast", \
                         "Sum", 1.0, 1.0, False

@@ -11,7 +11,7 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.core.config import Config
-from hvdlite.core.engine.negotiation import RankMessage, ResponseCache, decide
+from hvdlite.core.engine.negotiation import JOIN_TOLERANT_PERMISSIVE, RankMessage, ResponseCache, decide
 from hvdlite.core.engine.requests import Kind, make_signature
 from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
 
@@ -250,6 +250,15 @@ def test_decide_join_stands_in_and_reports_last_rank() -> None:
     msgs = [RankMessage([("r", rs, 0)]), RankMessage([("j", join, 0)], join_cycle=1)]
     responses, _ = decide(msgs, {0: [0, 1]}, 2)
     assert "cannot run while ranks [1] have called join()" in responses[0].error
+    # Horovod's rule: allgather and broadcast raise while a rank has joined; the setting lets them run
+    for kind, label in ((Kind.ALLGATHER, "Allgather"), (Kind.BROADCAST, "Broadcast")):
+        s = make_signature(kind, 0, None, 1, 1, 0, (("float32", (4,)),))
+        msgs = [RankMessage([("g", s, 0)]), RankMessage([("j", join, 0)], join_cycle=1)]
+        responses, _ = decide(msgs, {0: [0, 1]}, 2)
+        assert f"({label} is not supported with Join at this time)" in responses[0].error, responses[0].error
+        assert "HVDLITE_JOIN_ALLOWS_ALLGATHER_BROADCAST=1 lets it run" in responses[0].error
+        responses, _ = decide(msgs, {0: [0, 1]}, 2, JOIN_TOLERANT_PERMISSIVE)
+        assert responses[0].error is None and responses[0].joined == frozenset({1})
 
 
 def test_response_cache_bits_and_eviction() -> None:

@@ -76,10 +76,14 @@ def test_bool_refuses_scaling() -> None:
         scale_inplace(np.array([True]), "bool", 2.0)
 
 
-@pytest.mark.parametrize("factor", [1.0 / 3, 0.1, 1.7, 0.5, 2.0])
-def test_float32_is_scaled_by_a_double_factor_rounded_once(factor: float) -> None:
+@pytest.mark.parametrize("factor", [1.0 / 3, 0.1915194503788923, 0.1, 1.7, 0.5, 2.0])
+def test_float32_is_scaled_by_the_factor_rounded_to_float32(factor: float) -> None:
+    """Horovod's CPU ScaleBuffer casts the double factor to float and multiplies in float32 (its tests build
+    the expected value as ``factor.type(torch.float32) * tensor``), not one rounding of the double product."""
     x = (np.random.default_rng(5).standard_normal(100_003) * 50).astype(np.float32)
-    want = (x.astype(np.float64) * factor).astype(np.float32)  # Horovod: float(double factor * x)
+    want = x * np.float32(factor)
+    assert not np.array_equal(want, (x.astype(np.float64) * factor).astype(np.float32)) or \
+        float(np.float32(factor)) == factor  # the two roundings differ where the factor is not a float32
     got = x.copy()
     scale_inplace(got, "float32", factor)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -87,19 +91,41 @@ def test_float32_is_scaled_by_a_double_factor_rounded_once(factor: float) -> Non
     scaled_copy(into, x, "float32", factor)
     np.testing.assert_array_equal(into.view(np.uint32), want.view(np.uint32))
     avg = x.copy()
-    scale_inplace(avg, "float32", average_scale(factor, 3))
-    np.testing.assert_array_equal(avg.view(np.uint32), (x.astype(np.float64) * (factor / 3)).astype(np.float32)
-                                  .view(np.uint32))
+    scale_inplace(avg, "float32", average_scale(factor, 3))  # Horovod: postscale / size in double, then float
+    want_avg = x / np.float32(3) if factor == 1.0 else x * np.float32(factor / 3)
+    np.testing.assert_array_equal(avg.view(np.uint32), want_avg.view(np.uint32))
 
 
-@pytest.mark.parametrize("n", [3, 5, 6, 7, 12, 99])
-def test_float32_average_equals_the_double_product_for_every_bit_pattern(n: int) -> None:
-    """Odd n takes float32 division, even n float64: both must equal float32(double(x) * (1/n)), subnormal
-    and huge values included."""
-    bits = np.random.default_rng(n).integers(0, 2**32, size=1 << 20, dtype=np.uint64).astype(np.uint32)
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 12, 99])
+def test_float_average_divides_and_with_a_user_factor_multiplies(n: int) -> None:
+    """A plain Average divides by n, correctly rounded (Horovod's tests expect ``t / size`` exactly, e.g.
+    test_horovod_join_allreduce at 3 ranks); with a user's postscale f it multiplies by ``f / n`` computed in
+    double, rounded to float32 for float32 and float16 (Horovod's ScaleBuffer); subnormal and huge values
+    included."""
+    bits = np.random.default_rng(n).integers(0, 2**32, size=1 << 18, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
     x = x[np.isfinite(x)]
-    want = (x.astype(np.float64) * (1.0 / n)).astype(np.float32)
     got = x.copy()
     scale_inplace(got, "float32", average_scale(1.0, n))
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(got.view(np.uint32), (x / np.float32(n)).view(np.uint32))
+    got = x.copy()
+    scale_inplace(got, "float32", average_scale(0.7, n))
+    np.testing.assert_array_equal(got.view(np.uint32), (x * np.float32(0.7 / n)).view(np.uint32))
+    d = x.astype(np.float64) * 3.7
+    got64 = d.copy()
+    scale_inplace(got64, "float64", average_scale(1.0, n))
+    np.testing.assert_array_equal(got64, d / n)
+    h = x[np.abs(x) < 6e4].astype(np.float16)
+    got16 = h.copy()
+    scale_inplace(got16, "float16", average_scale(1.0, n))
+    np.testing.assert_array_equal(got16.view(np.uint16),
+                                  (h.astype(np.float32) / np.float32(n)).astype(np.float16).view(np.uint16))
+
+
+def test_integers_with_a_user_factor_multiply_by_the_double_factor() -> None:
+    """With a user's postscale, Average over integers multiplies by ``double(f / n)`` and truncates, as
+    Horovod; only the plain Average (no user factor) divides exactly."""
+    x = np.arange(-60, 61, dtype=np.int64)
+    got = x.copy()
+    scale_inplace(got, "int64", average_scale(0.7, 3))
+    np.testing.assert_array_equal(got, np.trunc(x.astype(np.float64) * (0.7 / 3)).astype(np.int64))

@@ -23,6 +23,14 @@ def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet]
     return state().names.name(kind, name, ps_id)
 
 
+def _give_back(given: Optional[str], name: str, process_set: Optional[ProcessSet]) -> None:
+    """A call that raised before its request was submitted (a wrong argument, a bad root...) consumes no
+    generated name: this rank's next call of the kind gets it again (see Names.give_back)."""
+    if type(given) is not str:
+        names = state().names
+        names.give_back(name, 0 if process_set is None else (process_set.process_set_id or 0))
+
+
 def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
     if process_set is global_process_set and process_set.process_set_id == 0:
         return 0  # every rank is a member of the global set
@@ -112,29 +120,35 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
     of each input's shape and dtype, not overlapping the inputs; written in place) when given.
     ``accumulation`` (an accumulating compression's, e.g. Compression.bf16_fp32acc): floating-point arrays
     travel in its wire dtype and are summed in float32 (core/engine/accumulate.py)."""
+    given = name
     name = _auto_name("allreduce", name, process_set)
-    reduce_op = resolve_op(op, average)
-    ps_id = _pset_id(process_set, "allreduce", name)
-    inputs, dtypes = _prepare_all(arrays, dtype_hints)
-    if accumulation is not None:  # first: its reason (Adasum is no sum) before Adasum's own conditions
-        check_accumulation("allreduce", name, reduce_op, dtypes, accumulation, state().rank)
-    check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
-                    set_size=state().psets.size(ps_id))
-    finalize = None
-    if outputs is not None and not inplace:
-        if len(outputs) != len(inputs) or any(np.shape(o) != a.shape for o, a in zip(outputs, inputs)):
-            raise TypeError(f"allreduce {name!r}: outputs must be one array per input with the input's shape; "
-                            f"got {[np.shape(o) for o in outputs]} for inputs {[a.shape for a in inputs]}")
-        outputs, finalize = _into("allreduce", name, outputs, list(dtype_hints or [None] * len(inputs)),
-                                  list(dtypes))
-    elif inplace:
-        outputs = inputs
-        if any(p is not a for p, a in zip(inputs, arrays)):
-            originals = [np.asarray(a) for a in arrays]
-            if any(p is not o for p, o in zip(inputs, originals)):
-                finalize = _write_back(originals, inputs)
-    return _submit(Kind.ALLREDUCE, name, ps_id, inputs, dtypes, outputs=outputs, op=reduce_op,
-                   prescale=prescale_factor, postscale=postscale_factor, finalize=finalize, extra=accumulation)
+    try:
+        reduce_op = resolve_op(op, average)
+        ps_id = _pset_id(process_set, "allreduce", name)
+        inputs, dtypes = _prepare_all(arrays, dtype_hints)
+        if accumulation is not None:  # first: its reason (Adasum is no sum) before Adasum's own conditions
+            check_accumulation("allreduce", name, reduce_op, dtypes, accumulation, state().rank)
+        check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
+                        set_size=state().psets.size(ps_id))
+        finalize = None
+        if outputs is not None and not inplace:
+            if len(outputs) != len(inputs) or any(np.shape(o) != a.shape for o, a in zip(outputs, inputs)):
+                raise TypeError(f"allreduce {name!r}: outputs must be one array per input with the input's shape; "
+                                f"got {[np.shape(o) for o in outputs]} for inputs {[a.shape for a in inputs]}")
+            outputs, finalize = _into("allreduce", name, outputs, list(dtype_hints or [None] * len(inputs)),
+                                      list(dtypes))
+        elif inplace:
+            outputs = inputs
+            if any(p is not a for p, a in zip(inputs, arrays)):
+                originals = [np.asarray(a) for a in arrays]
+                if any(p is not o for p, o in zip(inputs, originals)):
+                    finalize = _write_back(originals, inputs)
+        return _submit(Kind.ALLREDUCE, name, ps_id, inputs, dtypes, outputs=outputs, op=reduce_op,
+                       prescale=prescale_factor, postscale=postscale_factor, finalize=finalize,
+                       extra=accumulation)
+    except BaseException:
+        _give_back(given, name, process_set)
+        raise
 
 
 def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
@@ -201,14 +215,19 @@ def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
                             outputs: Optional[Sequence[Any]] = None) -> Handle:
     """Concatenate each array's rows from every rank (the first dimension may differ per rank); into
     ``outputs`` (one array of the gathered shape per input; an input may be its own rows of it) if given."""
+    given = name
     name = _auto_name("allgather", name, process_set)
-    ps_id = _pset_id(process_set, "allgather", name)
-    hints = list(dtype_hints or [None] * len(arrays))
-    prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
-    inputs = [p[0].reshape(1) if p[0].ndim == 0 else p[0] for p in prepared]
-    direct, finalize = _into("allgather", name, outputs, hints, [p[1] for p in prepared])
-    return _submit(Kind.ALLGATHER, name, ps_id, inputs, [p[1] for p in prepared],
-                   shape_of=lambda a: tuple(a.shape[1:]), outputs=direct, finalize=finalize)
+    try:
+        ps_id = _pset_id(process_set, "allgather", name)
+        hints = list(dtype_hints or [None] * len(arrays))
+        prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
+        inputs = [p[0].reshape(1) if p[0].ndim == 0 else p[0] for p in prepared]
+        direct, finalize = _into("allgather", name, outputs, hints, [p[1] for p in prepared])
+        return _submit(Kind.ALLGATHER, name, ps_id, inputs, [p[1] for p in prepared],
+                       shape_of=lambda a: tuple(a.shape[1:]), outputs=direct, finalize=finalize)
+    except BaseException:
+        _give_back(given, name, process_set)
+        raise
 
 
 def allgather_async(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set,
@@ -232,17 +251,22 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
     """Copy ``array`` from ``root_rank`` to every member. As in Horovod, ``root_rank`` is a rank of the whole
     job (also with ``process_set=``); one that is not a member of the set fails the op with ValueError on
     every member (checked in negotiation, where every member sees every member's root)."""
+    given = name
     name = _auto_name("broadcast", name, process_set)
-    ps_id = _pset_id(process_set, "broadcast", name)
-    root = operator.index(root_rank)
-    a, dtype = _prepare(array, dtype_hint)
-    outputs: list[Optional[np.ndarray]] = [a if inplace else None]
-    finalize = None
-    if inplace and type(a) is not PlaneBuffer and a is not np.asarray(array):
-        finalize = _write_back([np.asarray(array)], [a])
-    handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=root,
-                     finalize=finalize)
-    return handle.first()
+    try:
+        ps_id = _pset_id(process_set, "broadcast", name)
+        root = operator.index(root_rank)
+        a, dtype = _prepare(array, dtype_hint)
+        outputs: list[Optional[np.ndarray]] = [a if inplace else None]
+        finalize = None
+        if inplace and type(a) is not PlaneBuffer and a is not np.asarray(array):
+            finalize = _write_back([np.asarray(array)], [a])
+        handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=root,
+                         finalize=finalize)
+        return handle.first()
+    except BaseException:
+        _give_back(given, name, process_set)
+        raise
 
 
 def broadcast(array: Any, root_rank: int, name: Optional[str] = None,
@@ -264,24 +288,29 @@ def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = No
 def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set, dtype_hint: Optional[str] = None) -> Handle:
     """Send ``splits[i]`` rows to rank i. The result is ``(received array, received splits)``."""
+    given = name
     name = _auto_name("alltoall", name, process_set)
-    ps_id = _pset_id(process_set, "alltoall", name)
-    a, dtype = _prepare(array, dtype_hint)
-    if a.ndim == 0:
-        raise ValueError(f"alltoall {name!r}: the tensor needs at least one dimension")
-    n = state().psets.size(ps_id)
-    if splits is None:
-        if a.shape[0] % n:
-            raise ValueError(f"alltoall {name!r}: the first dimension ({a.shape[0]}) is not divisible by the "
-                             f"number of ranks ({n}); pass splits= explicitly")
-        split_arr = None
-    else:
-        split_arr = np.asarray(splits, dtype=np.int64).reshape(-1)
-        if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != a.shape[0]:
-            raise ValueError(f"alltoall {name!r}: splits {split_arr.tolist()} must have one non-negative "
-                             f"entry per rank ({n}) summing to the first dimension ({a.shape[0]})")
-    return _submit(Kind.ALLTOALL, name, ps_id, [a], [dtype], splits=split_arr,
-                   shape_of=lambda x: tuple(x.shape[1:]))
+    try:
+        ps_id = _pset_id(process_set, "alltoall", name)
+        a, dtype = _prepare(array, dtype_hint)
+        if a.ndim == 0:
+            raise ValueError(f"alltoall {name!r}: the tensor needs at least one dimension")
+        n = state().psets.size(ps_id)
+        if splits is None:
+            if a.shape[0] % n:
+                raise ValueError(f"alltoall {name!r}: the first dimension ({a.shape[0]}) is not divisible by the "
+                                 f"number of ranks ({n}); pass splits= explicitly")
+            split_arr = None
+        else:
+            split_arr = np.asarray(splits, dtype=np.int64).reshape(-1)
+            if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != a.shape[0]:
+                raise ValueError(f"alltoall {name!r}: splits {split_arr.tolist()} must have one non-negative "
+                                 f"entry per rank ({n}) summing to the first dimension ({a.shape[0]})")
+        return _submit(Kind.ALLTOALL, name, ps_id, [a], [dtype], splits=split_arr,
+                       shape_of=lambda x: tuple(x.shape[1:]))
+    except BaseException:
+        _give_back(given, name, process_set)
+        raise
 
 
 def alltoall(array: Any, splits: Any = None, name: Optional[str] = None,
@@ -297,22 +326,27 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
                                 outputs: Optional[Sequence[Any]] = None) -> Handle:
     """Reduce, then give rank r its share of the first dimension (earlier ranks take the remainder); into
     ``outputs`` (one array of this rank's share per input, not overlapping the inputs) if given."""
+    given = name
     name = _auto_name("reducescatter", name, process_set)
-    reduce_op = resolve_op(op)
-    ps_id = _pset_id(process_set, "reducescatter", name)
-    hints = list(dtype_hints or [None] * len(arrays))
-    prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
-    check_reduction("reducescatter", name, reduce_op, [p[1] for p in prepared],
-                    scaled=(prescale_factor, postscale_factor) != (1, 1))
-    for a, _ in prepared:
-        if a.ndim == 0:
-            raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
-    if len({d for _, d in prepared}) > 1:
-        raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
-    direct, finalize = _into("reducescatter", name, outputs, hints, [p[1] for p in prepared])
-    return _submit(Kind.REDUCESCATTER, name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
-                   op=reduce_op, prescale=prescale_factor, postscale=postscale_factor, outputs=direct,
-                   finalize=finalize)
+    try:
+        reduce_op = resolve_op(op)
+        ps_id = _pset_id(process_set, "reducescatter", name)
+        hints = list(dtype_hints or [None] * len(arrays))
+        prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
+        check_reduction("reducescatter", name, reduce_op, [p[1] for p in prepared],
+                        scaled=(prescale_factor, postscale_factor) != (1, 1))
+        for a, _ in prepared:
+            if a.ndim == 0:
+                raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
+        if len({d for _, d in prepared}) > 1:
+            raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
+        direct, finalize = _into("reducescatter", name, outputs, hints, [p[1] for p in prepared])
+        return _submit(Kind.REDUCESCATTER, name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
+                       op=reduce_op, prescale=prescale_factor, postscale=postscale_factor, outputs=direct,
+                       finalize=finalize)
+    except BaseException:
+        _give_back(given, name, process_set)
+        raise
 
 
 def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,

@@ -101,6 +101,11 @@ class Config:
     #: A rank last in at least half the window's ops by more than this on average is named in one log line.
     straggler_threshold_ms: float = 5.0
 
+    #: After a rank has called join(), let the other ranks' allgather and broadcast run (the joined rank gives
+    #: no rows and must not be the root) instead of raising as Horovod does ("Allgather is not supported with
+    #: Join at this time"). Off by default, as in Horovod; allreduce and barrier run either way.
+    join_allows_allgather_broadcast: bool = False
+
     #: Reproducible reductions: hvdlite sums (and multiplies) floating-point elements itself, in rank order,
     #: so every result is bit-identical for a given number of ranks whatever the fusion, chunking, cycle time,
     #: autotune, submission order or MPI library (see hvdlite/core/engine/deterministic.py).
@@ -127,7 +132,7 @@ class Config:
               "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune", "gpu_operations",
               "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall", "gpu_reducescatter",
               "cpu_operations", "straggler_window_ops", "straggler_window_seconds", "straggler_threshold_ms",
-              "deterministic")
+              "deterministic", "join_allows_allgather_broadcast")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
     #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals: Horovod's

@@ -176,10 +176,14 @@ PASSED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64"
 
 
 class Scale(float):
-    """A scale factor that remembers an exact divisor, so Average divides integers exactly.
+    """The postscale factor of an Average: ``float(Scale(f, n)) == f / n`` (one double division, the factor
+    Horovod multiplies by), remembering the set size ``n`` so that a plain Average of integers (``f == 1``)
+    can divide exactly.
 
-    ``float(Scale(f, n)) == f / n``; integer tensors are scaled as ``x * f / n`` in float64 (a true
-    division, exact wherever the quotient is), where ``x * (1 / n)`` would truncate 49 * (1/49) to 0.
+    Horovod multiplies an integer sum ``s`` by ``double(1 / n)`` and truncates, which turns an exact quotient
+    into the integer below wherever the double product rounds under it (``49 * (1/49)`` gives 0); hvdlite
+    divides instead, ``trunc(s / n)``. Both agree wherever Horovod's product is the true quotient rounded, at
+    every size Horovod's tests run (2, 3, 4: ``k * n * (1/n)`` rounds back to ``k``).
     """
 
     factor: float
@@ -193,71 +197,62 @@ class Scale(float):
 
 
 def average_scale(postscale: float, nranks: int) -> Scale:
-    """The postscale factor of an Average over ``nranks`` ranks: the user's factor, then / nranks."""
+    """The postscale factor of an Average over ``nranks`` ranks: the user's factor, then / nranks (in double,
+    as Horovod divides its postscale factor by the set size)."""
     return Scale(postscale, nranks)
 
 
-def _f64_scaled(values: np.ndarray, factor: float) -> np.ndarray:
-    """``values * factor`` in float64, Average's divisor applied as a true division."""
-    out = values.astype(np.float64)
-    if isinstance(factor, Scale):
-        if out.size and factor.factor != 1.0:
-            out *= factor.factor
-        if factor.divisor != 1:
-            out /= factor.divisor
+def exact_divisor(factor: float) -> int:
+    """The divisor an integer scaling divides by exactly: Average's set size when the user gave no postscale
+    factor, else 1 (then integers are multiplied by the double factor, as Horovod does)."""
+    if isinstance(factor, Scale) and factor.factor == 1.0:
+        return factor.divisor
+    return 1
+
+
+def _scale_int(dst: np.ndarray, src: np.ndarray, factor: float) -> None:
+    """``dst[...] = trunc(double(src) * factor)`` (a C cast, as Horovod's ScaleBuffer), or for a plain
+    Average ``trunc(double(src) / n)``."""
+    wide = src.astype(np.float64)
+    divisor = exact_divisor(factor)
+    if divisor != 1:
+        wide /= divisor
     else:
-        out *= float(factor)
-    return out
-
-
-def _scale_float(dst: np.ndarray, src: np.ndarray, factor: float) -> None:
-    """``dst[...] = src * factor`` for float32/float64 as Horovod rounds it: by a double factor, so each
-    element is ``float32(double(x) * factor)``. For float32 three ways give that value bit for bit:
-    - a factor exact in float32 (1/2, 1/4, 2...): the float32 product is that value (float32 speed);
-    - Average over an odd number n of ranks (factor 1/n): float32's correctly rounded ``x / n``. A float32
-      quotient x/n never lies on, or within 2**-52 of, a rounding midpoint of float32 (that would need x to
-      have more than 24 significant bits), so rounding the double product first cannot change the result;
-    - otherwise numpy multiplies float32 by a float64 scalar in float64, chunk by chunk through its small cast
-      buffers (no whole-buffer temporary), rounding into the float32 output: about 5 times the cost of a
-      float32 multiply, so only for factors such as a user's 0.1 or an even n that is not a power of two."""
-    f = float(factor)
-    if dst.dtype == np.float32:
-        if float(np.float32(f)) == f:
-            np.multiply(src, np.float32(f), out=dst)
-            return
-        if isinstance(factor, Scale) and factor.factor == 1.0 and factor.divisor % 2 == 1 \
-                and factor.divisor < 1 << 24:
-            np.divide(src, np.float32(factor.divisor), out=dst)
-            return
-    np.multiply(src, np.float64(f), out=dst)
+        wide *= float(factor)
+    np.copyto(dst, np.trunc(wide), casting="unsafe")
 
 
 def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
-    """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place, with Horovod's
-    precision: half precision in float32, float32/float64 by a double factor (one rounding of the double
-    product), integers in float64 (truncated toward zero, as a C cast)."""
+    """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place, as Horovod's CPU ScaleBuffer
+    rounds it: float32 and float16 by the factor rounded to float32, in float32 (float16 rounded back once);
+    float64 by the double factor; integers in float64, truncated toward zero; bfloat16 (which Horovod's CPU
+    ops do not scale) as float16. A plain Average (no user factor, see Scale) divides by the set size
+    instead, correctly rounded: what Horovod's own tests expect of it (``t / size``, exact at <= 3 ranks)."""
     if factor == 1.0:
         return
-    if dtype == "bfloat16":
-        values[...] = f32_to_bf16(bf16_to_f32(values) * np.float32(factor))
-    elif dtype == "bool":
-        raise TypeError("scale factors are not defined for bool tensors")
-    elif dtype == "float16":
-        np.copyto(values, values.astype(np.float32) * np.float32(factor), casting="unsafe")
-    elif values.dtype.kind in "iu":
-        np.copyto(values, np.trunc(_f64_scaled(values, factor)), casting="unsafe")
-    else:
-        _scale_float(values, values, factor)
+    scaled_copy(values, values, dtype, factor)
 
 
 def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> None:
-    """``dst[...] = src * factor`` with one pass over memory where the dtype allows it."""
+    """``dst[...] = src * factor`` with scale_inplace's rounding, in one pass where the dtype allows it."""
     if factor == 1.0:
-        np.copyto(dst, src, casting="no")
-    elif dtype in ("float32", "float64"):
-        _scale_float(dst, src, factor)
+        if dst is not src:
+            np.copyto(dst, src, casting="no")
+    elif exact_divisor(factor) != 1 and dtype in ("float32", "float64", "float16"):
+        divide_by = exact_divisor(factor)  # a plain Average: x / n, correctly rounded (Horovod's tests' t / s)
+        if dtype == "float16":
+            np.copyto(dst, src.astype(np.float32) / np.float32(divide_by), casting="unsafe")
+        else:
+            np.divide(src, dst.dtype.type(divide_by), out=dst)
+    elif dtype == "float32":
+        np.multiply(src, np.float32(float(factor)), out=dst)
+    elif dtype == "float64":
+        np.multiply(src, np.float64(float(factor)), out=dst)
     elif dtype == "float16":
-        np.copyto(dst, src.astype(np.float32) * np.float32(factor), casting="unsafe")
+        np.copyto(dst, src.astype(np.float32) * np.float32(float(factor)), casting="unsafe")
+    elif dtype == "bfloat16":
+        dst[...] = f32_to_bf16(bf16_to_f32(src) * np.float32(float(factor)))
+    elif dtype == "bool":
+        raise TypeError("scale factors are not defined for bool tensors")
     else:
-        np.copyto(dst, src, casting="no")
-        scale_inplace(dst, dtype, factor)
+        _scale_int(dst, src, factor)

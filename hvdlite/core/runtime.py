@@ -50,6 +50,9 @@ class State:
         self.thread_multiple = mpi.thread_multiple()
         self.mpi_ops = mpi.MPIOps()
         self.names = Names()
+        #: The process sets init(process_sets=...) registered; None while that list failed (then the next
+        #: init() registers its own list, as Horovod asks for "a valid list of process sets to proceed").
+        self.init_sets: Optional[list[ProcessSet]] = []
         self.prepared: dict[str, tuple[Any, ...]] = {}  # name -> what submit_prepared worked out for it
         self.generation = next(_GENERATIONS)  # frontends' per-tensor caches are valid for one generation
         callsite.forget_all()
@@ -142,46 +145,74 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
     ``comm`` may be an mpi4py communicator or a list of ranks of MPI_COMM_WORLD; ``process_sets``
     registers ProcessSets at once; other keywords override settings (see ``Config``).
     Calling init() again while initialized does nothing, unless the engine has ended with an error (a
-    job-wide error ends it on every rank): then every rank's init() starts a fresh engine.
+    job-wide error ends it on every rank): then every rank's init() starts a fresh engine; or unless the
+    last init()'s ``process_sets`` were refused (ValueError; none of them stays registered): then this
+    call registers its own list, and raises again if that one is invalid too (as Horovod does).
     """
-    global _state, _atexit_registered
+    global _state
     if isinstance(process_sets, str):
         if process_sets != "dynamic":
             raise ValueError(f"init(process_sets={process_sets!r}): pass a list of ProcessSets, or 'dynamic' "
                              f"(hvdlite always allows add_process_set() later)")
         process_sets = None
     with _lock:
-        if _state is not None:
-            if _state.engine.error is None:
+        state = _state
+        if state is not None and state.engine.error is None:
+            if state.init_sets is not None:
                 return
-            # The engine ended with a job-wide error (shutdown, a wedged peer, an engine failure), which
-            # ended it on every rank in the same round: every rank's init() starts afresh, generated names too.
-            ended, _state = _state, None
-            ended.close()
-        config = Config.from_env(**settings)
-        if config.autotune:
-            require_library()
-        log.set_level(config.log_level)
-        log.set_timestamps(not config.log_hide_time)
-        # Under Open MPI's launcher an MPICH library dies inside its own MPI_Init: look before starting.
-        mpi.start(check_launcher_before_init if launched_by_open_mpi() else None)
-        world = mpi.make_world(comm)
-        log.set_rank(world.Get_rank())
-        check_launch(mpi.world_size())  # the job as launched, not a sub-world from comm=
-        # Agreement: one value per job for every setting that shapes MPI traffic (before the engine starts).
-        for warning in config.adopt(world.bcast(config.agreed_values(), root=0), world.Get_rank()):
-            logger.warning(warning)
-        state = State(world, config)
-        _state = state
-        if not _atexit_registered:
-            atexit.register(_shutdown_at_exit)
-            _atexit_registered = True
-        if config.abort_on_error:
-            install_excepthook(lambda: _state)
-        if config.timeline_at_init() and state.rank == 0:
-            state.timeline.start(config.timeline_at_init(), config.timeline_mark_cycles)
-    for ps in process_sets or ():
-        state.add_process_set(ps)
+            # the last init()'s process sets were refused: hvdlite stays up; register this call's list
+        else:
+            if state is not None:
+                # The engine ended with a job-wide error (shutdown, a wedged peer, an engine failure), which
+                # ended it on every rank in the same round: every rank's init() starts afresh, names too.
+                _state = None
+                state.close()
+            state = _start(comm, settings)
+    _register_init_sets(state, process_sets)
+
+
+def _start(comm: Any, settings: dict[str, Any]) -> State:
+    """A fresh State (MPI up, settings agreed, engine started) as the current one; called with _lock held."""
+    global _state, _atexit_registered
+    config = Config.from_env(**settings)
+    if config.autotune:
+        require_library()
+    log.set_level(config.log_level)
+    log.set_timestamps(not config.log_hide_time)
+    # Under Open MPI's launcher an MPICH library dies inside its own MPI_Init: look before starting.
+    mpi.start(check_launcher_before_init if launched_by_open_mpi() else None)
+    world = mpi.make_world(comm)
+    log.set_rank(world.Get_rank())
+    check_launch(mpi.world_size())  # the job as launched, not a sub-world from comm=
+    # Agreement: one value per job for every setting that shapes MPI traffic (before the engine starts).
+    for warning in config.adopt(world.bcast(config.agreed_values(), root=0), world.Get_rank()):
+        logger.warning(warning)
+    state = State(world, config)
+    _state = state
+    if not _atexit_registered:
+        atexit.register(_shutdown_at_exit)
+        _atexit_registered = True
+    if config.abort_on_error:
+        install_excepthook(lambda: _state)
+    if config.timeline_at_init() and state.rank == 0:
+        state.timeline.start(config.timeline_at_init(), config.timeline_mark_cycles)
+    return state
+
+
+def _register_init_sets(state: State, process_sets: Optional[Sequence[ProcessSet]]) -> None:
+    """Register init()'s process sets on every rank, all or none: when one is refused (a duplicate, a rank
+    out of range), the ones registered before it are removed again and the error is raised; hvdlite stays
+    initialized, and the next init() registers its own list (Horovod's behaviour)."""
+    added: list[ProcessSet] = []
+    state.init_sets = None
+    try:
+        for ps in process_sets or ():
+            added.append(state.add_process_set(ps))
+    except BaseException:
+        for ps in reversed(added):
+            state.remove_process_set(ps)
+        raise
+    state.init_sets = added
 
 
 def shutdown() -> None:

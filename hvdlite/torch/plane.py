@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.core import ReduceOp
-from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, accumulated_allreduce, in_rank_order,
-                                   mpi_cuda_aware, rank_order_allreduce, register_factory)
+from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, accumulated_allreduce, exact_divisor,
+                                   in_rank_order, mpi_cuda_aware, rank_order_allreduce, register_factory)
 
 from . import mpi_plane
 
@@ -303,20 +303,29 @@ def _cast(t: torch.Tensor, dtype: str) -> torch.Tensor:
 
 
 def _scale(t: torch.Tensor, factor: float) -> None:
-    """Multiply in place with hvdlite's MPI-path precision: half precision in float32, integers in float64
-    (Average's divisor as a true division, truncated toward zero)."""
+    """Multiply in place with the MPI path's rounding (hvdlite.core.reduce_ops.scale_inplace): float32 and
+    half precision by the factor rounded to float32, in float32; float64 in double; integers in float64,
+    truncated toward zero; a plain Average divides by the set size."""
     if factor == 1.0 or t.numel() == 0:
         return
-    if t.dtype in (torch.float16, torch.bfloat16):
-        t.copy_(t.float() * float(factor))
+    divisor = exact_divisor(factor)
+    if divisor != 1 and t.dtype.is_floating_point:  # a plain Average divides (as scale_inplace)
+        if t.dtype in (torch.float16, torch.bfloat16):
+            t.copy_(t.float() / divisor)
+        else:
+            t.div_(divisor)
+    elif t.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        wide = t.float()
+        wide *= torch.tensor(float(factor), dtype=torch.float32, device=t.device)
+        t.copy_(wide)
     elif t.dtype.is_floating_point:
         t.mul_(float(factor))
     else:
         wide = t.double()
-        divisor = getattr(factor, "divisor", 1)
-        wide *= getattr(factor, "factor", float(factor))
         if divisor != 1:
             wide /= divisor
+        else:
+            wide *= float(factor)
         t.copy_(wide.trunc())
 
 

@@ -56,19 +56,36 @@ def test_opposite_submission_orders(capacity: int, reinit: Callable[..., None]) 
         assert later_full > 0, stats
 
 
-def test_join_with_uneven_data() -> None:
-    """Ranks that run out contribute zeros until everyone has joined."""
+def test_join_with_uneven_data(reinit: Callable[..., None]) -> None:
+    """Ranks that run out contribute zeros until everyone has joined. Allgather and broadcast on the others
+    raise as Horovod's do (test_horovod_join_allgather/_broadcast), also a cached one; the
+    join_allows_allgather_broadcast setting lets them run (the joined ranks give no rows)."""
+    gathered = hvd.allgather(np.full((1,), R), name="rows")  # now in the response cache
     for step in range(R + 2):  # rank r has r + 2 batches; the last rank has the most
         got = hvd.allreduce(np.full(3, 1.0 + R), op=hvd.Sum, name="grad")
         active = [k for k in range(N) if k + 2 > step]
         same(got, np.full(3, sum(1.0 + k for k in active)), f"step {step}")
         avg = hvd.allreduce(np.full(2, 6.0), name="avg")  # Average divides by the full size
         same(avg, np.full(2, 6.0 * len(active) / N), f"average step {step}")
-        gathered = hvd.allgather(np.full((1,), R), name="rows")
-        same(gathered, np.array(active), f"allgather step {step}")
+        if len(active) == N:
+            same(hvd.allgather(np.full((1,), R), name="rows"), np.arange(N), f"allgather step {step}")
+            continue
+        with pytest.raises(hvd.HvdliteError, match=r"allgather of 'rows' cannot run while ranks \[[0-9, ]+\] have "
+                           r"called join\(\) \(Allgather is not supported with Join at this time\)"):
+            hvd.allgather(np.full((1,), R), name="rows")
+        with pytest.raises(hvd.HvdliteError, match=r"Broadcast is not supported with Join"):
+            hvd.broadcast(np.full((1,), R), N - 1, name="bcast")
     assert hvd.join() == N - 1
     # after everyone joined, collectives work normally again
     same(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after"), np.full(1, float(N)), "after join")
+    same(hvd.allgather(np.full((1,), R), name="rows"), np.arange(N), "allgather after join")
+
+    reinit(join_allows_allgather_broadcast=True)
+    for step in range(R + 2):
+        active = [k for k in range(N) if k + 2 > step]
+        same(hvd.allgather(np.full((1,), R), name="rows"), np.array(active), f"permissive allgather step {step}")
+        same(hvd.broadcast(np.full((1,), R), N - 1, name="bcast"), np.full((1,), N - 1), f"broadcast {step}")
+    assert hvd.join() == N - 1
 
 
 @pytest.fixture

@@ -92,6 +92,53 @@ def test_every_episode_then_thirty_unnamed_collectives(reinit: Callable[..., Non
         check_in_step(episode.__name__)
 
 
+LATE_SETTINGS = dict(stall_shutdown_time_seconds=2.0, idle_heartbeat_seconds=0.05)
+LATE_S = 3.0  # the failed rank fails this long after the episode's start: after the verdict (about 2.2 s)
+
+
+def late_bad_root_instead_of_an_allreduce() -> None:
+    """The others' allreduce stalls; the last rank, late, refuses a broadcast (a root of the wrong type)."""
+    if R == LAST:
+        with pytest.raises(TypeError):
+            hvd.broadcast(np.ones(3), "0")  # type: ignore[arg-type]
+    else:
+        with pytest.raises(hvd.StallError, match=rf"allreduce of 'allreduce.noname.\d+' stalled"):
+            hvd.allreduce(np.ones(3))
+
+
+def late_wrong_argument_type() -> None:
+    if R == LAST:
+        with pytest.raises(TypeError, match="not supported"):
+            hvd.allgather(np.array(["not", "numbers"]))
+    else:
+        with pytest.raises(hvd.StallError):
+            hvd.allgather(np.ones((1, 2)))
+
+
+def late_exception_in_user_code() -> None:
+    if R != LAST:
+        with pytest.raises(hvd.StallError):
+            hvd.allreduce(np.ones(3))
+
+
+def test_a_late_failed_rank_keeps_generated_names_in_step(reinit: Callable[..., None]) -> None:
+    """Issue 33's scenario: the last rank fails (a bad root, a wrong argument type, its own code) instead of
+    submitting the op the others submit, but only after the others' stall verdict; the others sleep 0.5 s
+    and carry on while it is still away. A call refused on a rank consumes no generated name, and the
+    verdict's names are skipped exactly once, so 30 rounds of unnamed collectives are then exact."""
+    reinit(**LATE_SETTINGS)
+    for episode in (late_bad_root_instead_of_an_allreduce, late_wrong_argument_type, late_exception_in_user_code):
+        hvd.barrier()
+        start = time.monotonic()
+        if R == LAST:
+            time.sleep(LATE_S)
+        episode()
+        if R != LAST:
+            assert time.monotonic() - start < LATE_S, "the verdict came after the last rank's failure"
+            time.sleep(0.5)
+        check_in_step(episode.__name__)
+
+
 def test_generated_names_start_again_after_an_engine_ending_error(reinit: Callable[..., None]) -> None:
     """A job-wide error that ends the engine (here: one rank shuts down while the others wait) ends it on
     every rank; the next init() on every rank starts a fresh engine whose generated names start again."""
@@ -126,9 +173,16 @@ def test_communicator_sets_are_resolved_when_registered_and_duplicates_refused(r
         hvd.shutdown()
         with pytest.raises(ValueError, match=re.escape(f"a process set with ranks {ranks} is already registered")):
             hvd.init(comm=world, process_sets=sets)
-    hvd.shutdown()
+    # Horovod stays initialized after refusing the list; each next init() must bring a valid list, and
+    # raises again until it does (test_process_sets_multi_comm.py); none of a refused list stays registered
+    with pytest.raises(ValueError, match=re.escape(f"a process set with ranks {list(range(N))} is already")):
+        hvd.init(comm=world, process_sets=[hvd.ProcessSet(members), hvd.ProcessSet(list(range(N)))])
+    assert hvd.is_initialized()
+    with pytest.raises(ValueError, match=re.escape(f"ranks [{N}] do not exist in a job of {N} ranks")):
+        hvd.init(comm=world, process_sets=[hvd.ProcessSet([N])])
     ps = hvd.ProcessSet(sub)
-    hvd.init(comm=world, process_sets=[ps])
+    hvd.init(comm=world, process_sets=[ps])  # the same engine: no shutdown between
+    hvd.init(comm=world, process_sets=[hvd.ProcessSet([N])])  # initialized with valid sets: init() is a no-op
     assert ps.ranks == members and ps.size() == N - 1 and ps.included() == (R in members)
     if R in members:
         same(hvd.broadcast(np.full(2, float(R)), N - 1, process_set=ps), np.full(2, float(N - 1)), "comm set")

@@ -26,7 +26,8 @@ SPAWN_TIMEOUT = 400
 SETTINGS = [
     {},
     {"fusion_threshold_bytes": 0},
-    {"cache_capacity": 3, "allreduce_chunk_bytes": 16, "fusion_threshold_bytes": 64},
+    {"cache_capacity": 3, "allreduce_chunk_bytes": 16, "fusion_threshold_bytes": 64,
+     "join_allows_allgather_broadcast": True},
     {"cache_capacity": 0, "cycle_time_ms": 0},
 ]
 REPLAY = os.environ.get("HVDT_FUZZ_SEED")
@@ -105,9 +106,9 @@ def _check(op: Op, rank: int, result: Any, arrays: list, active: Any = None) -> 
     return ""
 
 
-def run_program(seed: int, rank: int, size: int) -> list[str]:
+def run_program(seed: int, rank: int, size: int, permissive_join: bool = False) -> list[str]:
     """Run program ``seed`` on this rank; return what went wrong (empty when every result was exact)."""
-    steps: list[Step] = Generator(seed, size).program()
+    steps: list[Step] = Generator(seed, size, permissive_join).program()
     sets: dict = {}
     problems: list[str] = []
 
@@ -182,7 +183,7 @@ def test_random_programs_give_exact_results(block: int, rank: int, size: int, re
     problems: list[str] = []
     seeds = _seeds(block)
     for seed in seeds:
-        problems.extend(run_program(seed, rank, size))
+        problems.extend(run_program(seed, rank, size, settings.get("join_allows_allgather_broadcast", False)))
     first = problems[0].split(" rank ")[0] if problems else ""
     assert not problems, (f"{len(problems)} wrong results at -n {size} with settings {settings}; replay "
                           f"with HVDT_FUZZ_SEED={first.split()[-1]}:\n" + "\n".join(problems[:15]))

@@ -1,5 +1,6 @@
-"""Scaling at a size that is not a power of two, bit for bit, as Horovod rounds it: float32, float64 and integer
-buffers are multiplied by a double factor (one rounding of the double product), float16 and bfloat16 in float32.
+"""Scaling bit for bit as Horovod's CPU ScaleBuffer rounds it, at 2, 3 and 4 ranks: float32 and float16 (bfloat16
+too) are multiplied by the factor rounded to float32, in float32; float64 by the double factor; integers in
+float64, truncated. A plain Average divides by the size, correctly rounded (integers truncated).
 Every op that scales: Average, prescale, postscale, reducescatter (Average and prescaled, grouped too), and
 Average while a rank has joined. Every rank holds the same tensor, so the sums do not depend on MPI's order."""
 from __future__ import annotations
@@ -9,7 +10,7 @@ import numpy as np
 import hvdlite as hvd
 from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
 
-MPI_SIZES = (3,)
+MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 240
 R, N = hvd.rank(), hvd.size()
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -26,8 +27,8 @@ def tensor(dtype: str, rows: int = 6) -> np.ndarray:
 
 
 def scaled(x: np.ndarray, dtype: str, factor: float) -> np.ndarray:
-    """Horovod's product: one rounding of the double product (float16/bfloat16: of the float32 product;
-    integers: truncated toward zero)."""
+    """Horovod's product: float32 math with the factor rounded to float32 (float16/bfloat16 rounded back once),
+    float64 math for float64 and integers (integers truncated toward zero)."""
     if factor == 1.0:
         return x
     if dtype == "bfloat16":
@@ -36,7 +37,9 @@ def scaled(x: np.ndarray, dtype: str, factor: float) -> np.ndarray:
         return (x.astype(np.float32) * np.float32(factor)).astype(np.float16)
     if dtype in INTS:
         return np.trunc(x.astype(np.float64) * factor).astype(dtype)
-    return (x.astype(np.float64) * factor).astype(dtype)
+    if dtype == "float32":
+        return x * np.float32(factor)
+    return x * np.float64(factor)
 
 
 def summed(x: np.ndarray, dtype: str, k: int) -> np.ndarray:
@@ -49,9 +52,14 @@ def summed(x: np.ndarray, dtype: str, k: int) -> np.ndarray:
 
 
 def average(total: np.ndarray, dtype: str, ranks: int) -> np.ndarray:
-    if dtype in INTS:  # hvdlite divides integer sums exactly (truncated toward zero)
+    """A plain Average divides, correctly rounded (integers truncated toward zero)."""
+    if dtype in INTS:
         return np.trunc(total.astype(np.float64) / ranks).astype(dtype)
-    return scaled(total, dtype, 1.0 / ranks)
+    if dtype == "bfloat16":
+        return f32_to_bf16(bf16_to_f32(total) / np.float32(ranks))
+    if dtype == "float16":
+        return (total.astype(np.float32) / np.float32(ranks)).astype(np.float16)
+    return total / total.dtype.type(ranks)
 
 
 def bits(a: np.ndarray) -> np.ndarray:

@@ -111,6 +111,27 @@ def test_collectives(mode: str) -> None:
     close(var, base + root, f"{mode} broadcast_")
 
 
+def test_scale_factors_round_as_horovods_own_tests_expect() -> None:
+    """Horovod's test_tensorflow.py (allreduce/reducescatter cpu prescale and postscale, exact at <= 3 ranks):
+    the expected value is ``cast(factor * tensor, dtype) * size`` (postscale: ``cast(factor * (tensor * size),
+    dtype)``), the product taken in float64 for integers, float32 for float16, else in the dtype."""
+    factor = 0.1915194503788923  # np.random.seed(1234); np.random.uniform()
+    mine = slice(4 * r, 4 * r + 4)
+    for dtype in (tf.int32, tf.int64, tf.float16, tf.float32):
+        math = tf.float64 if dtype.is_integer else tf.float32 if dtype == tf.float16 else dtype
+        x = tf.cast(tf.round(tf.reshape(tf.range(4 * n * 17, dtype=tf.float32), [4 * n, 17]) * 1.37 - 60), dtype)
+        f = tf.constant(factor, math)
+        pre = tf.cast(f * tf.cast(x, math), dtype) * n
+        post = tf.cast(f * tf.cast(x * n, math), dtype)
+        for what, got, want in [
+                ("allreduce prescale", hvd.allreduce(x, op=hvd.Sum, prescale_factor=factor), pre),
+                ("allreduce postscale", hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor), post),
+                ("reducescatter prescale", hvd.reducescatter(x, op=hvd.Sum, prescale_factor=factor), pre[mine]),
+                ("reducescatter postscale", hvd.reducescatter(x, op=hvd.Sum, postscale_factor=factor),
+                 post[mine])]:
+            same(got.numpy(), want.numpy(), f"{what} {dtype.name}")
+
+
 weight = float(r + 1)  # each rank weighs its loss by rank + 1
 total = n * (n + 1) // 2
 row_w = np.arange(1, total + 1, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)

@@ -91,6 +91,34 @@ def test_allreduce_bool_scale_factors_compression_zero_dim(staging: str) -> None
     same(scalar, torch.tensor(float(sum(range(N)))), "0-dim")
 
 
+def test_scale_factors_round_as_horovods_own_tests_expect(staging: str) -> None:
+    """Horovod's test_torch.py builds the expected value of a pre/postscaled reduction (compared with rtol 0 at
+    <= 3 ranks) as: the factor and tensor cast to float64 for integers, float32 for float16, else the dtype;
+    their product cast back to the dtype; times the size (postscale: the sum first, then the factor)."""
+    factor = 0.1915194503788923  # np.random.seed(1234); np.random.uniform(), as Horovod's tests draw it
+    for dtype in (torch.int32, torch.int64, torch.float16, torch.float32, torch.float64):
+        math = torch.float64 if not dtype.is_floating_point else torch.float32 if dtype == torch.float16 else dtype
+        f = torch.tensor(factor, dtype=torch.float64).to(math)
+        x = (torch.arange(4 * N * 17, dtype=torch.float32).reshape(4 * N, 17) * 1.37 - 60).round().to(dtype)
+        # (Horovod's test keeps a float16 sum in float32, which no float16 result equals past 2 ranks: the sum
+        # of N equal halves is rounded to float16 once)
+        pre = ((f * x.to(math)).to(dtype).to(math if dtype == torch.float16 else dtype) * N).to(dtype)
+        post = (f * (x * N).to(math)).to(dtype)
+        mine = slice(4 * R, 4 * R + 4)
+        for what, got, want in [
+                ("allreduce prescale", hvd.allreduce(x, op=hvd.Sum, prescale_factor=factor), pre),
+                ("allreduce postscale", hvd.allreduce(x, op=hvd.Sum, postscale_factor=factor), post),
+                ("reducescatter prescale", hvd.reducescatter(x, op=hvd.Sum, prescale_factor=factor), pre[mine]),
+                ("reducescatter postscale", hvd.reducescatter(x, op=hvd.Sum, postscale_factor=factor), post[mine]),
+                ("grouped_reducescatter prescale",
+                 hvd.grouped_reducescatter([x, x], op=hvd.Sum, prescale_factor=factor)[1], pre[mine]),
+                ("grouped_reducescatter postscale",
+                 hvd.grouped_reducescatter([x, x], op=hvd.Sum, postscale_factor=factor)[0], post[mine])]:
+            got = got.to(want.dtype)
+            assert torch.equal(got, want), f"{what} {dtype}: {(got != want).sum()} elements differ, e.g. " \
+                f"{got[got != want][:3].tolist()} vs {want[got != want][:3].tolist()}"
+
+
 def test_allreduce_in_place_keeps_the_storage(staging: str) -> None:
     t = MINE.clone()
     ptr = t.data_ptr()

@@ -46,7 +46,7 @@ class Dispatch:
         for resp in responses:
             req = pending.get(resp.key)
             if resp.error is not None:
-                if resp.error_kind == "stall":
+                if resp.error_kind in ("stall", "join"):  # job-wide verdicts: every rank skips the name
                     self.on_verdict(resp.name, resp.ps_id)
                 if req is not None:
                     kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)

@@ -23,8 +23,9 @@ from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
 from .presence import Presence
-from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, PendingBits, ResponseCache,
-                          allgather_messages, decide, pending_message)
+from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT,
+                          JOIN_TOLERANT_PERMISSIVE, PendingBits, ResponseCache, allgather_messages, decide,
+                          pending_message)
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .stalls import Stop, Watchdog, Wedged
@@ -43,7 +44,7 @@ class Engine(Dispatch):
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
-        self.on_verdict = on_verdict  # told of every name a stall verdict fails, on every rank
+        self.on_verdict = on_verdict  # told of every name a stall verdict or join error fails, on every rank
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
@@ -65,6 +66,7 @@ class Engine(Dispatch):
         self.bitvector_bytes = 0    # bytes each rank contributed to the per-cycle bit-vector all-reduces
         self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
         self._join_cycle = -1
+        self._join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
         self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names)
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
@@ -240,7 +242,7 @@ class Engine(Dispatch):
             raise Stop(stalls.shutdown_message(self.rank, stopping))
         if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
             self.autotune.adopt(messages[0].tune, self.cycles)
-        responses, stalled = decide(messages, self.psets.members_table(), self.size)
+        responses, stalled = decide(messages, self.psets.members_table(), self.size, self._join_tolerant)
         self.watchdog.last_check = now
         if stalled and not self.config.stall_check_disable:
             responses.extend(self.watchdog.handle(stalled))

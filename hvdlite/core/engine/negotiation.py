@@ -240,11 +240,18 @@ def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any
     return [pickle.loads(data[d:d + n].tobytes()) for d, n in zip(displs.tolist(), sizes.tolist())]
 
 
+#: What join() lets run on the other ranks by default (Horovod's rule); allgather and broadcast join them with
+#: the join_allows_allgather_broadcast setting.
+JOIN_TOLERANT = frozenset({Kind.ALLREDUCE, Kind.BARRIER})
+JOIN_TOLERANT_PERMISSIVE = JOIN_TOLERANT | {Kind.ALLGATHER, Kind.BROADCAST}
+
+
 def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], world_size: int,
-           ) -> tuple[list[Response], list[Stalled]]:
+           join_tolerant: frozenset[Kind] = JOIN_TOLERANT) -> tuple[list[Response], list[Stalled]]:
     """The full path: from every rank's message, the responses to run now and what is stalled.
 
-    Every rank calls this with the same ``messages`` and so reaches the same answer.
+    Every rank calls this with the same ``messages`` (and the agreed ``join_tolerant``, the kinds that run
+    while ranks have joined) and so reaches the same answer.
     """
     joined = {r for r, m in enumerate(messages) if m.join_cycle >= 0}
     # One table per process set: the same name may be in use in several sets at once.
@@ -284,13 +291,16 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         error = describe_mismatch(name, sigs)
         if error is not None:
             error += _sites(messages, key, present)
-        if error is None and stand_ins and not kind.join_tolerant:
-            error = (f"{kind} of {name!r} cannot run while ranks {sorted(stand_ins)} have called join(); "
-                     f"only allreduce, allgather, broadcast and barrier can")
+        if error is None and stand_ins and kind not in join_tolerant:
+            hint = " (HVDLITE_JOIN_ALLOWS_ALLGATHER_BROADCAST=1 lets it run)" * (kind in JOIN_TOLERANT_PERMISSIVE)
+            error = (f"{kind} of {name!r} cannot run while ranks {sorted(stand_ins)} have called join() "
+                     f"({str(kind).capitalize()} is not supported with Join at this time){hint}")
         if error is None and kind is Kind.BROADCAST and ps_id == 0 and first_sig.root in stand_ins:
             error = (f"broadcast of {name!r} has root rank {first_sig.root}, which has already "
                      f"called join(); the root must not join before its broadcasts")
-        responses.append(Response(name, first_sig, error=error, joined=stand_ins))
+        # a joined rank never submitted the name: told of it, it skips past it (the ranks' names stay in step)
+        responses.append(Response(name, first_sig, error=error, joined=stand_ins,
+                                  error_kind="join" if error is not None and stand_ins else "mismatch"))
 
     if join_name is not None and len(joined) == world_size:
         last = max(joined, key=lambda r: (messages[r].join_cycle, r))

@@ -16,28 +16,26 @@ class Kind(enum.Enum):
 
     fusable: several tensors (of several requests) may share one MPI call.
     cacheable: remembered by the response cache, so steady-state agreement is a bit-vector all-reduce.
-    join_tolerant: a rank that called join() stands in for it (zeros, no rows, or nothing).
     control: changes the engine's own tables (process sets) instead of moving data.
     multi_tensor: one request may carry several tensors; its result is the list of their results.
+    (Which kinds run while ranks have joined is negotiation.JOIN_TOLERANT, a setting.)
     """
 
-    #           label                fusable cacheable join   control multi
-    ALLREDUCE = ("allreduce",          True,  True,  True,  False, True)
-    ALLGATHER = ("allgather",          True,  True,  True,  False, True)
-    BROADCAST = ("broadcast",          True,  True,  True,  False, True)
-    REDUCESCATTER = ("reducescatter",  True,  True,  False, False, True)
-    ALLTOALL = ("alltoall",            False, True,  False, False, False)
-    BARRIER = ("barrier",              False, True,  True,  False, False)
-    JOIN = ("join",                    False, False, False, False, False)
-    ADD_PROCESS_SET = ("add_process_set",       False, False, False, True, False)
-    REMOVE_PROCESS_SET = ("remove_process_set", False, False, False, True, False)
+    #           label                fusable cacheable control multi
+    ALLREDUCE = ("allreduce",          True,  True,  False, True)
+    ALLGATHER = ("allgather",          True,  True,  False, True)
+    BROADCAST = ("broadcast",          True,  True,  False, True)
+    REDUCESCATTER = ("reducescatter",  True,  True,  False, True)
+    ALLTOALL = ("alltoall",            False, True,  False, False)
+    BARRIER = ("barrier",              False, True,  False, False)
+    JOIN = ("join",                    False, False, False, False)
+    ADD_PROCESS_SET = ("add_process_set",       False, False, True, False)
+    REMOVE_PROCESS_SET = ("remove_process_set", False, False, True, False)
 
-    def __init__(self, label: str, fusable: bool, cacheable: bool, join_tolerant: bool, control: bool,
-                 multi_tensor: bool) -> None:
+    def __init__(self, label: str, fusable: bool, cacheable: bool, control: bool, multi_tensor: bool) -> None:
         self.label = label
         self.fusable = fusable
         self.cacheable = cacheable
-        self.join_tolerant = join_tolerant
         self.control = control
         self.multi_tensor = multi_tensor
 
