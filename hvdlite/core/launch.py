@@ -6,6 +6,7 @@ Every other core module is private to the core (``tests/test_layering.py`` check
 - ``launcher_rank()``: this process's rank and the job's size as its launcher announced them.
 - ``int_or_none(text)``: an integer environment value, or None when unset or not a number.
 - ``probe_mpi_library()``: the MPI library mpi4py loads (text, version), without initializing MPI.
+- ``probe_ulfm()``: whether that library can recover from a lost rank in-process (ULFM), and why.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - the build flags (``mpi_built()``, ``nccl_built()``, ...) and ``LaunchError``.
 - for the elastic driver: the variables it sets in the ranks (``DRIVER_VARIABLE``, ``JOB_VARIABLE``,
@@ -25,7 +26,7 @@ from .errors import LaunchError
 from .launch_check import int_or_none, launcher_rank
 from .log import logger
 
-__all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "probe_mpi_library", "logger",
+__all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "probe_mpi_library", "probe_ulfm", "logger",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
            "SECRET_VARIABLE", "signature", "remove_job", "job_dir", "remover_command"]
@@ -36,3 +37,10 @@ def probe_mpi_library() -> Optional[tuple[str, tuple[int, int]]]:
     MPI; None without mpi4py."""
     from .engine import mpi  # the one module that loads mpi4py
     return mpi.probe_library()
+
+
+def probe_ulfm() -> tuple[bool, str]:
+    """Whether the MPI library mpi4py loads has ULFM that hvdlite uses for in-process elastic recovery (Open
+    MPI 5), and why; without initializing MPI."""
+    from .engine import mpi
+    return mpi.ulfm_library()

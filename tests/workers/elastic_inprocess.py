@@ -6,8 +6,8 @@ ORIG_RANK at the start kill itself with SIGKILL at global step STEP: WHERE is ``
 after its other gradients' allreduces were submitted, so the survivors are inside allreduces), ``commit``
 (inside State.commit(), while its snapshot is taken) or ``idle`` (between steps). Every rank prints
 ``start orig=R pid=P`` first and ``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the
-model's parameters). ``--dump-resume FILE``: the new rank 0 writes the state it resumed from after its
-first recovery (and the size); ``--load FILE`` starts from such a file instead (the reference run).
+model's parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 writes the state it resumed
+from (and the size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
 """
 import argparse
 import hashlib
@@ -116,8 +116,8 @@ def main():
     @hvd.elastic.run
     def train(state):
         entries.append(hvd.size())
-        if len(entries) == 2 and args.dump_resume and hvd.rank() == 0:
-            with open(args.dump_resume, "wb") as f:
+        if len(entries) > 1 and args.dump_resume and hvd.rank() == 0:
+            with open(f"{args.dump_resume}.{len(entries) - 1}", "wb") as f:
                 pickle.dump({"state": state._snapshot(), "size": hvd.size()}, f)
         for epoch in range(state.epoch, args.epochs):
             state.train_sampler.set_epoch(epoch)
@@ -141,7 +141,7 @@ def main():
 
     train(state)
     print(f"final orig={orig} rank={hvd.rank()} size={hvd.size()} pid={os.getpid()} steps={state.step} "
-          f"entries={entries} sha={digest(model)}", flush=True)
+          f"entries={'/'.join(map(str, entries))} sha={digest(model)}", flush=True)
     hvd.shutdown()
 
 

@@ -260,20 +260,34 @@ class BufferComm:
 
 
 # -- fault tolerance (ULFM: MPIX_Comm_revoke/shrink/agree) -----------------------------------------------
-def fault_tolerance(launcher_enabled: bool) -> tuple[bool, str]:
-    """Whether this job can survive a lost rank in the same processes, and why (after MPI is up).
+def ulfm_library() -> tuple[bool, str]:
+    """Whether the MPI library mpi4py loaded can recover in-process (ULFM), and why; MPI need not be up.
 
-    Needs a library with ULFM's MPIX_Comm_revoke/shrink/agree (Open MPI 5; MPICH exports them too, but pip's
-    MPICH 5 fails in MPI_Init with MPIR_CVAR_ENABLE_FT=1, so it is not used) and a launch that turned it on
-    (``launcher_enabled``: Open MPI's ``mpiexec --with-ft ulfm`` sets OMPI_MCA_mpi_ft_enable=1 for the ranks)."""
-    library = library_version()
+    Needs ULFM's MPIX_Comm_revoke/shrink/agree in the library, and Open MPI (5): MPICH exports them too, but
+    pip's MPICH 5 fails an assertion in MPI_Init_thread with MPIR_CVAR_ENABLE_FT=1, so it is not used."""
+    if _MPI is not None:
+        library = library_version()
+    else:
+        probe = probe_library()
+        library = " ".join(probe[0].splitlines()[0].split()) if probe else "no MPI library (mpi4py loads none)"
     if _mpi_symbol("MPIX_Comm_shrink") is None:
         return False, f"{library} has no ULFM (MPIX_Comm_shrink)"
     if not library.startswith("Open MPI"):
-        return False, f"{library} exports ULFM's functions but hvdlite uses them only with Open MPI 5"
+        return False, (f"{library} exports ULFM's MPIX_Comm_shrink, but hvdlite recovers in-process only with "
+                       f"Open MPI 5 (MPICH 5 fails in MPI_Init with MPIR_CVAR_ENABLE_FT=1)")
+    return True, f"{library} has ULFM"
+
+
+def fault_tolerance(launcher_enabled: bool) -> tuple[bool, str]:
+    """Whether this job can survive a lost rank in the same processes, and why (after MPI is up): a library
+    with ULFM (ulfm_library) and a launch that turned it on (``launcher_enabled``: Open MPI's
+    ``mpiexec --with-ft ulfm`` sets OMPI_MCA_mpi_ft_enable=1 for the ranks)."""
+    usable, why = ulfm_library()
+    if not usable:
+        return False, why
     if not launcher_enabled:
-        return False, f"{library} has ULFM, but the job was not started with it (mpiexec --with-ft ulfm)"
-    return True, f"{library} with ULFM turned on (mpiexec --with-ft ulfm)"
+        return False, f"{why}, but the job was not started with it (mpiexec --with-ft ulfm)"
+    return True, f"{why}, turned on (mpiexec --with-ft ulfm)"
 
 
 def errors_return(comm: Any) -> None:

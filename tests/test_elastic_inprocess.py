@@ -1,0 +1,79 @@
+"""In-process elastic recovery under Open MPI 5 with ULFM: ranks killed with SIGKILL during torch training (in
+backward's allreduces, inside a commit), the survivors go on in the same processes and end with the weights of
+an uninterrupted run from the same commit."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import WORKERS, ompi_python, run_mpi  # noqa: F401 - the fixture
+from cluster.fixtures import run
+
+WORKER = "elastic_inprocess.py"
+#: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang).
+ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
+              "--oversubscribe"]
+ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+TRAINING = ["--epochs", "2", "--samples", "240"]
+
+
+def _lines(out: str, kind: str) -> dict[int, dict[str, str]]:
+    found = {}
+    for line in out.splitlines():
+        if line.startswith(kind + " "):
+            fields = dict(item.split("=", 1) for item in line.split()[1:])
+            found[int(fields["orig"])] = fields
+    return found
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("launch, n, deaths, survivors", [
+    ("hvdlite-run", 3, ["2:backward:3", "0:commit:12"], [1]),
+    ("mpiexec", 4, ["3:commit:4", "0:backward:10"], [1, 2]),
+], ids=["hvdlite-run-np3-backward-then-commit", "mpiexec-np4-commit-then-rank0-backward"])
+def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
+        ompi_python: str, tmp_path: Path, launch: str, n: int, deaths: list[str], survivors: list[int]) -> None:
+    """Two ranks killed one after the other (the second one rank 0, or while the others commit): every
+    survivor names the lost rank, recovers in its own process (same pid), and all end with the weights of an
+    uninterrupted run at the final size from the commit they last resumed from. hvdlite-run picks
+    in-process mode by itself (Open MPI 5 has ULFM) and adds the ULFM flags; plain mpiexec gets them here."""
+    die = [arg for death in deaths for arg in ("--die", death)]
+    worker = [*TRAINING, *die, "--dump-resume", str(tmp_path / "resume")]
+    if launch == "hvdlite-run":
+        proc = run([ompi_python, "-m", "hvdlite.run", "-np", str(n), "--min-np", "1", ompi_python,
+                    str(WORKERS / WORKER), *worker], timeout=400)
+    else:
+        mpiexec = str(Path(ompi_python).parent / "mpiexec")
+        proc = run_mpi(WORKER, n, worker, timeout=400, env=ROOT_ENV, launcher=[mpiexec, *ULFM_FLAGS],
+                       interpreter=ompi_python, check=False)
+    out = proc.stdout + proc.stderr
+    if launch == "hvdlite-run":
+        assert proc.returncode == 0, out
+        assert re.search(r"elastic: in-process mode: Open MPI v5\S* .*has ULFM; the ranks start with --with-ft ulfm "
+                         r"--mca btl tcp,self --mca mpi_ft_detector true", out), out
+        assert re.search(r"reset 1: rank 2 on host \S+ \(pid \d+\) failed; 2 ranks left recover in their processes",
+                         out) and re.search(r"reset 2: rank 0 on host \S+ \(pid \d+\) failed; 1 ranks left", out), out
+        assert "job finished" in out and "starting 3 ranks" in out and "starting 1 ranks" not in out, out
+    starts, finals = _lines(out, "start"), _lines(out, "final")
+    assert sorted(starts) == list(range(n)), out
+    assert sorted(finals) == survivors, out  # the killed ranks never finish; every survivor does
+    for orig, final in finals.items():
+        assert final["pid"] == starts[orig]["pid"], out  # the same process: recovered, not restarted
+        assert final["size"] == str(len(survivors)) and final["entries"].count("/") == len(deaths), out
+    assert len({f["sha"] for f in finals.values()}) == 1, out  # identical weights on every survivor
+    for k, death in enumerate(deaths):  # (the lost ranks' numbers are unchanged by the earlier shrinks here)
+        lost, alive = death.split(":")[0], n - k - 1
+        named = re.findall(rf"^\[hvdlite rank \d\] ERROR: rank \d: rank {lost} \(host \S+\) of this job died", out,
+                           re.MULTILINE)
+        recovered = re.findall(rf"recovered from the loss of rank\(s\) \[{lost}\] \(host\(s\) \S+\) in [\d.]+ s: "
+                               rf"{alive} ranks now", out)
+        assert len(named) == alive and len(recovered) == alive, out
+    # the reference: an uninterrupted run at the final size from the commit the survivors last resumed from
+    last = tmp_path / f"resume.{len(deaths)}"
+    assert last.exists(), out
+    ref = run_mpi(WORKER, len(survivors), [*TRAINING, "--load", str(last)], timeout=300)
+    ref_finals = _lines(ref.stdout, "final")
+    assert {f["sha"] for f in ref_finals.values()} == {f["sha"] for f in finals.values()}, (out, ref.stdout)
+    assert {f["steps"] for f in ref_finals.values()} == {f["steps"] for f in finals.values()}, (out, ref.stdout)
