@@ -10,6 +10,7 @@ import pytest
 
 from conftest import WORKERS, ompi_python, run_mpi  # noqa: F401 - the fixture
 from cluster.fixtures import run
+from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
 #: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang).
@@ -77,3 +78,16 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     ref_finals = _lines(ref.stdout, "final")
     assert {f["sha"] for f in ref_finals.values()} == {f["sha"] for f in finals.values()}, (out, ref.stdout)
     assert {f["steps"] for f in ref_finals.values()} == {f["steps"] for f in finals.values()}, (out, ref.stdout)
+
+
+@pytest.mark.timeout(300)
+def test_a_non_elastic_job_under_ulfm_names_the_dead_rank_on_every_survivor(ompi_python: str) -> None:
+    """No hvd.elastic.run: kill -9 of rank 2 in the middle of a 32 MB allreduce; under ULFM every survivor's
+    allreduce fails with the error naming rank 2 and its host, and the job ends within seconds."""
+    mpiexec = str(Path(ompi_python).parent / "mpiexec")
+    job, elapsed = _kill_rank_2([mpiexec, *ULFM_FLAGS, "-n", "4", "-x", "PYTHONPATH", ompi_python,
+                                 str(WORKERS / "faults.py"), "loop"], ROOT_ENV)
+    assert job.proc.returncode != 0, job.text
+    for survivor in (0, 1, 3):
+        assert re.search(rf"rank {survivor}: rank 2 \(host \S+\) of this job died \(MPI_ERR_", job.text), job.text
+    assert elapsed < 30, (elapsed, job.text)

@@ -38,13 +38,14 @@ def can_recover(error: BaseException) -> bool:
     return state.fault_tolerant and state.config.elastic_mode != "restart"
 
 
-def recover() -> Recovery:
+def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
     """Collective over the survivors (every one calls it after its collectives failed with
     ProcessFailedError): revoke and shrink the job's communicator, agree on who is left, and rebuild the
     runtime on the survivors: rank, size, local and cross ranks, the engine with a fresh response cache,
     generated names and autotune, the data planes (re-created by their factories), and the registered
     process sets, each rebuilt from its surviving members in registration order. A set that lost every
-    member is unregistered (its ``process_set_id`` becomes None: using it raises "not registered")."""
+    member is unregistered (its ``process_set_id`` becomes None: using it raises "not registered").
+    ``error``: the failure being recovered from (its time is logged)."""
     started = time.monotonic()
     with runtime._lock:
         old = runtime.state()
@@ -72,8 +73,8 @@ def recover() -> Recovery:
     result = Recovery(lost, tuple(old.hosts[r] for r in lost), old.size, new.size, old.rank, new.rank,
                       time.monotonic() - started, removed)
     logger.warning("recovered from the loss of rank(s) %s (host(s) %s) in %.3f s: %d ranks now; this rank was "
-                   "%d, is %d", list(lost), ", ".join(result.lost_hosts) or "-", result.seconds, new.size,
-                   old.rank, new.rank)
+                   "%d, is %d (the failure was seen here at t=%.6f)", list(lost), ", ".join(result.lost_hosts) or "-",
+                   result.seconds, new.size, old.rank, new.rank, error.seen_at if error is not None else 0.0)
     return result
 
 

@@ -36,6 +36,7 @@ def parse_args():
     parser.add_argument("--die", action="append", default=[])
     parser.add_argument("--dump-resume", default="")
     parser.add_argument("--load", default="")
+    parser.add_argument("--width", type=int, default=32, help="hidden width of the model (benchmarks: larger)")
     return parser.parse_args()
 
 
@@ -54,7 +55,7 @@ def digest(model):
 
 
 def die(where, orig):
-    print(f"dying orig={orig} where={where}", flush=True)
+    print(f"dying orig={orig} where={where} t={time.time():.6f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -88,7 +89,8 @@ def main():
     train_set = dataset(args.samples)
     sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=1)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    w = args.width
+    model = nn.Sequential(nn.Linear(16, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     tripwire = Tripwire(orig, plan)
@@ -103,7 +105,7 @@ def main():
     def on_reset():
         for group in optimizer.param_groups:
             group["lr"] = args.lr * hvd.size()
-        print(f"reset orig={orig} rank={hvd.rank()} size={hvd.size()}", flush=True)
+        print(f"reset orig={orig} rank={hvd.rank()} size={hvd.size()} t={time.time():.6f}", flush=True)
 
     state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, tripwire=tripwire, epoch=0, step=0)
     state.register_reset_callbacks([on_reset])
@@ -119,9 +121,15 @@ def main():
         if len(entries) > 1 and args.dump_resume and hvd.rank() == 0:
             with open(f"{args.dump_resume}.{len(entries) - 1}", "wb") as f:
                 pickle.dump({"state": state._snapshot(), "size": hvd.size()}, f)
+        steps, started = 0, 0.0
         for epoch in range(state.epoch, args.epochs):
             state.train_sampler.set_epoch(epoch)
             for batch_idx, (x, y) in enumerate(loader):
+                if steps == 1:
+                    started = time.time()
+                    if hvd.rank() == 0:  # the first step of this entry (job start, restart or recovery) is done
+                        print(f"first_step entry={len(entries)} size={hvd.size()} t={started:.6f}", flush=True)
+                steps += 1
                 tripwire.step = state.step
                 state.optimizer.zero_grad()
                 F.cross_entropy(state.model(x), y).backward()
@@ -138,6 +146,8 @@ def main():
             state.epoch = epoch + 1
             state.train_sampler.set_epoch(epoch + 1)
             state.commit()
+        if hvd.rank() == 0 and steps > 1:
+            print(f"steady entry={len(entries)} steps={steps - 1} seconds={time.time() - started:.6f}", flush=True)
 
     train(state)
     print(f"final orig={orig} rank={hvd.rank()} size={hvd.size()} pid={os.getpid()} steps={state.step} "

@@ -5,7 +5,7 @@ import functools
 import sys
 from typing import Any, Callable, TypeVar
 
-from ..errors import HorovodInternalError
+from ..errors import HorovodInternalError, ProcessFailedError
 from ..log import logger
 from . import link as driver
 from .state import HostsUpdatedInterrupt, State
@@ -68,7 +68,7 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
             if not recovery.can_recover(error):
                 raise error
             try:
-                done = recovery.recover()
+                done = recovery.recover(error if isinstance(error, ProcessFailedError) else None)
                 driver.link().send(op="recovered", lost=list(done.lost_ranks), size=done.new_size,
                                    rank=done.new_rank, old_rank=done.old_rank)
                 state.restore()

@@ -148,6 +148,7 @@ class Engine(Dispatch):
         """MPI reported a dead peer (ULFM): revoke the engine's communicators, so every survivor's pending
         and next call fails at once instead of waiting for the dead rank, and name the lost ranks (this
         rank's failure detector knows them within about a second of the death)."""
+        seen_at = time.time()
         for comm in (self.comm, self.presence.comm, *self.psets.comms.values()):
             if comm is not None:
                 mpi.revoke(comm)
@@ -161,7 +162,7 @@ class Engine(Dispatch):
         message = (f"rank {self.rank}: {who} of this job died ({exc}); every pending and later collective "
                    f"fails. hvd.elastic.run recovers in this process on the survivors; elsewhere restart the job.")
         logger.error("%s", message)
-        return ProcessFailedError(message, tuple(lost), hosts)
+        return ProcessFailedError(message, tuple(lost), hosts, seen_at)
 
     def _wait_for_work(self) -> bool:
         """Sleep while there is nothing to do; return when a cycle should run.

@@ -270,6 +270,7 @@ def ulfm_library() -> tuple[bool, str]:
     else:
         probe = probe_library()
         library = " ".join(probe[0].splitlines()[0].split()) if probe else "no MPI library (mpi4py loads none)"
+    library = library.split(",")[0]  # "Open MPI v5.0.11" (the rest of Open MPI's line is its packaging)
     if _mpi_symbol("MPIX_Comm_shrink") is None:
         return False, f"{library} has no ULFM (MPIX_Comm_shrink)"
     if not library.startswith("Open MPI"):

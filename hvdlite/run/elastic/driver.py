@@ -249,6 +249,9 @@ class ElasticDriver:
         if self.in_process is None:
             self.in_process, why = inprocess.choose_mode(self.args.elastic_mode, launcher)
             logger.info("%s", why)
+            if self.in_process and inprocess.NO_SENTINEL:
+                self.args.launch_sentinel = False
+                launcher, plan, warnings = self._plan(placed, size)
         if self.in_process:
             plan.mpi_args = [*inprocess.ULFM_MPI_ARGS, *plan.mpi_args]
         env = child_environment(self.env, plan, launcher)

