@@ -91,3 +91,21 @@ def test_a_non_elastic_job_under_ulfm_names_the_dead_rank_on_every_survivor(ompi
     for survivor in (0, 1, 3):
         assert re.search(rf"rank {survivor}: rank 2 \(host \S+\) of this job died \(MPI_ERR_", job.text), job.text
     assert elapsed < 30, (elapsed, job.text)
+
+
+@pytest.mark.timeout(300)
+def test_process_sets_are_rebuilt_from_their_survivors(ompi_python: str) -> None:
+    """Rank 3 of 4 dies: the survivors roll back to the commit of step 9 and finish at size 3 (total = 9 * 4 +
+    21 * 3); set [0, 1] keeps its members, [2, 3] becomes [2], and [3], which lost every member, is
+    unregistered (its id None); every set's allreduce is exact before and after."""
+    mpiexec = str(Path(ompi_python).parent / "mpiexec")
+    proc = run_mpi("elastic_psets.py", 4, timeout=240, env=ROOT_ENV, launcher=[mpiexec, *ULFM_FLAGS],
+                   interpreter=ompi_python, check=False)
+    out = proc.stdout + proc.stderr
+    starts, finals = _lines(out, "start"), _lines(out, "final")
+    assert sorted(starts) == [0, 1, 2, 3] and sorted(finals) == [0, 1, 2], out
+    for orig, final in finals.items():
+        assert final["pid"] == starts[orig]["pid"] and final["rank"] == str(orig) and final["size"] == "3", out
+        assert final["step"] == "30" and float(final["total"]) == 9 * 4 + 21 * 3, out
+        assert final["sets"] == "1:[0,1];2:[2];None:None", out
+    assert "process set [3] lost every member: it is unregistered" in out, out
