@@ -58,7 +58,7 @@ def recovery(python: str, mode: str, args: argparse.Namespace) -> dict[str, Any]
     after = [t for t in _times(r"^first_step entry=\d+ size=2 t=([\d.]+)", out) if t > t_kill]
     resets = [t for t in _times(r"^reset orig=\d+ rank=\d+ size=2 t=([\d.]+)", out) if t > t_kill]
     recovered = _times(r"recovered from the loss of rank\(s\) \[2\] \(host\(s\) \S+\) in ([\d.]+) s", out)
-    seen = _times(r"recovered from the loss of rank\(s\) \[2\] .* the failure was seen here at t=([\d.]+)\)", out)
+    seen = _times(r"recovered from the loss of rank\(s\) \[2\] .*the failure was seen here at t=([\d.]+)\)", out)
     return {"kind": "recovery", "mode": mode, "kill_to_next_step_s": round(after[0] - t_kill, 3),
             "kill_to_reset_s": round(min(resets) - t_kill, 3) if resets else None,
             "recover_s": round(max(recovered), 3) if recovered else None,
