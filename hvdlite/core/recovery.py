@@ -11,7 +11,7 @@ from .errors import HvdliteError, ProcessFailedError
 from .log import logger
 from .process_sets import ProcessSet
 
-__all__ = ["Recovery", "can_recover", "recover"]
+__all__ = ["Recovery", "can_recover", "lost_rank", "recover"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +27,18 @@ class Recovery:
     new_rank: int
     seconds: float
     removed_sets: tuple[tuple[int, ...], ...]  # old ranks of the process sets that lost every member
+
+
+def lost_rank(exc: BaseException) -> Optional[ProcessFailedError]:
+    """The lost-rank error behind ``exc``: itself, or, when a framework wrapped it (TensorFlow turns an
+    exception inside a ``tf.numpy_function`` into its own UnknownError), the error the engine ended with."""
+    if isinstance(exc, ProcessFailedError):
+        return exc
+    if runtime.is_initialized():
+        ended = runtime.state().engine.error
+        if isinstance(ended, ProcessFailedError):
+            return ended
+    return None
 
 
 def can_recover(error: BaseException) -> bool:

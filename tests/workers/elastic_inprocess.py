@@ -4,7 +4,8 @@ A Horovod elastic script (hvd.elastic.run, TorchState, ElasticSampler, a reset c
 learning rate), on synthetic data. ``--die ORIG_RANK:WHERE:STEP`` (repeatable) makes the rank that was
 ORIG_RANK at the start kill itself with SIGKILL at global step STEP: WHERE is ``backward`` (inside backward,
 after its other gradients' allreduces were submitted, so the survivors are inside allreduces), ``commit``
-(inside State.commit(), while its snapshot is taken) or ``idle`` (between steps). Every rank prints
+(inside State.commit(), while its snapshot is taken), ``idle`` (between steps) or ``reset`` (inside the
+reset callback of recovery number STEP, i.e. while the job recovers from an earlier loss). Every rank prints
 ``start orig=R pid=P`` first and ``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the
 model's parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 writes the state it resumed
 from (and the size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
@@ -103,6 +104,8 @@ def main():
     first_weight.register_hook(backward_hook)  # the last gradient of backward: the others are in flight
 
     def on_reset():
+        if ("reset", len(entries)) in plan:  # inside the recovery from an earlier loss
+            die("reset", orig)
         for group in optimizer.param_groups:
             group["lr"] = args.lr * hvd.size()
         print(f"reset orig={orig} rank={hvd.rank()} size={hvd.size()} t={time.time():.6f}", flush=True)
@@ -113,7 +116,7 @@ def main():
         with open(args.load, "rb") as f:
             snapshot = pickle.load(f)
         state._apply(snapshot["state"])
-    entries = []
+    entries = []  # hvd.size() at each call of train (after each recovery)
 
     @hvd.elastic.run
     def train(state):

@@ -5,7 +5,7 @@ import functools
 import sys
 from typing import Any, Callable, TypeVar
 
-from ..errors import HorovodInternalError, ProcessFailedError
+from ..errors import ProcessFailedError
 from ..log import logger
 from . import link as driver
 from .state import HostsUpdatedInterrupt, State
@@ -62,8 +62,11 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
     while True:
         try:
             return func(state, *args, **kwargs)
-        except HorovodInternalError as exc:
-            error: BaseException = exc
+        except Exception as exc:  # noqa: BLE001 - a lost rank, possibly wrapped by the framework (TensorFlow)
+            lost = recovery.lost_rank(exc)
+            if lost is None:
+                raise
+            error: BaseException = lost
         while True:
             if not recovery.can_recover(error):
                 raise error
@@ -75,5 +78,8 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
                 state.on_reset()
                 state.sync_in_memory()
                 break
-            except HorovodInternalError as again:  # another rank lost during the recovery itself
-                error = again
+            except Exception as again:  # noqa: BLE001 - another rank lost during the recovery itself
+                lost = recovery.lost_rank(again)
+                if lost is None:
+                    raise
+                error = lost
