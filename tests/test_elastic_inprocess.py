@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
 #: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang).
-ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
-              "--oversubscribe"]
+ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true", "--mca",
+              "mpi_ft_detector_thread", "true", "--oversubscribe"]
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 TRAINING = ["--epochs", "2", "--samples", "240"]
 
@@ -135,3 +136,26 @@ def test_keras_fit_with_elastic_callbacks_recovers_in_process(ompi_python: str) 
     epochs = re.findall(r"^epoch=(\d+) size=(\d) ", out, re.MULTILINE)
     assert ("1", "3") in epochs and epochs[-1] == ("4", "2"), out
     assert final_accuracy(out) >= 0.9, out
+
+
+@pytest.mark.timeout(600)
+def test_the_restart_path_under_mpich_gives_the_same_weights(ompi_python: str) -> None:
+    """The fallback: the same script and the same loss (rank 2 dies between steps 5 and 6) under hvdlite-run
+    with pip's MPICH (no usable ULFM: restart mode, said in the log) restarts the job at size 2 from the
+    last commit, and ends with the weights of the in-process recovery under Open MPI, bit for bit."""
+    worker = [str(WORKERS / WORKER), *TRAINING, "--die", "2:idle:5"]
+    mpiexec = str(Path(ompi_python).parent / "mpiexec")
+    inproc = run_mpi(WORKER, 3, worker[1:], timeout=400, env=ROOT_ENV, launcher=[mpiexec, *ULFM_FLAGS],
+                     interpreter=ompi_python, check=False)
+    restart = run([sys.executable, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3",
+                   sys.executable, *worker], timeout=400)
+    out = restart.stdout + restart.stderr
+    assert restart.returncode == 0, out
+    assert re.search(r"elastic: restart mode: MPICH .*exports ULFM's MPIX_Comm_shrink, but hvdlite recovers "
+                     r"in-process only with Open MPI 5", out), out
+    assert "starting 2 ranks on localhost:2 (reset 1)" in out, out
+    inproc_finals, restart_finals = _lines(inproc.stdout, "final"), _lines(restart.stdout, "final")
+    assert sorted(inproc_finals) == [0, 1] and sorted(restart_finals) == [0, 1], (inproc.stdout, out)
+    assert {f["sha"] for f in inproc_finals.values()} == {f["sha"] for f in restart_finals.values()}, \
+        (inproc.stdout, out)
+    assert {f["steps"] for f in inproc_finals.values()} == {f["steps"] for f in restart_finals.values()}
