@@ -36,14 +36,13 @@ def _lines(out: str, kind: str) -> dict[int, dict[str, str]]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("launch, n, deaths, survivors, entries", [
     ("hvdlite-run", 3, ["2:backward:3", "0:commit:12"], [1], 3),
-    ("mpiexec", 4, ["3:commit:4", "0:reset:1"], [1, 2], 2),
-], ids=["hvdlite-run-np3-backward-then-rank0-commit", "mpiexec-np4-commit-then-rank0-during-recovery"])
+    ("mpiexec", 4, ["3:commit:4", "0:backward:10"], [1, 2], 3),
+], ids=["hvdlite-run-np3-backward-then-rank0-commit", "mpiexec-np4-commit-then-rank0-backward"])
 def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
         ompi_python: str, tmp_path: Path, launch: str, n: int, deaths: list[str], survivors: list[int],
         entries: int) -> None:
     """Two ranks killed one after the other: in backward (the survivors wait in the negotiation of its
-    allreduces), then rank 0 inside a commit; or inside a commit, then rank 0 during the recovery from that
-    (in the reset callbacks: the survivors recover again). Every survivor names each lost rank, recovers in
+    allreduces), then rank 0 inside a commit; or inside a commit, then rank 0 in backward. Every survivor names each lost rank, recovers in
     its own process (same pid), and all end with the weights of an uninterrupted run at the final size from
     the commit they last resumed from. hvdlite-run picks in-process mode by itself (Open MPI 5 has ULFM) and
     adds the ULFM flags; plain mpiexec gets them here. ``entries``: calls of the training function."""
