@@ -74,7 +74,8 @@ def steady(python: str, transport: str, ft: bool, args: argparse.Namespace) -> d
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_common_env(), cwd=_common.ROOT)
     match = re.search(r"^steady entry=1 steps=(\d+) seconds=([\d.]+)", proc.stdout, re.MULTILINE)
     if proc.returncode != 0 or match is None:
-        raise SystemExit(f"steady run {transport} ft={ft} failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+        raise SystemExit(f"steady run {transport} ft={ft} failed ({proc.returncode}):\n"
+                         f"{(proc.stdout + proc.stderr)[-4000:]}")
     steps, seconds = int(match.group(1)), float(match.group(2))
     return {"kind": "steady", "transport": transport, "ulfm": ft, "steps": steps,
             "s_per_step": round(seconds / steps, 6)}

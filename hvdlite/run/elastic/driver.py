@@ -98,6 +98,7 @@ class ElasticDriver:
         self.remover = CommitRemover(logger)
         self.ran_on: dict[str, Host] = {}  # hosts whose ranks may have left commits there since deleted
         self.in_process: Optional[bool] = None  # the mode (--elastic-mode), decided with the first launcher
+        self.finished_on = 0  # in-process mode: the ranks left when the job finished
 
     # -- hosts --------------------------------------------------------------------------------------------
     def usable_hosts(self) -> list[Host]:
@@ -225,7 +226,7 @@ class ElasticDriver:
             server.new_attempt(self.resets)
             code, outcome = self._run_job(server, hosts, placed, size)
             if outcome == "done":
-                logger.info("job finished on %d ranks after %d reset(s)", size, self.resets)
+                logger.info("job finished on %d ranks after %d reset(s)", self.finished_on or size, self.resets)
                 return 0
             if outcome == "signal":
                 return 128 + self.stop_signal
@@ -306,6 +307,7 @@ class ElasticDriver:
         code = proc.returncode
         kill_group(proc.pid)
         ranks = server.snapshot()
+        self.finished_on = losses.alive
         if inprocess.finished(ranks, size) if self.in_process else \
                 (ranks and len(ranks) == size and all(r.ended == "done" for r in ranks)):
             return 0, "done"
