@@ -45,7 +45,8 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     allreduces), then rank 0 inside a commit; or inside a commit, then rank 0 in backward. Every survivor
     names each lost rank, recovers in its own process (same pid), and all end with the weights of an
     uninterrupted run at the final size from the commit they last resumed from. hvdlite-run picks in-process
-    mode by itself (Open MPI 5 has ULFM) and adds the ULFM flags; plain mpiexec gets them here. ``entries``: calls of the training function."""
+    mode by itself (Open MPI 5 has ULFM) and adds the ULFM flags; plain mpiexec gets them here.
+    ``entries``: calls of the training function."""
     die = [arg for death in deaths for arg in ("--die", death)]
     worker = [*TRAINING, *die, "--dump-resume", str(tmp_path / "resume")]
     if launch == "hvdlite-run":
