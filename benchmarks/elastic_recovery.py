@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 WORKER = str(_common.ROOT / "tests" / "workers" / "elastic_inprocess.py")
-ULFM = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread", "true"]
+ULFM = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
 TRANSPORTS = {"tcp": ["--mca", "btl", "tcp,self"], "shm": ["--mca", "btl", "sm,self"]}
 ROOT_FLAGS = ["--allow-run-as-root", "--oversubscribe"]
 

@@ -18,8 +18,8 @@ from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
 #: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang).
-ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true", "--mca",
-              "mpi_ft_detector_thread", "true", "--oversubscribe"]
+ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
+              "--oversubscribe"]
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 TRAINING = ["--epochs", "2", "--samples", "240"]
 
