@@ -74,11 +74,13 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     assert len({f["sha"] for f in finals.values()}) == 1, out  # identical weights on every survivor
     for k, death in enumerate(deaths):  # (the lost ranks' numbers are unchanged by the earlier shrinks here)
         lost, alive = death.split(":")[0], n - k - 1
-        named = re.findall(rf"^\[hvdlite rank \d\] ERROR: rank \d: rank {lost} \(host \S+\) of this job died", out,
-                           re.MULTILINE)
+        # a survivor told by a revoke, whose own detector has not named the dead rank within 2 s, says so
+        errors = re.findall(rf"^\[hvdlite rank \d\] ERROR: rank \d: (rank {lost} \(host \S+\)|a rank \(not yet known "
+                            rf"here\)) of this job died", out, re.MULTILINE)
+        named = [e for e in errors if e.startswith("rank")]
         recovered = re.findall(rf"recovered from the loss of rank\(s\) \[{lost}\] \(host\(s\) \S+\) in [\d.]+ s: "
                                rf"{alive} ranks now", out)
-        assert len(named) == alive and len(recovered) == alive, out
+        assert len(errors) == alive and len(named) >= 1 and len(recovered) == alive, out
     # the reference: an uninterrupted run at the final size from the commit the survivors last resumed from
     last = tmp_path / f"resume.{entries - 1}"
     assert last.exists(), out
