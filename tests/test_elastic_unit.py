@@ -146,3 +146,26 @@ def test_a_failed_or_hanging_deletion_is_one_log_line_and_waits_no_longer_than_t
         "/dev/shm/hvdlite-elastic-0a1b2c there by hand",
         "could not delete the elastic commits on host h4 (cannot start /nonexistent/mpiexec: No such file or "
         "directory); delete '/x/it'\"'\"'s here' there by hand"]
+
+
+def test_elastic_mode_choice_under_mpich_is_restart_with_the_reason() -> None:
+    """This Python's mpi4py loads pip's MPICH: it exports ULFM's functions, but in-process recovery is refused
+    with the reason; auto falls back to restart and says why; restart is taken as asked."""
+    from hvdlite.run.elastic.inprocess import Losses, choose_mode, finished
+    from hvdlite.run.elastic.server import RankInfo
+    from hvdlite.run.launchers import MPICH, Launcher
+    hydra = Launcher(kind=MPICH, path="mpiexec", version="HYDRA")
+    in_process, why = choose_mode("auto", hydra)
+    assert not in_process and why.startswith("restart mode: MPICH") and "MPIR_CVAR_ENABLE_FT" in why, why
+    assert choose_mode("restart", hydra) == (False, "restart mode (--elastic-mode restart): a lost rank restarts "
+                                                    "the job from its last commit")
+    with pytest.raises(ValueError, match=r"--elastic-mode in-process needs an MPI library with ULFM \(Open MPI 5"):
+        choose_mode("in-process", hydra)
+    assert parse_args(["--elastic-mode", "in-process", "-np", "2", "--min-np", "1", "x"]).elastic_mode == "in-process"
+    # the driver's book-keeping: each lost rank counted once; the job is done when every survivor said so
+    ranks = [RankInfo(0, "h", 10, 0, "done"), RankInfo(1, "h", 11, 0, "lost", 1.0), RankInfo(2, "h", 12, 0, "")]
+    losses = Losses(3)
+    assert [r.rank for r in losses.new(ranks)] == [1] and losses.new(ranks) == [] and losses.alive == 2
+    assert not finished(ranks, 3)
+    ranks[2].ended = "done"
+    assert finished(ranks, 3) and not finished(ranks[:2], 3)

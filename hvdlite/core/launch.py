@@ -8,6 +8,7 @@ Every other core module is private to the core (``tests/test_layering.py`` check
 - ``library_family(text)``, ``launcher_mismatch(library, family, launcher)``: which MPI a library text
   names, and why (with the fix) its ranks cannot run under a launcher of another MPI.
 - ``probe_mpi_library()``: the MPI library mpi4py loads (text, version), without initializing MPI.
+- ``probe_ulfm()``: whether that library can recover from a lost rank in-process (ULFM), and why.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
 - the build flags (``mpi_built()``, ``nccl_built()``, ...) and ``LaunchError``.
 - for the elastic driver: the variables it sets in the ranks (``DRIVER_VARIABLE``, ``JOB_VARIABLE``,
@@ -28,7 +29,7 @@ from .launch_check import int_or_none, launcher_mismatch, launcher_rank, library
 from .log import logger
 
 __all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "library_family", "launcher_mismatch",
-           "probe_mpi_library", "logger",
+           "probe_mpi_library", "probe_ulfm", "logger",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
            "SECRET_VARIABLE", "signature", "remove_job", "job_dir", "remover_command"]
@@ -39,3 +40,10 @@ def probe_mpi_library() -> Optional[tuple[str, tuple[int, int]]]:
     MPI; None without mpi4py."""
     from .engine import mpi  # the one module that loads mpi4py
     return mpi.probe_library()
+
+
+def probe_ulfm() -> tuple[bool, str]:
+    """Whether the MPI library mpi4py loads has ULFM that hvdlite uses for in-process elastic recovery (Open
+    MPI 5), and why; without initializing MPI."""
+    from .engine import mpi
+    return mpi.ulfm_library()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import socket
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -11,7 +12,7 @@ import numpy as np
 from . import log
 from .abort import install_excepthook
 from .affinity import core_sharing
-from .config import Config
+from .config import Config, mpi_ft_launched
 from .engine import callsite
 from .engine import mpi, polling
 from .engine.autotune import require_library
@@ -35,6 +36,11 @@ class State:
     def __init__(self, world: Any, config: Config) -> None:
         self.config = config
         self.world = world
+        # ULFM: a lost peer fails the survivors' calls (MPI_ERR_PROC_FAILED) instead of aborting them; the
+        # communicators made from this one below inherit the setting.
+        self.fault_tolerant, self.fault_tolerance_reason = mpi.fault_tolerance(mpi_ft_launched())
+        if self.fault_tolerant:
+            mpi.errors_return(world)
         self.rank: int = world.Get_rank()
         self.size: int = world.Get_size()
         self.local_comm = mpi.split_shared(world, key=self.rank)
@@ -45,6 +51,7 @@ class State:
         self.cross_size: int = self.cross_comm.Get_size()
         node_sizes = self.cross_comm.allgather(self.local_size) if self.local_rank == 0 else None
         self.homogeneous = len(set(self.local_comm.bcast(node_sizes, root=0))) == 1
+        self.hosts: list[str] = world.allgather(socket.gethostname())  # to name a lost rank's host
         self.engine_comm = world.Dup()
         self.presence_comm = world.Dup()
         self.thread_multiple = mpi.thread_multiple()
@@ -62,7 +69,15 @@ class State:
         self.planes = PlaneTable(config, world, self.rank, self.local_size == self.size)
         self.planes.make_for_set(0, self.engine_comm)
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
-                             self.presence_comm, on_verdict=self.names.learn, planes=self.planes)
+                             self.presence_comm, on_verdict=self.names.learn, planes=self.planes, hosts=self.hosts)
+
+    def abandon(self) -> None:
+        """Leave this state after a lost rank: the engine has ended, its communicators are revoked (freeing
+        them would be a collective with the dead), so only the local parts are released."""
+        self.engine.stop(timeout=5.0)
+        self.timeline.stop()
+        self.planes.close(clean=False)
+        self.mpi_ops.free()
 
     def close(self) -> None:
         self.engine.stop()

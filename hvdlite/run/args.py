@@ -302,6 +302,11 @@ def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--blacklist-cooldown-range", dest="blacklist_cooldown_range", type=float, nargs=2,
                        metavar=("LO", "HI"),
                        help="a failed host is excluded for a random LO..HI seconds (default: for good)")
+    group.add_argument("--elastic-mode", dest="elastic_mode", choices=("auto", "in-process", "restart"),
+                       default="auto",
+                       help="in-process: survivors of a lost rank recover in their own processes (needs Open MPI "
+                            "5 with ULFM: started with --with-ft ulfm over TCP); restart: the job is started "
+                            "again from its last commit; auto (default): in-process where the MPI allows it")
 
 
 def is_elastic(args: argparse.Namespace) -> bool:

@@ -5,6 +5,7 @@ import functools
 import sys
 from typing import Any, Callable, TypeVar
 
+from ..errors import ProcessFailedError
 from ..log import logger
 from . import link as driver
 from .state import HostsUpdatedInterrupt, State
@@ -36,7 +37,7 @@ def run(func: F) -> F:
             logger.info("restart %d: running the reset callbacks at size %d", restarts, runtime.size())
             state.on_reset()
         try:
-            result = func(state, *args, **kwargs)
+            result = _run_recovering(func, state, args, kwargs)
         except HostsUpdatedInterrupt:
             logger.info("hosts changed: leaving at commit %d so the job restarts at its new size",
                         state.commit_counter)
@@ -49,3 +50,36 @@ def run(func: F) -> F:
         return result
 
     return wrapper  # type: ignore[return-value]
+
+
+def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: Any) -> Any:
+    """Call ``func`` until it returns. A lost rank (HorovodInternalError on every survivor) is recovered
+    from in the same processes where the MPI library allows it (ULFM, see hvdlite/core/recovery.py), as
+    Horovod does: restore the last commit from memory, run the reset callbacks at the new size, agree on
+    the newest commit any survivor holds, and call ``func`` again. Elsewhere the error ends the process and
+    hvdlite-run's driver restarts the job."""
+    from .. import recovery
+    while True:
+        try:
+            return func(state, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a lost rank, possibly wrapped by the framework (TensorFlow)
+            lost = recovery.lost_rank(exc)
+            if lost is None:
+                raise
+            error: BaseException = lost
+        while True:
+            if not recovery.can_recover(error):
+                raise error
+            try:
+                done = recovery.recover(error if isinstance(error, ProcessFailedError) else None)
+                driver.link().send(op="recovered", lost=list(done.lost_ranks), size=done.new_size,
+                                   rank=done.new_rank, old_rank=done.old_rank)
+                state.restore()
+                state.on_reset()
+                state.sync_in_memory()
+                break
+            except Exception as again:  # noqa: BLE001 - another rank lost during the recovery itself
+                lost = recovery.lost_rank(again)
+                if lost is None:
+                    raise
+                error = lost

@@ -126,6 +126,26 @@ class State:
         if rank == 0:
             driver.link().send(op="log", text=message, commit=self.commit_counter)
 
+    def sync_in_memory(self) -> None:
+        """After an in-process recovery (restore() and the reset callbacks ran on every survivor): agree on
+        the newest commit any survivor holds in memory (a rank lost mid-step may have left some survivors
+        one commit ahead) and take the state of the lowest survivor that holds it, as Horovod's sync()
+        takes rank 0's; when all hold the same commit, each already restored it and nothing is sent. No file
+        is read."""
+        rank = self._get_rank()
+        counters = self._allgather_object(self.commit_counter if self._saved is not None else 0,
+                                          name="hvdlite.elastic.memory_counters")
+        newest = max(counters)
+        root = counters.index(newest)
+        if min(counters) != newest:  # equal counters: every survivor restored the same commit already
+            snapshot = self._bcast_object(self._snapshot() if rank == root else None, root,
+                                          name="hvdlite.elastic.recover")
+            if rank != root:
+                self._apply(copy.deepcopy(snapshot))
+        self.commit_counter = newest
+        self.save()
+        logger.info("resumed in memory from commit %d, held by rank %d; %d ranks now", newest, root, len(counters))
+
     # -- helpers -----------------------------------------------------------------------------------------
     def _store(self) -> Optional[CommitStore]:
         job = driver.job_id()

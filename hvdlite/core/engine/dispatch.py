@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import HvdliteError, InvalidArgumentError, StallError, TensorMismatchError
 from ..log import logger
+from . import mpi
 from .execution import Executor
 from .fusion import Item, batches
 from .negotiation import PendingBits, ResponseCache
@@ -85,6 +86,8 @@ class Dispatch:
             except (HvdliteError, Stop):  # the job's end (a wedged wait included), not this batch's error
                 raise
             except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only
+                if mpi.is_process_failure(exc):  # a lost peer (ULFM) ends the job's engine, not one batch
+                    raise
                 self._fail_batch(batch, exc)
                 continue
             for item, result in results:

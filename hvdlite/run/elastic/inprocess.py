@@ -1,0 +1,74 @@
+"""The elastic driver's in-process mode: which mode a run uses, the ULFM launch flags, and following lost ranks
+while the survivors recover by themselves (hvdlite/core/recovery.py) instead of being restarted."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+from hvdlite.core.launch import probe_ulfm
+
+from ..launchers import OPENMPI, Launcher
+from .server import RankInfo
+
+#: Open MPI 5's fault tolerance: ULFM on, the TCP transport (over shared memory a dead peer is never
+#: detected: the survivors hang) and the failure detector's heartbeats. (Once, at load 20 on 2 cores, a rank's
+#: peers declared it dead after it missed heartbeats; with ``--mca mpi_ft_detector_thread true`` against that,
+#: two of two jobs did not exit after their survivors finished, so it is not used.)
+ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true"]
+#: In-process mode starts the ranks without hvdlite-run's sentinel (hvdlite/run/sentinel.py): Open MPI 5.0's
+#: launcher ended the whole ULFM job when a second rank's sentinel exited with code 137 (measured), while a
+#: rank killed by a signal itself leaves the survivors running. The driver and every survivor name a lost
+#: rank themselves.
+NO_SENTINEL = True
+#: The setting that tells the ranks which mode they run in (hvdlite/core/config.py, elastic_mode).
+MODE_VARIABLE = "HVDLITE_ELASTIC_MODE"
+
+
+def choose_mode(asked: str, launcher: Launcher) -> tuple[bool, str]:
+    """(in-process?, why) for ``--elastic-mode asked`` with this launcher; raises ValueError when
+    in-process is asked for and cannot work."""
+    if asked == "restart":
+        return False, "restart mode (--elastic-mode restart): a lost rank restarts the job from its last commit"
+    usable, why = probe_ulfm()
+    if usable and launcher.kind != OPENMPI:
+        usable, why = False, f"{why}, but the ranks are started by {launcher.kind}, not Open MPI's mpirun"
+    if usable:
+        return True, (f"in-process mode: {why}; the ranks start with {' '.join(ULFM_MPI_ARGS)} (without the "
+                      f"sentinel), and the survivors of a lost rank recover in their own processes")
+    if asked == "in-process":
+        raise ValueError(f"--elastic-mode in-process needs an MPI library with ULFM (Open MPI 5, pip install "
+                         f"openmpi) started by its mpirun: {why}")
+    return False, f"restart mode: {why}; a lost rank restarts the job from its last commit"
+
+
+@dataclasses.dataclass
+class Losses:
+    """The ranks lost during one in-process job, each counted once, and what they leave."""
+
+    size: int
+    seen: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (rank at the start, pid) counted
+
+    def new(self, ranks: list[RankInfo]) -> list[RankInfo]:
+        """The lost ranks not reported before, oldest first."""
+        fresh = sorted((r for r in ranks if r.ended == "lost" and (r.rank, r.pid) not in self.seen),
+                       key=lambda r: r.ended_at)
+        self.seen.update((r.rank, r.pid) for r in fresh)
+        return fresh
+
+    @property
+    def alive(self) -> int:
+        return self.size - len(self.seen)
+
+
+def finished(ranks: list[RankInfo], size: int) -> bool:
+    """Every rank that joined and was not lost said it was done (in-process mode: the lost ranks' work went
+    on in the survivors)."""
+    alive = [r for r in ranks if r.ended != "lost"]
+    return len(ranks) == size and bool(alive) and all(r.ended == "done" for r in alive)
+
+
+def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, limit: Optional[int]) -> None:
+    logger.info("reset %d%s: rank %d on host %s (pid %d) failed; %d ranks left recover in their processes "
+                "(in-process mode)", reset, f" of {limit}" if limit is not None else "", lost.rank, lost.host,
+                lost.pid, losses.alive)

@@ -1,0 +1,162 @@
+"""Elastic torch training that loses ranks and recovers in the same processes (ULFM), for tests/test_elastic_ulfm.py.
+
+A Horovod elastic script (hvd.elastic.run, TorchState, ElasticSampler, a reset callback that rescales the
+learning rate), on synthetic data. ``--die ORIG_RANK:WHERE:STEP`` (repeatable) makes the rank that was
+ORIG_RANK at the start kill itself with SIGKILL at global step STEP: WHERE is ``backward`` (inside backward,
+after its other gradients' allreduces were submitted, so the survivors are inside allreduces), ``commit``
+(inside State.commit(), while its snapshot is taken), ``idle`` (between steps) or ``reset`` (inside the
+reset callback of recovery number STEP, i.e. while the job recovers from an earlier loss). Every rank prints
+``start orig=R pid=P`` first and ``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the
+model's parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 writes the state it resumed
+from (and the size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
+"""
+import argparse
+import hashlib
+import os
+import pickle
+import signal
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import hvdlite.torch as hvd
+
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=480)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--commit-every", type=int, default=4)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--die", action="append", default=[])
+    parser.add_argument("--dump-resume", default="")
+    parser.add_argument("--load", default="")
+    parser.add_argument("--width", type=int, default=32, help="hidden width of the model (benchmarks: larger)")
+    return parser.parse_args()
+
+
+def dataset(samples):
+    rng = np.random.RandomState(0)
+    x = rng.randn(samples, 16).astype(np.float32)
+    y = (x[:, :4].argmax(1)).astype(np.int64)
+    return TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def die(where, orig):
+    print(f"dying orig={orig} where={where} t={time.time():.6f}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Tripwire:
+    """Kept in the state so that State.commit() (its snapshot) calls state_dict(): dies there on cue."""
+
+    def __init__(self, orig, plan):
+        self.orig, self.plan, self.step = orig, plan, -1
+
+    def state_dict(self):
+        if ("commit", self.step) in self.plan:
+            die("commit", self.orig)
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    orig = hvd.rank()
+    print(f"start orig={orig} pid={os.getpid()}", flush=True)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    plan = set()
+    for item in args.die:
+        who, where, step = item.split(":")
+        if int(who) == orig:
+            plan.add((where, int(step)))
+    train_set = dataset(args.samples)
+    sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=1)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    w = args.width
+    model = nn.Sequential(nn.Linear(16, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    tripwire = Tripwire(orig, plan)
+    first_weight = model[0].weight
+
+    def backward_hook(grad):
+        if ("backward", tripwire.step) in plan:
+            die("backward", orig)
+        return grad
+    first_weight.register_hook(backward_hook)  # the last gradient of backward: the others are in flight
+
+    def on_reset():
+        if ("reset", len(entries)) in plan:  # inside the recovery from an earlier loss
+            die("reset", orig)
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * hvd.size()
+        print(f"reset orig={orig} rank={hvd.rank()} size={hvd.size()} t={time.time():.6f}", flush=True)
+
+    state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, tripwire=tripwire, epoch=0, step=0)
+    state.register_reset_callbacks([on_reset])
+    if args.load:
+        with open(args.load, "rb") as f:
+            snapshot = pickle.load(f)
+        state._apply(snapshot["state"])
+    entries = []  # hvd.size() at each call of train (after each recovery)
+
+    @hvd.elastic.run
+    def train(state):
+        entries.append(hvd.size())
+        if len(entries) > 1 and args.dump_resume and hvd.rank() == 0:
+            with open(f"{args.dump_resume}.{len(entries) - 1}", "wb") as f:
+                pickle.dump({"state": state._snapshot(), "size": hvd.size()}, f)
+        steps, started = 0, 0.0
+        for epoch in range(state.epoch, args.epochs):
+            state.train_sampler.set_epoch(epoch)
+            for batch_idx, (x, y) in enumerate(loader):
+                if steps == 1:
+                    started = time.time()
+                    if hvd.rank() == 0:  # the first step of this entry (job start, restart or recovery) is done
+                        print(f"first_step entry={len(entries)} size={hvd.size()} t={started:.6f}", flush=True)
+                steps += 1
+                tripwire.step = state.step
+                state.optimizer.zero_grad()
+                F.cross_entropy(state.model(x), y).backward()
+                state.optimizer.step()
+                state.train_sampler.record_batch(batch_idx, args.batch_size)
+                state.step += 1
+                if ("idle", state.step) in plan:
+                    die("idle", orig)
+                if args.sleep:
+                    time.sleep(args.sleep)
+                if state.step % args.commit_every == 0:
+                    tripwire.step = state.step
+                    state.commit()
+            state.epoch = epoch + 1
+            state.train_sampler.set_epoch(epoch + 1)
+            state.commit()
+        if hvd.rank() == 0 and steps > 1:
+            print(f"steady entry={len(entries)} steps={steps - 1} seconds={time.time() - started:.6f}", flush=True)
+
+    train(state)
+    print(f"final orig={orig} rank={hvd.rank()} size={hvd.size()} pid={os.getpid()} steps={state.step} "
+          f"entries={'/'.join(map(str, entries))} sha={digest(model)}", flush=True)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
