@@ -27,8 +27,7 @@ def _give_back(given: Optional[str], name: str, process_set: Optional[ProcessSet
     """A call that raised before its request was submitted (a wrong argument, a bad root...) consumes no
     generated name: this rank's next call of the kind gets it again (see Names.give_back)."""
     if type(given) is not str:
-        names = state().names
-        names.give_back(name, 0 if process_set is None else (process_set.process_set_id or 0))
+        state().names.give_back(name, 0 if process_set is None else (process_set.process_set_id or 0))
 
 
 def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:

@@ -38,8 +38,9 @@ class StallError(HvdliteError):
 class ProcessFailedError(HvdliteError):
     """A rank of the job died (killed, crashed, its host lost): raised on every survivor by every pending and
     later collective, under an MPI with fault tolerance turned on (ULFM). ``ranks``: the lost ranks this rank
-    knew of when it failed; ``hosts``: their hosts; ``seen_at``: when this rank saw it (``time.time()``). ``hvd.elastic.run`` recovers from it in the same process
-    (see docs/elastic.md); elsewhere it ends the job like any HorovodInternalError."""
+    knew of when it failed; ``hosts``: their hosts; ``seen_at``: when this rank saw it (``time.time()``).
+    ``hvd.elastic.run`` recovers from it in the same process (see docs/elastic.md); elsewhere it ends the job
+    like any HorovodInternalError."""
 
     def __init__(self, message: str, ranks: tuple[int, ...] = (), hosts: tuple[str, ...] = (),
                  seen_at: float = 0.0) -> None:

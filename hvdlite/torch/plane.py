@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.core import ReduceOp
-from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, accumulated_allreduce, exact_divisor,
-                                   in_rank_order, mpi_cuda_aware, rank_order_allreduce, register_factory)
+from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, accumulated_allreduce, in_rank_order,
+                                   mpi_cuda_aware, rank_order_allreduce, register_factory)
 
 from . import mpi_plane
+from .plane_bytes import as_bytes, row_bytes, scale_in_place
 
 #: How long a plane's collective may wait before torch itself gives up; hvdlite's stall inspector
 #: (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) normally ends a wedged job long before.
@@ -117,15 +118,15 @@ class TorchPlane(DataPlane):
                 buf = out if out is not None else inputs[0].clone()
                 if out is not None and out is not inputs[0]:
                     buf.copy_(inputs[0])
-                _scale(buf, pre)
+                scale_in_place(buf, pre)
                 self._allreduce_flat(buf, dtype, op)
-                _scale(buf, post)
+                scale_in_place(buf, post)
                 self._done([buf])
                 return [buf]
             buf = torch.cat([t.reshape(-1) for t in inputs])  # one flat fusion buffer on the plane's device
-            _scale(buf, pre)
+            scale_in_place(buf, pre)
             self._allreduce_flat(buf, dtype, op)
-            _scale(buf, post)
+            scale_in_place(buf, post)
             results, offset = [], 0
             for t, out in zip(inputs, outputs):
                 piece = buf[offset:offset + t.numel()].view(t.shape)
@@ -170,14 +171,14 @@ class TorchPlane(DataPlane):
 
     def allgather(self, inputs: list, rows: list[list[int]]) -> list:
         with self._device(inputs):
-            row_bytes = [_row_bytes(t) for t in inputs]
+            per_row = [row_bytes(t) for t in inputs]
             most = [max(r[i] for r in rows) for i in range(len(inputs))]
-            slots = [m * b for m, b in zip(most, row_bytes)]
+            slots = [m * b for m, b in zip(most, per_row)]
             block = sum(slots)
             send = torch.zeros(block, dtype=torch.uint8, device=inputs[0].device)
             offset = 0
             for t, slot in zip(inputs, slots):
-                raw = _bytes(t)
+                raw = as_bytes(t)
                 send[offset:offset + raw.numel()].copy_(raw)
                 offset += slot
             recv = torch.empty(block * self.size, dtype=torch.uint8, device=send.device)
@@ -185,9 +186,9 @@ class TorchPlane(DataPlane):
             results = []
             start = 0
             for i, t in enumerate(inputs):
-                pieces = [recv[r * block + start:r * block + start + rows[r][i] * row_bytes[i]]
+                pieces = [recv[r * block + start:r * block + start + rows[r][i] * per_row[i]]
                           for r in range(self.size)]
-                whole = torch.cat(pieces).view(t.dtype) if row_bytes[i] else torch.empty(0, dtype=t.dtype,
+                whole = torch.cat(pieces).view(t.dtype) if per_row[i] else torch.empty(0, dtype=t.dtype,
                                                                                        device=t.device)
                 results.append(whole.reshape((sum(r[i] for r in rows),) + tuple(t.shape[1:])))
                 start += slots[i]
@@ -206,13 +207,13 @@ class TorchPlane(DataPlane):
             options = dist.BroadcastOptions()
             options.rootRank = root
             if len(results) == 1:
-                self._run(self.group.broadcast([_bytes(results[0])], options))
+                self._run(self.group.broadcast([as_bytes(results[0])], options))
             else:
-                buf = torch.cat([_bytes(t) for t in results])
+                buf = torch.cat([as_bytes(t) for t in results])
                 self._run(self.group.broadcast([buf], options))
                 offset = 0
                 for t in results:
-                    raw = _bytes(t)
+                    raw = as_bytes(t)
                     raw.copy_(buf[offset:offset + raw.numel()])
                     offset += raw.numel()
             self._done(results)
@@ -242,7 +243,7 @@ class TorchPlane(DataPlane):
                     count += s[r] * e
                 counts.append(count)
             send = torch.cat(pieces)
-            _scale(send, pre)
+            scale_in_place(send, pre)
             ordered = in_rank_order(self.boot, dtype, op)  # deterministic=True: through _allreduce_flat's rank order
             if len(set(counts)) == 1 and dtype != "bool" and self.name == "nccl" and not ordered:
                 mine = torch.empty(counts[0], dtype=send.dtype, device=send.device)
@@ -254,7 +255,7 @@ class TorchPlane(DataPlane):
                 self._allreduce_flat(send, dtype, op)
                 start = sum(counts[:self.rank])
                 mine = send[start:start + counts[self.rank]]
-            _scale(mine, post)
+            scale_in_place(mine, post)
             results, offset = [], 0
             for t, s, e in zip(inputs, splits, elems):
                 n = s[self.rank] * e
@@ -283,50 +284,8 @@ class _NoDevice:
         return None
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view(torch.uint8)
-
-
-def _row_bytes(t: torch.Tensor) -> int:
-    return (t[0].numel() if t.dim() and t.shape[0] else _rest(t)) * t.element_size()
-
-
-def _rest(t: torch.Tensor) -> int:
-    n = 1
-    for d in t.shape[1:]:
-        n *= d
-    return n
-
-
 def _cast(t: torch.Tensor, dtype: str) -> torch.Tensor:
     return t.to(TORCH_DTYPES[dtype])
-
-
-def _scale(t: torch.Tensor, factor: float) -> None:
-    """Multiply in place with the MPI path's rounding (hvdlite.core.reduce_ops.scale_inplace): float32 and
-    half precision by the factor rounded to float32, in float32; float64 in double; integers in float64,
-    truncated toward zero; a plain Average divides by the set size."""
-    if factor == 1.0 or t.numel() == 0:
-        return
-    divisor = exact_divisor(factor)
-    if divisor != 1 and t.dtype.is_floating_point:  # a plain Average divides (as scale_inplace)
-        if t.dtype in (torch.float16, torch.bfloat16):
-            t.copy_(t.float() / divisor)
-        else:
-            t.div_(divisor)
-    elif t.dtype in (torch.float16, torch.bfloat16, torch.float32):
-        wide = t.float()
-        wide *= torch.tensor(float(factor), dtype=torch.float32, device=t.device)
-        t.copy_(wide)
-    elif t.dtype.is_floating_point:
-        t.mul_(float(factor))
-    else:
-        wide = t.double()
-        if divisor != 1:
-            wide /= divisor
-        else:
-            wide *= float(factor)
-        t.copy_(wide.trunc())
 
 
 class TorchPlanes(PlaneFactory):

@@ -332,7 +332,7 @@ class ElasticDriver:
             return code, "hosts changed: the ranks committed and left to resize"
         return code, f"the job ended with exit code {code} and no rank reported why"
 
-    def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen, srun: bool,
+    def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool,
                        placed: list[Host], size: int) -> str:
         """In-process mode: count and blacklist each lost rank as a reset while the survivors recover by
         themselves; stop the job ("" while it goes on) past --reset-limit, or below --min-np survivors (a
