@@ -127,16 +127,7 @@ class TorchPlane(DataPlane):
             scale_in_place(buf, pre)
             self._allreduce_flat(buf, dtype, op)
             scale_in_place(buf, post)
-            results, offset = [], 0
-            for t, out in zip(inputs, outputs):
-                piece = buf[offset:offset + t.numel()].view(t.shape)
-                offset += t.numel()
-                if out is not None:
-                    out.copy_(piece)
-                    piece = out
-                results.append(piece)
-            self._done(results)
-            return results
+            return self._unflatten(buf, inputs, outputs)
 
     def allreduce_accumulated(self, inputs: list, outputs: list, dtype: str, acc: Any, pre: float,
                               post: float) -> list:
@@ -146,16 +137,21 @@ class TorchPlane(DataPlane):
             if pre != 1.0:  # float32(double(x) * pre): the MPI path's rounding
                 flat = (flat * float(pre)).float()
             reduced = accumulated_allreduce(self, self.boot, flat, acc, post, _cast)
-            results, offset = [], 0
-            for t, out in zip(inputs, outputs):
-                piece = reduced[offset:offset + t.numel()].view(t.shape).to(t.dtype)
-                offset += t.numel()
-                if out is not None:
-                    out.copy_(piece)
-                    piece = out
-                results.append(piece)
-            self._done(results)
-            return results
+            return self._unflatten(reduced, inputs, outputs)
+
+    def _unflatten(self, flat: torch.Tensor, inputs: list, outputs: list) -> list:
+        """The reduced flat buffer as one result per input (its shape and dtype), written into ``outputs``
+        where given."""
+        results, offset = [], 0
+        for t, out in zip(inputs, outputs):
+            piece = flat[offset:offset + t.numel()].view(t.shape).to(t.dtype)  # no copy where the dtype is t's
+            offset += t.numel()
+            if out is not None:
+                out.copy_(piece)
+                piece = out
+            results.append(piece)
+        self._done(results)
+        return results
 
     def _allreduce_flat(self, buf: torch.Tensor, dtype: str, op: ReduceOp) -> None:
         if in_rank_order(self.boot, dtype, op):  # deterministic=True: the core's rank-order rule, not the backend's

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, scale_inplace
 from . import polling
-from .deterministic import POLL_CAP, slices
+from .deterministic import DONE, POLL_CAP, slices
 from .mpi import MPIOps, counts_displacements
 
 
@@ -111,19 +111,6 @@ def allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: str, acc: Accu
         write(dst, from_wire(gathered, acc.wire), dtype)
 
 
-class _Done:
-    """A finished request (the reduction ran before it was returned)."""
-
-    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
-        return True
-
-    def Wait(self) -> None:  # noqa: N802 - mpi4py's name
-        return None
-
-
-_DONE = _Done()
-
-
 class AccumulatingComm:
     """One batch's communicator (one dtype, one signature): its ``Iallreduce`` is ``allreduce`` above with
     the batch's factors, which the executor then leaves at 1; every other call goes to the wrapped one."""
@@ -139,7 +126,7 @@ class AccumulatingComm:
         dst = recv[0]
         src = dst if send is self._mpi_ops.IN_PLACE else send[0]
         allreduce(self.comm, src, dst, self._dtype, self._acc, self._pre, self._post, self._mpi_ops, _wait)
-        return _DONE
+        return DONE
 
 
 def batch_comm(comm: Any, mpi_ops: MPIOps, dtype: str, extra: Any, pre: float,

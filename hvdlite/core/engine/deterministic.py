@@ -116,7 +116,8 @@ def allreduce(comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
 
 
 class _Done:
-    """A finished request (the rank-order reduction ran before it was returned)."""
+    """A finished request (the reduction ran before it was returned): what a wrapped communicator's
+    non-blocking call returns when it reduced in place of MPI (here and in engine/accumulate.py)."""
 
     def Test(self) -> bool:  # noqa: N802 - mpi4py's name
         return True
@@ -125,7 +126,7 @@ class _Done:
         return None
 
 
-_DONE = _Done()
+DONE = _Done()
 
 
 class OrderedComm:
@@ -155,7 +156,7 @@ class OrderedComm:
             return self.comm.Iallreduce(send, recv, mpi_op)
         src = None if send is self._mpi_ops.IN_PLACE else send[0]
         allreduce(self.comm, src, recv[0], kind[0], kind[1], recv[1], _wait)
-        return _DONE
+        return DONE
 
     def Split(self, color: int, key: int) -> "OrderedComm":  # noqa: N802 - mpi4py's name
         """A sub-communicator (Adasum's tree levels) that reduces in rank order too."""
@@ -166,7 +167,7 @@ class OrderedComm:
         if kind is None:
             return self.comm.Ireduce_scatter(send, recv, counts, mpi_op)
         reduce_scatter(self.comm, send[0], list(counts), kind[0], kind[1], recv[1], _wait, out=recv[0])
-        return _DONE
+        return DONE
 
 
 def _wait(request: Any) -> None:
@@ -191,5 +192,5 @@ def ordered(comm_of: Callable[[int], Any], mpi_ops: MPIOps) -> Callable[[int], A
     return ordered_comm_of
 
 
-__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "ordered", "plane_allreduce", "rank_order",
-           "reduce_scatter", "slices"]
+__all__ = ["DONE", "FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "ordered", "plane_allreduce",
+           "rank_order", "reduce_scatter", "slices"]
