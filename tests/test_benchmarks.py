@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import ROOT, json_lines
+from conftest import ROOT, json_lines, run_mpi
 
 sys.path.insert(0, str(ROOT))
 from benchmarks.registry import BENCHMARKS, BY_NAME, NOT_BENCHMARKS, SUITES  # noqa: E402
