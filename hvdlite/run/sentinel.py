@@ -68,11 +68,8 @@ def killed_message(who: str, pid: int, host: str, signum: int) -> str:
     """The one line written when the program died of a signal nobody asked the job to stop with."""
     hint = (" (a SIGKILL nobody sent by hand is often the kernel's out-of-memory killer: see dmesg on that host)"
             if signum == signal.SIGKILL else "")
-    in_process = os.environ.get("HVDLITE_ELASTIC_MODE") == "in-process"
-    then = ("the survivors go on without it (in-process elastic mode)" if in_process
-            else "the launcher stops the other ranks because of it")
     return (f"hvdlite-run: {who} (pid {pid} on host {host}) was killed by signal {signum} ({signal_name(signum)})"
-            f"; {then}{hint}")
+            f"; the launcher stops the other ranks because of it{hint}")
 
 
 def exited_message(who: str, pid: int, host: str, code: int) -> str:
