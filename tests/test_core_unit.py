@@ -119,6 +119,29 @@ def test_ops_before_init_say_to_call_init() -> None:
             call()
 
 
+SIGINT_TWICE = """
+import os, signal, time, hvdlite as hvd
+hvd.init()
+caught = []
+for pause in (0.0, 0.3, 2.5):  # the same Ctrl-C forwarded twice at once, then a real second Ctrl-C later
+    time.sleep(pause)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        caught.append(0)
+    except KeyboardInterrupt:
+        caught.append(1)
+print(caught)
+"""
+
+
+def test_a_forwarded_copy_of_a_ctrl_c_is_dropped() -> None:
+    """The launcher and the sentinel both forward a job's Ctrl-C: after hvd.init() a second SIGINT within 2 s
+    of the first raises nothing (it once interrupted the first one's exit), a later one raises again."""
+    proc = subprocess.run([sys.executable, "-c", SIGINT_TWICE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[1, 0, 1]", proc.stdout + proc.stderr
+
+
 def test_init_shutdown_init_again() -> None:
     for _ in range(2):
         hvd.init()

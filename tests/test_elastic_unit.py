@@ -165,7 +165,11 @@ def test_elastic_mode_choice_under_mpich_is_restart_with_the_reason() -> None:
     # the driver's book-keeping: each lost rank counted once; the job is done when every survivor said so
     ranks = [RankInfo(0, "h", 10, 0, "done"), RankInfo(1, "h", 11, 0, "lost", 1.0), RankInfo(2, "h", 12, 0, "")]
     losses = Losses(3)
-    assert [r.rank for r in losses.new(ranks)] == [1] and losses.new(ranks) == [] and losses.alive == 2
+    assert [r.rank for r in losses.new(ranks)] == [1] and list(losses.new(ranks)) == [] and losses.alive == 2
+    # two losses in one snapshot: each is reported with what it left, oldest first
+    two = [RankInfo(0, "h", 10, 0, ""), RankInfo(1, "h", 11, 0, "lost", 2.0), RankInfo(2, "h", 12, 0, "lost", 1.0)]
+    both = Losses(3)
+    assert [(r.rank, both.alive) for r in both.new(two)] == [(2, 2), (1, 1)]
     assert not finished(ranks, 3)
     ranks[2].ended = "done"
     assert finished(ranks, 3) and not finished(ranks[:2], 3)

@@ -16,6 +16,11 @@ __all__ = ["install_excepthook"]
 _previous_excepthook: Any = None
 _previous_threading_hook: Any = None
 _ABORT_GRACE_S = 1.0  # seconds between printing an uncaught exception and MPI_Abort
+#: A second SIGINT within this many seconds of the first is the same Ctrl-C forwarded again (the launcher and
+#: the per-rank sentinel both forward it): dropped, so it cannot interrupt the first one's exit. Seen in CI: the
+#: second KeyboardInterrupt hit the excepthook before it could ignore SIGINT ("Error in sys.excepthook").
+_SIGINT_REPEAT_S = 2.0
+_first_sigint = 0.0
 
 
 def install_excepthook(current: Callable[[], Any]) -> None:
@@ -62,6 +67,19 @@ def install_excepthook(current: Callable[[], Any]) -> None:
 
     sys.excepthook = main_thread_hook
     threading.excepthook = thread_hook
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a script's own handler stays
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Python's Ctrl-C (KeyboardInterrupt), once per burst of forwarded copies of the same SIGINT."""
+    global _first_sigint
+    now = time.monotonic()
+    if _first_sigint and now - _first_sigint < _SIGINT_REPEAT_S:
+        return
+    _first_sigint = now
+    raise KeyboardInterrupt
 
 
 def interrupted(state: Any, tb: Any) -> None:

@@ -1,12 +1,13 @@
 """Where an elastic job may run now: discovered hosts (script, -H list, Slurm nodes) minus blacklisted ones."""
 from __future__ import annotations
 
+import argparse
 import random
 import subprocess
 import time
 from typing import Mapping, Optional, Sequence
 
-from ..hosts import Host, HostSpecError, _merge
+from ..hosts import Host, HostSpecError, _merge, parse_hostfile, parse_hosts, slurm_allocation
 
 
 class DiscoveryError(RuntimeError):
@@ -105,3 +106,35 @@ def assign(hosts: Sequence[Host], num_proc: int) -> list[Host]:
         out.append(Host(host.name, take))
         left -= take
     return out
+
+
+class HostSource:
+    """Where hosts come from: the discovery script, -H/--hostfile, the Slurm allocation, or this machine."""
+
+    def __init__(self, args: argparse.Namespace, env: Mapping[str, str], max_np: int) -> None:
+        self.env = env
+        self.script = args.host_discovery_script
+        self.slots_per_host = args.slots_per_host
+        self.fixed: Optional[list[Host]] = None
+        self.slurm = False
+        if self.script:
+            self.kind = f"discovery script {self.script}"
+        elif args.hosts or args.hostfile:
+            self.fixed = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
+            self.kind = "hosts " + ",".join(map(str, self.fixed))
+        elif (allocation := slurm_allocation(env)) is not None:
+            names = slurm_nodes(env)
+            per_node = self.slots_per_host or max(1, (allocation.tasks or len(names)) // len(names))
+            self.fixed = [Host(name, per_node) for name in names]
+            self.slurm = True
+            self.kind = f"Slurm job {allocation.job_id} nodes " + ",".join(map(str, self.fixed))
+        else:
+            self.fixed = [Host("localhost", self.slots_per_host or max_np)]
+            self.kind = f"this machine ({self.fixed[0].slots} slots)"
+        # one fixed host (this machine, or -H with one host) cannot be excluded: a failure costs a slot
+        self.single_host = self.fixed is not None and len(self.fixed) == 1
+
+    def discover(self) -> list[Host]:
+        if self.script:
+            return run_discovery_script(self.script, self.slots_per_host, self.env)
+        return list(self.fixed or [])

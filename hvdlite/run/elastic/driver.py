@@ -17,13 +17,12 @@ from hvdlite.core.launch import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIA
                                  SECRET_VARIABLE, Config, job_dir, remove_job, remover_command)
 
 from ..commands import Plan, build_command, child_environment, format_command
-from ..hosts import (Host, HostSpecError, hosts_by_rank, parse_hostfile, parse_hosts, slurm_allocation,
-                     total_slots)
+from ..hosts import Host, HostSpecError, hosts_by_rank, total_slots
 from ..launchers import SRUN, Launcher, LaunchError
 from ..process import kill_group, stop_with
 from .cleanup import CommitRemover
 from . import inprocess
-from .discovery import Blacklist, DiscoveryError, assign, run_discovery_script, slurm_nodes
+from .discovery import Blacklist, DiscoveryError, HostSource, assign
 from .server import DriverServer, bind_address, is_local, new_secret
 
 #: Seconds between discovery runs while a job trains (horovodrun polls about once a second).
@@ -39,38 +38,6 @@ if not logger.handlers:
     logger.addHandler(_handler)
     logger.propagate = False
 logger.setLevel(logging.INFO)
-
-
-class HostSource:
-    """Where hosts come from: the discovery script, -H/--hostfile, the Slurm allocation, or this machine."""
-
-    def __init__(self, args: argparse.Namespace, env: Mapping[str, str], max_np: int) -> None:
-        self.env = env
-        self.script = args.host_discovery_script
-        self.slots_per_host = args.slots_per_host
-        self.fixed: Optional[list[Host]] = None
-        self.slurm = False
-        if self.script:
-            self.kind = f"discovery script {self.script}"
-        elif args.hosts or args.hostfile:
-            self.fixed = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
-            self.kind = "hosts " + ",".join(map(str, self.fixed))
-        elif (allocation := slurm_allocation(env)) is not None:
-            names = slurm_nodes(env)
-            per_node = self.slots_per_host or max(1, (allocation.tasks or len(names)) // len(names))
-            self.fixed = [Host(name, per_node) for name in names]
-            self.slurm = True
-            self.kind = f"Slurm job {allocation.job_id} nodes " + ",".join(map(str, self.fixed))
-        else:
-            self.fixed = [Host("localhost", self.slots_per_host or max_np)]
-            self.kind = f"this machine ({self.fixed[0].slots} slots)"
-        # one fixed host (this machine, or -H with one host) cannot be excluded: a failure costs a slot
-        self.single_host = self.fixed is not None and len(self.fixed) == 1
-
-    def discover(self) -> list[Host]:
-        if self.script:
-            return run_discovery_script(self.script, self.slots_per_host, self.env)
-        return list(self.fixed or [])
 
 
 class ElasticDriver:
@@ -225,6 +192,10 @@ class ElasticDriver:
             server = self._server_for(placed)
             server.new_attempt(self.resets)
             code, outcome = self._run_job(server, hosts, placed, size)
+            if outcome == "done" and code:
+                logger.error("stopping: every rank said done, but the launcher exited with code %d: a rank failed "
+                             "after its training function returned (its output above says how)", code)
+                return code
             if outcome == "done":
                 logger.info("job finished on %d ranks after %d reset(s)", self.finished_on or size, self.resets)
                 return 0
@@ -308,9 +279,10 @@ class ElasticDriver:
         kill_group(proc.pid)
         ranks = server.snapshot()
         self.finished_on = losses.alive
-        if inprocess.finished(ranks, size) if self.in_process else \
-                (ranks and len(ranks) == size and all(r.ended == "done" for r in ranks)):
-            return 0, "done"
+        if self.in_process and inprocess.finished(ranks, size):
+            return 0, "done"  # (the launcher's code counts the lost ranks)
+        if not self.in_process and ranks and len(ranks) == size and all(r.ended == "done" for r in ranks):
+            return code, "done"
         if not ranks and code == 0:
             logger.warning("no rank used hvd.elastic.run; the job exited 0: done")
             return 0, "done"

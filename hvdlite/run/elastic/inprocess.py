@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Optional
+from typing import Iterator, Optional
 
 from hvdlite.core.launch import probe_ulfm
 
@@ -49,12 +49,14 @@ class Losses:
     size: int
     seen: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (rank at the start, pid) counted
 
-    def new(self, ranks: list[RankInfo]) -> list[RankInfo]:
-        """The lost ranks not reported before, oldest first."""
+    def new(self, ranks: list[RankInfo]) -> Iterator[RankInfo]:
+        """The lost ranks not reported before, oldest first, each counted as it is yielded (so ``alive`` is
+        what that loss left, even when two are seen in one snapshot)."""
         fresh = sorted((r for r in ranks if r.ended == "lost" and (r.rank, r.pid) not in self.seen),
                        key=lambda r: r.ended_at)
-        self.seen.update((r.rank, r.pid) for r in fresh)
-        return fresh
+        for lost in fresh:
+            self.seen.add((lost.rank, lost.pid))
+            yield lost
 
     @property
     def alive(self) -> int:
