@@ -14,9 +14,10 @@ from cluster.fixtures import run
 from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
-#: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang).
+#: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang);
+#: MPI_Finalize without its closing PMIx fence over the dead ranks too (it sometimes never completed).
 ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
-              "--oversubscribe"]
+              "--mca", "async_mpi_finalize", "true", "--oversubscribe"]
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 TRAINING = ["--epochs", "2", "--samples", "240"]
 
@@ -34,24 +35,32 @@ def _lines(out: str, kind: str) -> dict[int, dict[str, str]]:
 @pytest.mark.parametrize("launch, n, deaths, survivors, entries", [
     ("hvdlite-run", 3, ["2:backward:3", "0:commit:12"], [1], 3),
     ("mpiexec", 4, ["3:commit:4", "0:backward:10"], [1, 2], 3),
-], ids=["hvdlite-run-np3-backward-then-rank0-commit", "mpiexec-np4-commit-then-rank0-backward"])
+    ("mpiexec", 4, ["3:stop:3", "0:reset:1"], [1, 2], 2),
+], ids=["hvdlite-run-np3-backward-then-rank0-commit", "mpiexec-np4-commit-then-rank0-backward",
+        "mpiexec-np4-stopped-then-rank0-during-the-recovery"])
 def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
         ompi_python: str, tmp_path: Path, launch: str, n: int, deaths: list[str], survivors: list[int],
         entries: int) -> None:
-    """Two ranks killed one after the other: in backward (the survivors wait in the negotiation of its
-    allreduces), then rank 0 inside a commit; or inside a commit, then rank 0 in backward. Every survivor
-    names each lost rank, recovers in its own process (same pid), and all end with the weights of an
-    uninterrupted run at the final size from the commit they last resumed from. hvdlite-run picks in-process
-    mode by itself (Open MPI 5 has ULFM) and adds the ULFM flags; plain mpiexec gets them here.
-    ``entries``: calls of the training function."""
+    """Two ranks lost one after the other: killed in backward (the survivors wait in the negotiation of its
+    allreduces), then rank 0 inside a commit; killed inside a commit, then rank 0 in backward; or stopped
+    (SIGSTOP: a hang, not a death) between steps, which the stall inspector finds (10 s; ULFM's own detector
+    is given 60 s here, so only the inspector can), kills and recovers from, then rank 0 killed during that
+    recovery itself (in the reset callbacks: the survivors recover again). Every survivor names each lost
+    rank, recovers in its own process (same pid), and all end with the weights of an uninterrupted run at the
+    final size from the commit they last resumed from, and the job ends (its exit once hung in MPI_Finalize).
+    hvdlite-run picks in-process mode by itself (Open MPI 5 has ULFM) and adds the ULFM flags; plain mpiexec
+    gets them here. ``entries``: calls of the training function."""
     die = [arg for death in deaths for arg in ("--die", death)]
     worker = [*TRAINING, *die, "--dump-resume", str(tmp_path / "resume")]
+    stopped = [death.split(":")[0] for death in deaths if ":stop:" in death]
     if launch == "hvdlite-run":
         proc = run([ompi_python, "-m", "hvdlite.run", "-np", str(n), "--min-np", "1", ompi_python,
-                    str(WORKERS / WORKER), *worker], timeout=400)
+                    str(WORKERS / WORKER), *worker], timeout=300)
     else:
         mpiexec = str(Path(ompi_python).parent / "mpiexec")
-        proc = run_mpi(WORKER, n, worker, timeout=400, env=ROOT_ENV, launcher=[mpiexec, *ULFM_FLAGS],
+        stall = ["--mca", "mpi_ft_detector_timeout", "60"] if stopped else []
+        env = {**ROOT_ENV, "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "10"} if stopped else ROOT_ENV
+        proc = run_mpi(WORKER, n, worker, timeout=300, env=env, launcher=[mpiexec, *ULFM_FLAGS, *stall],
                        interpreter=ompi_python, check=False)
     out = proc.stdout + proc.stderr
     if launch == "hvdlite-run":
@@ -69,6 +78,9 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
         assert final["pid"] == starts[orig]["pid"], out  # the same process: recovered, not restarted
         assert final["size"] == str(len(survivors)) and final["entries"].count("/") == entries - 1, out
     assert len({f["sha"] for f in finals.values()}) == 1, out  # identical weights on every survivor
+    for orig in stopped:  # the stall inspector's verdict: the stopped process is killed, then recovered from
+        assert re.search(rf"rank {orig} \(host \S+, pid {starts[int(orig)]['pid']}\) answered no probes for 10 s "
+                         r"\(stall_shutdown_time_seconds; stopped or wedged\): killed it \(SIGKILL\)", out), out
     for k, death in enumerate(deaths):  # (the lost ranks' numbers are unchanged by the earlier shrinks here)
         lost, alive = death.split(":")[0], n - k - 1
         # a survivor told by a revoke, whose own detector has not named the dead rank within 2 s, says so
@@ -85,6 +97,23 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     ref_finals = _lines(ref.stdout, "final")
     assert {f["sha"] for f in ref_finals.values()} == {f["sha"] for f in finals.values()}, (out, ref.stdout)
     assert {f["steps"] for f in ref_finals.values()} == {f["steps"] for f in finals.values()}, (out, ref.stdout)
+
+
+@pytest.mark.timeout(300)
+def test_below_min_np_the_job_stops_then_waits_elastic_timeout(ompi_python: str) -> None:
+    """In-process mode, --min-np 2 of 2: rank 1 dies, so one survivor is below --min-np. The driver stops the
+    job saying so (a running job cannot grow in-process), the restart path waits --elastic-timeout for two
+    usable slots (this machine has one left: the dead rank's slot is blacklisted), then stops with the reason."""
+    proc = run([ompi_python, "-m", "hvdlite.run", "-np", "2", "--min-np", "2", "--max-np", "2",
+                "--elastic-timeout", "2", ompi_python, str(WORKERS / WORKER), *TRAINING, "--die", "1:idle:3"],
+               timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert re.search(r"reset 1: rank 1 on host \S+ \(pid \d+\) failed; 1 rank\(s\) left, below --min-np 2: in-process "
+                     r"mode cannot add ranks to a running job .*; starting again", out), out
+    assert "waiting up to 2 s for 2 slots (--min-np); usable now: localhost:1" in out, out
+    assert "stopping: fewer than 2 slots (--min-np) were usable for 2 s (--elastic-timeout)" in out, out
+    assert len(re.findall(r"starting \d+ ranks on", out)) == 1 and "final " not in out, out
 
 
 @pytest.mark.timeout(300)

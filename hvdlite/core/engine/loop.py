@@ -42,7 +42,8 @@ class Engine(Dispatch):
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
                  process_sets: Registry, presence_comm: Any,
                  on_verdict: Callable[[str, int], None] = lambda name, ps_id: None, planes: Any = None,
-                 hosts: Optional[list[str]] = None) -> None:
+                 hosts: Optional[list[str]] = None,
+                 fence: Optional[Callable[[list[int]], list[int]]] = None) -> None:
         self.comm = comm
         self.hosts = hosts or []  # each rank's host, to name a lost rank's
         self.rank = comm.Get_rank()
@@ -73,7 +74,7 @@ class Engine(Dispatch):
         self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
         self._join_cycle = -1
         self._join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
-        self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names)
+        self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names, fence)
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
         self.busy_cycles = 0

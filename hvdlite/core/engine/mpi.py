@@ -129,6 +129,12 @@ def abort(code: int = 1) -> None:
     _MPI.COMM_WORLD.Abort(code)
 
 
+def finalize() -> None:
+    """End MPI now (MPI_Finalize), where it is up and not ended yet; mpi4py's own exit hook then does nothing."""
+    if _MPI is not None and _MPI.Is_initialized() and not _MPI.Is_finalized():
+        _MPI.Finalize()
+
+
 # -- datatypes and ops ---------------------------------------------------------------------------------
 class MPIOps:
     """MPI datatypes and ops for each dtype, created once per process after MPI is up."""
