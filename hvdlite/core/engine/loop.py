@@ -75,6 +75,7 @@ class Engine(Dispatch):
         self._join_cycle = -1
         self._join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
         self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names, fence)
+        self.fault_tolerant = fence is not None  # (a fence is given exactly to fault-tolerant jobs: ULFM on)
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
         self.busy_cycles = 0
@@ -132,7 +133,7 @@ class Engine(Dispatch):
         except Stop as stop:
             self._fail_everything(ShutdownError(stop.message))
         except Exception as exc:  # noqa: BLE001 - a lost peer (ULFM) first, any other failure below
-            if not mpi.is_process_failure(exc):
+            if not mpi.is_process_failure(exc) and not self._peer_died():
                 self._failed(exc)
                 return
             self._fail_everything(self._lost_peer(exc))
@@ -146,6 +147,23 @@ class Engine(Dispatch):
             f"rank {self.rank}: the hvdlite engine failed with {type(exc).__name__}: {exc}. "
             f"Every pending and later collective raises this error; restart the job.")
         self._fail_everything(error)
+
+    def _peer_died(self) -> bool:
+        """After a failure that is not MPI's (a data plane's backend, e.g. gloo, lost its connection to a peer):
+        whether, in a fault-tolerant job, MPI knows of a dead peer, waiting up to LOST_RANKS_WAIT_S for its
+        failure detector. Then the failure is that peer's loss, and the survivors can recover from it."""
+        if not self.fault_tolerant:
+            return False
+        deadline = time.monotonic() + LOST_RANKS_WAIT_S
+        while not mpi.failed_ranks(self.comm):
+            try:
+                self.presence.serve()  # drives MPI's progress, which brings the news of a death
+            except Exception as exc:  # noqa: BLE001 - only MPI's report of a lost peer counts
+                return mpi.is_process_failure(exc)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def _lost_peer(self, exc: BaseException) -> ProcessFailedError:
         """MPI reported a dead peer (ULFM): revoke the engine's communicators, so every survivor's pending

@@ -130,9 +130,16 @@ def abort(code: int = 1) -> None:
 
 
 def finalize() -> None:
-    """End MPI now (MPI_Finalize), where it is up and not ended yet; mpi4py's own exit hook then does nothing."""
-    if _MPI is not None and _MPI.Is_initialized() and not _MPI.Is_finalized():
+    """End MPI now (MPI_Finalize), where it is up and not ended yet; mpi4py's own exit hook then does nothing.
+    Called through ctypes, which lets other Python threads run meanwhile (mpi4py's Finalize holds the GIL)."""
+    if _MPI is None or not _MPI.Is_initialized() or _MPI.Is_finalized():
+        return
+    c_finalize = _mpi_symbol("MPI_Finalize")
+    if c_finalize is None:
         _MPI.Finalize()
+        return
+    c_finalize.restype = ctypes.c_int
+    c_finalize()
 
 
 # -- datatypes and ops ---------------------------------------------------------------------------------
