@@ -16,8 +16,8 @@ from test_faults import _kill_rank_2
 WORKER = "elastic_inprocess.py"
 #: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang);
 #: MPI_Finalize without its closing PMIx fence over the dead ranks too (it sometimes never completed).
-ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
-              "--mca", "async_mpi_finalize", "true", "--oversubscribe"]
+ULFM_DETECT = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true"]
+ULFM_FLAGS = [*ULFM_DETECT, "--mca", "async_mpi_finalize", "true", "--oversubscribe"]
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 TRAINING = ["--epochs", "2", "--samples", "240"]
 
@@ -84,15 +84,19 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     for orig in stopped:  # the stall inspector's verdict: the stopped process is killed, then recovered from
         assert re.search(rf"rank {orig} \(host \S+, pid {starts[int(orig)]['pid']}\) answered no probes for 10 s "
                          r"\(stall_shutdown_time_seconds; stopped or wedged\): killed it \(SIGKILL\)", out), out
+    # a survivor told by a revoke, whose own detector has not named the dead rank within 2 s, says so
+    unnamed = re.findall(r"^\[hvdlite rank \d\] ERROR: rank \d: a rank \(not yet known here\) of this job died", out,
+                         re.MULTILINE)
+    told = len(unnamed)
     for k, death in enumerate(deaths):  # (the lost ranks' numbers are unchanged by the earlier shrinks here)
         lost, alive = death.split(":")[0], n - k - 1
-        # a survivor told by a revoke, whose own detector has not named the dead rank within 2 s, says so
-        errors = re.findall(rf"^\[hvdlite rank \d\] ERROR: rank \d: (rank {lost} \(host \S+\)|a rank \(not yet known "
-                            rf"here\)) of this job died", out, re.MULTILINE)
-        named = [e for e in errors if e.startswith("rank")]
+        named = re.findall(rf"^\[hvdlite rank \d\] ERROR: rank \d: rank {lost} \(host \S+\) of this job died", out,
+                           re.MULTILINE)
         recovered = re.findall(rf"recovered from the loss of rank\(s\) \[{lost}\] \(host\(s\) \S+\) in [\d.]+ s: "
                                rf"{alive} ranks now", out)
-        assert len(errors) == alive and len(named) >= 1 and len(recovered) == alive, out
+        assert 1 <= len(named) <= alive and len(recovered) == alive, out
+        told += len(named)
+    assert told == sum(n - k - 1 for k in range(len(deaths))), out  # every survivor told of every loss, once
     # the reference: an uninterrupted run at the final size from the commit the survivors last resumed from
     last = tmp_path / f"resume.{entries - 1}"
     assert last.exists(), out
@@ -124,7 +128,9 @@ def test_a_non_elastic_job_under_ulfm_names_the_dead_rank_on_every_survivor(ompi
     """No hvd.elastic.run: kill -9 of rank 2 in the middle of a 32 MB allreduce; under ULFM every survivor's
     allreduce fails with the error naming rank 2 and its host, and the job ends within seconds."""
     mpiexec = str(Path(ompi_python).parent / "mpiexec")
-    job, elapsed = _kill_rank_2([mpiexec, *ULFM_FLAGS, "-n", "4", "-x", "PYTHONPATH", ompi_python,
+    # (without async_mpi_finalize: these survivors abort and never reach MPI_Finalize; with it, 3 of 16 such jobs
+    # did not end within 35-60 s of the kill, against 0 of 9 without: not understood yet)
+    job, elapsed = _kill_rank_2([mpiexec, *ULFM_DETECT, "--oversubscribe", "-n", "4", "-x", "PYTHONPATH", ompi_python,
                                  str(WORKERS / "faults.py"), "loop"], ROOT_ENV)
     assert job.proc.returncode != 0, job.text
     for survivor in (0, 1, 3):
