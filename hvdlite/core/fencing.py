@@ -37,7 +37,7 @@ def _start_ticks(pid: int) -> int:
         return 0
 
 
-def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str) -> list[int]:
+def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str) -> list[int]:
     """Kill (SIGKILL: a stopped process dies too) the processes of ``ranks`` that run on this host and are still
     the processes that joined the job; return those ranks. Ranks on other hosts are left to survivors there."""
     here = socket.gethostname()
@@ -52,7 +52,6 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str) -> list[int]:
             os.kill(peer.pid, signal.SIGKILL)
         except OSError:
             continue
-        logger.warning("rank %d (host %s, pid %d) %s: killed it (SIGKILL), so that MPI sees it as failed and the "
-                       "survivors recover without it", rank, peer.host, peer.pid, why)
+        logger.warning("rank %d (host %s, pid %d) %s: killed it (SIGKILL), %s", rank, peer.host, peer.pid, why, then)
         killed.append(rank)
     return killed

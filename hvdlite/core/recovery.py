@@ -93,7 +93,8 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
         _guard_finalize()
     # ULFM also declares failed a rank that only stopped answering (SIGSTOP, missed heartbeats): end it, so that
     # it can neither come back into the job nor keep the launcher from ending
-    fence(lost, old.peers, "was declared failed but its process is still there")
+    fence(lost, old.peers, "was declared failed but its process is still there",
+          "so that it cannot hold the job's end or come back")
     removed = _rebuild_process_sets(old.psets.sets, old_ranks, new)
     result = Recovery(lost, tuple(old.hosts[r] for r in lost), old.size, new.size, old.rank, new.rank,
                       time.monotonic() - started, removed)

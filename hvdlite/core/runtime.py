@@ -76,7 +76,8 @@ class State:
     def fence_silent(self, ranks: list[int]) -> list[int]:
         """The stall inspector's verdict in a fault-tolerant job: kill these ranks' processes on this host."""
         return fence(ranks, self.peers, f"answered no probes for {self.config.stall_shutdown_time_seconds:g} s "
-                                        f"(stall_shutdown_time_seconds; stopped or wedged)")
+                                        f"(stall_shutdown_time_seconds; stopped or wedged)",
+                     "so that MPI sees it as failed and the survivors recover without it")
 
     def abandon(self) -> None:
         """Leave this state after a lost rank: the engine has ended, its communicators are revoked (freeing
