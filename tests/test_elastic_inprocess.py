@@ -128,8 +128,8 @@ def test_a_non_elastic_job_under_ulfm_names_the_dead_rank_on_every_survivor(ompi
     """No hvd.elastic.run: kill -9 of rank 2 in the middle of a 32 MB allreduce; under ULFM every survivor's
     allreduce fails with the error naming rank 2 and its host, and the job ends within seconds."""
     mpiexec = str(Path(ompi_python).parent / "mpiexec")
-    # (without async_mpi_finalize: these survivors abort and never reach MPI_Finalize; with it, 3 of 28 such jobs
-    # did not end within 35-60 s of the kill, against 0 of 10 without: not understood yet)
+    # (without async_mpi_finalize: these survivors abort and never reach MPI_Finalize. With it, 3 of 28 such jobs
+    # left a survivor deadlocked in Open MPI's TCP BTL, 0 of 10 without: see docs/elastic.md, "Open point")
     job, elapsed = _kill_rank_2([mpiexec, *ULFM_DETECT, "--oversubscribe", "-n", "4", "-x", "PYTHONPATH", ompi_python,
                                  str(WORKERS / "faults.py"), "loop"], ROOT_ENV)
     assert job.proc.returncode != 0, job.text
