@@ -3,13 +3,16 @@ backward's allreduces, inside a commit), the survivors go on in the same process
 an uninterrupted run from the same commit."""
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import WORKERS, ompi_python, run_mpi  # noqa: F401 - the fixture
+from cluster.elastic import ElasticRun, final_accuracy
 from cluster.fixtures import run
 from test_faults import _kill_rank_2
 
@@ -154,6 +157,27 @@ def test_process_sets_are_rebuilt_from_their_survivors(ompi_python: str) -> None
         assert final["step"] == "30" and float(final["total"]) == 9 * 4 + 21 * 3, out
         assert final["sets"] == "1:[0,1];2:[2];None:None", out
     assert "process set [3] lost every member: it is unregistered" in out, out
+
+
+@pytest.mark.timeout(400)
+def test_keras_fit_with_elastic_callbacks_recovers_in_process(ompi_python: str) -> None:
+    """Keras 3 model.fit with KerasState and the elastic callbacks under hvdlite-run (in-process mode): rank 1
+    killed after the first of 2 epochs; the two survivors finish in their own processes (one start), and the
+    job ends."""
+    job = ElasticRun([ompi_python, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3", ompi_python,
+                      str(WORKERS / "keras_elastic.py"), "--epochs", "2"])
+    ranks = job.rank_pids(3)
+    job.wait_for(r"^epoch=1 size=3 commit=\d+$", timeout=300)
+    os.kill(ranks[1][1], signal.SIGKILL)
+    assert job.finish(timeout=300) == 0, job.output
+    out = job.output
+    assert re.search(rf"reset 1: rank 1 on host \S+ \(pid {ranks[1][1]}\) failed; 2 ranks left recover in their "
+                     r"processes", out), out
+    assert out.count("starting 3 ranks") == 1 and "starting 2 ranks" not in out, out  # never restarted
+    assert "reset: size=2" in out and "final_epoch=2" in out, out
+    epochs = re.findall(r"^epoch=(\d+) size=(\d) ", out, re.MULTILINE)
+    assert epochs == [("1", "3"), ("2", "2")], out
+    assert final_accuracy(out) >= 0.9, out
 
 
 @pytest.mark.timeout(600)
