@@ -283,7 +283,13 @@ class BucketSync:
             self.reset()
 
     def reset(self) -> None:
+        """A step's reductions are done (or dropped): nothing in flight, nothing counted."""
         self.inflight.clear()
+        self.recount()
+
+    def recount(self) -> None:
+        """Count complete gradients afresh (the passes are counted afresh); what is in flight stays, for the
+        next step to finish."""
         self.ready = [0] * len(self.buckets)
 
     def _requests(self) -> list[_Started]:

@@ -149,9 +149,10 @@ class ReadinessOwner:
         self.set_backward_passes_per_step(passes)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
-        """Between steps: passes are counted afresh, and so are the buckets' complete gradients."""
+        """Passes are counted afresh, and so are the buckets' complete gradients (reductions already started
+        are finished by the next step, as Horovod's handles are)."""
         self._readiness.set_passes(passes)
-        self._buckets.reset()
+        self._buckets.recount()
 
     def no_sync(self) -> Any:
         """Context manager (DDP's idiom): backward passes inside it accumulate gradients locally and submit

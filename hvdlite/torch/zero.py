@@ -1,8 +1,9 @@
 """ZeroRedundancyOptimizer: ZeRO stage 1, each rank keeps and steps the optimizer state of 1/N of the model.
 
-Gradients are averaged with one reducescatter per flat bucket (see zero_layout), so each rank receives only
-the rows it owns; the wrapped ``optimizer_class`` steps those rows; an allgather of the updated rows puts the
-new parameters on every rank. Parameters and gradients are views of each bucket's flat buffers, and both
+Gradients are averaged with one reducescatter per flat bucket (laid out by zero_layout, counted and submitted
+by bucket_sync's machine, the one DistributedOptimizer uses too), so each rank receives only the rows it
+owns; the wrapped ``optimizer_class`` steps those rows; an allgather of the updated rows puts the new
+parameters on every rank. Parameters and gradients are views of each bucket's flat buffers, and both
 collectives write into buffers kept across steps, so a step allocates no whole-model temporaries.
 """
 from __future__ import annotations
