@@ -93,9 +93,11 @@ class _DistributedOptimizer(ReadinessOwner):
 
     def _on_grad_ready(self, p: torch.Tensor, complete: bool) -> None:
         """A counted pass made ``p``'s gradient: its bucket takes it (and starts when complete), else its unit
-        is submitted once complete; without overlap synchronize() submits them all once backward is done."""
-        if (self._use_buckets and self._buckets.take(p, complete, self.overlap)) or not complete or not self.overlap:
+        is submitted once complete."""
+        if self._use_buckets and self._buckets.take(p, complete, self.overlap):
             return
+        if not complete or not self.overlap:
+            return  # without overlap, synchronize() submits them all once backward is done with the CPU
         unit = self._unit_of[p]
         if isinstance(unit, tuple) and not all(self._readiness.complete(q) for q in unit if q.requires_grad):
             return
