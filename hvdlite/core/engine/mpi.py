@@ -1,6 +1,7 @@
 """The one module that imports mpi4py: start-up and thread level, datatypes and ops, communicator helpers."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 from typing import Any, Callable, Optional, Sequence
@@ -35,6 +36,9 @@ def start(before_init: Optional[Callable[[str], None]] = None) -> Any:
                 MPI.Init_thread(MPI.THREAD_MULTIPLE)
         else:
             from mpi4py import MPI
+            if not MPI.Is_initialized():  # loaded without starting MPI (probe_library, in this process)
+                MPI.Init_thread(MPI.THREAD_MULTIPLE)
+                atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
         _MPI = MPI
     level = _MPI.Query_thread()
     if level < _MPI.THREAD_SERIALIZED:
