@@ -65,7 +65,7 @@ BENCHMARKS: tuple[Bench, ...] = (
           "mpi", "~1 min (README)", ("--tiny", "--steps", "1", "--rounds", "1"), headline=True),
     Bench("train_throughput", "training samples/s (torch ResNet-50 and transformer, Keras): hvdlite against "
           "single, DDP, Horovod and the machine's own limit", "python", "~3 min (README)",
-          ("--tiny", "--steps", "2", "--rounds", "1", "--warmup", "1", "--keras-models", "transformer",
+          ("--tiny", "--steps", "2", "--rounds", "1", "--warmup", "1", "--models", "transformer",
            "--hvd-module", "hvdlite.torch"), peer="module", headline=True),
     Bench("peak_rss", "peak RSS per rank of a BERT-base AdamW step: hvdlite against plain torch, DDP, Horovod "
           "and another checkout", "python", "~10 min idle (README; 20 fresh jobs)",

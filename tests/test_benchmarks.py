@@ -234,7 +234,7 @@ def check_train_throughput(records: Records, tmp_path: Path) -> None:
     done = {r["framework"] for r in records if r.get("kind") == "done"}
     assert done == {"torch", "keras"}
     for framework, expected, models in (("torch", {"single", "independent", "hvdlite", "ddp", "hvd_module"},
-                                         ("resnet50", "transformer")),
+                                         ("transformer",)),  # (the smoke's one model: ResNet-50 is its cost)
                                         ("keras", {"single", "independent", "hvdlite"}, ("transformer",))):
         for model in models:
             methods = by_method(records, framework=framework, model=model)
