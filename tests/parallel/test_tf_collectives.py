@@ -4,6 +4,7 @@ helpers, process sets, SyncBatchNormalization, the XLA errors, the timeline."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow is imported
@@ -39,8 +40,12 @@ def test_topology_build_flags_and_rank_ops() -> None:
         same([int(t) for t in ops], [r, n, hvd.local_rank(), hvd.local_size(), 1], f"{mode} *_op")
     assert isinstance(hvd.mpi_threads_supported(), bool)
     assert (hvd.mpi_enabled(), hvd.mpi_built()) == (True, True)
-    assert not any([hvd.gloo_enabled(), hvd.gloo_built(), hvd.nccl_built(), hvd.ddl_built(), hvd.ccl_built(),
-                    hvd.cuda_built(), hvd.rocm_built()])
+    assert not any([hvd.gloo_enabled(), hvd.nccl_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.cuda_built(),
+                    hvd.rocm_built()])
+    # gloo is built where a registered frontend can run it: hvdlite.torch, when this process loaded it (the
+    # files of tests/parallel share processes)
+    torch_frontend = "hvdlite.torch" in sys.modules
+    assert hvd.gloo_built() == (torch_frontend and sys.modules["torch"].distributed.is_gloo_available())
 
 
 base = np.arange(6, dtype=np.float32).reshape(2, 3)
