@@ -11,7 +11,8 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.core.config import Config
-from hvdlite.core.engine.negotiation import JOIN_TOLERANT_PERMISSIVE, RankMessage, ResponseCache, decide
+from hvdlite.core.engine.cache import ResponseCache
+from hvdlite.core.engine.negotiation import JOIN_TOLERANT_PERMISSIVE, RankMessage, decide
 from hvdlite.core.engine.requests import Kind, make_signature
 from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
 
