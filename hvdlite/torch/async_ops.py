@@ -72,14 +72,24 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
     reduce_op = Average if op is None and average is None else resolve_op(op, average)  # the default: no call
-    if name is not None and process_set is global_process_set and accumulation is None:  # the per-gradient path
+    return _allreduce_in_place(tensor, name, reduce_op, prescale_factor, postscale_factor, process_set, accumulation)
+
+
+def _allreduce_in_place(tensor: torch.Tensor, name: Optional[str], op: ReduceOp, prescale: float,
+                        postscale: float, process_set: ProcessSet,
+                        accumulation: Optional[Accumulation] = None) -> Handle:
+    """allreduce_async_ with its op resolved: the entry of the gradient hooks (torch/comm_hooks.py). A named
+    tensor of the global set that hvdlite reduces in its own memory takes the per-gradient path
+    (tensors.prepared, then the core's submit_prepared: what a name needs is worked out once, not per step);
+    any other goes through to_host and the core's general path. Both end in the engine's one submit()."""
+    if name is not None and process_set is global_process_set and accumulation is None:
         host = prepared(tensor)
         if host is not None:
-            return submit_prepared("allreduce." + name, *host, reduce_op, prescale_factor, postscale_factor, tensor)
-    host, shared = to_host(tensor, _what("allreduce_", reduce_op))
-    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), reduce_op,
-                                          prescale_factor, postscale_factor, process_set, inplace=True,
-                                          dtype_hints=(dtype_hint(tensor),), accumulation=accumulation)
+            return submit_prepared("allreduce." + name, *host, op, prescale, postscale, tensor)
+    host, shared = to_host(tensor, _what("allreduce_", op))
+    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), op, prescale, postscale,
+                                          process_set, inplace=True, dtype_hints=(dtype_hint(tensor),),
+                                          accumulation=accumulation)
     if shared:
         return handle.returning(tensor)
     return handle.then(lambda results: write_into(tensor, results[0], False))

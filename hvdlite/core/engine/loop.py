@@ -16,7 +16,7 @@ import numpy as np
 from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
-from . import deterministic, mpi, polling, stalls, stragglers
+from . import callsite, deterministic, mpi, polling, stalls, stragglers
 from .autotune import Autotuner
 from .completion import Completion
 from .execution import Executor
@@ -84,6 +84,9 @@ class Engine:
 
     # -- user threads -----------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
+        """The one way into the engine, for every request (State.submit's and submit_prepared's alike)."""
+        if callsite.known.get(req.name) is not req.sig:  # a new name or signature: steady state skips the capture
+            req.site = callsite.note(req.name, req.sig)
         key, inflight = req.key, self.completion.inflight
         with self._lock:
             if self.error is not None:

@@ -75,8 +75,7 @@ def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: flo
                    root: int, tensors: tuple[Any, ...], extra: Any = None, plane: str = "") -> Signature:
     """The signature, shared with every equal one made before (a training step makes the same ones
     again and again: sharing them keeps the per-op objects few)."""
-    sig = _new_signature(Signature, (kind, ps_id, op, float(prescale),
-                                     float(postscale), int(root), tensors, extra, plane))
+    sig = Signature(kind, ps_id, op, float(prescale), float(postscale), int(root), tensors, extra, plane)
     if len(_SIGNATURES) >= _INTERN_LIMIT:
         _SIGNATURES.clear()
     try:
@@ -99,9 +98,6 @@ def tensor_layout(dtype: str, shape: tuple[Any, ...]) -> tuple[Any, ...]:
 _INTERN_LIMIT = 1 << 16  # distinct signatures remembered; past it the tables start again
 _SIGNATURES: dict[Signature, Signature] = {}
 _LAYOUTS: dict[Any, Any] = {}
-
-
-_new_signature = tuple.__new__  # NamedTuple's own __new__ is Python code: this is on the per-op path
 
 
 class _SignatureFields:
@@ -127,18 +123,11 @@ class Request(Handle, _SignatureFields):
     __slots__ = ("sig", "key", "inputs", "outputs", "dtypes", "op", "splits", "submitted", "cache_bit",
                  "cache_version", "results", "remaining", "site")
 
-    def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
+    def __init__(self, name: str, sig: Signature, *, inputs: Sequence[np.ndarray],
                  outputs: Sequence[Optional[np.ndarray]], dtypes: Sequence[str], op: Optional[ReduceOp] = None,
                  splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None,
                  key: Optional[tuple[int, str]] = None, value: Any = UNSET) -> None:
-        # Handle.__init__'s fields, set here without calling it (the per-op path); ``value``: see returning()
-        self.name = name
-        self._waiters = None
-        self._done = False
-        self._result = None
-        self._error = None
-        self._finalize = finalize
-        self._value = value
+        Handle.__init__(self, name, finalize, value)  # ``value``: see Handle.returning()
         self.sig = sig
         self.key = (sig.ps_id, name) if key is None else key  # the engine's tables' key: (process set, name)
         self.inputs = inputs
