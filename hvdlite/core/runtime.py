@@ -102,8 +102,8 @@ class State:
             tuple([(d, shape_of(a)) for a, d in zip(inputs, dtypes)])
         sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra,
                              plane_of(inputs, kind, name))
-        req = Request(name, sig, inputs=inputs, outputs=outputs if outputs is not None else (None,) * len(inputs),
-                      dtypes=dtypes, op=op, splits=splits, finalize=finalize)
+        req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), splits=splits,
+                      finalize=finalize)
         self.engine.submit(req)
         return req
 
@@ -275,7 +275,7 @@ def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...],
         if len(st.prepared) >= _PREPARED_LIMIT:
             st.prepared.clear()
         st.prepared[name] = memo
-    req = Request(name, memo.sig, inputs=inputs, outputs=inputs, dtypes=dtypes, op=op, key=memo.key, value=value)
+    req = Request(name, memo.sig, inputs, inputs, memo.key, value)  # in place: its inputs are its outputs
     st.engine.submit(req)
     return req
 
