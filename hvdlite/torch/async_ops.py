@@ -70,7 +70,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      process_set: ProcessSet = global_process_set, *,
                      accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    reduce_op = Average if op is None and average is None else resolve_op(op, average)  # the default: no call
+    reduce_op = resolve_op(op, average)
     return _allreduce_in_place(tensor, name, reduce_op, prescale_factor, postscale_factor, process_set, accumulation)
 
 

@@ -42,8 +42,6 @@ class Kind(enum.Enum):
     def __str__(self) -> str:
         return self.label
 
-    __hash__ = object.__hash__  # members are singletons (pickled by name): Enum's own hash is Python code, per op
-
     def __reduce__(self) -> Any:  # pickle by name: the tuple values are not unique identifiers to pickle
         return (Kind.__getitem__, (self.name,))
 
