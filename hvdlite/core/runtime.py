@@ -145,7 +145,6 @@ class State:
         return True
 
 
-_state: Optional[State] = None
 class Prepared(NamedTuple):
     """What submit_prepared worked out for one name, valid while the name comes back with the same layout, op
     and factors."""
@@ -158,6 +157,7 @@ class Prepared(NamedTuple):
     key: tuple[int, str]  # the engine's tables' key: (process set, name)
 
 
+_state: Optional[State] = None
 _PREPARED_LIMIT = 1 << 16  # names remembered by submit_prepared; past it the table starts again
 _GENERATIONS = itertools.count(1)
 _lock = threading.RLock()
