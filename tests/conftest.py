@@ -183,36 +183,63 @@ def run_parallel(module: str, n: int, report_dir: Path, timeout: float = 600, te
                  env: Optional[Mapping[str, str]] = None, select: str = "") -> None:
     """Run tests/parallel/``module`` inside ``mpiexec -n n`` ranks; fail naming every test that failed on
     any rank (with that rank's report), or a rank that never reported."""
+    problems = run_parallel_files([module], n, report_dir, timeout, test_timeout, env, select)[module]
+    if problems:
+        pytest.fail(f"{module} at -n {n}:\n" + "\n".join(problems), pytrace=False)
+
+
+def run_parallel_files(modules: Sequence[str], n: int, report_dir: Path, timeout: float = 600,
+                       test_timeout: float = 180, env: Optional[Mapping[str, str]] = None,
+                       select: str = "") -> dict[str, list[str]]:
+    """Run the tests of several tests/parallel/ files in one ``mpiexec -n n`` job (each rank imports torch and
+    TensorFlow once, not once per file: most of this tier's time was those imports); return, per file, what
+    went wrong (empty: every test of it passed on every rank): a test that failed on a rank (with that rank's
+    report), a rank that never reached the file's tests (it crashed or hung in an earlier one) or collected
+    none of them, ranks that ran different tests. Whatever went wrong is followed by the job's output."""
     import json
     report_dir.mkdir(parents=True, exist_ok=True)
-    args = ["-m", "pytest", str(PARALLEL / module), "-q", "-p", "no:cacheprovider", "-o",
+    args = ["-m", "pytest", *(str(PARALLEL / m) for m in modules), "-q", "-p", "no:cacheprovider", "-o",
             f"timeout={test_timeout}", "--rootdir", str(ROOT / "tests")]
     if select:
         args += ["-k", select]
     full_env = {"HVDT_IN_RANKS": "1", "HVDT_REPORT_DIR": str(report_dir),
                 "HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "60", **(env or {})}
     proc = run_mpi(sys.executable, n, args=args, timeout=timeout, env=full_env, check=False, python=False)
-    problems = []
-    names: set = set()
+
+    def module_of(nodeid: str) -> str:
+        return Path(nodeid.split("::")[0]).name
+
+    problems: dict[str, list[str]] = {m: [] for m in modules}
+    ran_by_rank: dict[str, set] = {m: set() for m in modules}
     for r in range(n):
         path = report_dir / f"rank{r}.json"
         if not path.exists():
-            problems.append(f"rank {r} wrote no report (it crashed or hung)")
+            for m in modules:
+                problems[m].append(f"rank {r} wrote no report (it crashed or hung before its first test)")
             continue
         report = json.loads(path.read_text())
-        if report["collected"] == 0:
-            problems.append(f"rank {r} collected no tests")
-        ran = [t for t in report["tests"] if t["when"] == "call"]
-        names.add(tuple(t["nodeid"] for t in ran))
+        collected = {m: [i for i in report["collected"] if module_of(i) == m] for m in modules}
+        reported = {t["nodeid"] for t in report["tests"]}
+        for m in modules:
+            if not collected[m]:
+                problems[m].append(f"rank {r} collected no tests")
+            missing = [i for i in collected[m] if i not in reported]
+            if missing:
+                problems[m].append(f"rank {r} never finished {missing[0]} ({len(missing)} of this file's tests "
+                                   f"unreported: it crashed or hung; see the output)")
+            ran_by_rank[m].add(tuple(t["nodeid"] for t in report["tests"]
+                                     if t["when"] == "call" and module_of(t["nodeid"]) == m))
         for t in report["tests"]:
+            m = module_of(t["nodeid"])
             if t["outcome"] == "failed":
-                problems.append(f"rank {r}: {t['nodeid']} FAILED ({t['when']}):\n{t.get('longrepr', '')}")
+                problems[m].append(f"rank {r}: {t['nodeid']} FAILED ({t['when']}):\n{t.get('longrepr', '')}")
             elif t["outcome"] == "skipped" and t["when"] != "call":
-                problems.append(f"rank {r}: {t['nodeid']} was skipped: tests in tests/parallel must not skip")
-    if len(names) > 1:
-        problems.append("the ranks ran different tests")
-    if proc.returncode != 0 and not problems:
-        problems.append(f"mpiexec exited {proc.returncode}")
-    if problems:
-        pytest.fail(f"{module} at -n {n}:\n" + "\n".join(problems) + f"\n--- stdout:\n{proc.stdout[-8000:]}"
-                    f"\n--- stderr:\n{proc.stderr[-8000:]}", pytrace=False)
+                problems[m].append(f"rank {r}: {t['nodeid']} was skipped: tests in tests/parallel must not skip")
+    for m in modules:
+        if len(ran_by_rank[m]) > 1:
+            problems[m].append("the ranks ran different tests")
+    if proc.returncode != 0 and not any(problems.values()):
+        for m in modules:
+            problems[m].append(f"mpiexec exited {proc.returncode}")
+    output = f"--- stdout:\n{proc.stdout[-8000:]}\n--- stderr:\n{proc.stderr[-8000:]}"
+    return {m: [*found, output] if found else [] for m, found in problems.items()}

@@ -3,20 +3,24 @@ backward's allreduces, inside a commit), the survivors go on in the same process
 an uninterrupted run from the same commit."""
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import WORKERS, ompi_python, run_mpi  # noqa: F401 - the fixture
+from cluster.elastic import ElasticRun, final_accuracy
 from cluster.fixtures import run
 from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
-#: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang).
-ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
-              "--oversubscribe"]
+#: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang);
+#: MPI_Finalize without its closing PMIx fence over the dead ranks too (it sometimes never completed).
+ULFM_DETECT = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true"]
+ULFM_FLAGS = [*ULFM_DETECT, "--mca", "async_mpi_finalize", "true", "--oversubscribe"]
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 TRAINING = ["--epochs", "2", "--samples", "240"]
 
@@ -33,25 +37,36 @@ def _lines(out: str, kind: str) -> dict[int, dict[str, str]]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("launch, n, deaths, survivors, entries", [
     ("hvdlite-run", 3, ["2:backward:3", "0:commit:12"], [1], 3),
-    ("mpiexec", 4, ["3:commit:4", "0:backward:10"], [1, 2], 3),
-], ids=["hvdlite-run-np3-backward-then-rank0-commit", "mpiexec-np4-commit-then-rank0-backward"])
+    ("mpiexec", 4, ["3:commit:4", "0:gloo:10"], [1, 2], 3),
+    ("mpiexec", 4, ["3:stop:3", "0:reset:1"], [1, 2], 2),
+], ids=["hvdlite-run-np3-backward-then-rank0-commit", "mpiexec-np4-commit-then-rank0-in-a-gloo-allreduce",
+        "mpiexec-np4-stopped-then-rank0-during-the-recovery"])
 def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
         ompi_python: str, tmp_path: Path, launch: str, n: int, deaths: list[str], survivors: list[int],
         entries: int) -> None:
-    """Two ranks killed one after the other: in backward (the survivors wait in the negotiation of its
-    allreduces), then rank 0 inside a commit; or inside a commit, then rank 0 in backward. Every survivor
-    names each lost rank, recovers in its own process (same pid), and all end with the weights of an
-    uninterrupted run at the final size from the commit they last resumed from. hvdlite-run picks in-process
-    mode by itself (Open MPI 5 has ULFM) and adds the ULFM flags; plain mpiexec gets them here.
-    ``entries``: calls of the training function."""
+    """Two ranks lost one after the other: killed in backward (the survivors wait in the negotiation of its
+    allreduces), then rank 0 inside a commit; killed inside a commit, then rank 0 inside an allreduce of the
+    torch gloo plane (HOROVOD_CPU_OPERATIONS=gloo: a survivor's gloo fails with "Connection reset by peer",
+    which counts as the loss of rank 0 because MPI knows it died; the plane is made again); or stopped
+    (SIGSTOP: a hang, not a death) between steps, which the stall inspector finds (10 s; ULFM's own detector
+    is given 60 s here, so only the inspector can), kills and recovers from, then rank 0 killed during that
+    recovery itself (in the reset callbacks: the survivors recover again). Every survivor names each lost
+    rank, recovers in its own process (same pid), and all end with the weights of an uninterrupted run at the
+    final size from the commit they last resumed from, and the job ends (its exit once hung in MPI_Finalize).
+    hvdlite-run picks in-process mode by itself (Open MPI 5 has ULFM) and adds the ULFM flags; plain mpiexec
+    gets them here. ``entries``: calls of the training function."""
     die = [arg for death in deaths for arg in ("--die", death)]
     worker = [*TRAINING, *die, "--dump-resume", str(tmp_path / "resume")]
+    stopped = [death.split(":")[0] for death in deaths if ":stop:" in death]
+    planes = {"HOROVOD_CPU_OPERATIONS": "gloo"} if any(":gloo:" in death for death in deaths) else {}
     if launch == "hvdlite-run":
         proc = run([ompi_python, "-m", "hvdlite.run", "-np", str(n), "--min-np", "1", ompi_python,
-                    str(WORKERS / WORKER), *worker], timeout=400)
+                    str(WORKERS / WORKER), *worker], timeout=300)
     else:
         mpiexec = str(Path(ompi_python).parent / "mpiexec")
-        proc = run_mpi(WORKER, n, worker, timeout=400, env=ROOT_ENV, launcher=[mpiexec, *ULFM_FLAGS],
+        stall = ["--mca", "mpi_ft_detector_timeout", "60"] if stopped else []
+        env = {**ROOT_ENV, **planes, **({"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "10"} if stopped else {})}
+        proc = run_mpi(WORKER, n, worker, timeout=300, env=env, launcher=[mpiexec, *ULFM_FLAGS, *stall],
                        interpreter=ompi_python, check=False)
     out = proc.stdout + proc.stderr
     if launch == "hvdlite-run":
@@ -69,22 +84,46 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
         assert final["pid"] == starts[orig]["pid"], out  # the same process: recovered, not restarted
         assert final["size"] == str(len(survivors)) and final["entries"].count("/") == entries - 1, out
     assert len({f["sha"] for f in finals.values()}) == 1, out  # identical weights on every survivor
+    for orig in stopped:  # the stall inspector's verdict: the stopped process is killed, then recovered from
+        assert re.search(rf"rank {orig} \(host \S+, pid {starts[int(orig)]['pid']}\) answered no probes for 10 s "
+                         r"\(stall_shutdown_time_seconds; stopped or wedged\): killed it \(SIGKILL\)", out), out
+    # a survivor told by a revoke, whose own detector has not named the dead rank within 2 s, says so
+    unnamed = re.findall(r"^\[hvdlite rank \d\] ERROR: rank \d: a rank \(not yet known here\) of this job died", out,
+                         re.MULTILINE)
+    told = len(unnamed)
     for k, death in enumerate(deaths):  # (the lost ranks' numbers are unchanged by the earlier shrinks here)
         lost, alive = death.split(":")[0], n - k - 1
-        # a survivor told by a revoke, whose own detector has not named the dead rank within 2 s, says so
-        errors = re.findall(rf"^\[hvdlite rank \d\] ERROR: rank \d: (rank {lost} \(host \S+\)|a rank \(not yet known "
-                            rf"here\)) of this job died", out, re.MULTILINE)
-        named = [e for e in errors if e.startswith("rank")]
+        named = re.findall(rf"^\[hvdlite rank \d\] ERROR: rank \d: rank {lost} \(host \S+\) of this job died", out,
+                           re.MULTILINE)
         recovered = re.findall(rf"recovered from the loss of rank\(s\) \[{lost}\] \(host\(s\) \S+\) in [\d.]+ s: "
                                rf"{alive} ranks now", out)
-        assert len(errors) == alive and len(named) >= 1 and len(recovered) == alive, out
+        assert 1 <= len(named) <= alive and len(recovered) == alive, out
+        told += len(named)
+    assert told == sum(n - k - 1 for k in range(len(deaths))), out  # every survivor told of every loss, once
     # the reference: an uninterrupted run at the final size from the commit the survivors last resumed from
     last = tmp_path / f"resume.{entries - 1}"
     assert last.exists(), out
-    ref = run_mpi(WORKER, len(survivors), [*TRAINING, "--load", str(last)], timeout=300)
+    ref = run_mpi(WORKER, len(survivors), [*TRAINING, "--load", str(last)], timeout=300, env=planes)
     ref_finals = _lines(ref.stdout, "final")
     assert {f["sha"] for f in ref_finals.values()} == {f["sha"] for f in finals.values()}, (out, ref.stdout)
     assert {f["steps"] for f in ref_finals.values()} == {f["steps"] for f in finals.values()}, (out, ref.stdout)
+
+
+@pytest.mark.timeout(300)
+def test_below_min_np_the_job_stops_then_waits_elastic_timeout(ompi_python: str) -> None:
+    """In-process mode, --min-np 2 of 2: rank 1 dies, so one survivor is below --min-np. The driver stops the
+    job saying so (a running job cannot grow in-process), the restart path waits --elastic-timeout for two
+    usable slots (this machine has one left: the dead rank's slot is blacklisted), then stops with the reason."""
+    proc = run([ompi_python, "-m", "hvdlite.run", "-np", "2", "--min-np", "2", "--max-np", "2",
+                "--elastic-timeout", "2", ompi_python, str(WORKERS / WORKER), *TRAINING, "--die", "1:idle:3"],
+               timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert re.search(r"reset 1: rank 1 on host \S+ \(pid \d+\) failed; 1 rank\(s\) left, below --min-np 2: in-process "
+                     r"mode cannot add ranks to a running job .*; starting again", out), out
+    assert "waiting up to 2 s for 2 slots (--min-np); usable now: localhost:1" in out, out
+    assert "stopping: fewer than 2 slots (--min-np) were usable for 2 s (--elastic-timeout)" in out, out
+    assert len(re.findall(r"starting \d+ ranks on", out)) == 1 and "final " not in out, out
 
 
 @pytest.mark.timeout(300)
@@ -92,7 +131,9 @@ def test_a_non_elastic_job_under_ulfm_names_the_dead_rank_on_every_survivor(ompi
     """No hvd.elastic.run: kill -9 of rank 2 in the middle of a 32 MB allreduce; under ULFM every survivor's
     allreduce fails with the error naming rank 2 and its host, and the job ends within seconds."""
     mpiexec = str(Path(ompi_python).parent / "mpiexec")
-    job, elapsed = _kill_rank_2([mpiexec, *ULFM_FLAGS, "-n", "4", "-x", "PYTHONPATH", ompi_python,
+    # (without async_mpi_finalize: these survivors abort and never reach MPI_Finalize. With it, 3 of 28 such jobs
+    # left a survivor deadlocked in Open MPI's TCP BTL, 0 of 10 without: see docs/elastic.md, "Open point")
+    job, elapsed = _kill_rank_2([mpiexec, *ULFM_DETECT, "--oversubscribe", "-n", "4", "-x", "PYTHONPATH", ompi_python,
                                  str(WORKERS / "faults.py"), "loop"], ROOT_ENV)
     assert job.proc.returncode != 0, job.text
     for survivor in (0, 1, 3):
@@ -116,6 +157,27 @@ def test_process_sets_are_rebuilt_from_their_survivors(ompi_python: str) -> None
         assert final["step"] == "30" and float(final["total"]) == 9 * 4 + 21 * 3, out
         assert final["sets"] == "1:[0,1];2:[2];None:None", out
     assert "process set [3] lost every member: it is unregistered" in out, out
+
+
+@pytest.mark.timeout(400)
+def test_keras_fit_with_elastic_callbacks_recovers_in_process(ompi_python: str) -> None:
+    """Keras 3 model.fit with KerasState and the elastic callbacks under hvdlite-run (in-process mode): rank 1
+    killed after the first of 2 epochs; the two survivors finish in their own processes (one start), and the
+    job ends."""
+    job = ElasticRun([ompi_python, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3", ompi_python,
+                      str(WORKERS / "keras_elastic.py"), "--epochs", "2"])
+    ranks = job.rank_pids(3)
+    job.wait_for(r"^epoch=1 size=3 commit=\d+$", timeout=300)
+    os.kill(ranks[1][1], signal.SIGKILL)
+    assert job.finish(timeout=300) == 0, job.output
+    out = job.output
+    assert re.search(rf"reset 1: rank 1 on host \S+ \(pid {ranks[1][1]}\) failed; 2 ranks left recover in their "
+                     r"processes", out), out
+    assert out.count("starting 3 ranks") == 1 and "starting 2 ranks" not in out, out  # never restarted
+    assert "reset: size=2" in out and "final_epoch=2" in out, out
+    epochs = re.findall(r"^epoch=(\d+) size=(\d) ", out, re.MULTILINE)
+    assert epochs == [("1", "3"), ("2", "2")], out
+    assert final_accuracy(out) >= 0.9, out
 
 
 @pytest.mark.timeout(600)

@@ -1,5 +1,8 @@
 """Spawns every in-rank test file of tests/parallel/ under ``mpiexec -n N``, one test per (file, size).
 
+The files of one size and variant run in one job (every rank imports torch and TensorFlow once, not once per
+file), and each file's test reports that file's verdict from it; ``-k <file stem>`` runs that file alone.
+
 A file's sizes are its ``MPI_SIZES = (...)`` line (default 2 and 3); its optional ``SPAWN_TIMEOUT = S`` line
 bounds the whole job, so a deadlock fails fast. Each failure is reported with the in-rank test's name and
 the rank it failed on. A file's optional ``VARIANTS = ("", "NAME=VALUE ...")`` line runs it once per entry,
@@ -12,10 +15,11 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from conftest import PARALLEL, run_parallel
+from conftest import PARALLEL, run_parallel, run_parallel_files
 
 
 def _setting(text: str, name: str, default: str) -> str:
@@ -23,8 +27,13 @@ def _setting(text: str, name: str, default: str) -> str:
     return found.group(1) if found else default
 
 
+def _group(n: int, env: dict) -> tuple:
+    """The job that runs a (file, size, variant): every file of that size and variant shares one."""
+    return n, tuple(sorted(env.items()))
+
+
 def _cases() -> list:
-    cases = []
+    found = []
     for path in sorted(PARALLEL.glob("test_*.py")):
         text = path.read_text()
         sizes = [int(s) for s in re.findall(r"\d+", _setting(text, "MPI_SIZES", "(2, 3)"))]
@@ -33,15 +42,43 @@ def _cases() -> list:
         for variant in variants:
             env = dict(item.split("=", 1) for item in shlex.split(variant))
             for n in sizes:
-                cases.append(pytest.param(path.name, n, timeout, env,
-                                          id="-".join(filter(None, [f"{path.stem}-np{n}", variant.replace(" ", "-")])),
-                                          marks=pytest.mark.timeout(timeout + 60)))
-    return cases
+                found.append((path, n, timeout, env, variant))
+    budget: dict = {}  # a job's time limit: the sum of its files' (each file's SPAWN_TIMEOUT bounds its own share)
+    for _, n, timeout, env, _ in found:
+        budget[_group(n, env)] = budget.get(_group(n, env), 0.0) + timeout
+    return [pytest.param(path.name, n, budget[_group(n, env)], env,
+                         id="-".join(filter(None, [f"{path.stem}-np{n}", variant.replace(" ", "-")])),
+                         marks=pytest.mark.timeout(budget[_group(n, env)] + 60))
+            for path, n, timeout, env, variant in found]
+
+
+@pytest.fixture(scope="session")
+def _jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[str]]:
+    """The problems of one file at one size and variant. The first file of a job asked for runs the job, with
+    every file of it that this session selected, and keeps every file's verdict for the others."""
+    selected: dict = {}
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and getattr(item, "originalname", "") == "test_in_ranks":
+            params = callspec.params
+            selected.setdefault(_group(params["n"], params["env"]), []).append(params["module"])
+    verdicts: dict = {}
+
+    def problems(module: str, n: int, timeout: float, env: dict) -> list[str]:
+        group = _group(n, env)
+        if group not in verdicts:
+            modules = selected.get(group) or [module]
+            reports = tmp_path_factory.mktemp(f"np{n}-reports")
+            verdicts[group] = run_parallel_files(modules, n, reports, timeout=timeout, env=env)
+        return verdicts[group][module]
+    return problems
 
 
 @pytest.mark.parametrize("module,n,timeout,env", _cases())
-def test_in_ranks(module: str, n: int, timeout: float, env: dict, tmp_path: Path) -> None:
-    run_parallel(module, n, tmp_path / "reports", timeout=timeout, env=env)
+def test_in_ranks(module: str, n: int, timeout: float, env: dict, _jobs: Callable[..., list[str]]) -> None:
+    problems = _jobs(module, n, timeout, env)
+    if problems:
+        pytest.fail(f"{module} at -n {n}:\n" + "\n".join(problems), pytrace=False)
 
 
 def test_harness_names_the_failed_test_and_rank_and_keeps_ranks_in_step(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ module is private to the core.
 - ``resolve_op(op, average=None)`` / ``check_reduction(kind, name, op, dtypes, scaled)``: op resolution and
   the shared submit checks, so both frontends accept and refuse the same things.
 - ``check_gradient_options(op, gradient_predivide_factor, backward_passes_per_step)``: the rules every
-  distributed optimizer and tape applies to its arguments (Horovod's), written once.
+  distributed optimizer and tape applies to its arguments (Horovod's), written once;
+  ``gradient_scales(op, gradient_predivide_factor)``: the prescale and postscale their gradient reductions
+  pass (a ``Scales``), derived once for torch and TensorFlow.
 - ``mixin_class(mixin, base)``: the class a wrapper turns a user's optimizer or tape into (a subclass of
   both, named like ``base``), built once per pair.
 - ``Compressor`` / ``NoneCompressor`` / ``CastCompressor``: gradient compression's one algorithm; a frontend
@@ -41,7 +43,7 @@ module is private to the core.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from .compression import (CastCompressor, Compressor, NoneCompressor, accumulating, accumulation_of,
                           check_sparse_compression)
@@ -60,8 +62,8 @@ from .runtime import generation, is_initialized, stage_host_copies, state, submi
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
-__all__ = ["resolve_op", "check_reduction", "check_gradient_options", "mixin_class", "Compressor",
-           "NoneCompressor", "CastCompressor", "Accumulation", "accumulating", "accumulation_of",
+__all__ = ["resolve_op", "check_reduction", "check_gradient_options", "Scales", "gradient_scales", "mixin_class",
+           "Compressor", "NoneCompressor", "CastCompressor", "Accumulation", "accumulating", "accumulation_of",
            "check_sparse_compression", "gradient_overlap",
            "process_set_ranks", "setting", "logger",
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
@@ -84,6 +86,22 @@ def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,
     if passes < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     return reduce_op, passes
+
+
+class Scales(NamedTuple):
+    """The factors a gradient reduction applies before (``prescale``) and after (``postscale``) it."""
+    prescale: float
+    postscale: float
+
+
+def gradient_scales(op: Any, gradient_predivide_factor: float = 1.0) -> Scales:
+    """The prescale and postscale of a distributed optimizer's or tape's gradient reductions: with hvd.Average,
+    ``gradient_predivide_factor`` splits the division by the set size into a division by the factor before
+    the sum and by ``size / factor`` after it (Horovod's rule); any other op is not scaled."""
+    factor = float(gradient_predivide_factor)
+    if resolve_op(op) is ReduceOp.AVERAGE and factor != 1.0:
+        return Scales(1.0 / factor, factor)
+    return Scales(1.0, 1.0)
 
 
 _mixed: dict[tuple[type, type], type] = {}

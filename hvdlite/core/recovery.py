@@ -1,17 +1,26 @@
 """In-process recovery from a lost rank (ULFM): shrink the job to its survivors and rebuild the runtime on them."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import os
+import sys
+import threading
 import time
 from typing import Optional
 
 from . import log, runtime
 from .engine import mpi
+from .fencing import fence
 from .errors import HvdliteError, ProcessFailedError
 from .log import logger
 from .process_sets import ProcessSet
 
-__all__ = ["Recovery", "can_recover", "lost_rank", "recover"]
+__all__ = ["FINALIZE_TIMEOUT_S", "Recovery", "can_recover", "lost_rank", "recover"]
+
+#: Seconds MPI_Finalize may take at the exit of a process that recovered, before it exits without it.
+FINALIZE_TIMEOUT_S = 60.0
+_finalize_guarded = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +90,11 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
                 logger.warning("another rank was lost while recovering (%s): shrinking again", exc)
         lost = tuple(r for r in range(old.size) if r not in old_ranks)
         runtime._state = new
+        _guard_finalize()
+    # ULFM also declares failed a rank that only stopped answering (SIGSTOP, missed heartbeats): end it, so that
+    # it can neither come back into the job nor keep the launcher from ending
+    fence(lost, old.peers, "was declared failed but its process is still there",
+          "so that it cannot hold the job's end or come back")
     removed = _rebuild_process_sets(old.psets.sets, old_ranks, new)
     result = Recovery(lost, tuple(old.hosts[r] for r in lost), old.size, new.size, old.rank, new.rank,
                       time.monotonic() - started, removed)
@@ -118,3 +132,44 @@ def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int],
 
 def _as_global(ps: ProcessSet, state: "runtime.State") -> None:
     ps.ranks, ps.process_set_id, ps._my_rank = list(range(state.size)), 0, state.rank
+
+
+def _guard_finalize() -> None:
+    """Once a process has recovered, it ends MPI itself at exit, within FINALIZE_TIMEOUT_S (_finalize_at_exit).
+    Registered after init()'s exit hook, so it runs before it (atexit runs the last registered first)."""
+    global _finalize_guarded
+    if not _finalize_guarded:
+        atexit.register(_finalize_at_exit, FINALIZE_TIMEOUT_S)
+        _finalize_guarded = True
+
+
+def _finalize_at_exit(timeout_s: float) -> None:
+    """At the exit of a process that recovered from a lost rank: shut hvdlite down and end MPI, waiting at most
+    ``timeout_s`` for MPI_Finalize. Open MPI 5.0's MPI_Finalize ends with a PMIx fence over every process the
+    job started, the dead ones included, and on this machine that fence sometimes never completed (the
+    survivors spun in it for minutes after their last output); ``--mca async_mpi_finalize true``, which
+    hvdlite-run passes in in-process mode, skips it. Past the limit this process says so and exits without
+    MPI_Finalize: status 1 if the program ended with an uncaught exception, else 0."""
+    try:
+        runtime.shutdown()
+    except Exception:  # noqa: BLE001 - never keep the process from ending
+        logger.debug("shutdown at exit failed", exc_info=True)
+    done = threading.Event()
+
+    def give_up() -> None:
+        if done.wait(timeout_s):
+            return
+        status = 1 if getattr(sys, "last_value", None) is not None else 0
+        logger.error("MPI_Finalize has not returned within %.0f s after this process recovered from a lost rank "
+                     "(Open MPI's closing PMIx fence waits for the dead ranks; launch with --mca async_mpi_finalize "
+                     "true, as hvdlite-run does, to skip it): exiting without it, status %d", timeout_s, status)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status)
+
+    threading.Thread(target=give_up, name="hvdlite-finalize-limit", daemon=True).start()
+    mpi.finalize()
+    done.set()

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import socket
 import threading
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -15,6 +14,7 @@ from .affinity import core_sharing
 from .config import Config, mpi_ft_launched
 from .engine import callsite
 from .engine import mpi, polling
+from .fencing import Peer, fence, this_process
 from .engine.autotune import require_library
 from .engine.handles import Handle
 from .engine.loop import Engine
@@ -51,7 +51,8 @@ class State:
         self.cross_size: int = self.cross_comm.Get_size()
         node_sizes = self.cross_comm.allgather(self.local_size) if self.local_rank == 0 else None
         self.homogeneous = len(set(self.local_comm.bcast(node_sizes, root=0))) == 1
-        self.hosts: list[str] = world.allgather(socket.gethostname())  # to name a lost rank's host
+        self.peers: list[Peer] = world.allgather(this_process())  # to name a lost rank's host, and to fence it
+        self.hosts: list[str] = [peer.host for peer in self.peers]
         self.engine_comm = world.Dup()
         self.presence_comm = world.Dup()
         self.thread_multiple = mpi.thread_multiple()
@@ -69,7 +70,14 @@ class State:
         self.planes = PlaneTable(config, world, self.rank, self.local_size == self.size)
         self.planes.make_for_set(0, self.engine_comm)
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
-                             self.presence_comm, on_verdict=self.names.learn, planes=self.planes, hosts=self.hosts)
+                             self.presence_comm, on_verdict=self.names.learn, planes=self.planes, hosts=self.hosts,
+                             fence=self.fence_silent if self.fault_tolerant else None)
+
+    def fence_silent(self, ranks: list[int]) -> list[int]:
+        """The stall inspector's verdict in a fault-tolerant job: kill these ranks' processes on this host."""
+        return fence(ranks, self.peers, f"answered no probes for {self.config.stall_shutdown_time_seconds:g} s "
+                                        f"(stall_shutdown_time_seconds; stopped or wedged)",
+                     "so that MPI sees it as failed and the survivors recover without it")
 
     def abandon(self) -> None:
         """Leave this state after a lost rank: the engine has ended, its communicators are revoked (freeing

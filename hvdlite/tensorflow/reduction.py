@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core import Average, ReduceOp, Sum, rank
-from hvdlite.core.frontend import (accumulation_of, check_sparse, check_sparse_compression, resolve_op,
-                                   sparse_allgather_async)
+from hvdlite.core.frontend import (accumulation_of, check_sparse, check_sparse_compression, gradient_scales,
+                                   resolve_op, sparse_allgather_async)
 
 from .compression import Compression, Compressor
 from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather, run_collective
@@ -125,9 +125,7 @@ def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none,
         grads = [dense(g) if g is not None else None for g in grads]
     if not process_set.included() or process_set.size() == 1:
         return grads  # nothing to combine (Horovod skips the collective the same way)
-    prescale, postscale = 1.0, 1.0
-    if reduce_op is Average and gradient_predivide_factor != 1.0:
-        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    prescale, postscale = gradient_scales(reduce_op, gradient_predivide_factor)
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return grads

@@ -1,53 +1,143 @@
-"""DistributedOptimizer's gradient buckets: each parameter's gradient is a view of a flat bucket; a bucket is
-reduced in place, as one operation through its comm hook, once its last gradient is ready.
+"""The one bucket machine of both torch optimizers: each gradient a view of a flat bucket, counted as backward
+makes it ready, each bucket reduced by its optimizer's collective once its last gradient is ready.
 
-The layout follows the order in which the first backward pass produced the gradients on the set's first
-rank (agreed with one small collective at the first synchronize; DDP rebuilds its buckets the same way),
-and is re-planned from that agreed order, without communication, when parameters are frozen, unfrozen,
-added, or change dtype, device or shape (``model.to()`` after wrapping).
+``BucketSync(collective, ...)`` does the layout, the counting and the submission; the collective is what
+differs: ``HookAllreduce`` (DistributedOptimizer: an in-place allreduce of the bucket through its comm hook)
+or ``ShardReducescatter`` (ZeroRedundancyOptimizer: a reducescatter of the bucket into this rank's shard).
+Both compress through ``comm_hooks.start_reduction``, the one reduction path.
+
+Layouts: ZeroRedundancyOptimizer's buckets are planned when it is built (``extend``, one row per rank).
+DistributedOptimizer's follow the order in which the first backward pass produced the gradients on the set's
+first rank (agreed with one small collective at the first synchronize, ``agree``; DDP rebuilds its buckets
+the same way), and are re-planned from that agreed order, without communication, when parameters are
+frozen, unfrozen, added, or change dtype, device or shape (``model.to()`` after wrapping).
 """
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import torch
 
 from hvdlite.core import ProcessSet
 
-from .async_ops import Sum, allreduce_
-from .comm_hooks import CommHook, GradBucket
+from .async_ops import Average, Sum, allreduce_
+from .comm_hooks import CommHook, GradBucket, Reduction, decompressed, start_reduction, write_back
 from .zero_layout import Bucket, plan_buckets
 
-__all__ = ["BucketSync", "FIRST_BUCKET_BYTES"]
+__all__ = ["BucketSync", "BucketCollective", "HookAllreduce", "ShardReducescatter", "FIRST_BUCKET_BYTES"]
 
 #: The first bucket (the gradients backward produces first) is kept small so that its reduction starts early
 #: (DDP uses 1 MiB too); the others are capped by the fusion_threshold_bytes setting.
 FIRST_BUCKET_BYTES = 1024 * 1024
-#: process set id -> counter of the optimizers built over it (names must agree among the set's members only)
-_instances: dict[int, "itertools.count[int]"] = {}
+#: (kind, process set id) -> counter of the bucket machines built over it (names must agree among the set's
+#: members only)
+_instances: dict[tuple[str, int], "itertools.count[int]"] = {}
+
+
+class BucketCollective(Protocol):
+    """How one optimizer's buckets are reduced: ``start`` buckets ``ks`` (one request), ``finish`` them."""
+
+    #: whether several buckets may go as one request (submitted together when not overlapping)
+    groups: bool
+
+    def start(self, buckets: list[Bucket], ks: list[int]) -> Any: ...
+
+    def finish(self, buckets: list[Bucket], ks: list[int], started: Any) -> None: ...
+
+    def wait(self, started: Any) -> None: ...
+
+
+class _HookCall(NamedTuple):
+    future: Any
+    view: GradBucket
+
+
+class HookAllreduce:
+    """In-place allreduce of each bucket through the comm hook ``hook(state, GradBucket) -> future``."""
+
+    groups = False  # the hook protocol takes one bucket
+
+    def __init__(self, process_set: ProcessSet, hook: Optional[CommHook]) -> None:
+        self.process_set = process_set
+        self.hook, self.state = hook, None
+
+    def start(self, buckets: list[Bucket], ks: list[int]) -> _HookCall:
+        (k,) = ks
+        view = GradBucket(k, buckets[k], k == len(buckets) - 1, self.process_set)
+        assert self.hook is not None
+        return _HookCall(self.hook(self.state, view), view)
+
+    def finish(self, buckets: list[Bucket], ks: list[int], started: _HookCall) -> None:
+        """The result goes into the buffer and each gradient is a view of it."""
+        result, buffer = started.future.wait(), started.view.buffer()
+        with torch.no_grad():
+            write_back(buffer, result)
+        bucket = buckets[ks[0]]
+        for p, grad in zip(bucket.params, bucket.grad_views()):
+            current = p.grad
+            if current is grad or (current is None and not p.requires_grad):
+                continue  # a view already; or frozen this step: left without a gradient, as in torch
+            if current is None or current.data_ptr() != grad.data_ptr() or current.shape != grad.shape:
+                p.grad = grad
+
+    def wait(self, started: _HookCall) -> None:
+        started.future.wait()
+
+
+class ShardReducescatter:
+    """Average each bucket's gradients, viewed as one row per rank, into this rank's shard (``averaged()``,
+    kept across steps; the shard's ``.grad``)."""
+
+    groups = True
+
+    def __init__(self, process_set: ProcessSet, compression: Any) -> None:
+        self.process_set, self.compression = process_set, compression
+
+    def start(self, buckets: list[Bucket], ks: list[int]) -> Reduction:
+        wholes = [buckets[k].grads.view(buckets[k].rows, buckets[k].row) for k in ks]  # type: ignore[union-attr]
+        name = buckets[ks[0]].name + (f".x{len(ks)}" if len(ks) > 1 else "")
+        return start_reduction(wholes, self.compression, name, Average, 1.0, 1.0, self.process_set,
+                               scatter_into=[buckets[k].averaged().view(1, -1) for k in ks])
+
+    def finish(self, buckets: list[Bucket], ks: list[int], started: Reduction) -> None:
+        started.handle.wait()
+        for k, row in zip(ks, decompressed(started)):
+            bucket = buckets[k]
+            write_back(bucket.averaged(), row)
+            assert bucket.shard is not None
+            bucket.shard.grad = bucket.averaged()
+
+    def wait(self, started: Reduction) -> None:
+        started.handle.wait()
+
+
+class _Started(NamedTuple):
+    ks: list[int]  # the buckets of one request
+    started: Any  # what the collective's start returned
 
 
 class BucketSync:
-    """The buckets of one DistributedOptimizer: layout, submission through the hook, results written back."""
+    """The buckets of one optimizer: layout, readiness counts, submission through the collective, finishing."""
 
-    def __init__(self, process_set: ProcessSet, cap_bytes: int, eligible: Callable[[torch.Tensor], bool]) -> None:
+    def __init__(self, collective: BucketCollective, process_set: ProcessSet, kind: str, cap_bytes: int,
+                 eligible: Callable[[torch.Tensor], bool] = lambda p: True, agreed: bool = False) -> None:
+        self.collective = collective
         self.process_set = process_set
-        self.cap = int(cap_bytes)
-        self.eligible = eligible  # dense, not in a groups= unit, not sparse
+        self.cap = int(cap_bytes)  # 0 (fusion off): one bucket per parameter
+        self.eligible = eligible  # DistributedOptimizer: dense, not in a groups= unit
         ps_id = process_set.process_set_id or 0
-        self.uid = f"grads.ps{ps_id}.{next(_instances.setdefault(ps_id, itertools.count()))}"
-        self.hook: Optional[CommHook] = None
-        self.state: Any = None
+        self.uid = f"{kind}.ps{ps_id}.{next(_instances.setdefault((kind, ps_id), itertools.count()))}"
         self.seen: dict[int, int] = {}  # id(param) -> position in the first backward's order (this rank)
         self.sparse_seen: set[int] = set()
-        self.order: Optional[list[torch.Tensor]] = None  # agreed order of every parameter (None: not yet)
+        #: agreed order of every parameter (None: not agreed yet; [] for a layout fixed when built)
+        self.order: Optional[list[torch.Tensor]] = [] if agreed else None
         self.sparse: set[int] = set()  # ids of parameters some rank saw a sparse gradient for
         self.buckets: list[Bucket] = []
-        self.where: dict[int, tuple[int, int]] = {}
+        self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
         self.kinds: list[tuple[torch.dtype, torch.device]] = []  # each bucket's dtype and device as planned
-        self.ready: list[int] = []
-        self.futures: dict[int, tuple[Any, GradBucket]] = {}
+        self.ready: list[int] = []  # per bucket: how many of its gradients are complete this step
+        self.inflight: dict[int, _Started] = {}  # bucket -> its started request
         self.signature: tuple = ()
         self.invalid: set[int] = set()  # buckets whose parameters changed dtype, device or size
         self.generation = 0
@@ -57,12 +147,30 @@ class BucketSync:
     def agreed(self) -> bool:
         return self.order is not None
 
-    def record(self, p: torch.Tensor) -> None:
-        """Note the first backward's order and every parameter seen with a sparse gradient."""
-        if self.order is None:
-            self.seen.setdefault(id(p), len(self.seen))
-        if p.grad is not None and p.grad.is_sparse:
-            self.sparse_seen.add(id(p))
+    def extend(self, group: int, params: list[torch.Tensor], rows: int) -> list[Bucket]:
+        """Add buckets of ``rows`` rows for param group ``group``'s trainable parameters (a fixed layout)."""
+        new = plan_buckets([(group, list(params))], rows, self.cap, self.uid, start=len(self.buckets))
+        self._place(self.buckets + new)
+        return new
+
+    def plan(self, params: list[torch.Tensor], signature: tuple) -> None:
+        """(Re)build the buckets from the agreed order (parameters added since go last, in reverse order)."""
+        assert self.order is not None
+        known = {id(p) for p in self.order}
+        self.order += [p for p in reversed(params) if id(p) not in known]
+        members = {id(p) for p in params}
+        chosen = [p for p in self.order if id(p) in members and id(p) not in self.sparse and self.eligible(p)]
+        self.generation += 1
+        self._place(plan_buckets([(0, chosen)], 1, self.cap, f"{self.uid}.v{self.generation}", in_order=True,
+                                 first_cap_bytes=min(FIRST_BUCKET_BYTES, self.cap)))
+        self.signature = signature
+
+    def _place(self, buckets: list[Bucket]) -> None:
+        self.buckets = buckets
+        self.kinds = [(b.dtype, b.params[0].device) for b in buckets]
+        self.where = {id(p): (k, i) for k, b in enumerate(buckets) for i, p in enumerate(b.params)}
+        self.ready = [0] * len(buckets)
+        self.invalid = set()
 
     def agree(self, params: list[torch.Tensor]) -> None:
         """One collective: the first rank's order of readiness, and which parameters have sparse gradients
@@ -82,22 +190,6 @@ class BucketSync:
         self.order = [params[i] for _, i in ranked] + [params[i] for i in rest]
         self.sparse = {id(params[i]) for i in range(n) if votes[n + i] > 0}
 
-    def plan(self, params: list[torch.Tensor], signature: tuple) -> None:
-        """(Re)build the buckets from the agreed order (parameters added since go last, in reverse order)."""
-        assert self.order is not None
-        known = {id(p) for p in self.order}
-        self.order += [p for p in reversed(params) if id(p) not in known]
-        members = {id(p) for p in params}
-        chosen = [p for p in self.order if id(p) in members and id(p) not in self.sparse and self.eligible(p)]
-        self.generation += 1
-        self.buckets = plan_buckets([(0, chosen)], 1, self.cap, f"{self.uid}.v{self.generation}", in_order=True,
-                                    first_cap_bytes=min(FIRST_BUCKET_BYTES, self.cap))
-        self.kinds = [(b.dtype, b.params[0].device) for b in self.buckets]
-        self.where = {id(p): (k, i) for k, b in enumerate(self.buckets) for i, p in enumerate(b.params)}
-        self.ready = [0] * len(self.buckets)
-        self.signature = signature
-        self.invalid = set()
-
     def fits(self, k: int, i: int, p: torch.Tensor) -> bool:
         """Whether ``p`` still fits its place (same dtype, device and size as when planned)."""
         dtype, device = self.kinds[k]
@@ -114,7 +206,37 @@ class BucketSync:
         return where is not None and where[0] not in self.invalid
 
     # -- during backward ----------------------------------------------------------------------------
-    def collect(self, p: torch.Tensor) -> bool:
+    def take(self, p: torch.Tensor, complete: bool, overlap: bool) -> bool:
+        """``p``'s gradient after a counted backward pass (the optimizer's gradient-ready hook): it moves into
+        its bucket, and when ``complete`` makes the bucket complete, the bucket's reduction starts (if
+        ``overlap``). Before the layout is agreed everything waits for it (True); False: ``p`` has no bucket
+        place, the optimizer's own path reduces it."""
+        if self.order is None:
+            self._record(p)
+            return True
+        if not self._collect(p):
+            return False
+        if complete:
+            k = self.where[id(p)][0]
+            self.ready[k] += 1
+            if overlap and self.ready[k] == len(self.buckets[k].params) and k not in self.inflight:
+                self.submit([k])
+        return True
+
+    def keep(self, p: torch.Tensor) -> None:
+        """A pass inside no_sync(): nothing is submitted; the gradient moves into its bucket (once; later
+        passes accumulate in place)."""
+        if self.order is None:
+            self._record(p)
+        self._collect(p)
+
+    def _record(self, p: torch.Tensor) -> None:
+        """Note the first backward's order and every parameter seen with a sparse gradient."""
+        self.seen.setdefault(id(p), len(self.seen))
+        if p.grad is not None and p.grad.is_sparse:
+            self.sparse_seen.add(id(p))
+
+    def _collect(self, p: torch.Tensor) -> bool:
         """Make ``p.grad`` a view of its bucket (copying it in once); False if ``p`` has no valid place."""
         where = self.where.get(id(p))
         if where is None or p.grad is None or p.grad.is_sparse or not self.fits(*where, p):
@@ -123,52 +245,56 @@ class BucketSync:
             self.buckets[where[0]].collect(where[1])
         return True
 
-    def ready_one(self, p: torch.Tensor, overlap: bool) -> bool:
-        """``p``'s passes are complete; start its bucket when it was the last. False: not a bucket's."""
-        if not self.collect(p):
-            return False
-        k = self.where[id(p)][0]
-        self.ready[k] += 1
-        if overlap and self.ready[k] == len(self.buckets[k].params) and k not in self.futures:
-            self.submit(k)
-        return True
-
-    def submit(self, k: int) -> None:
-        bucket = self.buckets[k]
+    def submit(self, ks: list[int]) -> None:
+        """Start the reduction of buckets ``ks`` as one request; a parameter without a gradient takes part with
+        zeros (peers may have one)."""
         with torch.no_grad():
-            bucket.collect()  # a parameter without a gradient takes part with zeros (peers may have one)
-        view = GradBucket(k, bucket, k == len(self.buckets) - 1, self.process_set)
-        assert self.hook is not None
-        self.futures[k] = (self.hook(self.state, view), view)
+            for k in ks:
+                self.buckets[k].collect()
+        started = _Started(ks, self.collective.start(self.buckets, ks))
+        for k in ks:
+            self.inflight[k] = started
 
-    # -- at synchronize -----------------------------------------------------------------------------
-    def submit_waiting(self) -> None:
-        for k in range(len(self.buckets)):
-            if k not in self.futures and k not in self.invalid:
-                self.submit(k)
+    # -- at step / synchronize ----------------------------------------------------------------------
+    def submit_waiting(self, overlap: bool) -> None:
+        """Start every (valid) bucket backward has not started: one request each when overlapping (the names
+        do not depend on what backward started) or when the collective takes one bucket, else one for all."""
+        waiting = [k for k in range(len(self.buckets)) if k not in self.inflight and k not in self.invalid]
+        if overlap or not self.collective.groups:
+            for k in waiting:
+                self.submit([k])
+        elif waiting:
+            self.submit(waiting)
 
     def finish(self) -> None:
-        """Wait for every bucket; its result goes into the buffer and each gradient is a view of it."""
+        """Wait for every started request and let the collective put its results in place."""
         try:
-            for k, (future, view) in sorted(self.futures.items()):
-                result = future.wait()
-                buffer = view.buffer()
-                if result is not buffer:
-                    with torch.no_grad():
-                        buffer.copy_(result.reshape(-1))
-                for p, grad in zip(self.buckets[k].params, self.buckets[k].grad_views()):
-                    current = p.grad
-                    if current is grad or (current is None and not p.requires_grad):
-                        continue  # a view already; or frozen this step: left without a gradient, as in torch
-                    if current is None or current.data_ptr() != grad.data_ptr() or current.shape != grad.shape:
-                        p.grad = grad
+            for started in self._requests():
+                self.collective.finish(self.buckets, started.ks, started.started)
         finally:
-            self.futures.clear()
-            self.ready = [0] * len(self.buckets)
+            self.reset()
 
     def drain(self) -> None:
         """Wait for what is in flight without using it (load_state_dict)."""
-        for future, _ in self.futures.values():
-            future.wait()
-        self.futures.clear()
+        try:
+            for started in self._requests():
+                self.collective.wait(started.started)
+        finally:
+            self.reset()
+
+    def reset(self) -> None:
+        """A step's reductions are done (or dropped): nothing in flight, nothing counted."""
+        self.inflight.clear()
+        self.recount()
+
+    def recount(self) -> None:
+        """Count complete gradients afresh (the passes are counted afresh); what is in flight stays, for the
+        next step to finish."""
         self.ready = [0] * len(self.buckets)
+
+    def _requests(self) -> list[_Started]:
+        """Each started request once, in bucket order."""
+        out: dict[int, _Started] = {}
+        for k in sorted(self.inflight):
+            out.setdefault(id(self.inflight[k]), self.inflight[k])
+        return list(out.values())

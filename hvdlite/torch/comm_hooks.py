@@ -1,16 +1,18 @@
 """Communication hooks for DistributedOptimizer's gradient buckets (DDP's GradBucket protocol):
 allreduce_hook (the default), fp16_compress_hook, bf16_compress_hook, their float32-accumulating variants
-(bf16_fp32acc_compress_hook, fp16_fp32acc_compress_hook), and compression= as a hook."""
+(bf16_fp32acc_compress_hook, fp16_fp32acc_compress_hook), and compression= as a hook; and the one
+compressed-reduction path of both torch optimizers (``start_reduction``: an in-place grouped allreduce, or a
+reducescatter into given rows)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from hvdlite.core import ProcessSet
 from hvdlite.core.frontend import accumulation_of, resolve_op
 
-from .async_ops import Average, _allreduce_in_place, grouped_allreduce_async_
+from .async_ops import Average, _allreduce_in_place, grouped_allreduce_async_, grouped_reducescatter_async
 from .compression import Compression
 from .zero_layout import Bucket
 
@@ -60,31 +62,46 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
 
 
 class Reduction:
-    """One started allreduce of (compressed) tensors: its handle, and what decompressed() needs afterwards."""
+    """One started reduction of (compressed) tensors: its handle, and what decompressed() needs afterwards."""
 
-    __slots__ = ("handle", "wires", "ctxs", "compression")
+    __slots__ = ("handle", "wires", "ctxs", "compression", "results")
 
-    def __init__(self, handle: Any, wires: list[torch.Tensor], ctxs: list[Any], compression: Any) -> None:
+    def __init__(self, handle: Any, wires: list[torch.Tensor], ctxs: list[Any], compression: Any,
+                 results: Optional[list[torch.Tensor]]) -> None:
         self.handle, self.wires, self.ctxs, self.compression = handle, wires, ctxs, compression
+        #: where the reduced wires are once the handle is done (None: the handle's own result)
+        self.results = results
 
 
 def start_reduction(tensors: list[torch.Tensor], compression: Any, name: str, op: Any, prescale: float,
-                    postscale: float, process_set: ProcessSet) -> Reduction:
-    """Compress each tensor and start one in-place grouped allreduce of what goes on the wire, named
-    ``allreduce.<name>``: Horovod's reduction (``op``, ``prescale`` before it and ``postscale`` after it).
-    The gradient paths of DistributedOptimizer (buckets, per parameter, Adasum deltas) all submit with it."""
+                    postscale: float, process_set: ProcessSet, *,
+                    scatter_into: Optional[list[torch.Tensor]] = None) -> Reduction:
+    """Compress each tensor and start one grouped reduction of what goes on the wire: Horovod's reduction
+    (``op``, ``prescale`` before it and ``postscale`` after it). The one reduction path of the torch
+    optimizers: DistributedOptimizer's buckets (cast compressions), per-unit gradients and Adasum deltas reduce
+    in place with one allreduce named ``allreduce.<name>``; ZeroRedundancyOptimizer's buckets
+    (``scatter_into``: one output row per tensor, written directly when nothing is cast) with one
+    reducescatter named ``reducescatter.<name>``."""
     pairs = [compression.compress(t) for t in tensors]
     wires = [w for w, _ in pairs]
-    handle = grouped_allreduce_async_(wires, name=name, op=op, prescale_factor=prescale,
-                                      postscale_factor=postscale, process_set=process_set,
-                                      accumulation=accumulation_of(compression))
-    return Reduction(handle, wires, [c for _, c in pairs], compression)
+    ctxs = [c for _, c in pairs]
+    if scatter_into is None:
+        handle = grouped_allreduce_async_(wires, name=name, op=op, prescale_factor=prescale,
+                                          postscale_factor=postscale, process_set=process_set,
+                                          accumulation=accumulation_of(compression))
+        return Reduction(handle, wires, ctxs, compression, wires)
+    direct = all(w is t for w, t in zip(wires, tensors))  # nothing cast: reduce into the given rows
+    handle = grouped_reducescatter_async(wires, name=name, op=op, process_set=process_set,
+                                         prescale_factor=prescale, postscale_factor=postscale,
+                                         outputs=scatter_into if direct else None)
+    return Reduction(handle, wires, ctxs, compression, scatter_into if direct else None)
 
 
 def decompressed(reduction: Reduction) -> Iterator[torch.Tensor]:
-    """Once its handle is done: each tensor's reduced value, decompressed (the wire itself when not cast);
-    one at a time, so that each temporary can go once written back."""
-    return (reduction.compression.decompress(w, c) for w, c in zip(reduction.wires, reduction.ctxs))
+    """Once its handle is done (waited for by the caller): each tensor's reduced value, decompressed (the wire
+    itself when not cast); one at a time, so that each temporary can go once written back."""
+    results = reduction.results if reduction.results is not None else reduction.handle.wait()
+    return (reduction.compression.decompress(w, c) for w, c in zip(results, reduction.ctxs))
 
 
 def write_back(target: torch.Tensor, result: torch.Tensor) -> None:

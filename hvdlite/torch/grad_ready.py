@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
 
 from hvdlite.core import ProcessSet
 from hvdlite.core.frontend import check_gradient_options, gradient_overlap
+
+if TYPE_CHECKING:
+    from .bucket_sync import BucketSync
 
 __all__ = ["Readiness", "ReadinessOwner", "TOO_MANY_PASSES", "ZERO_GRAD_RACE", "ZERO_GRAD_RACE_ZERO"]
 
@@ -114,9 +117,11 @@ class Readiness:
 
 
 class ReadinessOwner:
-    """What DistributedOptimizer and ZeroRedundancyOptimizer expose of their Readiness (``self._readiness``)."""
+    """What DistributedOptimizer and ZeroRedundancyOptimizer expose of their Readiness (``self._readiness``)
+    and their buckets (``self._buckets``)."""
 
     _readiness: Readiness
+    _buckets: "BucketSync"
 
     @property
     def overlap(self) -> bool:
@@ -144,7 +149,10 @@ class ReadinessOwner:
         self.set_backward_passes_per_step(passes)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
+        """Passes are counted afresh, and so are the buckets' complete gradients (reductions already started
+        are finished by the next step, as Horovod's handles are)."""
         self._readiness.set_passes(passes)
+        self._buckets.recount()
 
     def no_sync(self) -> Any:
         """Context manager (DDP's idiom): backward passes inside it accumulate gradients locally and submit

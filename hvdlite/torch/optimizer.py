@@ -8,10 +8,10 @@ from typing import Any, Iterable, Iterator, Optional, Union
 import torch
 
 from hvdlite.core import ProcessSet, rank
-from hvdlite.core.frontend import check_sparse_compression, resolve_op, setting
+from hvdlite.core.frontend import check_sparse_compression, gradient_scales, resolve_op, setting
 
 from .async_ops import Average, sparse_allreduce_async, synchronize
-from .bucket_sync import BucketSync
+from .bucket_sync import BucketSync, HookAllreduce
 from .comm_hooks import Reduction, compression_hook, decompressed, start_reduction, write_back
 from .compression import Compression
 from .grad_ready import Readiness, ReadinessOwner
@@ -57,11 +57,11 @@ class _DistributedOptimizer(ReadinessOwner):
         self._readiness = Readiness(process_set, backward_passes_per_step, self._on_grad_ready,
                                     self._on_local_grad, self._all_params())
         self._enabled = self._readiness.enabled
-        #: (prescale, postscale) of every gradient reduction: gradient_predivide_factor splits Average's division
-        self._scales = (1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor) \
-            if self.op == Average else (1.0, 1.0)
-        self._buckets = BucketSync(process_set, setting("fusion_threshold_bytes"), self._bucket_eligible)
-        self._buckets.hook = compression_hook(compression, self.op, *self._scales)
+        #: prescale and postscale of every gradient reduction (gradient_predivide_factor splits Average's division)
+        self._scales = gradient_scales(self.op, self.gradient_predivide_factor)
+        self._hook = HookAllreduce(process_set, compression_hook(compression, self.op, *self._scales))
+        self._buckets = BucketSync(self._hook, process_set, "grads", setting("fusion_threshold_bytes"),
+                                   self._bucket_eligible)
         self._use_buckets = self._bucketed and not self._is_grouped and self._enabled
         self._refresh()
 
@@ -89,19 +89,13 @@ class _DistributedOptimizer(ReadinessOwner):
     def _on_local_grad(self, p: torch.Tensor) -> None:
         """A pass inside no_sync(): nothing is submitted; the gradient moves into its bucket once."""
         if self._use_buckets:
-            self._buckets.record(p)
-            self._buckets.collect(p)
+            self._buckets.keep(p)
 
     def _on_grad_ready(self, p: torch.Tensor, complete: bool) -> None:
-        if self._use_buckets:
-            self._buckets.record(p)
-            if not self._buckets.agreed:
-                return  # the first step: everything is submitted at synchronize(), once the layout is agreed
-            if complete and self._buckets.ready_one(p, self.overlap):
-                return
-            if not complete:
-                self._buckets.collect(p)
-                return
+        """A counted pass made ``p``'s gradient: its bucket takes it (and starts when complete), else its unit
+        is submitted once complete."""
+        if self._use_buckets and self._buckets.take(p, complete, self.overlap):
+            return
         if not complete or not self.overlap:
             return  # without overlap, synchronize() submits them all once backward is done with the CPU
         unit = self._unit_of[p]
@@ -181,7 +175,7 @@ class _DistributedOptimizer(ReadinessOwner):
             self._buckets.plan(self._all_params(), signature)
         if self._use_buckets:
             self._buckets.check(signature)
-            self._buckets.submit_waiting()
+            self._buckets.submit_waiting(self.overlap)
         self._submit_waiting()
         try:
             self._buckets.finish()
@@ -240,7 +234,7 @@ class _DistributedOptimizer(ReadinessOwner):
         DDP's protocol); once, before the first backward. Sparse gradients keep their own path."""
         if not callable(hook):
             raise TypeError(f"register_comm_hook: hook must be callable as hook(state, bucket), got {hook!r}")
-        if self._buckets.hook is not None and getattr(self, "_user_hook", False):
+        if getattr(self, "_user_hook", False):
             raise RuntimeError("register_comm_hook() may be called only once per optimizer")
         if self._compression is not Compression.none or self.op != Average or self.gradient_predivide_factor != 1:
             raise ValueError("register_comm_hook: the hook defines the reduction; build the DistributedOptimizer "
@@ -252,7 +246,7 @@ class _DistributedOptimizer(ReadinessOwner):
                              "with groups= or op=hvd.Adasum")
         if self._buckets.agreed or self._readiness.waiting:
             raise RuntimeError("register_comm_hook() must be called before the first backward pass")
-        self._buckets.hook, self._buckets.state, self._user_hook = hook, state, True
+        self._hook.hook, self._hook.state, self._user_hook = hook, state, True
 
     def load_state_dict(self, state_dict: dict) -> None:
         for entries in self._handles.values():  # never leave a collective unwaited

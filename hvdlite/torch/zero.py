@@ -1,13 +1,13 @@
 """ZeroRedundancyOptimizer: ZeRO stage 1, each rank keeps and steps the optimizer state of 1/N of the model.
 
-Gradients are averaged with one reducescatter per flat bucket (see zero_layout), so each rank receives only
-the rows it owns; the wrapped ``optimizer_class`` steps those rows; an allgather of the updated rows puts the
-new parameters on every rank. Parameters and gradients are views of each bucket's flat buffers, and both
+Gradients are averaged with one reducescatter per flat bucket (laid out by zero_layout, counted and submitted
+by bucket_sync's machine, the one DistributedOptimizer uses too), so each rank receives only the rows it
+owns; the wrapped ``optimizer_class`` steps those rows; an allgather of the updated rows puts the new
+parameters on every rank. Parameters and gradients are views of each bucket's flat buffers, and both
 collectives write into buffers kept across steps, so a step allocates no whole-model temporaries.
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Optional
 
 import torch
@@ -16,14 +16,12 @@ import hvdlite.core as core
 from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core.frontend import accumulation_of, setting
 
+from .async_ops import Sum, allreduce_async_, grouped_allgather_async, synchronize
+from .bucket_sync import BucketSync, ShardReducescatter
 from .compression import Compression
-from .async_ops import (Average, Sum, allreduce_async_, grouped_allgather_async, grouped_reducescatter_async,
-                        synchronize)
 from .grad_ready import ZERO_GRAD_RACE_ZERO, Readiness, ReadinessOwner, check_passes
-from .zero_layout import Bucket, is_elementwise, plan_buckets, shard_state
+from .zero_layout import Bucket, is_elementwise, shard_state
 
-#: process set id -> counter of the optimizers built over it (names must agree among the set's members only)
-_instances: dict[int, "itertools.count[int]"] = {}
 #: Optimizers whose per-element rows cannot stand for whole parameters (their updates couple elements).
 _NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor", "Muon")
 
@@ -63,18 +61,15 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         member = process_set.included()
         self._n = process_set.size() if member else 1
         self._rank = process_set.rank() if member else 0
-        ps_id = process_set.process_set_id or 0
-        self._uid = f"zero.ps{ps_id}.{next(_instances.setdefault(ps_id, itertools.count()))}"
-        self._cap = setting("fusion_threshold_bytes")  # 0 (fusion off): one bucket per parameter
-        self._buckets: list[Bucket] = []
-        self._bucket_of: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
-        self._ready_params: list[int] = []
-        self._handles: dict[int, tuple[Any, list[int], list[Any]]] = {}
+        #: the flat buckets (planned here, one row per rank) and their averaging reducescatters
+        self._buckets = BucketSync(ShardReducescatter(process_set, compression), process_set, "zero",
+                                   setting("fusion_threshold_bytes"), agreed=True)
+        self._uid = self._buckets.uid
         self._consolidated: Optional[dict] = None
         #: Hooks, pass counting, no_sync() and the overlap verdict (start each bucket's reducescatter from
         #: backward, or all of them at step(); decided once for the process set).
         self._readiness = Readiness(process_set, backward_passes_per_step, self._on_grad_ready,
-                                    self._on_local_grad, [p for g in self.param_groups for p in g["params"]])
+                                    self._buckets.keep, [p for g in self.param_groups for p in g["params"]])
         self._enabled = self._readiness.enabled
         for gi, group in enumerate(self.param_groups):
             self._add_buckets(gi, group["params"])
@@ -84,21 +79,16 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
 
     # -- layout -------------------------------------------------------------------------------------
     def _add_buckets(self, gi: int, params: list[torch.Tensor]) -> list[Bucket]:
-        new = plan_buckets([(gi, list(params))], self._n, self._cap, self._uid, start=len(self._buckets))
+        new = self._buckets.extend(gi, params, self._n)
         for bucket in new:
             with torch.no_grad():
                 bucket.adopt(self._rank)
-            k = len(self._buckets)
-            self._buckets.append(bucket)
-            self._ready_params.append(0)
-            for i, p in enumerate(bucket.params):
-                self._bucket_of[id(p)] = (k, i)
             self._readiness.watch(bucket.params)
         return new
 
     def _local_groups(self) -> list[dict]:
         return [{**{k: v for k, v in g.items() if k != "params"},
-                 "params": [b.shard for b in self._buckets if b.group == gi]}
+                 "params": [b.shard for b in self._buckets.buckets if b.group == gi]}
                 for gi, g in enumerate(self.param_groups)]
 
     @staticmethod
@@ -118,74 +108,22 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         self._sync_groups(self.optim.param_groups[-1:], self.param_groups[-1:])
 
     # -- during backward ----------------------------------------------------------------------------
-    def _on_local_grad(self, p: torch.Tensor) -> None:
-        """A pass inside no_sync(): the gradient moves into its bucket (later passes add in place)."""
-        where = self._bucket_of.get(id(p))
-        if where is not None:
-            with torch.no_grad():
-                self._buckets[where[0]].collect(where[1])
-
     def _on_grad_ready(self, p: torch.Tensor, complete: bool) -> None:
-        where = self._bucket_of.get(id(p))
-        if where is None:
-            return
-        k, i = where
-        with torch.no_grad():
-            self._buckets[k].collect(i)  # frees autograd's gradient now; later passes accumulate in place
-        if not complete:
-            return
-        self._ready_params[k] += 1
-        if self.overlap and self._ready_params[k] == len(self._buckets[k].params) and k not in self._handles:
-            self._submit([k])
-
-    def _submit(self, ks: list[int]) -> None:
-        """Start the averaging reducescatter of these buckets' gradients, as one grouped request."""
-        wires, ctxs, direct = [], [], True
-        for k in ks:
-            bucket = self._buckets[k]
-            bucket.collect()
-            whole = bucket.grads.view(bucket.rows, bucket.row)
-            wire, ctx = self._compression.compress(whole)
-            direct = direct and wire is whole  # uncompressed: reduce into the kept shard_grad rows
-            wires.append(wire)
-            ctxs.append(ctx)
-        outputs = [self._buckets[k].averaged().view(1, -1) for k in ks] if direct else None
-        name = self._buckets[ks[0]].name + (f".x{len(ks)}" if len(ks) > 1 else "")
-        handle = grouped_reducescatter_async(wires, name=name, op=Average, process_set=self.process_set,
-                                             outputs=outputs)
-        for k in ks:
-            self._handles[k] = (handle, ks, None if direct else ctxs)
+        """A counted pass made ``p``'s gradient: it moves into its bucket (freeing autograd's; later passes
+        accumulate in place), which starts its reducescatter when complete (overlapping)."""
+        self._buckets.take(p, complete, self.overlap)
 
     def _reduce(self) -> None:
         """Give every shard its averaged gradient (starting the reductions backward has not started)."""
         if not self._enabled:
-            for bucket in self._buckets:
+            for bucket in self._buckets.buckets:
                 bucket.collect()
                 bucket.shard.grad = bucket.grads  # one row: the whole bucket
+            self._buckets.reset()
         else:
-            waiting = [k for k in range(len(self._buckets)) if k not in self._handles]
-            if self.overlap:  # one request per bucket: the names do not depend on what backward started
-                for k in waiting:
-                    self._submit([k])
-            elif waiting:
-                self._submit(waiting)
-            done: set[int] = set()
-            for k, (handle, ks, ctxs) in list(self._handles.items()):
-                if k in done:
-                    continue
-                rows = synchronize(handle)
-                for i, j in enumerate(ks):
-                    bucket = self._buckets[j]
-                    if ctxs is not None:
-                        bucket.averaged().copy_(self._compression.decompress(rows[i], ctxs[i]).reshape(-1))
-                    bucket.shard.grad = bucket.averaged()
-                    done.add(j)
-        self._reset()
-
-    def _reset(self) -> None:
-        self._handles.clear()
+            self._buckets.submit_waiting(self.overlap)
+            self._buckets.finish()
         self._readiness.reset()
-        self._ready_params = [0] * len(self._buckets)
 
     # -- public API ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -195,7 +133,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for bucket in self._buckets:  # a parameter whose .data was replaced goes back into its bucket
+        for bucket in self._buckets.buckets:  # a parameter whose .data was replaced goes back into its bucket
             bucket.adopt(self._rank)
         present = self._presence()
         self._reduce()
@@ -207,18 +145,20 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
             bucket.shard[a:b].copy_(saved)
             for i, value in enumerate(self._per_element(bucket)):
                 value[a:b].copy_(states[i]) if states is not None else value[a:b].zero_()
-        if self._enabled and self._buckets:  # every rank's updated rows, into the parameters' buffers
-            synchronize(grouped_allgather_async([b.shard.view(1, b.row) for b in self._buckets],
+        buckets = self._buckets.buckets
+        if self._enabled and buckets:  # every rank's updated rows, into the parameters' buffers
+            synchronize(grouped_allgather_async([b.shard.view(1, b.row) for b in buckets],
                                                 name=f"{self._uid}.params", process_set=self.process_set,
-                                                outputs=[b.values.view(b.rows, b.row) for b in self._buckets]))
-        for bucket in self._buckets:
+                                                outputs=[b.values.view(b.rows, b.row) for b in buckets]))
+        for bucket in buckets:
             bucket.shard.grad = None
         return loss
 
     def _presence(self) -> Any:
         """Start counting, over the set, the ranks that have a gradient for each parameter (one small
         allreduce, waited for after the gradients' own reductions)."""
-        flags = torch.tensor([int(p.grad is not None) for b in self._buckets for p in b.params], dtype=torch.int32)
+        flags = torch.tensor([int(p.grad is not None) for b in self._buckets.buckets for p in b.params],
+                             dtype=torch.int32)
         if not self._enabled or flags.numel() == 0:
             return None if self._enabled else _Done(flags)
         return allreduce_async_(flags, name=f"{self._uid}.present", op=Sum, process_set=self.process_set)
@@ -235,7 +175,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         if present is None or bool(present.all()):
             return held
         flags = iter(present.tolist())
-        for bucket in self._buckets:
+        for bucket in self._buckets.buckets:
             lo, hi = bucket.span(self._rank)
             assert bucket.shard is not None
             fresh = not self.optim.state.get(bucket.shard)  # its state is created by this step: from zeros
@@ -250,20 +190,16 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._readiness.check_zero_grad(ZERO_GRAD_RACE_ZERO)
         super().zero_grad(set_to_none)  # gradients are views of the buckets: set_to_none releases those too
-        for bucket in self._buckets:
+        for bucket in self._buckets.buckets:
             bucket.shard.grad = None
             if set_to_none:
                 bucket.grads = None
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        self._readiness.set_passes(passes)
-        self._reset()
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collective over the set: gather every shard's state into a whole, ordinary optimizer state dict
         on global rank ``to`` (read it there with state_dict())."""
         entries: list[Any] = []  # (bucket index, key, row) of every per-element state tensor
-        for k, bucket in enumerate(self._buckets):
+        for k, bucket in enumerate(self._buckets.buckets):
             local = self.optim.state.get(bucket.shard, {})
             entries.extend((k, key, value) for key, value in sorted(local.items())
                            if is_elementwise(key, value, bucket.shard))
@@ -279,9 +215,9 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
         per_param: dict[int, dict[str, Any]] = {}
         for (k, key, _), whole in zip(entries, wholes):
-            for p, value in zip(self._buckets[k].params, self._buckets[k].split(whole)):
+            for p, value in zip(self._buckets.buckets[k].params, self._buckets.buckets[k].split(whole)):
                 per_param.setdefault(index[id(p)], {})[key] = value.clone()
-        for bucket in self._buckets:
+        for bucket in self._buckets.buckets:
             local = self.optim.state.get(bucket.shard, {})
             for key, value in local.items():
                 if not is_elementwise(key, value, bucket.shard):
@@ -308,9 +244,8 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
             raise ValueError(f"rank {core.rank()}: load_state_dict: the state dict has groups of "
                              f"{[len(g['params']) for g in saved]} parameters, this optimizer {sizes}; load a "
                              f"dict saved for the same model and param groups")
-        for handle, _, _ in self._handles.values():  # never leave a collective unwaited
-            synchronize(handle)
-        self._reset()
+        self._buckets.drain()  # never leave a collective unwaited
+        self._readiness.reset()
         for group, saved_group in zip(self.param_groups, saved):
             group.update({k: v for k, v in saved_group.items() if k != "params"})
         ids = {id(p): saved_idx for g, sg in zip(self.param_groups, saved)
@@ -319,7 +254,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         local_groups = self._local_groups()
         local_index = {id(s): i for i, s in enumerate(s for g in local_groups for s in g["params"])}
         local_state = {}
-        for bucket in self._buckets:
+        for bucket in self._buckets.buckets:
             found = [states.get(ids[id(p)], states.get(str(ids[id(p)]))) for p in bucket.params]
             shard = shard_state(bucket, found, self._rank)
             if shard:
@@ -331,7 +266,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return (f"ZeroRedundancyOptimizer({self.optimizer_class.__name__}, rank {self._rank} of {self._n}, "
-                f"{len(self._buckets)} buckets)")
+                f"{len(self._buckets.buckets)} buckets)")
 
 
 class _Done:

@@ -8,21 +8,23 @@ the same tests in the same order, reports each by name, and stays in step with t
   desynchronise generated names or leave a half-finished collective behind for the next test.
 - ``@pytest.mark.mpi(min_size=K)`` / ``@pytest.mark.mpi(sizes=(2, 4))`` deselect (never skip) tests that do
   not apply to this job's size.
-- Each rank writes ``$HVDT_REPORT_DIR/rank<r>.json``: every test's outcome and, on failure, its report; the
-  spawning test (tests/test_parallel.py) reads them and names each failed test with its rank.
+- Each rank writes ``$HVDT_REPORT_DIR/rank<r>.json``: the tests it collected, every test's outcome and, on
+  failure, its report, rewritten after each test (one job runs several files); the spawning test
+  (tests/test_parallel.py) reads them and names each failed test with its rank.
 """
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
 import hvdlite as hvd
 
 _reports: list[dict[str, Any]] = []
+_collected: list[str] = []  # the node ids this rank will run (after deselection by size)
 _settings_changed = False
 
 
@@ -71,15 +73,30 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         if report.failed:
             entry["longrepr"] = str(report.longrepr)[-6000:]
         _reports.append(entry)
+        _write_report()
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def _write_report(exitstatus: Optional[int] = None) -> None:
+    """This rank's report so far: rewritten after every test (several files share one job: a crash or hang in
+    one leaves the earlier files' verdicts readable), with the exit status once the session ends (None
+    before)."""
     directory = os.environ.get("HVDT_REPORT_DIR")
     if directory:
         rank = _world().Get_rank()
-        Path(directory, f"rank{rank}.json").write_text(json.dumps(
-            {"rank": rank, "size": _world().Get_size(), "exitstatus": int(exitstatus),
-             "collected": session.testscollected, "tests": _reports}))
+        path = Path(directory, f"rank{rank}.json")
+        path.with_suffix(".tmp").write_text(json.dumps(
+            {"rank": rank, "size": _world().Get_size(), "exitstatus": exitstatus, "collected": _collected,
+             "tests": _reports}))
+        path.with_suffix(".tmp").replace(path)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _collected[:] = [item.nodeid for item in session.items]
+    _write_report()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _write_report(int(exitstatus))
     hvd.shutdown()
 
 

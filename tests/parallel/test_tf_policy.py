@@ -101,6 +101,19 @@ def test_compression_bf16(size: int) -> None:
     assert ints.dtype == tf.int32 and ints.numpy().tolist() == [5 * size]
 
 
+def test_gradient_predivide_factor_divides_before_the_sum(size: int) -> None:
+    """DistributedGradientTape's gradient_predivide_factor=f divides each rank's gradient by f before the sum
+    and multiplies the average by f after it (core.frontend.gradient_scales, shared with torch's optimizers):
+    a float16 sum that overflows without it stays finite and exact with it."""
+    value = 49152.0  # 1.5 * 2**15: exact in float16, and divided by 2 or 3; twice it overflows float16 (65504)
+    v = tf.Variable(np.zeros(4, np.float32))
+    for factor, want in ((float(size), value), (1.0, np.inf)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * value)
+        tape = hvd.DistributedGradientTape(tape, compression=hvd.Compression.fp16, gradient_predivide_factor=factor)
+        np.testing.assert_array_equal(tape.gradient(loss, [v])[0].numpy(), np.full(4, want, np.float32))
+
+
 def _bf16(values: np.ndarray) -> np.ndarray:
     return tf.cast(tf.cast(values, tf.bfloat16), tf.float32).numpy()
 

@@ -240,6 +240,23 @@ class Embed(nn.Module):
         return self.out(self.emb(idx).mean(1))
 
 
+def test_gradient_predivide_factor_divides_before_the_sum() -> None:
+    """gradient_predivide_factor=f divides each rank's gradient by f before the sum and multiplies the average by
+    f after it (core.frontend.gradient_scales, which TensorFlow's tape shares; test_tf_policy.py): a float16 sum
+    that overflows without it stays finite and exact with it, in a bucket and in a groups= unit."""
+    value = 49152.0  # 1.5 * 2**15: exact in float16, and divided by 2 or 3; twice it overflows float16 (65504)
+    for factor, groups, want in ((float(N), None, value), (float(N), 1, value), (1.0, None, float("inf"))):
+        p = nn.Parameter(torch.zeros(4, dtype=torch.float32))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[(f"pf.{factor}.{groups}", p)],
+                                       compression=hvd.Compression.fp16, gradient_predivide_factor=factor,
+                                       groups=groups)
+        for _ in range(2):  # the first step agrees on the bucket layout; the second reduces from the hooks
+            opt.zero_grad()
+            (p * value).sum().backward()
+            opt.synchronize()
+            assert torch.equal(p.grad, torch.full((4,), want)), (factor, groups, p.grad)
+
+
 @pytest.mark.parametrize("as_dense", [False, True], ids=["sparse", "sparse_as_dense"])
 def test_sparse_gradients(as_dense: bool, mode: str) -> None:
     g = torch.Generator().manual_seed(9)

@@ -102,7 +102,7 @@ def test_many_small_buckets(overlap: bool, reinit: Callable[..., None], rank: in
     reinit(fusion_threshold_bytes=80)  # 10 float64 elements: parameters split over many buckets and rows
     cls, kwargs = OPTIMIZERS["adamw"]
     model, opt = run_zero(cls, kwargs, rank, size, setup=lambda o: setattr(o, "overlap", overlap))
-    assert len(opt._buckets) >= 6
+    assert len(opt._buckets.buckets) >= 6
     assert_matches(model, reference(cls, kwargs, size))
 
 
@@ -163,7 +163,7 @@ def test_process_set(rank: int, size: int) -> None:
         train(model, opt, xs, ys, slice(position * BATCH, (position + 1) * BATCH))
         ref = reference(cls, kwargs, members)
         if rank in ranks:
-            assert opt._buckets[0].rows == len(ranks)
+            assert opt._buckets.buckets[0].rows == len(ranks)
             assert_matches(model, ref, process_set=ps)
         else:
             assert torch.allclose(flat(model), flat(ref), rtol=0, atol=1e-6)
@@ -175,7 +175,7 @@ def test_state_is_sharded_and_consolidates_to_the_single_process_state(rank: int
     cls, kwargs = OPTIMIZERS["adamw"]
     model, opt = run_zero(cls, kwargs, rank, size)
     total = [sum(p.numel() for p in g["params"]) for g in opt.param_groups]
-    for bucket in opt._buckets:
+    for bucket in opt._buckets.buckets:
         local = opt.optim.state[bucket.shard]
         assert local["exp_avg"].shape == local["exp_avg_sq"].shape == (-(-total[bucket.group] // size),)
     held = sum(v.numel() for s in opt.optim.state.values() for k, v in s.items() if k != "step")
@@ -207,7 +207,7 @@ def test_state_is_sharded_and_consolidates_to_the_single_process_state(rank: int
 
     fresh = hvd.ZeroRedundancyOptimizer(groups(make_model()), cls, **kwargs)
     fresh.load_state_dict(whole)
-    for old, new in zip(opt._buckets, fresh._buckets):
+    for old, new in zip(opt._buckets.buckets, fresh._buckets.buckets):
         for key, value in opt.optim.state[old.shard].items():
             assert torch.equal(fresh.optim.state[new.shard][key], value), key
 
@@ -256,12 +256,12 @@ def test_gradients_are_views_of_kept_buckets(rank: int, size: int) -> None:
             o.zero_grad(set_to_none=False)
             torch.nn.functional.mse_loss(m(x[part]), y[part]).backward()
             o.step()
-        buffers = [b.grads.data_ptr() for b in opt._buckets]
+        buffers = [b.grads.data_ptr() for b in opt._buckets.buckets]
         assert kept is None or buffers == kept, "zero_grad(set_to_none=False) must keep the gradient buffers"
         kept = buffers
         for p in models[0].parameters():
-            k, i = opt._bucket_of[id(p)]
-            bucket = opt._buckets[k]
+            k, i = opt._buckets.where[id(p)]
+            bucket = opt._buckets.buckets[k]
             assert p.data_ptr() == bucket.values.data_ptr() + bucket.offsets[i] * p.element_size()
             if p is models[0].unused:
                 assert p.grad is None  # never computed: left None, reduced as zeros
@@ -270,7 +270,7 @@ def test_gradients_are_views_of_kept_buckets(rank: int, size: int) -> None:
     assert torch.equal(models[0].unused.detach(), torch.arange(5.0))
     assert_matches(models[0], models[1])
     opt.zero_grad()
-    assert all(p.grad is None for p in models[0].parameters()) and all(b.grads is None for b in opt._buckets)
+    assert all(p.grad is None for p in models[0].parameters()) and all(b.grads is None for b in opt._buckets.buckets)
 
 
 def test_replaced_gradients_and_parameter_data(rank: int, size: int) -> None:

@@ -4,8 +4,10 @@ A Horovod elastic script (hvd.elastic.run, TorchState, ElasticSampler, a reset c
 learning rate), on synthetic data. ``--die ORIG_RANK:WHERE:STEP`` (repeatable) makes the rank that was
 ORIG_RANK at the start kill itself with SIGKILL at global step STEP: WHERE is ``backward`` (inside backward,
 after its other gradients' allreduces were submitted, so the survivors are inside allreduces), ``commit``
-(inside State.commit(), while its snapshot is taken), ``idle`` (between steps) or ``reset`` (inside the
-reset callback of recovery number STEP, i.e. while the job recovers from an earlier loss). Every rank prints
+(inside State.commit(), while its snapshot is taken), ``gloo`` (inside a collective of the torch gloo plane, just
+after issuing it: run with HOROVOD_CPU_OPERATIONS=gloo), ``idle`` (between steps), ``stop`` (between steps, with
+SIGSTOP instead: the rank hangs, it does not die) or ``reset`` (inside the reset callback of recovery number
+STEP, i.e. while the job recovers from an earlier loss). Every rank prints
 ``start orig=R pid=P`` first and ``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the
 model's parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 writes the state it resumed
 from (and the size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
@@ -102,6 +104,15 @@ def main():
             die("backward", orig)
         return grad
     first_weight.register_hook(backward_hook)  # the last gradient of backward: the others are in flight
+    if any(where == "gloo" for where, _ in plan):
+        from hvdlite.torch.plane import TorchPlane
+        issued = TorchPlane._run
+
+        def run_then_die(self, work):  # the collective was issued to the peers: die before it completes
+            if self.name == "gloo" and ("gloo", tripwire.step) in plan:
+                die("gloo", orig)
+            issued(self, work)
+        TorchPlane._run = run_then_die
 
     def on_reset():
         if ("reset", len(entries)) in plan:  # inside the recovery from an earlier loss
@@ -141,6 +152,9 @@ def main():
                 state.step += 1
                 if ("idle", state.step) in plan:
                     die("idle", orig)
+                if ("stop", state.step) in plan:
+                    print(f"stopping orig={orig} t={time.time():.6f}", flush=True)
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if args.sleep:
                     time.sleep(args.sleep)
                 if state.step % args.commit_every == 0:

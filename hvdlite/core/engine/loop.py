@@ -43,7 +43,8 @@ class Engine:
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
                  process_sets: Registry, presence_comm: Any,
                  on_verdict: Callable[[str, int], None] = lambda name, ps_id: None, planes: Any = None,
-                 hosts: Optional[list[str]] = None) -> None:
+                 hosts: Optional[list[str]] = None,
+                 fence: Optional[Callable[[list[int]], list[int]]] = None) -> None:
         self.comm = comm
         self.hosts = hosts or []  # each rank's host, to name a lost rank's
         self.rank = comm.Get_rank()
@@ -72,7 +73,8 @@ class Engine:
         self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
         self._join_cycle = -1
         self._join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
-        self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names)
+        self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names, fence)
+        self.fault_tolerant = fence is not None  # (a fence is given exactly to fault-tolerant jobs: ULFM on)
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
         self.busy_cycles = 0
@@ -133,7 +135,7 @@ class Engine:
         except Stop as stop:
             self._fail_everything(ShutdownError(stop.message))
         except Exception as exc:  # noqa: BLE001 - a lost peer (ULFM) first, any other failure below
-            if not mpi.is_process_failure(exc):
+            if not mpi.is_process_failure(exc) and not self._peer_died():
                 self._failed(exc)
                 return
             self._fail_everything(self._lost_peer(exc))
@@ -157,6 +159,23 @@ class Engine:
             f"rank {self.rank}: the hvdlite engine failed with {type(exc).__name__}: {exc}. "
             f"Every pending and later collective raises this error; restart the job.")
         self._fail_everything(error)
+
+    def _peer_died(self) -> bool:
+        """After a failure that is not MPI's (a data plane's backend, e.g. gloo, lost its connection to a peer):
+        whether, in a fault-tolerant job, MPI knows of a dead peer, waiting up to LOST_RANKS_WAIT_S for its
+        failure detector. Then the failure is that peer's loss, and the survivors can recover from it."""
+        if not self.fault_tolerant:
+            return False
+        deadline = time.monotonic() + LOST_RANKS_WAIT_S
+        while not mpi.failed_ranks(self.comm):
+            try:
+                self.presence.serve()  # drives MPI's progress, which brings the news of a death
+            except Exception as exc:  # noqa: BLE001 - only MPI's report of a lost peer counts
+                return mpi.is_process_failure(exc)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
     def _lost_peer(self, exc: BaseException) -> ProcessFailedError:
         """MPI reported a dead peer (ULFM): revoke the engine's communicators, so every survivor's pending

@@ -1,6 +1,7 @@
 """The one module that imports mpi4py: start-up and thread level, datatypes and ops, communicator helpers."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 from typing import Any, Callable, Optional, Sequence
@@ -35,6 +36,9 @@ def start(before_init: Optional[Callable[[str], None]] = None) -> Any:
                 MPI.Init_thread(MPI.THREAD_MULTIPLE)
         else:
             from mpi4py import MPI
+            if not MPI.Is_initialized():  # loaded without starting MPI (probe_library, in this process)
+                MPI.Init_thread(MPI.THREAD_MULTIPLE)
+                atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
         _MPI = MPI
     level = _MPI.Query_thread()
     if level < _MPI.THREAD_SERIALIZED:
@@ -127,6 +131,19 @@ def ANY_SOURCE() -> int:  # noqa: N802 - MPI's name
 
 def abort(code: int = 1) -> None:
     _MPI.COMM_WORLD.Abort(code)
+
+
+def finalize() -> None:
+    """End MPI now (MPI_Finalize), where it is up and not ended yet; mpi4py's own exit hook then does nothing.
+    Called through ctypes, which lets other Python threads run meanwhile (mpi4py's Finalize holds the GIL)."""
+    if _MPI is None or not _MPI.Is_initialized() or _MPI.Is_finalized():
+        return
+    c_finalize = _mpi_symbol("MPI_Finalize")
+    if c_finalize is None:
+        _MPI.Finalize()
+        return
+    c_finalize.restype = ctypes.c_int
+    c_finalize()
 
 
 # -- datatypes and ops ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import HvdliteError
 from .planes import DataPlane, PlaneTable
 from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, Adasum, Average, average_scale, resolve_op
-from . import deterministic, polling
+from . import deterministic, mpi, polling
 from .fusion import Item
 from .requests import Kind
 from .timeline import Timeline
@@ -54,6 +54,8 @@ class PlaneExecutor:
             raise
         except Exception as exc:  # noqa: BLE001 - the plane is in an unknown state: the job ends, as after a
             # failed MPI call, with the plane's error on this rank (its peers' waits end in the StallError)
+            if mpi.is_process_failure(exc):  # a lost peer (ULFM), seen by the stall watch of the plane's wait
+                raise
             raise HvdliteError(plane_failure(self.table.world_rank, plane.name, batch, exc)) from exc
         finally:
             for item in batch:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection, cast
+from typing import Callable, Collection, Optional, cast
 
 from ..config import Config
 from ..log import logger
@@ -28,24 +28,36 @@ class Watchdog:
     verdicts, and the watch that runs between the polls of every engine wait (engine/polling.py)."""
 
     def __init__(self, config: Config, rank: int, size: int, presence: Presence,
-                 waiting_names: Callable[[], list[str]]) -> None:
+                 waiting_names: Callable[[], list[str]],
+                 fence: Optional[Callable[[list[int]], list[int]]] = None) -> None:
         self.config = config
         self.rank, self.size = rank, size
         self.presence = presence
         self.waiting_names = waiting_names  # the names this rank waits on (pending or queued), sorted
+        #: Fault-tolerant jobs (ULFM): kills the processes of the given ranks that run on this host, so MPI sees
+        #: them as failed and the survivors recover (hvdlite/core/fencing.py); None elsewhere.
+        self.fence = fence
+        self._fenced = False
         self.last_check = time.monotonic()  # the last full round (every full round looks for stalls)
         self._last_warning = float("-inf")
 
     def watch(self, waited: float) -> bool:
         """Between the polls of every engine wait: answer peers' presence probes; once a wait has lasted
         longer than the stall shutdown time, probe the peers and fail with a StallError naming those that
-        do not answer (a round or collective never completes without them). True restarts the count."""
+        do not answer (a round or collective never completes without them). In a fault-tolerant job the
+        first such verdict instead kills the silent ranks' processes on this host (survivors on other hosts
+        kill theirs) and waits once more: MPI then fails the wait as for any lost rank, and the survivors
+        recover. True restarts the count."""
         self.presence.serve()
         cfg = self.config
         limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
         if not 0 < limit < waited:
             return False
         absent = self.presence.absent()
+        if absent and self.fence is not None and not self._fenced:
+            self._fenced = True
+            self.fence(absent)
+            return True
         if absent:
             raise Wedged(wedged_message(self.rank, self.size, absent, waited + GRACE_S, limit,
                                         self.waiting_names()))

@@ -13,9 +13,11 @@ from .server import RankInfo
 
 #: Open MPI 5's fault tolerance: ULFM on, the TCP transport (over shared memory a dead peer is never
 #: detected: the survivors hang) and the failure detector's heartbeats. (Once, at load 20 on 2 cores, a rank's
-#: peers declared it dead after it missed heartbeats; with ``--mca mpi_ft_detector_thread true`` against that,
-#: two of two jobs did not exit after their survivors finished, so it is not used.)
-ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true"]
+#: peers declared it dead after it missed heartbeats.) ``async_mpi_finalize``: MPI_Finalize skips its closing
+#: PMIx fence over every process the job started, which after a lost rank sometimes never completed (the
+#: survivors' exit hung; the fault-tolerant MPI_Finalize still synchronises the survivors first).
+ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
+                 "--mca", "async_mpi_finalize", "true"]
 #: In-process mode starts the ranks without hvdlite-run's sentinel (hvdlite/run/sentinel.py): Open MPI 5.0's
 #: launcher ended the whole ULFM job when a second rank's sentinel exited with code 137 (measured), while a
 #: rank killed by a signal itself leaves the survivors running. The driver and every survivor name a lost
