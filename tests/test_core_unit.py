@@ -11,7 +11,8 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.core.config import Config
-from hvdlite.core.engine.negotiation import JOIN_TOLERANT_PERMISSIVE, RankMessage, ResponseCache, decide
+from hvdlite.core.engine.cache import ResponseCache
+from hvdlite.core.engine.negotiation import JOIN_TOLERANT_PERMISSIVE, RankMessage, decide
 from hvdlite.core.engine.requests import Kind, make_signature
 from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
 
@@ -493,17 +494,3 @@ def test_chunk_pipeline_completes_chunks_in_flight_before_their_memory_is_touche
     assert log == []
     pipe.clear([data[30:31]])  # one byte of an in-flight chunk: everything in flight completes first
     assert log == [("wait", "first.c0"), ("wait", "first.c1")]
-
-
-def test_request_starts_every_handle_field_as_handle_init_does() -> None:
-    """Request.__init__ sets Handle's fields itself (no Handle.__init__ call per op): a field added to Handle
-    must be set there too, with the same starting value."""
-    from hvdlite.core.engine.handles import UNSET, Handle
-    from hvdlite.core.engine.requests import Request
-    finalize = len
-    sig = make_signature(Kind.ALLREDUCE, 0, None, 1.0, 1.0, 0, (("float32", (2,)),))
-    req = Request("r", sig, [np.zeros(2, np.float32)], [None], ["float32"], finalize=finalize)
-    handle = Handle("r", finalize)
-    fields = [f for f in Handle.__slots__ if f != "__weakref__"]
-    assert fields and [getattr(req, f) for f in fields] == [getattr(handle, f) for f in fields]
-    assert Request("v", sig, [], [], [], value=UNSET)._value is UNSET

@@ -20,8 +20,6 @@ class ReduceOp(enum.Enum):
     def __repr__(self) -> str:
         return f"hvd.{self.value}"
 
-    __hash__ = object.__hash__  # members are singletons: Enum's own hash is Python code, run per op
-
     def __str__(self) -> str:
         return self.value
 

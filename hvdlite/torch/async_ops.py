@@ -48,14 +48,13 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
     tensors = list(tensors)
     reduce_op = resolve_op(op, average)
     check_one_device(tensors, "grouped_allreduce_")
-    staged = [to_host(t, _what("grouped_allreduce_", reduce_op)) for t in tensors]
-    handle = core.grouped_allreduce_async([s[0] for s in staged], None, _name("allreduce", name), reduce_op,
+    hosts, shared = zip(*[to_host(t, _what("grouped_allreduce_", reduce_op)) for t in tensors]) if tensors else ((), ())
+    handle = core.grouped_allreduce_async(list(hosts), None, _name("allreduce", name), reduce_op,
                                           prescale_factor, postscale_factor, process_set, inplace=True,
                                           dtype_hints=hints(tensors), accumulation=accumulation)
-    if all(s[1] for s in staged):  # the engine wrote the tensors' own memory: nothing to copy back
+    if all(shared):  # the engine wrote the tensors' own memory: nothing to copy back
         return handle.returning(tensors)
-    return handle.then(lambda results: [write_into(t, r, s[1])
-                                          for t, r, s in zip(tensors, results, staged)])
+    return handle.then(lambda results: [write_into(t, r, own) for t, r, own in zip(tensors, results, shared)])
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -71,15 +70,25 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      process_set: ProcessSet = global_process_set, *,
                      accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    reduce_op = Average if op is None and average is None else resolve_op(op, average)  # the default: no call
-    if name is not None and process_set is global_process_set and accumulation is None:  # the per-gradient path
+    reduce_op = resolve_op(op, average)
+    return _allreduce_in_place(tensor, name, reduce_op, prescale_factor, postscale_factor, process_set, accumulation)
+
+
+def _allreduce_in_place(tensor: torch.Tensor, name: Optional[str], op: ReduceOp, prescale: float,
+                        postscale: float, process_set: ProcessSet,
+                        accumulation: Optional[Accumulation] = None) -> Handle:
+    """allreduce_async_ with its op resolved: the entry of the gradient hooks (torch/comm_hooks.py). A named
+    tensor of the global set that hvdlite reduces in its own memory takes the per-gradient path
+    (tensors.prepared, then the core's submit_prepared: what a name needs is worked out once, not per step);
+    any other goes through to_host and the core's general path. Both end in the engine's one submit()."""
+    if name is not None and process_set is global_process_set and accumulation is None:
         host = prepared(tensor)
         if host is not None:
-            return submit_prepared("allreduce." + name, *host, reduce_op, prescale_factor, postscale_factor, tensor)
-    host, shared = to_host(tensor, _what("allreduce_", reduce_op))
-    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), reduce_op,
-                                          prescale_factor, postscale_factor, process_set, inplace=True,
-                                          dtype_hints=(dtype_hint(tensor),), accumulation=accumulation)
+            return submit_prepared("allreduce." + name, *host, op, prescale, postscale, tensor)
+    host, shared = to_host(tensor, _what("allreduce_", op))
+    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), op, prescale, postscale,
+                                          process_set, inplace=True, dtype_hints=(dtype_hint(tensor),),
+                                          accumulation=accumulation)
     if shared:
         return handle.returning(tensor)
     return handle.then(lambda results: write_into(tensor, results[0], False))
@@ -163,9 +172,8 @@ def _into(outputs: Optional[Sequence[torch.Tensor]], what: str, inputs: Sequence
             raise TypeError(f"{what}: outputs must be one array per input with the input's dtype; got "
                             f"{[str(o.dtype) for o in outputs]} for inputs {[str(t.dtype) for t in inputs]}")
         return None, lambda results: [t.copy_(r.reshape(t.shape)) for t, r in zip(outputs, results)]
-    staged = [to_host(t, what) for t in outputs]
-    return [s[0] for s in staged], lambda results: [write_into(t, r, s[1])
-                                                    for t, r, s in zip(outputs, results, staged)]
+    hosts, shared = zip(*[to_host(t, what) for t in outputs]) if outputs else ((), ())
+    return list(hosts), lambda results: [write_into(t, r, own) for t, r, own in zip(outputs, results, shared)]
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
@@ -220,8 +228,10 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
     split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     handle = core.alltoall_async(host, splits_array(splits), _name("alltoall", name), process_set,
                                  dtype_hint=hints([tensor])[0])
-    return handle.then(lambda result: (from_host(result[0], tensor),
-                                         torch.from_numpy(np.asarray(result[1])).to(split_dtype)))
+    def received(result: tuple[Any, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, counts = result
+        return from_host(rows, tensor), torch.from_numpy(np.asarray(counts)).to(split_dtype)
+    return handle.then(received)
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,

@@ -10,9 +10,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from hvdlite.core import ProcessSet
-from hvdlite.core.frontend import accumulation_of
+from hvdlite.core.frontend import accumulation_of, resolve_op
 
-from .async_ops import Average, allreduce_async_, grouped_allreduce_async_, grouped_reducescatter_async
+from .async_ops import Average, _allreduce_in_place, grouped_allreduce_async_, grouped_reducescatter_async
 from .compression import Compression
 from .zero_layout import Bucket
 
@@ -58,7 +58,7 @@ class GradBucket:
 
 def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
     """Average the bucket over its process set, in place (the default)."""
-    return allreduce_async_(bucket.buffer(), name=bucket.name, op=Average, process_set=bucket.process_set)
+    return _allreduce_in_place(bucket.buffer(), bucket.name, Average, 1.0, 1.0, bucket.process_set)
 
 
 class Reduction:
@@ -119,13 +119,13 @@ def compression_hook(compression: Any, op: Any, prescale: float, postscale: floa
     element goes through the same casts and the same reduction as before buckets.
     """
     accumulation = accumulation_of(compression)
+    reduce_op = resolve_op(op)  # once, not per bucket and step
 
     def reduce(state: Any, bucket: GradBucket) -> Any:
         buffer = bucket.buffer()
         if compression is Compression.none or accumulation is not None:
-            return allreduce_async_(buffer, name=bucket.name, op=op, prescale_factor=prescale,
-                                    postscale_factor=postscale, process_set=bucket.process_set,
-                                    accumulation=accumulation)
+            return _allreduce_in_place(buffer, bucket.name, reduce_op, prescale, postscale, bucket.process_set,
+                                       accumulation)
         whole = compression in (Compression.fp16, Compression.bf16)
         grads = [buffer] if whole else bucket.gradients()
         started = start_reduction(grads, compression, bucket.name, op, prescale, postscale, bucket.process_set)

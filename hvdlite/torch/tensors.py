@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -46,14 +46,13 @@ def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
     remembered per tensor (see _ENTRIES), so a gradient reduced every step costs a lookup.
     """
     entry = _ENTRIES.get(id(tensor))
-    if entry is None or entry[0]() is not tensor or entry[1] != tensor.data_ptr() or entry[2] != tensor.shape \
-            or entry[3] != tensor.stride() or entry[4] is not tensor.dtype:
+    if entry is None or not entry.describes(tensor):
         t = tensor.detach()
         if t.is_neg() or t.is_conj() or t.numel() == 0:
             return np.from_dlpack(t.resolve_neg().resolve_conj())
         entry = _remember(tensor)
     holder = _Interface()
-    holder.__array_interface__ = entry[5]
+    holder.__array_interface__ = entry.interface
     holder.tensor = tensor
     return np.asarray(holder)
 
@@ -64,16 +63,32 @@ class _Interface:
     __slots__ = ("__array_interface__", "tensor")
 
 
-#: id(tensor) -> (weak reference, address, shape, strides, dtype, __array_interface__ dict, generation,
-#: prepared()'s answer): what is remembered about one tensor, for both to_host's view (the layout) and the
-#: small-op path (prepared(), valid within one generation; None and -1 until prepared() made it). Plain data:
-#: an entry never keeps its tensor alive; it goes when the tensor dies, and is rebuilt when the tensor's
-#: memory, layout or dtype changed (a .data swap, resize_, set_, as_strided_).
-_ENTRIES: dict[int, tuple[Any, int, Any, Any, Any, dict, int, Any]] = {}
+class _Entry(NamedTuple):
+    """What is remembered about one tensor, for both to_host's view (the layout) and the small-op path
+    (prepared(), valid within one generation). Plain data: an entry never keeps its tensor alive; it goes when
+    the tensor dies, and is rebuilt when the tensor's memory, layout or dtype changed (a .data swap, resize_,
+    set_, as_strided_)."""
+
+    ref: Any  # a weak reference to the tensor
+    address: int
+    shape: Any
+    stride: Any
+    dtype: Any
+    interface: dict  # the __array_interface__ of its numpy view
+    generation: int  # the job prepared() made ``host`` in (-1: not made)
+    host: Any  # prepared()'s answer, or None
+
+    def describes(self, tensor: torch.Tensor) -> bool:
+        """Whether this entry is still ``tensor``'s: the same tensor, memory, shape, strides and dtype."""
+        return self.ref() is tensor and self.address == tensor.data_ptr() and self.shape == tensor.shape \
+            and self.stride == tensor.stride() and self.dtype is tensor.dtype
 
 
-def _remember(tensor: torch.Tensor, generation: int = -1, host: Any = None,
-              ) -> tuple[Any, int, Any, Any, Any, dict, int, Any]:
+#: id(tensor) -> its entry.
+_ENTRIES: dict[int, _Entry] = {}
+
+
+def _remember(tensor: torch.Tensor, generation: int = -1, host: Any = None) -> _Entry:
     """A new entry for ``tensor`` (its layout; ``host`` is prepared()'s answer in ``generation``), kept."""
     dtype = np.dtype(np.int16) if tensor.dtype == torch.bfloat16 else _NUMPY_DTYPES[tensor.dtype]
     interface = {
@@ -81,15 +96,15 @@ def _remember(tensor: torch.Tensor, generation: int = -1, host: Any = None,
         "strides": None if tensor.is_contiguous() else tuple(s * dtype.itemsize for s in tensor.stride()),
         "version": 3}
     key = id(tensor)
-    entry = (weakref.ref(tensor, lambda dead: _forget(key, dead)), tensor.data_ptr(), tensor.shape,
-             tensor.stride(), tensor.dtype, interface, generation, host)
+    entry = _Entry(weakref.ref(tensor, lambda dead: _forget(key, dead)), tensor.data_ptr(), tensor.shape,
+                   tensor.stride(), tensor.dtype, interface, generation, host)
     _ENTRIES[key] = entry
     return entry
 
 
 def _forget(key: int, dead: Any) -> None:
     entry = _ENTRIES.get(key)
-    if entry is not None and entry[0] is dead:
+    if entry is not None and entry.ref is dead:
         del _ENTRIES[key]
 
 
@@ -103,9 +118,8 @@ def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
     a gradient reduced every step costs a lookup and no new object. The view does not hold the tensor: the
     caller's handle must (submit_prepared's ``value``)."""
     entry = _ENTRIES.get(id(tensor))
-    if entry is not None and entry[0]() is tensor and entry[1] == tensor.data_ptr() and entry[2] == tensor.shape \
-            and entry[3] == tensor.stride() and entry[4] is tensor.dtype and entry[6] == generation():
-        return entry[7]
+    if entry is not None and entry.generation == generation() and entry.describes(tensor):
+        return entry.host
     if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SUPPORTED_DTYPES or tensor.layout != torch.strided \
             or not tensor.is_cpu or stage_host_copies() or plane_for(tensor, "allreduce") \
             or not tensor.is_contiguous() or tensor.is_neg() or tensor.is_conj() or tensor.numel() == 0:

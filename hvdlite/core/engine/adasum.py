@@ -40,7 +40,8 @@ class LevelComms:
                 levels.append(comm.Split(rank // (2 * d), key=rank))
                 d *= 2
             found = self._by_comm[id(comm)] = (comm, levels)
-        return found[1]
+        _, levels = found
+        return levels
 
     def free(self) -> None:
         for _, levels in self._by_comm.values():

@@ -110,8 +110,9 @@ class BayesTuner:
 
     def best(self) -> tuple[int, dict[str, Any], float]:
         """(index, settings, score) of the best sample so far (the first one among equals)."""
-        index = max(range(len(self.samples)), key=lambda i: (self.samples[i][1], -i))
-        return index, self.samples[index][0], self.samples[index][1]
+        index = max(range(len(self.samples)), key=lambda i: (self.samples[i][1], -i))  # (settings, score) each
+        settings, score = self.samples[index]
+        return index, settings, score
 
     def _expected_improvement_max(self) -> np.ndarray:
         from scipy.special import ndtr

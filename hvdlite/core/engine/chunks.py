@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 import numpy as np
 
@@ -23,29 +23,37 @@ DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the trai
 IN_FLIGHT = 4
 
 
+class _Chunk(NamedTuple):
+    """One outstanding chunk collective."""
+
+    request: Any  # the MPI request to wait on
+    piece: np.ndarray  # the chunk's memory, multiplied by ``factor`` once the collective completes
+    dtype: str
+    factor: float
+    on_done: Optional[Callable[[], None]]  # runs after the scaling
+
+
 class ChunkPipeline:
     """The chunk collectives one executor has in flight, completed in the order they were started."""
 
     def __init__(self, wait: Callable[[Any], None]) -> None:
         self._wait = wait
-        #: (request, piece, dtype, factor, on_done) per outstanding chunk, oldest first
-        self._inflight: collections.deque[tuple[Any, np.ndarray, str, float, Optional[Callable[[], None]]]] = \
-            collections.deque()
+        self._inflight: collections.deque[_Chunk] = collections.deque()  # outstanding chunks, oldest first
         self._in_wait = False
 
     def post(self, request: Any, piece: np.ndarray, dtype: str, factor: float,
              on_done: Optional[Callable[[], None]] = None) -> None:
         """Take a started chunk collective; ``piece`` is multiplied by ``factor`` once it completes, then
         ``on_done`` runs. Completes the oldest chunks while ``IN_FLIGHT`` or more are outstanding."""
-        self._inflight.append((request, piece, dtype, factor, on_done))
+        self._inflight.append(_Chunk(request, piece, dtype, factor, on_done))
         while len(self._inflight) >= max(1, IN_FLIGHT):
             self._complete_oldest()
 
     def clear(self, arrays: Iterable[Optional[np.ndarray]]) -> None:
         """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``
         (the same tensor twice in one batch), so results are those of one reduction after the other."""
-        if self._inflight and any(a is not None and a.nbytes and _overlap(a, entry[1])
-                                  for a in arrays for entry in self._inflight):
+        if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.piece)
+                                  for a in arrays for chunk in self._inflight):
             self.drain()
 
     @contextlib.contextmanager
@@ -70,7 +78,7 @@ class ChunkPipeline:
             self._inflight.clear()
             self._in_wait = False
             return
-        pending = [entry[0] for entry in self._inflight]
+        pending = [chunk.request for chunk in self._inflight]
         self._inflight.clear()
         for request in pending:
             self._in_wait = True

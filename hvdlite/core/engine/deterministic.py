@@ -151,11 +151,12 @@ class OrderedComm:
         return None
 
     def Iallreduce(self, send: Any, recv: list[Any], mpi_op: Any) -> Any:  # noqa: N802 - mpi4py's name
-        kind = self._kind(recv[1], mpi_op)
+        kind = self._kind(recv[1], mpi_op)  # recv, send: mpi4py's [buffer, datatype] specs
         if kind is None:
             return self.comm.Iallreduce(send, recv, mpi_op)
+        dtype, op = kind
         src = None if send is self._mpi_ops.IN_PLACE else send[0]
-        allreduce(self.comm, src, recv[0], kind[0], kind[1], recv[1], _wait)
+        allreduce(self.comm, src, recv[0], dtype, op, recv[1], _wait)
         return DONE
 
     def Split(self, color: int, key: int) -> "OrderedComm":  # noqa: N802 - mpi4py's name
@@ -166,7 +167,8 @@ class OrderedComm:
         kind = self._kind(recv[1], mpi_op)
         if kind is None:
             return self.comm.Ireduce_scatter(send, recv, counts, mpi_op)
-        reduce_scatter(self.comm, send[0], list(counts), kind[0], kind[1], recv[1], _wait, out=recv[0])
+        dtype, op = kind
+        reduce_scatter(self.comm, send[0], list(counts), dtype, op, recv[1], _wait, out=recv[0])
         return DONE
 
 

@@ -28,14 +28,14 @@ class Handle:
 
     __slots__ = ("name", "_waiters", "_done", "_result", "_error", "_finalize", "_value", "__weakref__")
 
-    def __init__(self, name: str, finalize: Optional[Callable[[Any], Any]] = None) -> None:
+    def __init__(self, name: str, finalize: Optional[Callable[[Any], Any]] = None, value: Any = UNSET) -> None:
         self.name = name
         self._waiters: Optional[list[Any]] = None
         self._done = False
         self._result: Any = None
         self._error: Optional[BaseException] = None
         self._finalize = finalize
-        self._value: Any = UNSET  # set by returning(): what wait() returns once the op succeeded
+        self._value: Any = value  # what wait() returns once the op succeeded (see returning()), else UNSET
 
     def set_result(self, result: Any) -> None:
         if not self._done:

@@ -1,7 +1,7 @@
 """The engine loop: the one thread per process that negotiates, fuses and runs every collective.
 
 Pipeline: user threads ``submit()`` requests -> each cycle, ``negotiation`` agrees which run -> ``fusion``
-groups them into batches -> ``execution`` runs each batch's MPI calls -> handles complete (``dispatch``).
+groups them into batches -> ``execution`` runs each batch's MPI calls -> handles complete (``completion``).
 """
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ import numpy as np
 from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
-from . import deterministic, mpi, polling, stalls, stragglers
+from . import callsite, deterministic, mpi, polling, stalls, stragglers
 from .autotune import Autotuner
-from .dispatch import Dispatch
+from .completion import Completion
 from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
 from .presence import Presence
 from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT,
-                          JOIN_TOLERANT_PERMISSIVE, PendingBits, ResponseCache, allgather_messages, decide,
-                          pending_message)
+                          JOIN_TOLERANT_PERMISSIVE, allgather_messages, decide, pending_message)
+from .cache import ResponseCache
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .stalls import Stop, Watchdog, Wedged
@@ -36,8 +36,9 @@ from .timeline import Timeline, negotiate_activity
 LOST_RANKS_WAIT_S = 2.0
 
 
-class Engine(Dispatch):
-    """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles."""
+class Engine:
+    """Owns the engine communicator; user threads only ``submit()`` requests and wait on handles. Its
+    ``completion`` holds the pending requests and ends each one (engine/completion.py)."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
                  process_sets: Registry, presence_comm: Any,
@@ -51,7 +52,6 @@ class Engine(Dispatch):
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
-        self.on_verdict = on_verdict  # told of every name a stall verdict or join error fails, on every rank
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
@@ -62,9 +62,8 @@ class Engine(Dispatch):
         self._lock = threading.Lock()  # a plain lock: submit() takes it per op (a Condition's own is Python code)
         self._cv = threading.Condition(self._lock)
         self._queue: collections.deque[Request] = collections.deque()
-        self._inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
-        self._pending: dict[tuple[int, str], Request] = {}
-        self._bits = PendingBits(self.cache, keep_times=config.straggler_window_ops > 0)  # the pending's cache bits
+        self.completion = Completion(self.rank, comm, process_sets, self.cache, self.executor, self.planes, timeline,
+                                     on_verdict, keep_times=config.straggler_window_ops > 0)
         self._shutdown_requested = False
         self._sleeping = False  # the engine waits on _cv: a submission must notify it
         self.error: Optional[BaseException] = None
@@ -87,15 +86,18 @@ class Engine(Dispatch):
 
     # -- user threads -----------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        key = req.key
+        """The one way into the engine, for every request (State.submit's and submit_prepared's alike)."""
+        if callsite.known.get(req.name) is not req.sig:  # a new name or signature: steady state skips the capture
+            req.site = callsite.note(req.name, req.sig)
+        key, inflight = req.key, self.completion.inflight
         with self._lock:
             if self.error is not None:
                 raise self.error
-            if key in self._inflight:
+            if key in inflight:
                 raise DuplicateNameError(
                     f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait for "
                     f"it with synchronize() before reusing the name, or give each op its own name")
-            self._inflight.add(key)
+            inflight.add(key)
             self._queue.append(req)
             if self._sleeping:  # a busy engine takes the queue at its next cycle: no wake-up to pay for
                 self._sleeping = False  # one wake-up is enough: later submissions before it runs need none
@@ -139,6 +141,16 @@ class Engine(Dispatch):
             self._fail_everything(self._lost_peer(exc))
         except BaseException as exc:  # noqa: BLE001 - any failure must reach every waiting handle
             self._failed(exc)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        """The engine ended: every pending and queued request, and every later submission, fails with ``error``."""
+        with self._cv:
+            self.error = error
+            waiting = self.completion.take_all() + list(self._queue)
+            self._queue.clear()
+        for req in waiting:
+            req.set_error(error)
+        self.timeline.stop()
 
     def _failed(self, exc: BaseException) -> None:
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
@@ -197,7 +209,7 @@ class Engine(Dispatch):
         """
         cycle_s = self.config.cycle_time_ms / 1000.0
         with self._cv:
-            if self._pending:  # left over: pace cycles so waiting for peers does not spin
+            if self.completion.pending:  # left over: pace cycles so waiting for peers does not spin
                 delay = self._last_cycle + cycle_s - time.monotonic()
                 if delay > 0:
                     self._sleep(delay)
@@ -228,8 +240,9 @@ class Engine(Dispatch):
             self._queue.clear()
             shutdown = self._shutdown_requested
         tracing = self.timeline.enabled
+        pending, bits = self.completion.pending, self.completion.bits
         for req in new:
-            self._pending[req.key] = req
+            pending[req.key] = req
             if req.sig.kind is Kind.JOIN:
                 self._join_cycle = self.cycles
             if tracing:
@@ -238,12 +251,12 @@ class Engine(Dispatch):
 
         flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
         cache = self.cache
-        mine = self._bits.add(new, self._pending)
-        if self._bits.uncached:
+        mine = bits.add(new, pending)
+        if bits.uncached:
             flags |= FLAG_FULL
-        if self.watchdog.check_due(self._pending.values()):
+        if self.watchdog.check_due(pending.values()):
             flags |= FLAG_FULL
-        if self._pending:
+        if pending:
             flags |= FLAG_BUSY
         if self.autotune.wants_round():  # rank 0's new settings travel in a full round
             flags |= FLAG_FULL
@@ -252,7 +265,7 @@ class Engine(Dispatch):
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
-        self._allreduce_or(vec, result, busy=bool(self._pending) or self._job_busy)
+        self._allreduce_or(vec, result, busy=bool(pending) or self._job_busy)
         all_flags, missing = cache.decode(result)
         self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
         self.busy_cycles += bool(all_flags & FLAG_BUSY)
@@ -265,11 +278,13 @@ class Engine(Dispatch):
         else:
             responses = cache.ready(missing, self.cycles)
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
-            known = None if full or not self.psets.only_global() else self._bits.times_of(cache.ready_bits)
-            self.stragglers.record(responses, self._pending, time.monotonic(), self.timeline, known)
+            known = None if full or not self.psets.only_global() else bits.times_of(cache.ready_bits)
+            self.stragglers.record(responses, pending, time.monotonic(), self.timeline, known)
             self.stragglers.swap(self.comm)  # a window complete, or rank 0's tick: exchange before ops complete
             self.autotune.observe(responses)
-            self._execute(responses)
+            self.completion.execute(responses)
+            if self._join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
+                self._join_cycle = -1
             self.stragglers.settle(self.timeline)  # rank 0: the log line and timeline of an exchange
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
@@ -280,12 +295,12 @@ class Engine(Dispatch):
         """The names this rank waits on, pending or still queued (a wedged wait's message lists them)."""
         with self._cv:
             queued = [req.name for req in self._queue]
-        return sorted({name for _, name in self._pending} | set(queued))
+        return sorted({name for _, name in self.completion.pending} | set(queued))
 
     def _full_round(self, shutdown: bool) -> list[Response]:
         self.full_cycles += 1
         now = time.monotonic()
-        msg = pending_message(self._pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
+        msg = pending_message(self.completion.pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
                               tune=self.autotune.outgoing())
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)

@@ -1,11 +1,16 @@
-"""Mismatch text: what differs between the ranks' arguments for one name, and arguments no member can use."""
+"""Mismatch and stall text: what differs between the ranks' arguments for one name, arguments no member can use,
+and where a stalled name's ranks were instead."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
+from . import callsite
 from .requests import FIELD_LABELS, Kind, Signature
 
-__all__ = ["describe_mismatch", "invalid_argument"]
+if TYPE_CHECKING:
+    from .negotiation import RankMessage
+
+__all__ = ["describe_mismatch", "invalid_argument", "submitted_at", "used_elsewhere", "waiting_instead"]
 
 
 def invalid_argument(name: str, sigs: dict[int, Signature], members: list[int]) -> Optional[str]:
@@ -72,3 +77,36 @@ def _show(value: object) -> str:
 def _ranks(ranks: Iterable[int]) -> str:
     ranks = list(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+# -- stall text (engine/negotiation.py's Stalled reads it only when a warning or verdict needs it) --------------
+def submitted_at(messages: Sequence["RankMessage"], key: tuple[int, str], ranks: Iterable[int]) -> str:
+    """Where each of ``ranks`` submitted ``key`` in the user's code (from their messages)."""
+    return callsite.describe({r: (messages[r].sites or {}).get(key) for r in ranks})
+
+
+def waiting_instead(messages: Sequence["RankMessage"], missing: list[int], most: int = 3) -> str:
+    """What each missing rank had pending instead of a stalled name, with its lines."""
+    parts = []
+    for rank in missing:
+        sites = messages[rank].sites or {}
+        pending = [f"{name!r} at {sites.get((sig.ps_id, name), 'an unknown line')}"
+                   for name, sig, _ in messages[rank].reqs[:most]]
+        more = len(messages[rank].reqs) - most
+        listed = ", ".join(pending) + (f" and {more} more" if more > 0 else "")
+        parts.append(f" Rank {rank} was waiting on {listed} instead." if pending
+                     else f" Rank {rank} had submitted nothing.")
+    return "".join(parts)
+
+
+def used_elsewhere(table: dict[tuple[int, str], dict[int, tuple[Signature, float]]], ps_id: int, name: str,
+               missing: list[int]) -> str:
+    """For a stalled name: which missing ranks have the same name pending under another process set (a
+    disagreement on the set, shown in the stall report rather than refused: order differs legally)."""
+    notes = []
+    for (other_ps, other_name), entries in table.items():
+        if other_name == name and other_ps != ps_id:
+            used = sorted(r for r in entries if r in missing)
+            if used:
+                notes.append(f"rank(s) {used} submitted it for process set {other_ps} instead")
+    return "; ".join(notes)

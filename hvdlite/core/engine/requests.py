@@ -42,8 +42,6 @@ class Kind(enum.Enum):
     def __str__(self) -> str:
         return self.label
 
-    __hash__ = object.__hash__  # members are singletons (pickled by name): Enum's own hash is Python code, per op
-
     def __reduce__(self) -> Any:  # pickle by name: the tuple values are not unique identifiers to pickle
         return (Kind.__getitem__, (self.name,))
 
@@ -75,8 +73,7 @@ def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: flo
                    root: int, tensors: tuple[Any, ...], extra: Any = None, plane: str = "") -> Signature:
     """The signature, shared with every equal one made before (a training step makes the same ones
     again and again: sharing them keeps the per-op objects few)."""
-    sig = _new_signature(Signature, (kind, ps_id, op, float(prescale),
-                                     float(postscale), int(root), tensors, extra, plane))
+    sig = Signature(kind, ps_id, op, float(prescale), float(postscale), int(root), tensors, extra, plane)
     if len(_SIGNATURES) >= _INTERN_LIMIT:
         _SIGNATURES.clear()
     try:
@@ -101,9 +98,6 @@ _SIGNATURES: dict[Signature, Signature] = {}
 _LAYOUTS: dict[Any, Any] = {}
 
 
-_new_signature = tuple.__new__  # NamedTuple's own __new__ is Python code: this is on the per-op path
-
-
 class _SignatureFields:
     """Named access to the signature fields the engine reads most (shared by Request and Response)."""
 
@@ -118,33 +112,32 @@ class _SignatureFields:
     def ps_id(self) -> int:
         return self.sig.ps_id
 
+    @property
+    def op(self) -> Optional[ReduceOp]:
+        return self.sig.op
+
 
 class Request(Handle, _SignatureFields):
     """One named collective submitted on this rank, waiting for the engine. It is also the handle the
     caller waits on: one object per tensor operation, built on the per-op path (few allocations, none
     that only the garbage collector could free)."""
 
-    __slots__ = ("sig", "key", "inputs", "outputs", "dtypes", "op", "splits", "submitted", "cache_bit",
-                 "cache_version", "results", "remaining", "site")
+    __slots__ = ("sig", "key", "inputs", "outputs", "splits", "submitted", "cache_bit", "cache_version", "results",
+                 "remaining", "site")
 
+    # Positional up to ``value``, so the per-gradient path (runtime.submit_prepared) calls it without keywords:
+    # calling a class with keywords packs them into a dict, +0.4-0.9 us per Request in timeit on the loaded
+    # 2-core machine (a keyword-only version: 1.1-1.7 against 0.45-0.5 us), and small_ops.py's warm in-flight
+    # run showed the submitting thread's CPU per op up by a median 1.13x with it. Handle.__init__'s call costs
+    # ~0.05 us. The rarer arguments are keywords.
     def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
-                 outputs: Sequence[Optional[np.ndarray]], dtypes: Sequence[str], op: Optional[ReduceOp] = None,
-                 splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None,
-                 key: Optional[tuple[int, str]] = None, value: Any = UNSET) -> None:
-        # Handle.__init__'s fields, set here without calling it (the per-op path); ``value``: see returning()
-        self.name = name
-        self._waiters = None
-        self._done = False
-        self._result = None
-        self._error = None
-        self._finalize = finalize
-        self._value = value
-        self.sig = sig
+                 outputs: Sequence[Optional[np.ndarray]], key: Optional[tuple[int, str]] = None, value: Any = UNSET,
+                 *, splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None) -> None:
+        Handle.__init__(self, name, finalize, value)  # ``value``: see Handle.returning()
+        self.sig = sig  # its op and kind are the request's (see _SignatureFields)
         self.key = (sig.ps_id, name) if key is None else key  # the engine's tables' key: (process set, name)
         self.inputs = inputs
         self.outputs = outputs
-        self.dtypes = dtypes
-        self.op = op
         self.splits = splits
         self.submitted = time.monotonic()
         self.cache_bit = -1

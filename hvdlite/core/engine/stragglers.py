@@ -81,7 +81,7 @@ class Stragglers:
         """After a round ending at ``now``: the times of each agreed op of the global set (NaN where a joined
         rank had no request), in agreed order. ``known``: the responses' submission times, when every response
         is a good one of the global set with a request here (a cached round, the steady state: the times were
-        kept at each request's cache bit, engine/negotiation.py's PendingBits); else one Python pass."""
+        kept at each request's cache bit, engine/cache.py's PendingBits); else one Python pass."""
         if self.config.straggler_window_ops <= 0:
             return
         submitted = self._submitted

@@ -1,16 +1,15 @@
-"""Running agreed responses in agreed order and handing each request its result or error (mixed into Engine)."""
+"""The engine's completing half: the pending table, running agreed responses in agreed order, and handing each
+request its result or error (an object the Engine holds)."""
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Any, Callable, Optional
 
 from ..errors import HvdliteError, InvalidArgumentError, StallError, TensorMismatchError
 from ..log import logger
 from . import mpi
+from .cache import PendingBits, ResponseCache
 from .execution import Executor
 from .fusion import Item, batches
-from .negotiation import PendingBits, ResponseCache
 from .plane_exec import PlaneExecutor
 from .psets import Registry
 from .requests import Kind, Request, Response
@@ -18,32 +17,34 @@ from .stalls import Stop
 from .timeline import Timeline
 
 
-class Dispatch:
-    """The engine's completing half: batches of agreed work go to the MPI or plane executor, and every
-    request ends through ``_finish`` (its name freed, then its handle completed). The state it works on is
-    the Engine's (engine/loop.py), declared here for the type checker."""
+class Completion:
+    """The requests this rank has pending, and how each ends: batches of agreed work go to the MPI or plane
+    executor, and every request ends through ``finish`` (its name freed, then its handle completed).
 
-    rank: int
-    comm: Any
-    on_verdict: Callable[[str, int], None]
-    timeline: Timeline
-    psets: Registry
-    cache: ResponseCache
-    executor: Executor
-    planes: PlaneExecutor
-    error: Optional[BaseException]
-    _cv: threading.Condition
-    _queue: collections.deque[Request]
-    _inflight: set[tuple[int, str]]
-    _pending: dict[tuple[int, str], Request]
-    _bits: PendingBits
-    _join_cycle: int
+    ``inflight`` is the name table ``Engine.submit`` checks under the engine's lock (a name is in it from
+    submission until it finishes); ``pending`` holds the requests the engine thread has taken from its queue.
+    """
 
-    def _execute(self, responses: list[Response]) -> None:
+    def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
+                 planes: PlaneExecutor, timeline: Timeline, on_verdict: Callable[[str, int], None],
+                 keep_times: bool) -> None:
+        self.rank = rank
+        self.comm = comm
+        self.psets = psets
+        self.cache = cache
+        self.executor = executor
+        self.planes = planes
+        self.timeline = timeline
+        self.on_verdict = on_verdict  # told of every name a stall verdict or join error fails, on every rank
+        self.inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
+        self.pending: dict[tuple[int, str], Request] = {}
+        self.bits = PendingBits(cache, keep_times=keep_times)  # the pending requests' cache bits
+
+    def execute(self, responses: list[Response]) -> None:
         """Run agreed responses in agreed order. Data work is batched (fused) up to the next control op:
         a process-set change runs only after the data work agreed before it has finished."""
         work: list[tuple[Response, Optional[Request]]] = []
-        pending, psets, tracing = self._pending, self.psets, self.timeline.enabled
+        pending, psets, tracing = self.pending, self.psets, self.timeline.enabled
         for resp in responses:
             req = pending.get(resp.key)
             if resp.error is not None:
@@ -51,7 +52,7 @@ class Dispatch:
                     self.on_verdict(resp.name, resp.ps_id)
                 if req is not None:
                     kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
-                    self._finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
+                    self.finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
                 continue
             sig = resp.sig
             if sig.kind.control:
@@ -62,7 +63,7 @@ class Dispatch:
                     self.cache.remove_process_set(sig.extra)
                 self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
                 if req is not None:
-                    self._finish(req, result=result)
+                    self.finish(req, result=result)
                 continue
             if req is None:
                 if not psets.is_member(sig.ps_id):
@@ -75,8 +76,6 @@ class Dispatch:
                 self.timeline.begin(req.name, "QUEUE")
             work.append((resp, req))
         self._run_work(work)
-        if self._join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
-            self._join_cycle = -1
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
         for batch in batches(work, self.executor.fusion_threshold_bytes):
@@ -96,7 +95,7 @@ class Dispatch:
                     continue
                 if req.sig.kind.multi_tensor and type(item) is Item:
                     if req.remaining == 1 and req.results is None:  # one tensor: a list only if wait() reads it
-                        self._finish(req, result=[result] if req.reads_result() else None)
+                        self.finish(req, result=[result] if req.reads_result() else None)
                         continue
                     listed = req.results
                     if listed is None:
@@ -104,9 +103,9 @@ class Dispatch:
                     listed[item.index] = result
                     req.remaining -= 1
                     if req.remaining == 0:
-                        self._finish(req, result=listed)
+                        self.finish(req, result=listed)
                 else:
-                    self._finish(req, result=result)
+                    self.finish(req, result=result)
 
     def _fail_batch(self, batch: list[Any], exc: Exception) -> None:
         """Fail the requests of one batch that raised before or between its MPI calls. Every rank ran the
@@ -118,35 +117,31 @@ class Dispatch:
                 error = HvdliteError(f"rank {self.rank}: {item.resp.kind} of {item.resp.name!r} failed: "
                                      f"{type(exc).__name__}: {exc}")
                 error.__cause__ = exc
-                self._finish(item.req, error=error)
+                self.finish(item.req, error=error)
 
-    def _finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
+    def finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
         """Hand a result back. The name is freed before the handle completes, so the caller may reuse
         it at once (the next training step submits the same names)."""
         key = req.key
-        if self._pending.pop(key, None) is not None:
-            self._bits.remove(req)
+        if self.pending.pop(key, None) is not None:
+            self.bits.remove(req)
         if self.timeline.enabled:
             self.timeline.end(req.name)
-        self._inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
+        self.inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
         if error is not None:
             req.set_error(error)
         else:
             req.set_result(result)
 
-    def _fail_everything(self, error: BaseException) -> None:
-        with self._cv:
-            self.error = error
-            waiting = list(self._pending.values()) + list(self._queue)
-            self._queue.clear()
-            self._pending.clear()
-            self._inflight.clear()
-        for req in waiting:
-            req.handle.set_error(error)
-        self.timeline.stop()
+    def take_all(self) -> list[Request]:
+        """Every pending request, the tables emptied (the engine's end: it fails them). Under the engine's lock."""
+        waiting = list(self.pending.values())
+        self.pending.clear()
+        self.inflight.clear()
+        return waiting
 
 
 _ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
 
 
-__all__ = ["Dispatch"]
+__all__ = ["Completion"]

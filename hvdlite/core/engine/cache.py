@@ -1,0 +1,159 @@
+"""The response cache: names agreed before, one bit each, and the bits of this rank's pending requests."""
+from __future__ import annotations
+
+import heapq
+from typing import Any, Optional, Sequence, cast
+
+import numpy as np
+
+from .eviction import LeastRecent
+from .requests import Response, Signature
+
+__all__ = ["PendingBits", "ResponseCache"]
+
+
+class ResponseCache:
+    """Names agreed before, each holding one bit. Identical on every rank by construction: it is
+    only changed from decisions that every rank reached the same way, in the same order.
+
+    Bit sets are numpy bool arrays of ``64 * words`` entries (``bits()``), packed into uint64 words only
+    for the all-reduce, so per-cycle work is a few whole-array operations whatever the number of names.
+    """
+
+    def __init__(self, capacity: int, my_rank: int) -> None:
+        self.capacity = capacity
+        self.my_rank = my_rank
+        self.words = (capacity + 63) // 64
+        self.by_name: dict[tuple[int, Optional[str]], int] = {}
+        self.names: list[Optional[str]] = [None] * capacity
+        self.sigs: list[Optional[Signature]] = [None] * capacity
+        self.responses: list[Optional[Response]] = [None] * capacity  # reused each time the bit is ready
+        self.last_used = [0] * capacity
+        self._free = list(range(capacity))  # a heap of the bits not in use: the lowest first
+        self._lru = LeastRecent(self.last_used)  # the victim when every bit is in use
+        self.member = self.bits()  # bits whose process set includes this rank
+        self.valid = self.bits()   # bits in use
+        self.version = 0      # bumped when a bit changes meaning
+        self.ready_bits = np.zeros(0, dtype=np.intp)  # the bits of the last ready() responses
+
+    def bits(self) -> np.ndarray:
+        """An empty bit set."""
+        return np.zeros(64 * self.words, dtype=bool)
+
+    def lookup(self, name: str, sig: Signature, key: Optional[tuple[int, str]] = None) -> int:
+        """The bit of ``name`` if it was agreed with signature ``sig`` (``key``: its (process set, name), if made)."""
+        bit = self.by_name.get((sig.ps_id, name) if key is None else key, -1)
+        if bit >= 0 and (self.sigs[bit] is sig or self.sigs[bit] == sig):
+            return bit
+        return -1
+
+    def put(self, name: str, sig: Signature, members: Sequence[int], tick: int) -> None:
+        if self.capacity == 0 or not sig.kind.cacheable:
+            return
+        key = (sig.ps_id, name)
+        bit = self.by_name.get(key, -1)
+        if bit < 0:
+            if self._free:
+                bit = heapq.heappop(self._free)
+            else:
+                bit = self._lru.victim()  # the least (last_used, bit)
+                old = self.sigs[bit]
+                assert old is not None  # the cache is full: every bit holds an entry
+                del self.by_name[(old.ps_id, self.names[bit])]
+            self.by_name[key] = bit
+            self.names[bit] = name
+        self.sigs[bit] = sig
+        self.responses[bit] = Response(name, sig)
+        self.last_used[bit] = tick
+        self._lru.touched(tick, bit)
+        self.version += 1
+        self.valid[bit] = True
+        self.member[bit] = self.my_rank in members
+
+    def remove_process_set(self, ps_id: int) -> None:
+        for bit, sig in enumerate(self.sigs):
+            if sig is not None and sig.ps_id == ps_id:
+                del self.by_name[(ps_id, self.names[bit])]
+                self.names[bit] = None
+                self.sigs[bit] = None
+                self.responses[bit] = None
+                self.member[bit] = False
+                self.valid[bit] = False
+                heapq.heappush(self._free, bit)
+        self.version += 1
+
+    # -- bit-vector encoding ------------------------------------------------------------------
+    def encode(self, flags: int, missing: np.ndarray) -> np.ndarray:
+        """The all-reduce vector: the flags word, then the ``missing`` bit set packed into words."""
+        vec = np.empty(1 + self.words, dtype=np.uint64)
+        vec[0] = flags
+        vec[1:] = np.packbits(missing, bitorder="little").view(np.uint64)
+        return vec
+
+    def decode(self, vec: np.ndarray) -> tuple[int, np.ndarray]:
+        return int(vec[0]), np.unpackbits(vec[1:].view(np.uint8), bitorder="little").view(bool)
+
+    def ready(self, missing_anywhere: np.ndarray, tick: int) -> list[Response]:
+        """The responses of the entries no rank is missing, in bit order, each marked used at ``tick``."""
+        responses, last_used = self.responses, self.last_used
+        out = []
+        self.ready_bits = np.flatnonzero(self.valid & ~missing_anywhere)  # the responses' bits, in their order
+        if tick < self._lru.ready_min:
+            self._lru.ready_min = tick
+        for bit in self.ready_bits.tolist():
+            last_used[bit] = tick
+            out.append(responses[bit])
+        return cast(list[Response], out)  # valid bits hold a response
+
+
+class PendingBits:
+    """The cache bits of this rank's pending requests, kept up to date as requests come and go (and
+    recomputed only when cache bits changed meaning), plus how many pending requests have no bit."""
+
+    def __init__(self, cache: ResponseCache, keep_times: bool = False) -> None:
+        self.cache = cache
+        self.mine = cache.bits()
+        self.uncached = 0  # pending requests without a cache bit: they need a full round
+        self.version = -1  # the cache version ``mine`` was computed for
+        # with ``keep_times``, each pending request's submission time at its bit (straggler attribution)
+        self.submitted: Optional[np.ndarray] = np.zeros(len(self.mine)) if keep_times else None
+
+    def add(self, new: list[Any], pending: dict[Any, Any]) -> np.ndarray:
+        """Count ``new`` requests (all of ``pending`` if the cache changed); returns the bit set."""
+        cache = self.cache
+        if cache.version != self.version:
+            self.version = cache.version
+            self.mine[:] = False
+            self.uncached = 0
+            new = list(pending.values())
+        lookup, version, bits, times = cache.lookup, self.version, [], []
+        keep = self.submitted is not None
+        for req in new:
+            bit = req.cache_bit = lookup(req.name, req.sig, req.key)
+            req.cache_version = version
+            if bit < 0:
+                self.uncached += 1
+            else:
+                bits.append(bit)
+                if keep:
+                    times.append(req.submitted)
+        self.mine[bits] = True
+        if self.submitted is not None:
+            self.submitted[bits] = times
+        return self.mine
+
+    def times_of(self, bits: np.ndarray) -> Optional[np.ndarray]:
+        """The submission times of the pending requests at ``bits`` (in that order), or None when not kept or
+        when some bit has no pending request here."""
+        if self.submitted is None or not self.mine[bits].all():
+            return None
+        times: np.ndarray = self.submitted[bits]
+        return times
+
+    def remove(self, req: Any) -> None:
+        """A pending request finished."""
+        if req.cache_version == self.version:
+            if req.cache_bit < 0:
+                self.uncached -= 1
+            else:
+                self.mine[req.cache_bit] = False
