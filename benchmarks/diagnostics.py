@@ -192,7 +192,7 @@ def keep_times_us_per_op(ops: int = 1000, reps: int = 200) -> float:
     """What counting a request's cache bit adds when it also keeps the request's submission time there
     (PendingBits with keep_times, the source of a cached round's times): CPU per op, ``ops`` fresh requests,
     on and off alternated, the difference of the medians (the instrumented record() does not see it)."""
-    from hvdlite.core.engine.negotiation import PendingBits, ResponseCache
+    from hvdlite.core.engine.cache import PendingBits, ResponseCache
     from hvdlite.core.engine.requests import Kind, make_signature
     from hvdlite.core.reduce_ops import Sum
     cache = ResponseCache(ops, 0)

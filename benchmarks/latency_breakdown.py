@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 import _common  # noqa: E402
 import hvdlite as hvd  # noqa: E402
-from hvdlite.core.engine import handles, loop  # noqa: E402
+from hvdlite.core.engine import completion, handles, loop  # noqa: E402
 
 PHASES = ("submitted", "cycle_start", "negotiation_start", "negotiation_end", "data_start", "completed", "woken")
 _stamps: dict[str, list[float]] = {k: [] for k in PHASES[1:-1]}
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     _timed(loop.Engine, "_cycle", before="cycle_start")
     _timed(loop.Engine, "_allreduce_or", before="negotiation_start", after="negotiation_end")
-    _timed(loop.Engine, "_run_work", before="data_start", when=lambda work: bool(work))
+    _timed(completion.Completion, "_run_work", before="data_start", when=lambda work: bool(work))
     _timed(handles.Handle, "_complete", before="completed")
     hvd.init()
     output = _common.Output(hvd.rank(), args.out)

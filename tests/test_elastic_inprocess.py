@@ -8,12 +8,13 @@ import re
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import WORKERS, ompi_python, run_mpi  # noqa: F401 - the fixture
+from conftest import REPORT_DIR_VARIABLE, WORKERS, ompi_python, run_mpi, worker_reports  # noqa: F401
 from cluster.elastic import ElasticRun, final_accuracy
-from cluster.fixtures import run
+from cluster.fixtures import base_env, run
 from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
@@ -25,13 +26,11 @@ ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"
 TRAINING = ["--epochs", "2", "--samples", "240"]
 
 
-def _lines(out: str, kind: str) -> dict[int, dict[str, str]]:
-    found = {}
-    for line in out.splitlines():
-        if line.startswith(kind + " "):
-            fields = dict(item.split("=", 1) for item in line.split()[1:])
-            found[int(fields["orig"])] = fields
-    return found
+def _reports(report_dir: Path, kind: str) -> dict[int, dict[str, Any]]:
+    """What each rank of a worker job reported (tests/workers/report.py) under ``kind`` ("start": its pid;
+    "final": its rank, size, pid and result at the end), by the rank it started as; a rank that never got
+    there is absent."""
+    return {rank: entry[kind] for rank, entry in worker_reports(report_dir).items() if kind in entry}
 
 
 @pytest.mark.timeout(600)
@@ -59,15 +58,18 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     worker = [*TRAINING, *die, "--dump-resume", str(tmp_path / "resume")]
     stopped = [death.split(":")[0] for death in deaths if ":stop:" in death]
     planes = {"HOROVOD_CPU_OPERATIONS": "gloo"} if any(":gloo:" in death for death in deaths) else {}
+    reports = tmp_path / "reports"
     if launch == "hvdlite-run":
+        reports.mkdir()
         proc = run([ompi_python, "-m", "hvdlite.run", "-np", str(n), "--min-np", "1", ompi_python,
-                    str(WORKERS / WORKER), *worker], timeout=300)
+                    str(WORKERS / WORKER), *worker], timeout=300,
+                   env={**base_env(), REPORT_DIR_VARIABLE: str(reports)})
     else:
         mpiexec = str(Path(ompi_python).parent / "mpiexec")
         stall = ["--mca", "mpi_ft_detector_timeout", "60"] if stopped else []
         env = {**ROOT_ENV, **planes, **({"HVDLITE_STALL_SHUTDOWN_TIME_SECONDS": "10"} if stopped else {})}
         proc = run_mpi(WORKER, n, worker, timeout=300, env=env, launcher=[mpiexec, *ULFM_FLAGS, *stall],
-                       interpreter=ompi_python, check=False)
+                       interpreter=ompi_python, check=False, report_dir=reports)
     out = proc.stdout + proc.stderr
     if launch == "hvdlite-run":
         assert proc.returncode == 0, out
@@ -77,12 +79,12 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
                          out) and re.search(r"reset 2: rank 0 on host \S+ \(pid \d+\) failed; 1 ranks left", out), out
         assert "job finished on 1 ranks after 2 reset(s)" in out, out
         assert len(re.findall(r"starting \d+ ranks on", out)) == 1, out  # never restarted
-    starts, finals = _lines(out, "start"), _lines(out, "final")
+    starts, finals = _reports(reports, "start"), _reports(reports, "final")
     assert sorted(starts) == list(range(n)), out
     assert sorted(finals) == survivors, out  # the killed ranks never finish; every survivor does
     for orig, final in finals.items():
         assert final["pid"] == starts[orig]["pid"], out  # the same process: recovered, not restarted
-        assert final["size"] == str(len(survivors)) and final["entries"].count("/") == entries - 1, out
+        assert final["size"] == len(survivors) and len(final["entries"]) == entries, out
     assert len({f["sha"] for f in finals.values()}) == 1, out  # identical weights on every survivor
     for orig in stopped:  # the stall inspector's verdict: the stopped process is killed, then recovered from
         assert re.search(rf"rank {orig} \(host \S+, pid {starts[int(orig)]['pid']}\) answered no probes for 10 s "
@@ -103,8 +105,9 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     # the reference: an uninterrupted run at the final size from the commit the survivors last resumed from
     last = tmp_path / f"resume.{entries - 1}"
     assert last.exists(), out
-    ref = run_mpi(WORKER, len(survivors), [*TRAINING, "--load", str(last)], timeout=300, env=planes)
-    ref_finals = _lines(ref.stdout, "final")
+    ref = run_mpi(WORKER, len(survivors), [*TRAINING, "--load", str(last)], timeout=300, env=planes,
+                  report_dir=tmp_path / "reference")
+    ref_finals = _reports(tmp_path / "reference", "final")
     assert {f["sha"] for f in ref_finals.values()} == {f["sha"] for f in finals.values()}, (out, ref.stdout)
     assert {f["steps"] for f in ref_finals.values()} == {f["steps"] for f in finals.values()}, (out, ref.stdout)
 
@@ -142,19 +145,19 @@ def test_a_non_elastic_job_under_ulfm_names_the_dead_rank_on_every_survivor(ompi
 
 
 @pytest.mark.timeout(300)
-def test_process_sets_are_rebuilt_from_their_survivors(ompi_python: str) -> None:
+def test_process_sets_are_rebuilt_from_their_survivors(ompi_python: str, tmp_path: Path) -> None:
     """Rank 3 of 4 dies: the survivors roll back to the commit of step 9 and finish at size 3 (total = 9 * 4 +
     21 * 3); set [0, 1] keeps its members, [2, 3] becomes [2], and [3], which lost every member, is
     unregistered (its id None); every set's allreduce is exact before and after."""
     mpiexec = str(Path(ompi_python).parent / "mpiexec")
     proc = run_mpi("elastic_psets.py", 4, timeout=240, env=ROOT_ENV, launcher=[mpiexec, *ULFM_FLAGS],
-                   interpreter=ompi_python, check=False)
+                   interpreter=ompi_python, check=False, report_dir=tmp_path)
     out = proc.stdout + proc.stderr
-    starts, finals = _lines(out, "start"), _lines(out, "final")
+    starts, finals = _reports(tmp_path, "start"), _reports(tmp_path, "final")
     assert sorted(starts) == [0, 1, 2, 3] and sorted(finals) == [0, 1, 2], out
     for orig, final in finals.items():
-        assert final["pid"] == starts[orig]["pid"] and final["rank"] == str(orig) and final["size"] == "3", out
-        assert final["step"] == "30" and float(final["total"]) == 9 * 4 + 21 * 3, out
+        assert final["pid"] == starts[orig]["pid"] and final["rank"] == orig and final["size"] == 3, out
+        assert final["step"] == 30 and final["total"] == 9 * 4 + 21 * 3, out
         assert final["sets"] == "1:[0,1];2:[2];None:None", out
     assert "process set [3] lost every member: it is unregistered" in out, out
 
@@ -181,22 +184,25 @@ def test_keras_fit_with_elastic_callbacks_recovers_in_process(ompi_python: str) 
 
 
 @pytest.mark.timeout(600)
-def test_the_restart_path_under_mpich_gives_the_same_weights(ompi_python: str) -> None:
+def test_the_restart_path_under_mpich_gives_the_same_weights(ompi_python: str, tmp_path: Path) -> None:
     """The fallback: the same script and the same loss (rank 2 dies between steps 5 and 6) under hvdlite-run
     with pip's MPICH (no usable ULFM: restart mode, said in the log) restarts the job at size 2 from the
     last commit, and ends with the weights of the in-process recovery under Open MPI, bit for bit."""
     worker = [str(WORKERS / WORKER), *TRAINING, "--die", "2:idle:5"]
     mpiexec = str(Path(ompi_python).parent / "mpiexec")
     inproc = run_mpi(WORKER, 3, worker[1:], timeout=400, env=ROOT_ENV, launcher=[mpiexec, *ULFM_FLAGS],
-                     interpreter=ompi_python, check=False)
+                     interpreter=ompi_python, check=False, report_dir=tmp_path / "inproc")
+    (tmp_path / "restart").mkdir()
     restart = run([sys.executable, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3",
-                   sys.executable, *worker], timeout=400)
+                   sys.executable, *worker], timeout=400,
+                  env={**base_env(), REPORT_DIR_VARIABLE: str(tmp_path / "restart")})
     out = restart.stdout + restart.stderr
     assert restart.returncode == 0, out
     assert re.search(r"elastic: restart mode: MPICH .*exports ULFM's MPIX_Comm_shrink, but hvdlite recovers "
                      r"in-process only with Open MPI 5", out), out
     assert "starting 2 ranks on localhost:2 (reset 1)" in out, out
-    inproc_finals, restart_finals = _lines(inproc.stdout, "final"), _lines(restart.stdout, "final")
+    # (the restarted job's ranks are 0 and 1 again: their reports replace the first job's)
+    inproc_finals, restart_finals = _reports(tmp_path / "inproc", "final"), _reports(tmp_path / "restart", "final")
     assert sorted(inproc_finals) == [0, 1] and sorted(restart_finals) == [0, 1], (inproc.stdout, out)
     assert {f["sha"] for f in inproc_finals.values()} == {f["sha"] for f in restart_finals.values()}, \
         (inproc.stdout, out)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import hvdlite.torch as hvd
+from report import report
 
 
 def parse_args():
@@ -82,6 +83,7 @@ def main():
     hvd.init()
     orig = hvd.rank()
     print(f"start orig={orig} pid={os.getpid()}", flush=True)
+    report(orig, start={"pid": os.getpid()})  # by the rank it started as (the test's reports)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     plan = set()
@@ -167,8 +169,10 @@ def main():
             print(f"steady entry={len(entries)} steps={steps - 1} seconds={time.time() - started:.6f}", flush=True)
 
     train(state)
-    print(f"final orig={orig} rank={hvd.rank()} size={hvd.size()} pid={os.getpid()} steps={state.step} "
-          f"entries={'/'.join(map(str, entries))} sha={digest(model)}", flush=True)
+    final = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "steps": state.step, "entries": entries,
+             "sha": digest(model)}
+    print(f"final orig={orig} " + " ".join(f"{k}={v}" for k, v in final.items()), flush=True)
+    report(orig, start={"pid": os.getpid()}, final=final)
     hvd.shutdown()
 
 

@@ -8,10 +8,12 @@ import signal
 import numpy as np
 
 import hvdlite as hvd
+from report import report
 
 hvd.init()
 orig = hvd.rank()
 print(f"start orig={orig} pid={os.getpid()}", flush=True)
+report(orig, start={"pid": os.getpid()})
 sets = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3]), hvd.ProcessSet([3])]
 for ps in sets:
     hvd.add_process_set(ps)
@@ -37,6 +39,8 @@ def train(state):
 
 train(state)
 described = ";".join(f"{ps.process_set_id}:{ps.ranks if ps.process_set_id is not None else None}" for ps in sets)
-print(f"final orig={orig} rank={hvd.rank()} size={hvd.size()} pid={os.getpid()} step={state.step} "
-      f"total={state.total} sets={described.replace(' ', '')}", flush=True)
+final = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "step": state.step, "total": state.total,
+         "sets": described.replace(" ", "")}
+print(f"final orig={orig} " + " ".join(f"{k}={v}" for k, v in final.items()), flush=True)
+report(orig, start={"pid": os.getpid()}, final=final)
 hvd.shutdown()
