@@ -16,6 +16,7 @@ def report(rank: int, **fields: Any) -> None:
     directory = os.environ.get(REPORT_DIR_VARIABLE)
     if not directory:
         return
+    Path(directory).mkdir(parents=True, exist_ok=True)
     path = Path(directory, f"rank{rank}.json")
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps({"rank": rank, **fields}))
