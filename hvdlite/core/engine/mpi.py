@@ -38,7 +38,7 @@ def start(before_init: Optional[Callable[[str], None]] = None) -> Any:
             from mpi4py import MPI
             if not MPI.Is_initialized():  # loaded without starting MPI (probe_library, in this process)
                 MPI.Init_thread(MPI.THREAD_MULTIPLE)
-                atexit.register(_finalize_at_exit)
+                atexit.register(finalize)
         _MPI = MPI
     level = _MPI.Query_thread()
     if level < _MPI.THREAD_SERIALIZED:
@@ -47,11 +47,6 @@ def start(before_init: Optional[Callable[[str], None]] = None) -> Any:
             f"hvdlite's engine thread needs at least MPI_THREAD_SERIALIZED. Use an MPI built with thread "
             f"support (pip install mpich, or Open MPI built with --enable-mpi-thread-multiple).")
     return _MPI
-
-
-def _finalize_at_exit() -> None:
-    if _MPI is not None and not _MPI.Is_finalized():
-        _MPI.Finalize()
 
 
 def library_version() -> str:
