@@ -14,9 +14,11 @@ Both paths use the model of benchmarks/elastic_recovery.py (a 3-layer MLP of hid
   "hosts changed" line, about a second later: discovery runs once a second) to rank 0's first completed step at
   size 3: the next commit, the ranks leaving, a new job (Python, ``import torch``, MPI_Init, the model, the
   commit read back), its first step.
+  Split at the driver's "starting 3 ranks" line: the commit and the old job's end, then the new job's start.
 - ``spawn``: ``mpiexec -n 2`` of this file (``--spawn-program``): after a step, the two ranks ``Spawn`` one new
   process (it imports torch and builds the model), ``Merge``, broadcast the model's state from rank 0 and run a
-  step on 3 ranks (forward, backward, an allreduce of the gradients). Timed from the Spawn call to that step.
+  step on 3 ranks (forward, backward, an allreduce of the gradients). Timed from the Spawn call to that step
+  (``Spawn`` returns once the process is started; ``Merge`` waits for it to reach MPI: its imports).
 - ``spawn_then_loss``: the same, then one rank dies (``--lose R``: 1 is one of the first two ranks, 2 the spawned
   one) and the others revoke, shrink and run a barrier; ``recovered`` says whether they did within 30 s.
 
@@ -67,7 +69,7 @@ def restart(python: str, args: argparse.Namespace) -> dict[str, Any]:
                                 cwd=_common.ROOT, start_new_session=True)
         assert proc.stdout is not None
         lines: list[str] = []
-        flipped = changed = 0.0
+        flipped = changed = started = 0.0
         for line in proc.stdout:
             lines.append(line)
             if not flipped and line.startswith("first_step entry=1 size=2 "):
@@ -75,16 +77,20 @@ def restart(python: str, args: argparse.Namespace) -> dict[str, Any]:
                 flipped = time.time()
             elif flipped and not changed and "hosts changed" in line:
                 changed = time.time()
+            elif changed and not started and "starting 3 ranks" in line:
+                started = time.time()
         code = proc.wait()
     out = "".join(lines)
     step = re.search(r"^first_step entry=\d+ size=3 t=([\d.]+)", out, re.MULTILINE)
     if code != 0 or step is None or not changed:
         raise SystemExit(f"restart run failed ({code}):\n{out[-4000:]}")
     return {"kind": "restart", "discovery_to_step_s": round(float(step.group(1)) - flipped, 3),
-            "hosts_changed_to_step_s": round(float(step.group(1)) - changed, 3)}
+            "hosts_changed_to_step_s": round(float(step.group(1)) - changed, 3),
+            "hosts_changed_to_new_job_s": round(started - changed, 3),
+            "new_job_to_step_s": round(float(step.group(1)) - started, 3)}
 
 
-def spawn(python: str, args: argparse.Namespace, lose: Optional[int]) -> dict[str, Any]:
+def spawn(python: str, args: argparse.Namespace, lose: Optional[int], retry: bool = True) -> dict[str, Any]:
     """One ``mpiexec -n 2`` job of --spawn-program that spawns a third rank (and then loses rank ``lose``)."""
     mpiexec = str(Path(python).parent / "mpiexec")
     cmd = [mpiexec, *ULFM, "-n", "2", python, __file__, "--spawn-program", "--width", str(args.width)]
@@ -94,9 +100,15 @@ def spawn(python: str, args: argparse.Namespace, lose: Optional[int]) -> dict[st
                             cwd=_common.ROOT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=LOSS_TIMEOUT_S + 60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    except subprocess.TimeoutExpired:  # hung (the loss of a first rank): let prterun clean up, then kill
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+    if "listener thread failed to start" in out and retry:  # (once, after a killed run: a transient start failure)
+        return spawn(python, args, lose, retry=False)
     grown = re.search(r"^grown spawn_s=([\d.]+) merge_s=([\d.]+) to_step_s=([\d.]+)", out, re.MULTILINE)
     if grown is None:
         raise SystemExit(f"spawn run failed ({proc.returncode}):\n{out[-4000:]}")
@@ -199,6 +211,8 @@ def main() -> None:
         "kind": "summary", "model": f"MLP 16-{args.width}-{args.width}-4, batch 8 per rank, torch CPU",
         "restart_discovery_to_step_s": med("restart", "discovery_to_step_s"),
         "restart_hosts_changed_to_step_s": med("restart", "hosts_changed_to_step_s"),
+        "restart_hosts_changed_to_new_job_s": med("restart", "hosts_changed_to_new_job_s"),
+        "restart_new_job_to_step_s": med("restart", "new_job_to_step_s"),
         "spawn_to_step_s": med("spawn", "spawn_to_step_s"), "spawn_s": med("spawn", "spawn_s"),
         "merge_s": med("spawn", "merge_s"),
         "spawned_job_recovers_from_a_first_rank_loss": recovered(1),
