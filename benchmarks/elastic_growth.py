@@ -20,7 +20,8 @@ Both paths use the model of benchmarks/elastic_recovery.py (a 3-layer MLP of hid
   step on 3 ranks (forward, backward, an allreduce of the gradients). Timed from the Spawn call to that step
   (``Spawn`` returns once the process is started; ``Merge`` waits for it to reach MPI: its imports).
 - ``spawn_then_loss``: the same, then one rank dies (``--lose R``: 1 is one of the first two ranks, 2 the spawned
-  one) and the others revoke, shrink and run a barrier; ``recovered`` says whether they did within 30 s.
+  one; ``lost_by``: SIGKILL, or ``os._exit(9)``, an exit with a non-zero status) and the others revoke, shrink and
+  run a barrier; ``recovered`` says whether they did (a hung job is ended after 90 s).
 
 Prints JSON lines: one per run and a summary with the medians (``kind``: summary).
 """
@@ -90,12 +91,13 @@ def restart(python: str, args: argparse.Namespace) -> dict[str, Any]:
             "new_job_to_step_s": round(float(step.group(1)) - started, 3)}
 
 
-def spawn(python: str, args: argparse.Namespace, lose: Optional[int], retry: bool = True) -> dict[str, Any]:
+def spawn(python: str, args: argparse.Namespace, lose: Optional[int], by: str = "kill",
+          retry: bool = True) -> dict[str, Any]:
     """One ``mpiexec -n 2`` job of --spawn-program that spawns a third rank (and then loses rank ``lose``)."""
     mpiexec = str(Path(python).parent / "mpiexec")
     cmd = [mpiexec, *ULFM, "-n", "2", python, __file__, "--spawn-program", "--width", str(args.width)]
     if lose is not None:
-        cmd += ["--lose", str(lose)]
+        cmd += ["--lose", str(lose), "--lose-by", by]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
                             cwd=_common.ROOT, start_new_session=True)
     try:
@@ -108,7 +110,7 @@ def spawn(python: str, args: argparse.Namespace, lose: Optional[int], retry: boo
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
     if "listener thread failed to start" in out and retry:  # (once, after a killed run: a transient start failure)
-        return spawn(python, args, lose, retry=False)
+        return spawn(python, args, lose, by, retry=False)
     grown = re.search(r"^grown spawn_s=([\d.]+) merge_s=([\d.]+) to_step_s=([\d.]+)", out, re.MULTILINE)
     if grown is None:
         raise SystemExit(f"spawn run failed ({proc.returncode}):\n{out[-4000:]}")
@@ -116,7 +118,7 @@ def spawn(python: str, args: argparse.Namespace, lose: Optional[int], retry: boo
                            "spawn_s": float(grown.group(1)), "merge_s": float(grown.group(2)),
                            "spawn_to_step_s": float(grown.group(3))}
     if lose is not None:
-        run["lost_rank"] = lose
+        run["lost_rank"], run["lost_by"] = lose, by
         run["recovered"] = len(re.findall(r"^recovered size=2", out, re.MULTILINE)) == 2
         run["errors"] = sorted(set(re.findall(r"PRTE ERROR: [^\n]*", out)))
     return run
@@ -164,8 +166,8 @@ def spawn_program(args: argparse.Namespace) -> None:
     merged.Set_errhandler(MPI.ERRORS_RETURN)
     merged.Barrier()
     time.sleep(0.3)  # every rank is past the barrier
-    if merged.rank == args.lose:
-        os._exit(9)
+    if merged.rank == args.lose:  # a death by a signal (kill -9, a segfault) or an exit with a non-zero status
+        os.kill(os.getpid(), signal.SIGKILL) if args.lose_by == "kill" else os._exit(9)
     try:
         while True:
             merged.Allreduce(MPI.IN_PLACE, np.ones(1))
@@ -186,6 +188,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=480)
     p.add_argument("--spawn-program", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--lose", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--lose-by", choices=("kill", "exit"), default="kill", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.spawn_program:
         spawn_program(args)
@@ -194,8 +197,9 @@ def main() -> None:
         p.error("--ompi-python is required")
     runs: list[dict[str, Any]] = []
     for _ in range(args.rounds):  # alternate, so load from elsewhere hits every variant alike
-        for measure in (lambda: restart(args.ompi_python, args), lambda: spawn(args.ompi_python, args, None),
-                        lambda: spawn(args.ompi_python, args, 1), lambda: spawn(args.ompi_python, args, 2)):
+        py = args.ompi_python
+        for measure in (lambda: restart(py, args), lambda: spawn(py, args, None), lambda: spawn(py, args, 1, "kill"),
+                        lambda: spawn(py, args, 1, "exit"), lambda: spawn(py, args, 2, "kill")):
             runs.append(measure())
             print(json.dumps(runs[-1]), flush=True)
 
@@ -203,8 +207,8 @@ def main() -> None:
         values = [r[key] for r in runs if r["kind"] == kind]
         return statistics.median(values) if values else float("nan")
 
-    def recovered(lost: int) -> str:
-        tried = [r for r in runs if r["kind"] == "spawn_then_loss" and r["lost_rank"] == lost]
+    def recovered(lost: int, by: str) -> str:
+        tried = [r for r in runs if r["kind"] == "spawn_then_loss" and r["lost_rank"] == lost and r["lost_by"] == by]
         return f"{sum(r['recovered'] for r in tried)} of {len(tried)}"
 
     summary: dict[str, Any] = {
@@ -215,8 +219,9 @@ def main() -> None:
         "restart_new_job_to_step_s": med("restart", "new_job_to_step_s"),
         "spawn_to_step_s": med("spawn", "spawn_to_step_s"), "spawn_s": med("spawn", "spawn_s"),
         "merge_s": med("spawn", "merge_s"),
-        "spawned_job_recovers_from_a_first_rank_loss": recovered(1),
-        "spawned_job_recovers_from_the_spawned_rank_loss": recovered(2),
+        "spawned_job_recovers_from_a_first_rank_killed": recovered(1, "kill"),
+        "spawned_job_recovers_from_a_first_rank_exiting_9": recovered(1, "exit"),
+        "spawned_job_recovers_from_the_spawned_rank_killed": recovered(2, "kill"),
         "machine": {"cpu": _common.cpu_model(), "cores": os.cpu_count(), "loadavg_1min": os.getloadavg()[0],
                     "commit": _common.git_commit()}}
     print(json.dumps(summary), flush=True)

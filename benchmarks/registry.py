@@ -123,7 +123,7 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench("elastic_growth", "time from discovery adding a host to the first step that uses it: the restart path "
           "(what hvdlite does, also in in-process mode) against Open MPI 5's Comm.Spawn + Merge, and whether a "
           "Spawn-grown ULFM job still recovers from the loss of one of its first ranks",
-          "python", "~8 min for --rounds 2 (session 10, loaded machine)", None,
+          "python", "~5 min a round (session 10, loaded machine)", None,
           no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
                    "fixture makes one), restarts a torch job and waits out each hung Spawn job (90 s): "
                    "the restart path it times runs in tests/test_elastic_hosts.py",

@@ -89,8 +89,8 @@ class Added:
 
 #: Why a running job grows through a restart at its next commit in both modes (docs/elastic.md, "Growth").
 GROWTH_PATH = ("new hosts join through a restart at a commit boundary, in both modes: Open MPI 5.0 can grow a "
-               "running job only with Comm.Spawn, after which the loss of one of the job's first ranks hangs the "
-               "survivors' recovery")
+               "running job only with Comm.Spawn, after which one of the job's first ranks exiting with an error "
+               "hangs the survivors' recovery")
 
 
 def report_growth(logger: logging.Logger, added: Added, size: int, in_process: bool) -> None:
