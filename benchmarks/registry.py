@@ -120,6 +120,14 @@ BENCHMARKS: tuple[Bench, ...] = (
           no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
                    "fixture makes one) and kills ranks: every path it times runs in tests/test_elastic_inprocess.py",
           takes_out=False, takes_np=False),
+    Bench("elastic_growth", "time from discovery adding a host to the first step that uses it: the restart path "
+          "(what hvdlite does, also in in-process mode) against Open MPI 5's Comm.Spawn + Merge, and whether a "
+          "Spawn-grown ULFM job still recovers from the loss of one of its first ranks",
+          "python", "~5 min a round (session 10, loaded machine)", None,
+          no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
+                   "fixture makes one), restarts a torch job and waits out each hung Spawn job (90 s): "
+                   "the restart path it times runs in tests/test_elastic_hosts.py",
+          takes_out=False, takes_np=False),
     Bench("keras_reduce", "where Keras' gradient reduction time goes (ResNet-50's 214 gradients), method by "
           "method", "mpi", "~1 min (README, with --fit)", None,
           no_smoke="measured (session 7): 53 s at -n 2 for one round, 18 s with one method, 9-10 s of it "

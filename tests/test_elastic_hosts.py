@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPORT_DIR_VARIABLE, WORKERS, ompi_python, worker_reports  # noqa: F401 - the fixture
 from cluster.elastic import JOINED, ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy, wait_until
 from cluster.fixtures import PYTHON, ROOT, NetnsHosts, base_env, netns_hosts, run
 
@@ -80,6 +81,51 @@ def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
     assert epoch_lines(out)[-1]["size"] == "3", out
     assert final_accuracy(out) >= 0.9, out
     assert "job finished on 3 ranks after 2 reset(s)" in out, out
+
+
+@pytest.mark.timeout(400)
+def test_in_process_mode_a_host_added_by_discovery_joins_at_the_next_commit(
+        hosts: NetnsHosts, ompi_python: str, tmp_path: Path) -> None:
+    """Open MPI 5 with ULFM (in-process mode), 2 ranks on h1, h2; discovery adds h3 once training runs: the job
+    grows to 3 ranks at its next commit through a restart (Open MPI 5.0 cannot grow a running job safely:
+    docs/elastic.md, Growth), h3's new rank starts from the weights of the others (synced from the commit the
+    job left at), is used (the reset callbacks see size 3), and all three finish with identical weights."""
+    listing = tmp_path / "hosts.txt"
+    listing.write_text("h1:1\nh2:1\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    reports = tmp_path / "reports"
+    mpi_args = shlex.quote(f"--mca plm_rsh_agent {hosts.nsrsh}")
+    command = (f". {shlex.quote(str(hosts.directory / 'mpi.env'))}; cd {shlex.quote(str(ROOT))}; "
+               f"export {REPORT_DIR_VARIABLE}={shlex.quote(str(reports))}; "
+               f"exec {ompi_python} -m hvdlite.run -np 2 --min-np 2 --max-np 3 --host-discovery-script {script} "
+               f"--network-interface hvd0 --mpi-args={mpi_args} {ompi_python} {WORKERS / 'elastic_inprocess.py'} "
+               f"--epochs 2 --samples 240 --sleep 0.05")
+    job = ElasticRun([hosts.nsrsh, "h1", command])
+    assert [job.rank_pids(2)[r][0] for r in range(2)] == ["h1", "h2"], job.output
+    job.wait_for(r"^first_step entry=1 size=2 ", timeout=200)
+    listing.write_text("h1:1\nh2:1\nh3:1\n")
+    grown = job.rank_pids(3)
+    assert [grown[r][0] for r in range(3)] == ["h1", "h2", "h3"], job.output
+    assert job.finish(timeout=300) == 0, job.output
+    out = job.output
+    assert re.search(r"elastic: in-process mode: Open MPI v5\S* .*has ULFM", out), out
+    assert "hosts changed (added: h3; removed: none; now h1:1,h2:1,h3:1)" in out, out
+    assert "reset 1: hosts changed: the ranks committed and left to resize" in out, out
+    assert "starting 3 ranks on h1:1,h2:1,h3:1 (reset 1)" in out, out
+    assert re.search(r"host\(s\) h3 in use: 3 ranks joined [\d.]+ s after discovery added them \(new hosts join "
+                     r"through a restart at a commit boundary, in both modes: Open MPI 5.0 can grow a running job "
+                     r"only with Comm.Spawn", out), out
+    resumed = re.findall(r"rank 0: resumed from commit (\d+), held by rank \d; 3 ranks now", out)
+    assert len(resumed) == 1 and int(resumed[0]) >= 1, out  # the commit the two ranks left at
+    assert "job finished on 3 ranks after 1 reset(s)" in out, out
+    finals = {orig: entry["final"] for orig, entry in worker_reports(reports).items()}
+    assert sorted(finals) == [0, 1, 2], out
+    assert all(f["size"] == 3 and f["entries"] == [3] and f["pid"] == grown[o][1] for o, f in finals.items()), finals
+    assert len({f["synced"][0] for f in finals.values()}) == 1, finals  # h3's rank got the others' weights
+    assert len({f["sha"] for f in finals.values()}) == 1, finals  # identical weights at the end
+    assert len(re.findall(r"^reset orig=\d rank=\d size=3 ", out, re.MULTILINE)) == 3, out
 
 
 @pytest.mark.timeout(900)

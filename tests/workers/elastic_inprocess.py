@@ -130,10 +130,12 @@ def main():
             snapshot = pickle.load(f)
         state._apply(snapshot["state"])
     entries = []  # hvd.size() at each call of train (after each recovery)
+    synced = []  # digest(model) at each call of train
 
     @hvd.elastic.run
     def train(state):
         entries.append(hvd.size())
+        synced.append(digest(model))  # the weights each call starts from (after sync or recovery)
         if len(entries) > 1 and args.dump_resume and hvd.rank() == 0:
             with open(f"{args.dump_resume}.{len(entries) - 1}", "wb") as f:
                 pickle.dump({"state": state._snapshot(), "size": hvd.size()}, f)
@@ -170,7 +172,7 @@ def main():
 
     train(state)
     final = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "steps": state.step, "entries": entries,
-             "sha": digest(model)}
+             "synced": synced, "sha": digest(model)}
     print(f"final orig={orig} " + " ".join(f"{k}={v}" for k, v in final.items()), flush=True)
     report(orig, start={"pid": os.getpid()}, final=final)
     hvd.shutdown()

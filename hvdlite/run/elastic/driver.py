@@ -66,6 +66,7 @@ class ElasticDriver:
         self.ran_on: dict[str, Host] = {}  # hosts whose ranks may have left commits there since deleted
         self.in_process: Optional[bool] = None  # the mode (--elastic-mode), decided with the first launcher
         self.finished_on = 0  # in-process mode: the ranks left when the job finished
+        self.added: Optional[inprocess.Added] = None  # hosts discovery added, until the job that uses them starts
 
     # -- hosts --------------------------------------------------------------------------------------------
     def usable_hosts(self) -> list[Host]:
@@ -250,6 +251,7 @@ class ElasticDriver:
         lost_at = 0.0
         losses = inprocess.Losses(size)
         changed = False
+        added, self.added = self.added, None  # hosts added while the job before ran: this job uses them
         next_check = time.monotonic() + DISCOVERY_INTERVAL_S
         while proc.poll() is None:
             time.sleep(0.1)
@@ -272,6 +274,9 @@ class ElasticDriver:
                 lost_at = now
             if lost_at and now - lost_at > LOST_RANK_GRACE_S:
                 self._stop(proc, srun)
+            if added is not None and len(server.snapshot()) == size:
+                inprocess.report_growth(logger, added, size, bool(self.in_process))
+                added = None
             if not changed and not lost_at and now >= next_check:
                 next_check = now + DISCOVERY_INTERVAL_S
                 changed = self._hosts_changed(server, hosts)
@@ -308,7 +313,7 @@ class ElasticDriver:
                        placed: list[Host], size: int) -> str:
         """In-process mode: count and blacklist each lost rank as a reset while the survivors recover by
         themselves; stop the job ("" while it goes on) past --reset-limit, or below --min-np survivors (a
-        running job cannot grow in-process: it restarts once --min-np slots are usable)."""
+        running job grows through a restart, see inprocess.report_growth: once --min-np slots are usable)."""
         for lost in losses.new(server.snapshot()):
             placement = hosts_by_rank(placed, size)
             self.blacklist.add(placement[lost.rank] if lost.rank < len(placement) else lost.host)
@@ -320,8 +325,8 @@ class ElasticDriver:
             if losses.alive < self.min_np:
                 self._stop(proc, srun)
                 return (f"{outcome}; {losses.alive} rank(s) left, below --min-np {self.min_np}: in-process mode "
-                        f"cannot add ranks to a running job (growth without a restart is not implemented), so "
-                        f"the job starts again from its last commit once {self.min_np} slots are usable")
+                        f"cannot add ranks to a running job (Open MPI 5.0 cannot grow it safely: docs/elastic.md, "
+                        f"Growth), so the job starts again from its last commit once {self.min_np} slots are usable")
             self.resets += 1
             inprocess.report(logger, lost, losses, self.resets, limit)
         return ""
@@ -337,6 +342,8 @@ class ElasticDriver:
         added = sorted({h.name for h in now} - {h.name for h in started_on})
         removed = sorted({h.name for h in started_on} - {h.name for h in now})
         generation = server.bump_generation()
+        if added:
+            self.added = inprocess.Added(tuple(added), time.monotonic())
         logger.info("hosts changed (added: %s; removed: %s; now %s): generation %d, the ranks resize at their "
                     "next commit", ",".join(added) or "none", ",".join(removed) or "none",
                     ",".join(map(str, now)) or "none", generation)

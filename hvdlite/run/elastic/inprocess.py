@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Iterator, Optional
 
 from hvdlite.core.launch import probe_ulfm
@@ -76,3 +77,23 @@ def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, l
     logger.info("reset %d%s: rank %d on host %s (pid %d) failed; %d ranks left recover in their processes "
                 "(in-process mode)", reset, f" of {limit}" if limit is not None else "", lost.rank, lost.host,
                 lost.pid, losses.alive)
+
+
+@dataclasses.dataclass(frozen=True)
+class Added:
+    """Hosts discovery added to a running job, and when the driver saw them (time.monotonic())."""
+
+    hosts: tuple[str, ...]
+    seen_at: float
+
+
+#: Why a running job grows through a restart at its next commit in both modes (docs/elastic.md, "Growth").
+GROWTH_PATH = ("new hosts join through a restart at a commit boundary, in both modes: Open MPI 5.0 can grow a "
+               "running job only with Comm.Spawn, after which one of the job's first ranks exiting with an error "
+               "hangs the survivors' recovery")
+
+
+def report_growth(logger: logging.Logger, added: Added, size: int, in_process: bool) -> None:
+    """Every rank of the job that uses the added hosts joined: say how long that took since discovery said so."""
+    logger.info("host(s) %s in use: %d ranks joined %.1f s after discovery added them%s", ",".join(added.hosts),
+                size, time.monotonic() - added.seen_at, f" ({GROWTH_PATH})" if in_process else "")
