@@ -248,7 +248,7 @@ class ElasticDriver:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=stop_with(os.getpid()))
         srun = launcher.kind == SRUN
         lost_at = 0.0
-        losses = inprocess.Losses(size)
+        losses = inprocess.Losses(size, before=self.resets)
         changed = False
         next_check = time.monotonic() + DISCOVERY_INTERVAL_S
         while proc.poll() is None:
@@ -306,25 +306,46 @@ class ElasticDriver:
 
     def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool,
                        placed: list[Host], size: int) -> str:
-        """In-process mode: count and blacklist each lost rank as a reset while the survivors recover by
-        themselves; stop the job ("" while it goes on) past --reset-limit, or below --min-np survivors (a
-        running job cannot grow in-process: it restarts once --min-np slots are usable)."""
-        for lost in losses.new(server.snapshot()):
+        """In-process mode: count the resets (one per recovery of the survivors: inprocess.Losses) and
+        blacklist each lost rank while the survivors recover by themselves; stop the job ("" while it goes on)
+        past --reset-limit, or below --min-np survivors (a running job cannot grow in-process: it restarts once
+        --min-np slots are usable)."""
+        limit = self.args.reset_limit
+        snapshot = server.snapshot()
+        losses.note_recoveries(snapshot)
+        if losses.before + losses.resets > self.resets:  # lost ranks the driver had counted as one recovery
+            if not self._within_limit(losses, proc, srun):  # were recovered from one after the other
+                return "the survivors recovered from ranks lost together one after the other"
+            logger.info("reset %d%s: the survivors recovered from the ranks lost together in two steps (%d "
+                        "ranks left)", self.resets, f" of {limit}" if limit is not None else "", losses.alive)
+        for lost in losses.new(snapshot):
             placement = hosts_by_rank(placed, size)
             self.blacklist.add(placement[lost.rank] if lost.rank < len(placement) else lost.host)
             outcome = f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed"
-            limit = self.args.reset_limit
-            if limit is not None and self.resets + 1 > limit:
-                self._stop(proc, srun)
+            joined = losses.before + losses.resets == self.resets
+            if not joined and not self._within_limit(losses, proc, srun):
                 return outcome
             if losses.alive < self.min_np:
                 self._stop(proc, srun)
+                if joined:  # the reset under way ends in the restart, which _loop counts
+                    self.resets -= 1
                 return (f"{outcome}; {losses.alive} rank(s) left, below --min-np {self.min_np}: in-process mode "
                         f"cannot add ranks to a running job (growth without a restart is not implemented), so "
                         f"the job starts again from its last commit once {self.min_np} slots are usable")
-            self.resets += 1
-            inprocess.report(logger, lost, losses, self.resets, limit)
+            inprocess.report(logger, lost, losses, self.resets, limit, joined)
         return ""
+
+    def _within_limit(self, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool) -> bool:
+        """Count the resets ``losses`` now needs; past --reset-limit stop the job instead (False): _loop
+        then counts the reset that was refused and says so."""
+        needed = losses.before + losses.resets
+        limit = self.args.reset_limit
+        if limit is not None and needed > limit:
+            self.resets = needed - 1
+            self._stop(proc, srun)
+            return False
+        self.resets = needed
+        return True
 
     def _hosts_changed(self, server: DriverServer, started_on: list[Host]) -> bool:
         try:

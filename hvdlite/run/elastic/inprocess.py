@@ -46,10 +46,16 @@ def choose_mode(asked: str, launcher: Launcher) -> tuple[bool, str]:
 
 @dataclasses.dataclass
 class Losses:
-    """The ranks lost during one in-process job, each counted once, and what they leave."""
+    """The ranks lost during one in-process job, each counted once, what they leave, and how many resets they
+    cost. A reset is one recovery of the survivors, as in Horovod, where ``--reset-limit`` counts the times the
+    job is re-formed, however many workers failed before it: ranks lost together (two killed at once, which
+    ULFM's shrink removes in one recovery) are one reset; a rank lost after the survivors reported their
+    recovery from the earlier ones (or one they recover from separately) is another."""
 
     size: int
+    before: int = 0  # the resets of the run before this job started
     seen: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (rank at the start, pid) counted
+    recovered_to: set[int] = dataclasses.field(default_factory=set)  # the sizes the survivors' recoveries left
 
     def new(self, ranks: list[RankInfo]) -> Iterator[RankInfo]:
         """The lost ranks not reported before, oldest first, each counted as it is yielded (so ``alive`` is
@@ -59,6 +65,19 @@ class Losses:
         for lost in fresh:
             self.seen.add((lost.rank, lost.pid))
             yield lost
+
+    def note_recoveries(self, ranks: list[RankInfo]) -> None:
+        """Take in the recoveries the survivors reported (each survivor reports each one; every recovery
+        shrinks the job, so the size it left names it)."""
+        for info in ranks:
+            self.recovered_to.update(info.recovered)
+
+    @property
+    def resets(self) -> int:
+        """The reported recoveries from the losses seen so far (one reported before the driver saw its lost rank
+        counts once it does), plus one for lost ranks that no reported recovery covers yet."""
+        covered = {size for size in self.recovered_to if size >= self.alive}
+        return len(covered) + (1 if self.alive < min(covered, default=self.size) else 0)
 
     @property
     def alive(self) -> int:
@@ -72,7 +91,10 @@ def finished(ranks: list[RankInfo], size: int) -> bool:
     return len(ranks) == size and bool(alive) and all(r.ended == "done" for r in alive)
 
 
-def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, limit: Optional[int]) -> None:
-    logger.info("reset %d%s: rank %d on host %s (pid %d) failed; %d ranks left recover in their processes "
-                "(in-process mode)", reset, f" of {limit}" if limit is not None else "", lost.rank, lost.host,
-                lost.pid, losses.alive)
+def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, limit: Optional[int],
+           joined: bool) -> None:
+    """Say that ``lost`` failed: a new reset, or (``joined``) one more rank of the reset under way."""
+    of = f" of {limit}" if limit is not None else ""
+    also = " too, with the rank(s) of this reset: one recovery" if joined else ""
+    logger.info("reset %d%s: rank %d on host %s (pid %d) failed%s; %d ranks left recover in their processes "
+                "(in-process mode)", reset, of, lost.rank, lost.host, lost.pid, also, losses.alive)

@@ -73,6 +73,7 @@ class RankInfo:
     attempt: int
     ended: str = ""  # "", "done", "resize", "lost"
     ended_at: float = 0.0
+    recovered: tuple[int, ...] = ()  # in-process mode: the job's size after each recovery this rank reported
 
 
 class DriverServer:
@@ -206,6 +207,11 @@ class DriverServer:
             if info is not None:
                 with self._lock:
                     info.ended, info.ended_at = op, time.monotonic()
+        elif op == "recovered":
+            info = state["info"]
+            if info is not None:
+                with self._lock:
+                    info.recovered = (*info.recovered, int(msg["size"]))
         elif op == "log":
             info = state["info"]
             if info is not None and info.attempt == self.attempt:
