@@ -120,6 +120,12 @@ BENCHMARKS: tuple[Bench, ...] = (
           no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
                    "fixture makes one) and kills ranks: every path it times runs in tests/test_elastic_inprocess.py",
           takes_out=False, takes_np=False),
+    Bench("ulfm_cost", "steady-state cost of Open MPI 5's fault tolerance (in-process elastic mode's flags: ULFM, "
+          "TCP, the failure detector) against plain mpiexec (shared memory) and TCP alone: step-time ratios in one "
+          "run", "python", "~8 min at --rounds 3 (loaded machine, 2026-11-26)",
+          # (the smoke at one rank, after the runner's --np: each launch imports torch, ~25 s on the loaded machine)
+          ("--rounds", "1", "--epochs", "1", "--samples", "24", "--width", "16", "--variants", "shm,ulfm", "--np",
+           "1"), takes_out=True),
     Bench("keras_reduce", "where Keras' gradient reduction time goes (ResNet-50's 214 gradients), method by "
           "method", "mpi", "~1 min (README, with --fit)", None,
           no_smoke="measured (session 7): 53 s at -n 2 for one round, 18 s with one method, 9-10 s of it "

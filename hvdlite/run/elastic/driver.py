@@ -327,8 +327,7 @@ class ElasticDriver:
                 return outcome
             if losses.alive < self.min_np:
                 self._stop(proc, srun)
-                if joined:  # the reset under way ends in the restart, which _loop counts
-                    self.resets -= 1
+                self.resets -= 1  # the reset under way (counted above) is the restart, which _loop counts
                 return (f"{outcome}; {losses.alive} rank(s) left, below --min-np {self.min_np}: in-process mode "
                         f"cannot add ranks to a running job (growth without a restart is not implemented), so "
                         f"the job starts again from its last commit once {self.min_np} slots are usable")
