@@ -134,16 +134,20 @@ class ElasticDriver:
             return
         where = str(job_dir(configured, self.job))
         try:
-            launcher, plan, _ = self._plan([Host(name, 1)], 1)
+            cmd, env = self._command_on(name, remover_command(sys.executable, configured, self.job))
         except (HostSpecError, LaunchError, ValueError) as exc:
             self.remover.failed(name, where, str(exc))
             return
-        plan.command = remover_command(sys.executable, configured, self.job)
-        env = child_environment(self.env, plan, launcher)
-        cmd = build_command(launcher, plan, env)
         if self.args.verbose:
             logger.info("deleting the commits on %s: %s", name, format_command(cmd, {}))
         self.remover.start(name, cmd, env, where)
+
+    def _command_on(self, name: str, command: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment that run ``command`` once on host ``name`` through the launcher."""
+        launcher, plan, _ = self._plan([Host(name, 1)], 1)
+        plan.command = command
+        env = child_environment(self.env, plan, launcher)
+        return build_command(launcher, plan, env), env
 
     def _plan(self, placed: list[Host], size: int) -> tuple[Launcher, Plan, list[str]]:
         """The launcher and plan for ``size`` ranks on ``placed``."""
@@ -313,6 +317,8 @@ class ElasticDriver:
         limit = self.args.reset_limit
         snapshot = server.snapshot()
         losses.note_recoveries(snapshot)
+        for silent, started in losses.to_fence(snapshot):
+            inprocess.fence(logger, silent, started, hosts_by_rank(placed, size), self._command_on)
         if losses.before + losses.resets > self.resets:  # lost ranks the driver had counted as one recovery
             if not self._within_limit(losses, proc, srun):  # were recovered from one after the other
                 return "the survivors recovered from ranks lost together one after the other"
