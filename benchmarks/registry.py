@@ -115,7 +115,7 @@ BENCHMARKS: tuple[Bench, ...] = (
           "mpi", "~1 min (estimate; never run on a GPU yet)",
           ("--dry-run-cpu", "--iters", "5", "--inflight", "20", "--rounds", "1"), ranks=1),
     Bench("elastic_recovery", "time from a rank's kill -9 to the next completed step: in-process recovery (ULFM, "
-          "Open MPI 5) against the restart path (MPICH), detection time, steady-state cost of ULFM's flags",
+          "Open MPI 5) against the restart path (MPICH), detection time, steady-state cost: ulfm_cost",
           "python", "~20 min (session 8, loaded machine)", None,
           no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
                    "fixture makes one) and kills ranks: every path it times runs in tests/test_elastic_inprocess.py",
