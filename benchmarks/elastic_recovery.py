@@ -1,6 +1,6 @@
 """What a lost rank costs an elastic torch job at -n 3: in-process recovery (Open MPI 5, ULFM) against the restart
-path, from the kill to the first completed training step after it; and the steady-state step time with ULFM's
-launch flags on and off, over TCP and shared memory.
+path, from the kill to the first completed training step after it. (The steady-state cost of ULFM's launch
+flags: benchmarks/ulfm_cost.py.)
 
 Run:   python benchmarks/elastic_recovery.py --ompi-python VENV/bin/python [--mpich-python PY] [--rounds 2]
 
@@ -12,9 +12,9 @@ tests/workers/elastic_inprocess.py (hvd.elastic.run, TorchState, ElasticSampler,
 two steps once training is under way. Process start in the restart path is the real one: a new Python, ``import
 torch``, hvdlite, MPI_Init, the model built, the commit read back, the first step.
 
-Prints JSON lines: one per run (``kind``: recovery or steady) and a summary (``kind``: summary) with the
+Prints JSON lines: one per run (``kind``: recovery) and a summary (``kind``: summary) with the
 medians: kill -> next step in-process and restart and their ratio, the detection time (kill -> the survivors'
-error, from the ranks' log), and steady-state seconds per step with ULFM on / off for TCP and shared memory.
+error, from the ranks' log).
 """
 from __future__ import annotations
 
@@ -32,9 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 WORKER = str(_common.ROOT / "tests" / "workers" / "elastic_inprocess.py")
-ULFM = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
-TRANSPORTS = {"tcp": ["--mca", "btl", "tcp,self"], "shm": ["--mca", "btl", "sm,self"]}
-ROOT_FLAGS = ["--allow-run-as-root", "--oversubscribe"]
 
 
 def _times(pattern: str, out: str) -> list[float]:
@@ -66,21 +63,6 @@ def recovery(python: str, mode: str, args: argparse.Namespace) -> dict[str, Any]
             "wall_s": round(time.monotonic() - started, 1)}
 
 
-def steady(python: str, transport: str, ft: bool, args: argparse.Namespace) -> dict[str, Any]:
-    """Seconds per training step at -n 3 under Open MPI's mpiexec, with or without ULFM's flags."""
-    mpiexec = str(Path(python).parent / "mpiexec")
-    cmd = [mpiexec, *ROOT_FLAGS, *(ULFM if ft else []), *TRANSPORTS[transport], "-n", "3", "-x", "PYTHONPATH",
-           python, WORKER, "--epochs", str(args.epochs), "--samples", str(args.samples), "--width", str(args.width)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_common_env(), cwd=_common.ROOT)
-    match = re.search(r"^steady entry=1 steps=(\d+) seconds=([\d.]+)", proc.stdout, re.MULTILINE)
-    if proc.returncode != 0 or match is None:
-        raise SystemExit(f"steady run {transport} ft={ft} failed ({proc.returncode}):\n"
-                         f"{(proc.stdout + proc.stderr)[-4000:]}")
-    steps, seconds = int(match.group(1)), float(match.group(2))
-    return {"kind": "steady", "transport": transport, "ulfm": ft, "steps": steps,
-            "s_per_step": round(seconds / steps, 6)}
-
-
 def _common_env() -> dict[str, str]:
     import os
     env = dict(os.environ)
@@ -98,18 +80,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--samples", type=int, default=480)
     p.add_argument("--kill-step", type=int, default=8)
-    p.add_argument("--skip-steady", action="store_true")
     args = p.parse_args()
     runs: list[dict[str, Any]] = []
     for _ in range(args.rounds):  # alternate, so load from elsewhere hits every variant alike
         for python, mode in ((args.ompi_python, "in-process"), (args.mpich_python, "restart")):
             runs.append(recovery(python, mode, args))
             print(json.dumps(runs[-1]), flush=True)
-        if not args.skip_steady:
-            for transport in TRANSPORTS:
-                for ft in (False, True):
-                    runs.append(steady(args.ompi_python, transport, ft, args))
-                    print(json.dumps(runs[-1]), flush=True)
 
     def med(kind: str, key: str, **match: Any) -> float:
         values = [r[key] for r in runs if r["kind"] == kind and all(r[k] == v for k, v in match.items())
@@ -125,13 +101,6 @@ def main() -> None:
         "in_process_kill_to_reset_s": med("recovery", "kill_to_reset_s", mode="in-process"),
         "in_process_recover_s": med("recovery", "recover_s", mode="in-process"),
         "in_process_kill_to_detect_s": med("recovery", "kill_to_detect_s", mode="in-process")}
-    if not args.skip_steady:
-        for transport in TRANSPORTS:
-            on, off = med("steady", "s_per_step", transport=transport, ulfm=True), \
-                med("steady", "s_per_step", transport=transport, ulfm=False)
-            summary[f"{transport}_s_per_step_ulfm_off"] = off
-            summary[f"{transport}_s_per_step_ulfm_on"] = on
-            summary[f"{transport}_ulfm_on_over_off"] = round(on / off, 3)
     summary["machine"] = {"cpu": _common.cpu_model(), "cores": __import__("os").cpu_count(),
                           "loadavg_1min": __import__("os").getloadavg()[0], "commit": _common.git_commit()}
     print(json.dumps(summary), flush=True)

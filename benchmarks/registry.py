@@ -115,7 +115,7 @@ BENCHMARKS: tuple[Bench, ...] = (
           "mpi", "~1 min (estimate; never run on a GPU yet)",
           ("--dry-run-cpu", "--iters", "5", "--inflight", "20", "--rounds", "1"), ranks=1),
     Bench("elastic_recovery", "time from a rank's kill -9 to the next completed step: in-process recovery (ULFM, "
-          "Open MPI 5) against the restart path (MPICH), detection time, steady-state cost of ULFM's flags",
+          "Open MPI 5) against the restart path (MPICH), detection time, steady-state cost: ulfm_cost",
           "python", "~20 min (session 8, loaded machine)", None,
           no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
                    "fixture makes one) and kills ranks: every path it times runs in tests/test_elastic_inprocess.py",
@@ -128,6 +128,12 @@ BENCHMARKS: tuple[Bench, ...] = (
                    "fixture makes one), restarts a torch job and waits out each hung Spawn job (90 s): "
                    "the restart path it times runs in tests/test_elastic_hosts.py",
           takes_out=False, takes_np=False),
+    Bench("ulfm_cost", "steady-state cost of Open MPI 5's fault tolerance (in-process elastic mode's flags: ULFM, "
+          "TCP, the failure detector) against plain mpiexec (shared memory) and TCP alone: step-time ratios in one "
+          "run", "python", "~8 min at --rounds 3 (loaded machine, 2026-11-26)",
+          # (the smoke at one rank, after the runner's --np: each launch imports torch, ~25 s on the loaded machine)
+          ("--rounds", "1", "--epochs", "1", "--samples", "24", "--width", "16", "--variants", "shm,ulfm", "--np",
+           "1"), takes_out=True),
     Bench("keras_reduce", "where Keras' gradient reduction time goes (ResNet-50's 214 gradients), method by "
           "method", "mpi", "~1 min (README, with --fit)", None,
           no_smoke="measured (session 7): 53 s at -n 2 for one round, 18 s with one method, 9-10 s of it "

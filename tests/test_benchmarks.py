@@ -72,11 +72,22 @@ def check(name: str) -> Callable[[Callable[[Records, Path], None]], Callable[[Re
     return register
 
 
-@pytest.mark.parametrize("name", [b.name for b in BENCHMARKS if b.smoke is not None])
+#: smoked benchmarks that need a venv whose mpi4py loads Open MPI 5 (the ompi_python fixture): their own test
+NEEDS_OPENMPI = frozenset({"ulfm_cost"})
+
+
+@pytest.mark.parametrize("name", [b.name for b in BENCHMARKS if b.smoke is not None and b.name not in NEEDS_OPENMPI])
 def test_smoke(name: str, tmp_path: Path) -> None:
     """Every smoked benchmark of the registry runs through the entry point and passes its checks."""
     assert name in CHECKS, f"{name} is smoked in benchmarks/registry.py but has no @check here: write its checks"
     CHECKS[name](smoke(name, tmp_path, *SMOKE_EXTRA.get(name, ())), tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_OPENMPI))
+def test_smoke_under_openmpi(name: str, ompi_python: str, tmp_path: Path) -> None:
+    """The smoked benchmarks that run jobs under Open MPI 5, given the ompi_python fixture's venv."""
+    assert BY_NAME[name].smoke is not None and name in CHECKS, name
+    CHECKS[name](smoke(name, tmp_path, "--ompi-python", ompi_python), tmp_path)
 
 
 def test_every_script_is_in_the_registry_and_smoked_or_says_why() -> None:
@@ -493,3 +504,16 @@ def check_bf16_accumulation(records: Records, tmp_path: Path) -> None:
     assert {r["method"] for r in converge} == {"none", "bf16", "bf16_fp32acc"}
     assert all(0.0 <= r["test_accuracy"] <= 1.0 and len(r["train_loss"]) == 1 for r in converge)
     assert records[-1]["kind"] == "done"
+
+
+@check("ulfm_cost")
+def _ulfm_cost(records: Records, _: Path) -> None:
+    runs = [r for r in records if r["kind"] == "run"]
+    assert [r["variant"] for r in runs] == ["shm", "ulfm"], records  # the smoke's two variants, one round
+    assert runs[0]["flags"] == "(none)" and runs[1]["flags"].startswith("--with-ft ulfm --mca btl tcp,self"), runs
+    for run in runs:
+        assert_positive(run, "s_per_step", "steps")
+    summary = records[-1]
+    assert summary["kind"] == "summary" and len(records) == 3, records
+    assert summary["ulfm_over_shm"] == round(runs[1]["s_per_step"] / runs[0]["s_per_step"], 4), summary
+    assert "tcp_over_shm" not in summary and "ulfm_over_tcp" not in summary, summary  # tcp did not run

@@ -102,14 +102,61 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
         assert 1 <= len(named) <= alive and len(recovered) == alive, out
         told += len(named)
     assert told == sum(n - k - 1 for k in range(len(deaths))), out  # every survivor told of every loss, once
-    # the reference: an uninterrupted run at the final size from the commit the survivors last resumed from
+    _assert_matches_reference(tmp_path, entries, finals, out, planes)
+
+
+def _assert_matches_reference(tmp_path: Path, entries: int, finals: dict[int, dict[str, Any]], out: str,
+                              env: dict[str, str]) -> None:
+    """The survivors' final weights and step count equal those of an uninterrupted run at the final size from
+    the commit the survivors last resumed from (``--dump-resume tmp_path/resume``; ``entries``: calls of the
+    training function)."""
     last = tmp_path / f"resume.{entries - 1}"
     assert last.exists(), out
-    ref = run_mpi(WORKER, len(survivors), [*TRAINING, "--load", str(last)], timeout=300, env=planes,
+    ref = run_mpi(WORKER, len(finals), [*TRAINING, "--load", str(last)], timeout=300, env=env,
                   report_dir=tmp_path / "reference")
     ref_finals = _reports(tmp_path / "reference", "final")
     assert {f["sha"] for f in ref_finals.values()} == {f["sha"] for f in finals.values()}, (out, ref.stdout)
     assert {f["steps"] for f in ref_finals.values()} == {f["steps"] for f in finals.values()}, (out, ref.stdout)
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_killed_at_once_cost_one_reset(ompi_python: str, tmp_path: Path) -> None:
+    """hvdlite-run -np 4 --reset-limit 1: ranks 2 and 3 kill themselves (SIGKILL) in backward of the same step,
+    while the survivors wait in its allreduces. ULFM names one of them first; the survivors' shrink (retried
+    in recover() while another rank turns out dead) drops both in one recovery, so the driver counts one
+    reset, as Horovod's --reset-limit counts the times the job is re-formed however many workers failed (it
+    counted two here before), the job finishes within --reset-limit 1 on the two survivors (same pids), with
+    the weights of an uninterrupted 2-rank run from the commit they resumed from. Should the survivors ever
+    find the second death only after their first recovery (two recoveries), that is two resets: the driver
+    must then stop at --reset-limit 1 saying so."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    deaths = ["--die", "2:backward:5", "--die", "3:backward:5"]
+    proc = run([ompi_python, "-m", "hvdlite.run", "-np", "4", "--min-np", "1", "--reset-limit", "1", ompi_python,
+                str(WORKERS / WORKER), *TRAINING, *deaths, "--dump-resume", str(tmp_path / "resume")],
+               timeout=300, env={**base_env(), REPORT_DIR_VARIABLE: str(reports)})
+    out = proc.stdout + proc.stderr
+    assert len(re.findall(r"^dying orig=[23] where=backward", out, re.MULTILINE)) == 2, out
+    losses = re.findall(r"reset (\d) of 1: rank ([23]) on host \S+ \(pid \d+\) failed( too, with the rank\(s\) of "
+                        r"this reset: one recovery)?; ([23]) ranks left recover in their processes", out)
+    starts, finals = _reports(reports, "start"), _reports(reports, "final")
+    assert sorted(starts) == [0, 1, 2, 3], out
+    together = re.findall(r"recovered from the loss of rank\(s\) \[2, 3\] \(host\(s\) \S+, \S+\) in [\d.]+ s: 2 ranks "
+                          r"now", out)
+    if len(together) == 2:  # one recovery on each survivor: one reset
+        assert sorted(rank for _, rank, _, _ in losses) == ["2", "3"], out
+        assert [(reset, joined, left) for reset, _, joined, left in losses] == [
+            ("1", "", "3"), ("1", " too, with the rank(s) of this reset: one recovery", "2")], out
+        assert proc.returncode == 0 and "job finished on 2 ranks after 1 reset(s)" in out, out
+        assert len(re.findall(r"starting \d+ ranks on", out)) == 1, out  # never restarted
+        assert sorted(finals) == [0, 1], out
+        for orig, final in finals.items():
+            assert final["pid"] == starts[orig]["pid"] and final["size"] == 2 and final["entries"] == [4, 2], out
+        assert len({f["sha"] for f in finals.values()}) == 1, out
+        _assert_matches_reference(tmp_path, 2, finals, out, {})
+    else:  # two recoveries: the second is the reset past the limit
+        assert re.search(r"recovered from the loss of rank\(s\) \[[23]\] ", out), out
+        assert proc.returncode != 0 and re.search(r"stopping: the job needed reset 2 but --reset-limit is 1", out), out
 
 
 @pytest.mark.timeout(300)

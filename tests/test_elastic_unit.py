@@ -173,3 +173,43 @@ def test_elastic_mode_choice_under_mpich_is_restart_with_the_reason() -> None:
     assert not finished(ranks, 3)
     ranks[2].ended = "done"
     assert finished(ranks, 3) and not finished(ranks[:2], 3)
+
+
+def test_in_process_resets_count_recoveries_and_silent_ranks_are_fenced_once() -> None:
+    """--reset-limit in in-process mode counts the survivors' recoveries (Horovod: each re-forming of the job),
+    each named by the size it left: two ranks lost before the survivors report a recovery that covers both are
+    one reset; a recovery that covers only the first makes the second another reset; a recovery reported before
+    the driver saw its lost rank counts once, when it does. A rank declared lost whose connection is still open
+    is to be fenced, once; one whose connection closed is not."""
+    from hvdlite.run.elastic.inprocess import Losses
+    from hvdlite.run.elastic.server import RankInfo
+
+    def lost(rank: int, at: float) -> RankInfo:
+        return RankInfo(rank, "h", 10 + rank, 0, "lost", at)
+
+    def survivor(*sizes: int, declared: tuple[tuple[str, int, int], ...] = ()) -> RankInfo:
+        return RankInfo(0, "h", 10, 0, "", 0.0, recovered=sizes, declared_lost=declared)
+
+    together = Losses(4)
+    list(together.new([lost(2, 1.0), lost(3, 1.1)]))
+    assert together.resets == 1
+    together.note_recoveries([survivor(2)])
+    assert together.resets == 1  # one recovery dropped both
+    apart = Losses(4)
+    list(apart.new([lost(2, 1.0), lost(3, 1.1)]))
+    apart.note_recoveries([survivor(3)])
+    assert apart.resets == 2  # the survivors dropped rank 2 first: rank 3 needs a second recovery
+    apart.note_recoveries([survivor(3, 2)])
+    assert apart.resets == 2
+    early = Losses(4, before=1)
+    early.note_recoveries([survivor(3)])
+    assert early.resets == 0  # reported before the driver saw the lost rank: counted once it does
+    list(early.new([lost(1, 2.0)]))
+    assert early.resets == 1 and early.before == 1
+    list(early.new([lost(2, 3.0)]))
+    assert early.resets == 2  # lost after that recovery: another
+    silent, gone = RankInfo(2, "h3", 42, 0, ""), RankInfo(3, "h4", 43, 0, "lost", 1.0)
+    reporter = survivor(2, declared=(("h3", 42, 777), ("h4", 43, 778)))
+    fencing = Losses(4)
+    assert fencing.to_fence([reporter, silent, gone]) == [(silent, 777)]
+    assert fencing.to_fence([reporter, silent, gone]) == []  # once

@@ -5,11 +5,16 @@ import dataclasses
 import os
 import signal
 import socket
+import sys
 from typing import Sequence
 
-from .log import logger
+if __package__:
+    from .log import logger
+else:  # run by path on a rank's host, for the elastic driver (fence_command): the standard library only
+    import logging
+    logger = logging.getLogger("hvdlite")
 
-__all__ = ["Peer", "fence", "this_process"]
+__all__ = ["Peer", "fence", "fence_command", "kill_if_same", "this_process"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +51,32 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str) -> l
         peer = peers[rank]
         if peer.host != here or peer.pid == os.getpid() or not peer.started:
             continue
-        if _start_ticks(peer.pid) != peer.started:
+        if not kill_if_same(peer.pid, peer.started):
             continue  # already gone (its pid may belong to another process by now)
-        try:
-            os.kill(peer.pid, signal.SIGKILL)
-        except OSError:
-            continue
         logger.warning("rank %d (host %s, pid %d) %s: killed it (SIGKILL), %s", rank, peer.host, peer.pid, why, then)
         killed.append(rank)
     return killed
+
+
+def kill_if_same(pid: int, started: int) -> bool:
+    """SIGKILL process ``pid`` of this host if it is still the one that started at ``started`` (clock ticks,
+    /proc); whether it was killed."""
+    if not started or _start_ticks(pid) != started:
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True
+
+
+def fence_command(python: str, pid: int, started: int) -> list[str]:
+    """The command that kills process ``pid`` (started at ``started``) on the host it is started on, through
+    whatever launcher starts it there (each argument one word; it imports only the standard library)."""
+    return [python, "-I", "-S", os.path.abspath(__file__), str(pid), str(started)]
+
+
+if __name__ == "__main__":
+    _pid, _started = int(sys.argv[1]), int(sys.argv[2])
+    _done = "killed it (SIGKILL)" if kill_if_same(_pid, _started) else "it was gone already"
+    print(f"hvdlite-run: host {socket.gethostname()}: fencing pid {_pid}: {_done}", file=sys.stderr, flush=True)

@@ -14,7 +14,8 @@ Every other core module is private to the core (``tests/test_layering.py`` check
 - for the elastic driver: the variables it sets in the ranks (``DRIVER_VARIABLE``, ``JOB_VARIABLE``,
   ``RESTART_VARIABLE``, ``GENERATION_VARIABLE``, ``SECRET_VARIABLE``), ``signature()`` (how a rank signs its
   messages), ``remove_job()`` (delete a run's commits on this machine), ``job_dir()`` (a run's commit
-  directory) and ``remover_command()`` (the command that deletes one host's commit, run on that host).
+  directory) and ``remover_command()`` (the command that deletes one host's commit, run on that host);
+  ``fence_command()`` and ``kill_if_same()`` (end a lost rank's process that is still there, on its host).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from .config import Config, environ, getenv
 from .elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
                            job_dir, remove_job, remover_command, signature)
 from .errors import LaunchError
+from .fencing import fence_command, kill_if_same
 from .launch_check import int_or_none, launcher_mismatch, launcher_rank, library_family
 from .log import logger
 
@@ -32,7 +34,8 @@ __all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "libra
            "probe_mpi_library", "probe_ulfm", "logger",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
-           "SECRET_VARIABLE", "signature", "remove_job", "job_dir", "remover_command"]
+           "SECRET_VARIABLE", "signature", "remove_job", "job_dir", "remover_command",
+           "fence_command", "kill_if_same"]
 
 
 def probe_mpi_library() -> Optional[tuple[str, tuple[int, int]]]:

@@ -11,7 +11,7 @@ from typing import Optional
 
 from . import log, runtime
 from .engine import mpi
-from .fencing import fence
+from .fencing import Peer, fence
 from .errors import HvdliteError, ProcessFailedError
 from .log import logger
 from .process_sets import ProcessSet
@@ -36,6 +36,7 @@ class Recovery:
     new_rank: int
     seconds: float
     removed_sets: tuple[tuple[int, ...], ...]  # old ranks of the process sets that lost every member
+    lost_peers: tuple[Peer, ...] = ()  # where the lost ranks' processes run (the elastic driver fences them)
 
 
 def lost_rank(exc: BaseException) -> Optional[ProcessFailedError]:
@@ -97,7 +98,7 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
           "so that it cannot hold the job's end or come back")
     removed = _rebuild_process_sets(old.psets.sets, old_ranks, new)
     result = Recovery(lost, tuple(old.hosts[r] for r in lost), old.size, new.size, old.rank, new.rank,
-                      time.monotonic() - started, removed)
+                      time.monotonic() - started, removed, tuple(old.peers[r] for r in lost))
     logger.warning("recovered from the loss of rank(s) %s (host(s) %s) in %.3f s: %d ranks now; this rank was "
                    "%d, is %d (the failure was seen here at t=%.6f)", list(lost), ", ".join(result.lost_hosts) or "-",
                    result.seconds, new.size, old.rank, new.rank, error.seen_at if error is not None else 0.0)

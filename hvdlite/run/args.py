@@ -298,7 +298,8 @@ def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=600.0, metavar="S",
                        help="seconds to wait for --min-np usable slots before giving up (default 600)")
     group.add_argument("--reset-limit", dest="reset_limit", type=int, metavar="R",
-                       help="stop (non-zero exit) instead of restarting the job a (R+1)-th time")
+                       help="stop (non-zero exit) instead of restarting the job a (R+1)-th time (in-process "
+                            "elastic mode: instead of recovering a (R+1)-th time; ranks lost together are one)")
     group.add_argument("--blacklist-cooldown-range", dest="blacklist_cooldown_range", type=float, nargs=2,
                        metavar=("LO", "HI"),
                        help="a failed host is excluded for a random LO..HI seconds (default: for good)")

@@ -73,7 +73,8 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
             try:
                 done = recovery.recover(error if isinstance(error, ProcessFailedError) else None)
                 driver.link().send(op="recovered", lost=list(done.lost_ranks), size=done.new_size,
-                                   rank=done.new_rank, old_rank=done.old_rank)
+                                   rank=done.new_rank, old_rank=done.old_rank,
+                                   lost_peers=[[p.host, p.pid, p.started] for p in done.lost_peers])
                 state.restore()
                 state.on_reset()
                 state.sync_in_memory()

@@ -135,16 +135,20 @@ class ElasticDriver:
             return
         where = str(job_dir(configured, self.job))
         try:
-            launcher, plan, _ = self._plan([Host(name, 1)], 1)
+            cmd, env = self._command_on(name, remover_command(sys.executable, configured, self.job))
         except (HostSpecError, LaunchError, ValueError) as exc:
             self.remover.failed(name, where, str(exc))
             return
-        plan.command = remover_command(sys.executable, configured, self.job)
-        env = child_environment(self.env, plan, launcher)
-        cmd = build_command(launcher, plan, env)
         if self.args.verbose:
             logger.info("deleting the commits on %s: %s", name, format_command(cmd, {}))
         self.remover.start(name, cmd, env, where)
+
+    def _command_on(self, name: str, command: list[str]) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment that run ``command`` once on host ``name`` through the launcher."""
+        launcher, plan, _ = self._plan([Host(name, 1)], 1)
+        plan.command = command
+        env = child_environment(self.env, plan, launcher)
+        return build_command(launcher, plan, env), env
 
     def _plan(self, placed: list[Host], size: int) -> tuple[Launcher, Plan, list[str]]:
         """The launcher and plan for ``size`` ranks on ``placed``."""
@@ -249,7 +253,7 @@ class ElasticDriver:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=stop_with(os.getpid()))
         srun = launcher.kind == SRUN
         lost_at = 0.0
-        losses = inprocess.Losses(size)
+        losses = inprocess.Losses(size, before=self.resets)
         changed = False
         added, self.added = self.added, None  # hosts added while the job before ran: this job uses them
         next_check = time.monotonic() + DISCOVERY_INTERVAL_S
@@ -311,25 +315,46 @@ class ElasticDriver:
 
     def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool,
                        placed: list[Host], size: int) -> str:
-        """In-process mode: count and blacklist each lost rank as a reset while the survivors recover by
-        themselves; stop the job ("" while it goes on) past --reset-limit, or below --min-np survivors (a
-        running job grows through a restart, see inprocess.report_growth: once --min-np slots are usable)."""
-        for lost in losses.new(server.snapshot()):
+        """In-process mode: count the resets (one per recovery of the survivors: inprocess.Losses), blacklist each
+        lost rank while the survivors recover by themselves; stop the job ("" while it goes on) past --reset-limit,
+        or below --min-np survivors (growth goes through a restart: inprocess.report_growth)."""
+        limit = self.args.reset_limit
+        snapshot = server.snapshot()
+        losses.note_recoveries(snapshot)
+        for silent, started in losses.to_fence(snapshot):
+            inprocess.fence(logger, silent, started, hosts_by_rank(placed, size), self._command_on)
+        if losses.before + losses.resets > self.resets:  # lost ranks the driver had counted as one recovery
+            if not self._within_limit(losses, proc, srun):  # were recovered from one after the other
+                return "the survivors recovered from ranks lost together one after the other"
+            logger.info("reset %d%s: the survivors recovered from the ranks lost together in two steps (%d "
+                        "ranks left)", self.resets, f" of {limit}" if limit is not None else "", losses.alive)
+        for lost in losses.new(snapshot):
             placement = hosts_by_rank(placed, size)
             self.blacklist.add(placement[lost.rank] if lost.rank < len(placement) else lost.host)
             outcome = f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed"
-            limit = self.args.reset_limit
-            if limit is not None and self.resets + 1 > limit:
-                self._stop(proc, srun)
+            joined = losses.before + losses.resets == self.resets
+            if not joined and not self._within_limit(losses, proc, srun):
                 return outcome
             if losses.alive < self.min_np:
                 self._stop(proc, srun)
+                self.resets -= 1  # the reset under way (counted above) is the restart, which _loop counts
                 return (f"{outcome}; {losses.alive} rank(s) left, below --min-np {self.min_np}: in-process mode "
                         f"cannot add ranks to a running job (Open MPI 5.0 cannot grow it safely: docs/elastic.md, "
                         f"Growth), so the job starts again from its last commit once {self.min_np} slots are usable")
-            self.resets += 1
-            inprocess.report(logger, lost, losses, self.resets, limit)
+            inprocess.report(logger, lost, losses, self.resets, limit, joined)
         return ""
+
+    def _within_limit(self, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool) -> bool:
+        """Count the resets ``losses`` now needs; past --reset-limit stop the job instead (False): _loop
+        then counts the reset that was refused and says so."""
+        needed = losses.before + losses.resets
+        limit = self.args.reset_limit
+        if limit is not None and needed > limit:
+            self.resets = needed - 1
+            self._stop(proc, srun)
+            return False
+        self.resets = needed
+        return True
 
     def _hosts_changed(self, server: DriverServer, started_on: list[Host]) -> bool:
         try:

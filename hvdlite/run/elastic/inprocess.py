@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import subprocess
+import sys
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
-from hvdlite.core.launch import probe_ulfm
+from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm
 
-from ..launchers import OPENMPI, Launcher
-from .server import RankInfo
+from ..hosts import HostSpecError
+from ..launchers import OPENMPI, Launcher, LaunchError
+from .server import RankInfo, is_local
 
 #: Open MPI 5's fault tolerance: ULFM on, the TCP transport (over shared memory a dead peer is never
 #: detected: the survivors hang) and the failure detector's heartbeats. (Once, at load 20 on 2 cores, a rank's
@@ -47,10 +50,17 @@ def choose_mode(asked: str, launcher: Launcher) -> tuple[bool, str]:
 
 @dataclasses.dataclass
 class Losses:
-    """The ranks lost during one in-process job, each counted once, and what they leave."""
+    """The ranks lost during one in-process job, each counted once, what they leave, and how many resets they
+    cost. A reset is one recovery of the survivors, as in Horovod, where ``--reset-limit`` counts the times the
+    job is re-formed, however many workers failed before it: ranks lost together (two killed at once, which
+    ULFM's shrink removes in one recovery) are one reset; a rank lost after the survivors reported their
+    recovery from the earlier ones (or one they recover from separately) is another."""
 
     size: int
+    before: int = 0  # the resets of the run before this job started
     seen: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (rank at the start, pid) counted
+    recovered_to: set[int] = dataclasses.field(default_factory=set)  # the sizes the survivors' recoveries left
+    fenced: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # (host, pid) the driver fenced
 
     def new(self, ranks: list[RankInfo]) -> Iterator[RankInfo]:
         """The lost ranks not reported before, oldest first, each counted as it is yielded (so ``alive`` is
@@ -60,6 +70,33 @@ class Losses:
         for lost in fresh:
             self.seen.add((lost.rank, lost.pid))
             yield lost
+
+    def note_recoveries(self, ranks: list[RankInfo]) -> None:
+        """Take in the recoveries the survivors reported (each survivor reports each one; every recovery
+        shrinks the job, so the size it left names it)."""
+        for info in ranks:
+            self.recovered_to.update(info.recovered)
+
+    def to_fence(self, ranks: list[RankInfo]) -> list[tuple[RankInfo, int]]:
+        """The ranks the survivors declared lost (ULFM's detector: stopped, wedged or cut off) whose connection
+        to the driver is still open, so their process is still there, each with its start ticks, once: the
+        driver ends them, wherever they run (a survivor ends those on its own host, but a rank alone on its
+        host has none), so that they neither hold the launcher's end nor come back."""
+        declared = {(host, pid): started for info in ranks for host, pid, started in info.declared_lost}
+        found = []
+        for info in ranks:
+            started = declared.get((info.host, info.pid))
+            if started and not info.ended and (info.host, info.pid) not in self.fenced:
+                self.fenced.add((info.host, info.pid))
+                found.append((info, started))
+        return found
+
+    @property
+    def resets(self) -> int:
+        """The reported recoveries from the losses seen so far (one reported before the driver saw its lost rank
+        counts once it does), plus one for lost ranks that no reported recovery covers yet."""
+        covered = {size for size in self.recovered_to if size >= self.alive}
+        return len(covered) + (1 if self.alive < min(covered, default=self.size) else 0)
 
     @property
     def alive(self) -> int:
@@ -73,10 +110,32 @@ def finished(ranks: list[RankInfo], size: int) -> bool:
     return len(ranks) == size and bool(alive) and all(r.ended == "done" for r in alive)
 
 
-def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, limit: Optional[int]) -> None:
-    logger.info("reset %d%s: rank %d on host %s (pid %d) failed; %d ranks left recover in their processes "
-                "(in-process mode)", reset, f" of {limit}" if limit is not None else "", lost.rank, lost.host,
-                lost.pid, losses.alive)
+def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, limit: Optional[int],
+           joined: bool) -> None:
+    """Say that ``lost`` failed: a new reset, or (``joined``) one more rank of the reset under way."""
+    of = f" of {limit}" if limit is not None else ""
+    also = " too, with the rank(s) of this reset: one recovery" if joined else ""
+    logger.info("reset %d%s: rank %d on host %s (pid %d) failed%s; %d ranks left recover in their processes "
+                "(in-process mode)", reset, of, lost.rank, lost.host, lost.pid, also, losses.alive)
+
+
+def fence(logger: logging.Logger, rank: RankInfo, started: int, placement: list[str],
+          command_on: Callable[[str, list[str]], tuple[list[str], dict[str, str]]]) -> None:
+    """Kill the process of a rank the survivors declared lost but that is still there (Losses.to_fence), on its
+    host: here directly, elsewhere with a command started there through the launcher (``command_on``)."""
+    logger.warning("rank %d on host %s (pid %d) was declared failed by the survivors but its process is still "
+                   "there (stopped or wedged): ending it (SIGKILL) so that it cannot hold the job's end or come "
+                   "back", rank.rank, rank.host, rank.pid)
+    host = placement[rank.rank] if rank.rank < len(placement) else rank.host
+    if is_local(host):
+        kill_if_same(rank.pid, started)
+        return
+    try:
+        cmd, env = command_on(host, fence_command(sys.executable, rank.pid, started))
+    except (HostSpecError, LaunchError, OSError) as exc:
+        logger.error("cannot reach host %s to end rank %d (pid %d): %s", host, rank.rank, rank.pid, exc)
+        return
+    subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,6 +73,8 @@ class RankInfo:
     attempt: int
     ended: str = ""  # "", "done", "resize", "lost"
     ended_at: float = 0.0
+    recovered: tuple[int, ...] = ()  # in-process mode: the job's size after each recovery this rank reported
+    declared_lost: tuple[tuple[str, int, int], ...] = ()  # and the (host, pid, start ticks) of the ranks it lost
 
 
 class DriverServer:
@@ -206,6 +208,13 @@ class DriverServer:
             if info is not None:
                 with self._lock:
                     info.ended, info.ended_at = op, time.monotonic()
+        elif op == "recovered":
+            info = state["info"]
+            if info is not None:
+                with self._lock:
+                    info.recovered = (*info.recovered, int(msg["size"]))
+                    info.declared_lost = (*info.declared_lost, *((str(h), int(p), int(t))
+                                                                 for h, p, t in msg.get("lost_peers", ())))
         elif op == "log":
             info = state["info"]
             if info is not None and info.attempt == self.attempt:

