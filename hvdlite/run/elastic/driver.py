@@ -326,8 +326,7 @@ class ElasticDriver:
         if losses.before + losses.resets > self.resets:  # lost ranks the driver had counted as one recovery
             if not self._within_limit(losses, proc, srun):  # were recovered from one after the other
                 return "the survivors recovered from ranks lost together one after the other"
-            logger.info("reset %d%s: the survivors recovered from the ranks lost together in two steps (%d "
-                        "ranks left)", self.resets, f" of {limit}" if limit is not None else "", losses.alive)
+            inprocess.report_two_steps(logger, losses, self.resets, limit)
         for lost in losses.new(snapshot):
             placement = hosts_by_rank(placed, size)
             self.blacklist.add(placement[lost.rank] if lost.rank < len(placement) else lost.host)

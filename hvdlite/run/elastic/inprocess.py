@@ -119,6 +119,12 @@ def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, l
                 "(in-process mode)", reset, of, lost.rank, lost.host, lost.pid, also, losses.alive)
 
 
+def report_two_steps(logger: logging.Logger, losses: Losses, reset: int, limit: Optional[int]) -> None:
+    """The survivors recovered twice from ranks the driver had counted as lost together: say so (one more reset)."""
+    logger.info("reset %d%s: the survivors recovered from the ranks lost together in two steps (%d ranks left)",
+                reset, f" of {limit}" if limit is not None else "", losses.alive)
+
+
 def fence(logger: logging.Logger, rank: RankInfo, started: int, placement: list[str],
           command_on: Callable[[str, list[str]], tuple[list[str], dict[str, str]]]) -> None:
     """Kill the process of a rank the survivors declared lost but that is still there (Losses.to_fence), on its
