@@ -7,7 +7,6 @@ import argparse
 import os
 import time
 
-import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
