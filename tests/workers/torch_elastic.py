@@ -1,5 +1,5 @@
-"""examples/pytorch_digits_elastic.py's training (its arguments, model, data and evaluation, imported from it) with
-results in JSON instead of printed lines, for tests/test_elastic.py and tests/test_elastic_hosts.py.
+"""examples/pytorch_digits_elastic.py's training (its arguments, model, data, step and evaluation, imported from
+it) with results in JSON instead of printed lines, for tests/test_elastic.py and tests/test_elastic_hosts.py.
 
 Every rank reports (tests/workers/report.py) ``progress`` at each commit (``commit``, ``epoch``: the one in
 progress, from 0, ``batch``: batches since the start, ``size``) and, at the end, ``final``: the size, the test
@@ -8,12 +8,10 @@ one record per finished epoch (how many training samples it processed, how many 
 the size and learning rate it ran at; the accuracy after it) and ``resets``: the size and learning rate each run
 of the reset callback set."""
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import hvdlite.torch as hvd
@@ -57,15 +55,7 @@ def main():
             state.model.train()
             state.train_sampler.set_epoch(epoch)
             for batch_idx, (images, labels, index) in enumerate(loader):
-                state.optimizer.zero_grad()
-                F.cross_entropy(state.model(images), labels).backward()
-                state.optimizer.step()
-                everyone = hvd.allgather(index, name="sample_index").numpy()
-                np.add.at(state.seen, everyone, 1)
-                state.train_sampler.record_batch(batch_idx, args.batch_size)
-                state.batch += 1
-                if args.sleep:
-                    time.sleep(args.sleep)
+                example.train_batch(state, batch_idx, images, labels, index, args)
                 if state.batch % args.batches_per_commit == 0:
                     state.commit()
                     report(hvd.rank(), progress=progress(epoch))
