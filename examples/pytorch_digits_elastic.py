@@ -80,6 +80,20 @@ def evaluate(model, test_set):
     return float(counts[0] / counts[1])
 
 
+def train_batch(state, batch_idx, images, labels, index, args):
+    """One step of SGD over every rank's batch; counts the samples the ranks processed and records the batch in
+    the sampler, so that a restart goes on after it."""
+    state.optimizer.zero_grad()
+    F.cross_entropy(state.model(images), labels).backward()
+    state.optimizer.step()
+    everyone = hvd.allgather(index, name="sample_index").numpy()
+    np.add.at(state.seen, everyone, 1)
+    state.train_sampler.record_batch(batch_idx, args.batch_size)
+    state.batch += 1
+    if args.sleep:
+        time.sleep(args.sleep)
+
+
 def main():
     args = parse_args()
     hvd.init()
@@ -108,15 +122,7 @@ def main():
             state.model.train()
             state.train_sampler.set_epoch(epoch)  # the epoch in progress keeps what it has processed
             for batch_idx, (images, labels, index) in enumerate(loader):
-                state.optimizer.zero_grad()
-                F.cross_entropy(state.model(images), labels).backward()
-                state.optimizer.step()
-                everyone = hvd.allgather(index, name="sample_index").numpy()
-                np.add.at(state.seen, everyone, 1)
-                state.train_sampler.record_batch(batch_idx, args.batch_size)
-                state.batch += 1
-                if args.sleep:
-                    time.sleep(args.sleep)
+                train_batch(state, batch_idx, images, labels, index, args)
                 if state.batch % args.batches_per_commit == 0:
                     state.commit()
                     if hvd.rank() == 0:

@@ -29,13 +29,16 @@ def test_unit_cube_round_trip_and_bounds() -> None:
         settings = from_unit(x)
         assert within_bounds(settings)
         np.testing.assert_allclose(to_unit(from_unit(to_unit(settings))), to_unit(settings), atol=1e-3)
-    assert from_unit([0, 0, 0]) == {"fusion_threshold_bytes": 0, "cycle_time_ms": 0.1, "allreduce_chunk_bytes": 64 * 1024}
-    assert from_unit([1, 1, 1]) == {"fusion_threshold_bytes": 64 * MIB, "cycle_time_ms": 20.0, "allreduce_chunk_bytes": 64 * MIB}
+    assert from_unit([0, 0, 0]) == {"fusion_threshold_bytes": 0, "cycle_time_ms": 0.1,
+                                    "allreduce_chunk_bytes": 64 * 1024}
+    assert from_unit([1, 1, 1]) == {"fusion_threshold_bytes": 64 * MIB, "cycle_time_ms": 20.0,
+                                    "allreduce_chunk_bytes": 64 * MIB}
 
 
 def synthetic_score(s: dict[str, Any]) -> float:
     """Best near fusion 24 MiB, cycle 0.5 ms, chunk 2 MiB."""
-    u = to_unit(s) - to_unit({"fusion_threshold_bytes": 24 * MIB, "cycle_time_ms": 0.5, "allreduce_chunk_bytes": 2 * MIB})
+    best = {"fusion_threshold_bytes": 24 * MIB, "cycle_time_ms": 0.5, "allreduce_chunk_bytes": 2 * MIB}
+    u = to_unit(s) - to_unit(best)
     return float(1e9 * np.exp(-4 * np.dot(u, u)))
 
 
@@ -102,7 +105,8 @@ def test_samples_steps_scores_and_final_choice(tmp_path: Path, monkeypatch: pyte
     scored = rows[1:-1]
     best = max(scored, key=lambda r: float(r["score_bytes_per_s"]))
     assert rows[-1]["sample"] == best["sample"]
-    assert int(rows[-1]["fusion_threshold_bytes"]) == tuner.final["fusion_threshold_bytes"] == int(best["fusion_threshold_bytes"])
+    assert (int(rows[-1]["fusion_threshold_bytes"]) == tuner.final["fusion_threshold_bytes"]
+            == int(best["fusion_threshold_bytes"]))
     assert len(switches) == 5  # the start, three proposals, the final choice: the budget is respected
     assert switches[0] == START and switches[-1] == tuner.final
 
@@ -132,7 +136,8 @@ def test_settings_from_horovod_variables() -> None:
     assert Config.from_env({"HVDLITE_AUTOTUNE_LOG_FILE": "a", "HOROVOD_AUTOTUNE_LOG": "b"}).autotune_log_file == "a"
     defaults = Config.from_env({})
     assert (defaults.autotune, defaults.autotune_warmup_samples, defaults.autotune_steps_per_sample,
-            defaults.autotune_bayes_opt_max_samples, defaults.autotune_gaussian_process_noise) == (False, 3, 10, 20, 0.8)
+            defaults.autotune_bayes_opt_max_samples, defaults.autotune_gaussian_process_noise) == \
+        (False, 3, 10, 20, 0.8)
     with pytest.raises(ValueError, match="autotune_steps_per_sample must be >= 1, got 0"):
         Config.from_env({}, autotune_steps_per_sample=0)
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPORT_DIR_VARIABLE, WORKERS, ompi_python, worker_reports  # noqa: F401 - the fixture
-from cluster.elastic import JOINED, ElasticRun, assert_every_epoch_exact, epoch_lines, final_accuracy, wait_until
+from cluster.elastic import JOINED, ElasticRun, assert_epochs_exact, final_reports, wait_for_progress, wait_until
 from cluster.fixtures import PYTHON, ROOT, NetnsHosts, base_env, netns_hosts, run
+from conftest import REPORT_DIR_VARIABLE, WORKERS, worker_reports
 
-EXAMPLE = str(ROOT / "examples" / "pytorch_digits_elastic.py")
+#: examples/pytorch_digits_elastic.py's training, reporting in JSON (tests/test_elastic.py runs the example).
+WORKER = str(WORKERS / "torch_elastic.py")
 EPOCHS = 4
 JOB = re.compile(r"job (\w+): hosts from")
 
@@ -28,11 +29,12 @@ def hosts(request: pytest.FixtureRequest) -> NetnsHosts:
     return netns_hosts(request, count=3)
 
 
-def launch_on_h1(hosts: NetnsHosts, flags: str, script_args: str = "") -> ElasticRun:
+def launch_on_h1(hosts: NetnsHosts, flags: str, report_dir: Path, script_args: str = "") -> ElasticRun:
     mpi_args = shlex.quote(f"-launcher ssh -launcher-exec {hosts.nsrsh}")
     command = (f". {shlex.quote(str(hosts.directory / 'mpi.env'))}; cd {shlex.quote(str(ROOT))}; "
+               f"export {REPORT_DIR_VARIABLE}={shlex.quote(str(report_dir))}; "
                f"exec {PYTHON} -m hvdlite.run {flags} --network-interface hvd0 --mpi-args={mpi_args} "
-               f"{PYTHON} {EXAMPLE} --epochs {EPOCHS} {script_args}")
+               f"{PYTHON} {WORKER} --epochs {EPOCHS} {script_args}")
     return ElasticRun([hosts.nsrsh, "h1", command])
 
 
@@ -43,13 +45,13 @@ def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
     script.write_text(f"#!/bin/sh\ncat {listing}\n")
     script.chmod(0o755)
     run = launch_on_h1(hosts, f"-np 3 --min-np 2 --max-np 3 --host-discovery-script {script} "
-                              f"--blacklist-cooldown-range 1 2", "--sleep 0.03")
+                              f"--blacklist-cooldown-range 1 2", tmp_path / "reports", "--sleep 0.03")
     first = run.rank_pids(3)
     assert [first[r][0] for r in range(3)] == ["h1", "h2", "h3"], run.output
     job = run.wait_for(JOB.pattern, timeout=10).group(1)
     # the run's directory in each host's own /dev/shm
     shm = {h: hosts.directory / "shm" / h / f"hvdlite-elastic-{job}" for h in ("h1", "h2", "h3")}
-    killed_at = run.wait_for(r"^commit=(\d+) epoch=0 batch=\d+ size=3$", timeout=400)
+    killed_at = wait_for_progress(tmp_path / "reports", lambda p: p["size"] == 3, "a commit at size 3", 400, run)
     wait_until(lambda: all((shm[h] / h / "commit.pkl").exists() for h in shm), "every host's commit", 60, run)
     listing.write_text("h1:1\nh2:1\n")  # h3 goes away: its rank dies, discovery no longer lists it
     os.kill(first[2][1], signal.SIGKILL)
@@ -58,8 +60,7 @@ def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
     # h3 was blacklisted: the driver deleted the copy in h3's /dev/shm (no rank of h3 was left to)
     wait_until(lambda: not shm["h3"].exists(), "the blacklisted h3's commits deleted", 60, run)
     assert shm["h1"].exists() and shm["h2"].exists(), run.output
-    shrunk = len(run.lines)
-    grown_from = run.wait_for(r"^commit=(\d+) epoch=\d+ batch=\d+ size=2$", timeout=400, start=shrunk)
+    grown_from = wait_for_progress(tmp_path / "reports", lambda p: p["size"] == 2, "a commit at size 2", 400, run)
     listing.write_text("h1:2\nh3:1\n")  # h3 is back, h2 leaves (its rank commits and leaves), h1 takes two
     third = run.rank_pids(3)
     assert [third[r][0] for r in range(3)] == ["h1", "h1", "h3"], run.output
@@ -75,11 +76,12 @@ def test_lost_host_then_host_back(hosts: NetnsHosts, tmp_path: Path) -> None:
     assert "reset 2: hosts changed: the ranks committed and left to resize" in out, out
     assert "starting 3 ranks on h1:2,h3:1 (reset 2)" in out, out
     resumed = [int(n) for n in re.findall(r"rank 0: resumed from commit (\d+), held by rank \d+", out)]
-    assert len(resumed) == 2 and resumed[0] >= int(killed_at.group(1)) and resumed[1] >= int(grown_from.group(1))
-    assert ["reset: size=2 lr=0.0400", "reset: size=3 lr=0.0600"] == re.findall(r"reset: size=\d lr=\S+", out)
-    assert_every_epoch_exact(out, EPOCHS)
-    assert epoch_lines(out)[-1]["size"] == "3", out
-    assert final_accuracy(out) >= 0.9, out
+    assert len(resumed) == 2 and resumed[0] >= killed_at["commit"] and resumed[1] >= grown_from["commit"], out
+    final = final_reports(tmp_path / "reports", 3, out)  # the 3 ranks agree on the weights and all below
+    assert final["resets"] == [{"size": 2, "lr": pytest.approx(0.04)}, {"size": 3, "lr": pytest.approx(0.06)}]
+    assert_epochs_exact(final, EPOCHS, out)
+    assert final["epochs"][-1]["size"] == 3, (final, out)
+    assert final["accuracy"] >= 0.9, (final, out)
     assert "job finished on 3 ranks after 2 reset(s)" in out, out
 
 
@@ -136,8 +138,10 @@ def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.Fixtur
     cluster = netns_hosts(request, slurm=True, count=3)
     prefix = (f". {cluster.directory / 'mpi.env'}; export SLURM_CONF={cluster.slurm_conf}; cd {ROOT}; ")
     job_script = tmp_path / "elastic.sbatch"
+    reports = tmp_path / "reports"
     job_script.write_text("#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1\n"
-                          f"exec {PYTHON} -m hvdlite.run --min-np 1 --max-np 2 {PYTHON} {EXAMPLE} --epochs 2 "
+                          f"export {REPORT_DIR_VARIABLE}={reports}\n"
+                          f"exec {PYTHON} -m hvdlite.run --min-np 1 --max-np 2 {PYTHON} {WORKER} --epochs 2 "
                           "--sleep 0.03\n")
     output = tmp_path / "job.out"
     env = base_env()
@@ -156,7 +160,8 @@ def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.Fixtur
             text = output.read_text() if output.exists() else ""
             joined = {int(m.group(1)): (m.group(3), int(m.group(4))) for m in JOINED.finditer(text)
                       if m.group(2) == "2"}
-            if killed is None and len(joined) == 2 and re.search(r"^commit=\d+ epoch=0 batch=[1-9]\d ", text, re.MULTILINE):
+            progress = worker_reports(reports).get(0, {}).get("progress", {})
+            if killed is None and len(joined) == 2 and progress.get("size") == 2 and progress["batch"] >= 10:
                 h2_run = cluster.directory / "shm" / "h2" / f"hvdlite-elastic-{JOB.search(text).group(1)}"
                 assert (h2_run / "h2" / "commit.pkl").exists(), text
                 killed = joined[1]
@@ -176,13 +181,16 @@ def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.Fixtur
     assert "could not delete" not in out and not h2_run.exists(), out  # deleted with an srun step on h2
     assert re.search(rf"reset 1: rank 1 on host h2 \(pid {killed[1]}\) failed; host h2 blacklisted for good", out), out
     assert "starting 1 ranks on h1:1 (reset 1)" in out, out
-    assert_every_epoch_exact(out, 2)
-    assert epoch_lines(out)[-1]["size"] == "1", out
-    assert final_accuracy(out) >= 0.8, out  # two epochs
+    final = final_reports(reports, 1, out)
+    assert final["resets"] == [{"size": 1, "lr": pytest.approx(0.02)}], (final, out)
+    assert_epochs_exact(final, 2, out)
+    assert final["epochs"][-1]["size"] == 1, (final, out)
+    assert final["accuracy"] >= 0.8, (final, out)  # two epochs
 
 
 @pytest.mark.timeout(600)
-def test_in_process_a_stopped_rank_alone_on_its_host_is_ended_by_the_driver(hosts: NetnsHosts, ompi_python: str) -> None:
+def test_in_process_a_stopped_rank_alone_on_its_host_is_ended_by_the_driver(hosts: NetnsHosts,
+                                                                            ompi_python: str) -> None:
     """In-process mode (Open MPI 5, ULFM) on h1, h2, h3, one rank each: rank 2, alone on h3, stops (SIGSTOP:
     a hang, not a death). ULFM's detector declares it failed and the survivors on h1 and h2 recover, but no
     survivor runs on h3 to end the process (core/fencing.py kills only on its own host), so the launcher

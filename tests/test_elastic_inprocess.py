@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPORT_DIR_VARIABLE, WORKERS, ompi_python, run_mpi, worker_reports  # noqa: F401
+from conftest import REPORT_DIR_VARIABLE, WORKERS, run_mpi, worker_reports
 from cluster.elastic import ElasticRun, final_accuracy
 from cluster.fixtures import base_env, run
 from test_faults import _kill_rank_2

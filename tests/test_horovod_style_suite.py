@@ -37,5 +37,5 @@ def test_horovod_style_suite_run_whole(n: int, tmp_path: Path) -> None:
             if t["outcome"] != t["expected"]:
                 problems.append(f"rank {r}: {name}: expected {t['expected']}, got {t['outcome']}: "
                                 f"{t.get('traceback', '')}")
-    assert not problems and proc.returncode == 0, \
-        "\n".join(problems) + f"\nexit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    assert not problems and proc.returncode == 0, "\n".join(problems) + (
+        f"\nexit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}")

@@ -5,7 +5,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -323,7 +322,7 @@ def test_flags_without_effect_warn_and_run() -> None:
                 "1", "--num-nccl-streams", "2", "--tcp", "--disable-cache", "--no-mpi-threads-disable", PYTHON,
                 TOPOLOGY], timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    warnings = [l for l in proc.stderr.splitlines() if l.startswith("hvdlite-run: warning:")]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("hvdlite-run: warning:")]
     assert warnings == [
         "hvdlite-run: warning: --hierarchical-allreduce has no effect: hvdlite's allreduce is MPI's own (MPI picks "
         "the algorithm)",
@@ -445,7 +444,8 @@ def test_config_file(tmp_path: Path) -> None:
     for text, message in (("autotune:\n  enabled: true\n  steps_per_sample: many\n",
                            "autotune.steps_per_sample must be a number >= 0, got 'many'"),
                           ("controller: gloo\n", "--gloo: hvdlite has no Gloo controller"),
-                          ("params:\n  cycle_time_ms: fast\n", "params.cycle_time_ms must be a number >= 0, got 'fast'"),
+                          ("params:\n  cycle_time_ms: fast\n",
+                           "params.cycle_time_ms must be a number >= 0, got 'fast'"),
                           ("logging:\n  level: loud\n", "logging.level must be one of TRACE, DEBUG")):
         config.write_text(text)
         proc = run([*RUN, "-np", "2", "--config-file", str(config), PYTHON, TOPOLOGY], timeout=60)

@@ -3,14 +3,11 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ompi_python  # noqa: F401 - the fixture
 from test_faults import _kill_rank_2, killed_reports
-from cluster.fixtures import (WORKERS, NetnsHosts, SlurmCluster, unavailable, assert_topology, base_env,
+from cluster.fixtures import (WORKERS, NetnsHosts, SlurmCluster, assert_topology, base_env,
                               netns_hosts, run, slurm_cluster, topology)
 
 TOPOLOGY = str(WORKERS / "launch_topology.py")

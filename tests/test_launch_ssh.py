@@ -31,7 +31,9 @@ class SshHosts(NamedTuple):
 INSTALL = """set -e
 export DEBIAN_FRONTEND=noninteractive
 added=0
-if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; added=1; fi
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; added=1
+fi
 rc=0
 { apt-get update -qq && apt-get install -y -qq --no-install-recommends openssh-server >/dev/null; } || rc=$?
 [ $added = 1 ] && rm -f /usr/sbin/policy-rc.d

@@ -154,7 +154,8 @@ def test_a_launcher_of_the_other_mpi_is_explained(sysompi: Path) -> None:
                         r"mpirun/mpiexec .*Fix: launch with MPICH's mpiexec .* rebuild mpi4py against Open MPI: "
                         r"MPICC=", proc.stderr)
     assert sorted(errors) == ["rank 0 of 2", "rank 1 of 2"], proc.stderr
-    assert "Fatal error in internal_Init_thread" not in proc.stderr, proc.stderr  # MPICH's own crash, explaining nothing
+    # (MPICH's own crash, explaining nothing)
+    assert "Fatal error in internal_Init_thread" not in proc.stderr, proc.stderr
 
     mpiexec = str(Path(PYTHON).parent / "mpiexec")  # pip's MPICH (hydra)
     proc = run([mpiexec, "-n", "2", str(sysompi / "python3"), "-c", program], env=_env(sysompi), timeout=120)

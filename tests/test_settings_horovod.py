@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -60,13 +59,13 @@ def test_trace_level_shows_debug_records_and_fatal_hides_errors() -> None:
                               timeout=120)
         assert proc.returncode == 0, proc.stderr
         return proc.stderr
-    lines = [l for l in stderr(HOROVOD_LOG_LEVEL="trace").splitlines() if l.endswith("-record")]
+    lines = [line for line in stderr(HOROVOD_LOG_LEVEL="trace").splitlines() if line.endswith("-record")]
     assert lines == ["[hvdlite rank 0] TRACE: trace-record", "[hvdlite rank 0] DEBUG: debug-record",
                      "[hvdlite rank 0] ERROR: error-record", "[hvdlite rank 0] CRITICAL: critical-record"]
-    lines = [l for l in stderr(HOROVOD_LOG_LEVEL="FATAL").splitlines() if l.endswith("-record")]
+    lines = [line for line in stderr(HOROVOD_LOG_LEVEL="FATAL").splitlines() if line.endswith("-record")]
     assert lines == ["[hvdlite rank 0] CRITICAL: critical-record"]
-    lines = [l for l in stderr(HOROVOD_LOG_LEVEL="error", HVDLITE_LOG_HIDE_TIME="0").splitlines()
-             if l.endswith("-record")]
+    lines = [line for line in stderr(HOROVOD_LOG_LEVEL="error", HVDLITE_LOG_HIDE_TIME="0").splitlines()
+             if line.endswith("-record")]
     assert len(lines) == 2
     import re
     for line in lines:

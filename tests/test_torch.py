@@ -193,6 +193,37 @@ def test_unsupported_tensors_raise_clear_errors() -> None:
         hvd.synchronize(42)
 
 
+#: Every torch op that takes tensors, with its other required arguments.
+TENSOR_OPS = {name: (0,) if name.startswith("broadcast") else () for name in HOROVOD_SIGNATURES
+              if list(inspect.signature(getattr(hvd, name)).parameters)[:1] in (["tensor"], ["tensors"])}
+
+
+def test_every_op_given_a_bad_argument_raises_a_type_error_naming_itself() -> None:
+    """The op the user called, not the one it delegates to, and what it got: a non-tensor, an unsupported
+    dtype, and, for a grouped op, something that is not a list of tensors."""
+    complex_tensor = torch.ones(2, dtype=torch.complex64)
+    wrong = []
+    for name, args in sorted(TENSOR_OPS.items()):
+        op, grouped = getattr(hvd, name), name.startswith("grouped_")
+        if name == "sparse_allreduce_async":
+            cases = [("not a tensor", "expected a sparse COO torch.Tensor, got str"),
+                     (torch.ones(2), "expected a sparse COO torch.Tensor, got a torch.strided tensor")]
+            args = ("n", hvd.Sum)
+        else:
+            cases = [("not a tensor", "expected a torch.Tensor, got str"),
+                     (complex_tensor, "tensors of dtype torch.complex64 are not supported by hvdlite")]
+            cases = [([bad], message) for bad, message in cases] if grouped else cases
+            cases += [("abc", "expected a list of torch.Tensors, got str")] if grouped else []
+        for bad, message in cases:
+            try:
+                op(bad, *args)
+                wrong.append(f"{name}({bad!r}): no error")
+            except Exception as exc:  # noqa: BLE001 - every kind is checked below
+                if type(exc) is not TypeError or not str(exc).startswith(f"{name}: {message}"):
+                    wrong.append(f"{name}({bad!r}): {type(exc).__name__}: {exc}")
+    assert len(TENSOR_OPS) == 23 and not wrong, "\n".join(wrong)
+
+
 def test_compression_round_trip() -> None:
     x = torch.tensor([1.0, -2.5, 3.25], dtype=torch.float32)
     for comp, wire in ((hvd.Compression.fp16, torch.float16), (hvd.Compression.bf16, torch.bfloat16)):

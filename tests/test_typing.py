@@ -73,12 +73,19 @@ def test_the_package_passes_mypy_with_the_repository_configuration(
 
 
 def test_the_linter_passes() -> None:
-    """ruff, configured in pyproject.toml (rules, line length, the folders it covers)."""
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """ruff, configured in pyproject.toml (rules, line length, the folders it covers: the package, benchmarks/,
+    examples/ and tests/, tests/parallel/ and tests/workers/ included)."""
+    def ruff(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    result = ruff("--output-format", "concise")
     assert "No module named ruff" not in result.stderr, \
         "ruff is not installed: install the test extras (pip install -e '.[test]')"
     assert result.returncode == 0, f"ruff check:\n{result.stdout}{result.stderr}"
+    checked = {Path(line).resolve().relative_to(ROOT).as_posix() for line in ruff("--show-files").stdout.split()}
+    for path in ("hvdlite/__init__.py", "benchmarks/registry.py", "examples/pytorch_digits_elastic.py",
+                 "tests/conftest.py", "tests/test_typing.py", "tests/parallel/conftest.py", "tests/workers/report.py"):
+        assert path in checked, f"ruff does not check {path}: pyproject.toml's include leaves it out"
 
 
 def test_public_names_are_visible_to_a_type_checker(mypy_run: subprocess.CompletedProcess[str]) -> None:

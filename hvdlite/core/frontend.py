@@ -56,7 +56,7 @@ from .overlap import gradient_overlap
 from .engine.mpi import cuda_aware as mpi_cuda_aware
 from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, accumulated_allreduce, in_rank_order,
                             rank_order_allreduce, register_factory)
-from .reduce_ops import Accumulation, ReduceOp, check_reduction, exact_divisor, resolve_op
+from .reduce_ops import SUPPORTED_DTYPES, Accumulation, ReduceOp, check_reduction, exact_divisor, resolve_op
 from .engine.requests import tensor_layout
 from .runtime import generation, is_initialized, stage_host_copies, state, submit_prepared
 from .sparse import check_sparse, sparse_allgather_async
@@ -70,7 +70,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "Scales", 
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
            "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce", "accumulated_allreduce",
            "check_named_replicas", "flatten_tensors", "submit_prepared", "tensor_layout", "generation",
-           "exact_divisor"]
+           "exact_divisor", "SUPPORTED_DTYPES"]
 
 
 def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,

@@ -20,7 +20,7 @@ from hvdlite.core import Average, HvdliteError, ProcessSet, Sum, TensorMismatchE
 from hvdlite.core.frontend import Accumulation, process_set_ranks, resolve_op
 from hvdlite.tensorflow import status_op
 from hvdlite.tensorflow.buffers import ReusableOutputs
-from hvdlite.tensorflow.errors import as_tf_error
+from hvdlite.tensorflow.errors import as_list, as_tensor, as_tensors, as_tf_error
 
 
 class XLANotSupportedError(HvdliteError, NotImplementedError):
@@ -185,13 +185,13 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
 def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate ``tensor`` from every rank along the first dimension (which may differ per rank)."""
-    return grouped_allgather([tensor], name, ignore_name_scope, process_set)[0]
+    return grouped_allgather([as_tensor(tensor, "allgather")], name, ignore_name_scope, process_set)[0]
 
 
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """Allgather several tensors as one unit."""
-    xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
+    xs = as_tensors(tensors, "grouped_allgather")
     if not xs:
         return []
 
@@ -249,13 +249,13 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
                 return tf.zeros_like(reduced)
         return y, grad
 
-    return forward(tf.convert_to_tensor(tensor))
+    return forward(as_tensor(tensor, "broadcast"))
 
 
 def broadcast_group(tensors: Sequence[Any], root_rank: int, name: Optional[str] = None,
-                    process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+                    process_set: ProcessSet = global_process_set, what: str = "broadcast_group") -> list[tf.Tensor]:
     """Broadcast several tensors in one op (no gradient): the values of ``root_rank``."""
-    xs = [tf.convert_to_tensor(t) for t in tensors]
+    xs = as_tensors(tensors, what)
     if not xs:
         return []
     root = int(root_rank)
@@ -276,8 +276,8 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = N
     In a graph the returned tensors are the variables read after their assignment (as Horovod's in-place
     op returns the variables themselves), so evaluating them in a tf.compat.v1 session also assigns; inside
     tf.function, automatic control dependencies order later reads after the assignment anyway."""
-    variables = list(variables)
-    values = broadcast_group(variables, root_rank, name, process_set)
+    variables = as_list(variables, "broadcast_")
+    values = broadcast_group(variables, root_rank, name, process_set, "broadcast_")
     assigned = [v.assign(val) for v, val in zip(variables, values)]
     if tf.executing_eagerly():
         return values
@@ -306,7 +306,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, ignore
             return back, None
         return (y, received), grad
 
-    out, received = forward(tf.convert_to_tensor(tensor), split_t)
+    out, received = forward(as_tensor(tensor, "alltoall"), split_t)
     return (out, received) if given else out
 
 

@@ -12,6 +12,7 @@ from hvdlite.core.frontend import (accumulation_of, check_sparse, check_sparse_c
                                    resolve_op, sparse_allgather_async)
 
 from .compression import Compression, Compressor
+from .errors import as_list, as_tensor, as_tensors
 from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather, run_collective
 
 
@@ -52,7 +53,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None, de
                       process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
                       name: Optional[str] = None) -> list[Any]:
     """Reduce a list of tf.Tensor / tf.IndexedSlices as one unit; default op is Average."""
-    tensors = list(tensors)
+    tensors = [t if isinstance(t, tf.IndexedSlices) else as_tensor(t, "grouped_allreduce")
+               for t in as_list(tensors, "grouped_allreduce")]
     if not tensors:
         return tensors
     reduce_op = resolve_op(op, average)
@@ -82,6 +84,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
 
     A tf.IndexedSlices is reduced by allgathering its values and indices (Sum or Average only).
     """
+    tensor = tensor if isinstance(tensor, tf.IndexedSlices) else as_tensor(tensor, "allreduce")
     return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
                              postscale_factor, process_set, ignore_name_scope, name)[0]
 
@@ -90,10 +93,10 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compre
                           op: Any = Average, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """Reduce each tensor and give each rank its share of the first dimension; default op is Average."""
-    tensors = list(tensors)
+    tensors = as_tensors(tensors, "grouped_reducescatter")
     if not tensors:
         return tensors
-    compressed, ctxs = zip(*[compression.compress(tf.convert_to_tensor(dense(t))) for t in tensors])
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
     reduced = _grouped_reducescatter(list(compressed), op=op, process_set=process_set,
                                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     return [compression.decompress(r, ctx) for r, ctx in zip(reduced, ctxs)]
@@ -104,7 +107,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: type = Compr
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce ``tensor`` and keep this rank's share of its first dimension; default op is Average."""
-    compressed, ctx = compression.compress(tf.convert_to_tensor(dense(tensor)))
+    compressed, ctx = compression.compress(as_tensor(tensor, "reducescatter"))
     reduced = _grouped_reducescatter([compressed], name=name, op=op, process_set=process_set,
                                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)[0]
     return compression.decompress(reduced, ctx)

@@ -12,8 +12,8 @@ from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once
 from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set  # noqa: F401 - Sum for the others
 from hvdlite.core.frontend import Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_prepared
 
-from .tensors import (check_one_device, dtype_hint, from_host, hints, on_plane, prepared, splits_array, to_host,
-                      write_into)
+from .tensors import (check_dtype, check_one_device, check_tensors, dtype_hint, from_host, hints, on_plane,
+                      prepared, splits_array, to_host, write_into)
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
@@ -29,7 +29,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
                             accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensors`` as one unit; synchronize() returns new reduced tensors. ``accumulation``:
     an accumulating compression's (``accumulation_of(Compression.bf16_fp32acc)``), see hvdlite.core.api."""
-    tensors = list(tensors)
+    tensors = check_tensors(tensors, "grouped_allreduce_async")
     reduce_op = resolve_op(op, average)
     check_one_device(tensors, "grouped_allreduce")
     hosts = [to_host(t, _what("grouped_allreduce", reduce_op))[0] for t in tensors]
@@ -45,7 +45,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              process_set: ProcessSet = global_process_set, *,
                              accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensors`` in place; synchronize() returns the same tensors, now reduced."""
-    tensors = list(tensors)
+    tensors = check_tensors(tensors, "grouped_allreduce_async_")
     reduce_op = resolve_op(op, average)
     check_one_device(tensors, "grouped_allreduce_")
     hosts, shared = zip(*[to_host(t, _what("grouped_allreduce_", reduce_op)) for t in tensors]) if tensors else ((), ())
@@ -61,6 +61,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor."""
+    check_dtype(tensor, "allreduce_async")
     return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
                                    process_set).first()
 
@@ -70,6 +71,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      process_set: ProcessSet = global_process_set, *,
                      accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
+    check_dtype(tensor, "allreduce_async_")
     reduce_op = resolve_op(op, average)
     return _allreduce_in_place(tensor, name, reduce_op, prescale_factor, postscale_factor, process_set, accumulation)
 
@@ -97,6 +99,7 @@ def _allreduce_in_place(tensor: torch.Tensor, name: Optional[str], op: ReduceOp,
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    check_dtype(tensor, "allreduce_")
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
                                         process_set))
 
@@ -105,6 +108,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                        name: Optional[str] = None, op: Any = None, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    tensors = check_tensors(tensors, "grouped_allreduce_")
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                                 process_set))
 
@@ -135,6 +139,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
                            process_set: ProcessSet = global_process_set) -> SparseHandle:
     """Combine a sparse COO tensor across ranks by gathering every rank's indices and values
     (hvdlite.core.frontend.sparse_allgather_async: the policy both frontends share)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        got = f"a {tensor.layout} tensor" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise TypeError(f"sparse_allreduce_async: expected a sparse COO torch.Tensor, got {got}")
     full_name = _name("sparse", name)
     reduce_op = check_sparse(op, full_name)
     sparse = tensor.coalesce()
@@ -182,7 +189,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     """Start concatenating each tensor's rows from every rank (first dimensions may differ). hvdlite
     extension: ``outputs`` (one tensor of the gathered shape per input, which may hold the input as its
     own rows) receive the results without new allocations; synchronize() returns them."""
-    tensors = list(tensors)
+    tensors = check_tensors(tensors, "grouped_allgather_async")
     check_one_device(tensors, "grouped_allgather")
     hosts = [to_host(t, "grouped_allgather")[0] for t in tensors]
     into, filled = _into(outputs, "grouped_allgather", tensors, on_plane(hosts))
@@ -193,6 +200,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
+    check_dtype(tensor, "allgather_async")
     return grouped_allgather_async([tensor], name, process_set).first()
 
 
@@ -200,6 +208,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start copying ``tensor`` from ``root_rank``; synchronize() returns a new tensor."""
+    check_dtype(tensor, "broadcast_async")
     host, _ = to_host(tensor, "broadcast")
     handle = core.broadcast_async(host, root_rank, _name("broadcast", name), process_set,
                                   dtype_hint=hints([tensor])[0])
@@ -209,6 +218,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start overwriting ``tensor`` with root_rank's value; synchronize() returns ``tensor``."""
+    check_dtype(tensor, "broadcast_async_")
     host, shared = to_host(tensor, "broadcast_")
     handle = core.broadcast_async(host, root_rank, _name("broadcast", name), process_set, inplace=True,
                                   dtype_hint=hints([tensor])[0])
@@ -217,6 +227,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] =
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    check_dtype(tensor, "broadcast_")
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
@@ -224,6 +235,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
     """Send ``splits[i]`` rows to rank i; synchronize() returns (received tensor, received splits)."""
+    check_dtype(tensor, "alltoall_async")
     host, _ = to_host(tensor, "alltoall")
     split_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
     handle = core.alltoall_async(host, splits_array(splits), _name("alltoall", name), process_set,
@@ -240,7 +252,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                                 outputs: Optional[Sequence[torch.Tensor]] = None) -> Handle:
     """Start reducing each tensor and keeping this rank's share of its first dimension. hvdlite extension:
     ``outputs`` (one tensor of this rank's share per input, apart from the inputs) receive the results."""
-    tensors = list(tensors)
+    tensors = check_tensors(tensors, "grouped_reducescatter_async")
     reduce_op = resolve_op(op)
     check_one_device(tensors, "grouped_reducescatter")
     hosts = [to_host(t, "grouped_reducescatter")[0] for t in tensors]
@@ -254,6 +266,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Any = Average,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> Handle:
+    check_dtype(tensor, "reducescatter_async")
     return grouped_reducescatter_async([tensor], name, op, process_set, prescale_factor,
                                        postscale_factor).first()
 

@@ -19,6 +19,7 @@ from hvdlite.core import rank as core_rank
 from hvdlite.core.frontend import Accumulation, accumulation_of, resolve_op
 
 from .compression import Compression
+from .tensors import check_dtype, check_tensors
 from .async_ops import (Average, Sum, allgather_async, alltoall_async, broadcast_async, grouped_allgather_async,
                       grouped_allreduce_async, grouped_reducescatter_async, synchronize)
 
@@ -190,6 +191,7 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
               compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` across ranks (Average by default); differentiable; the input is unmodified."""
+    check_dtype(tensor, "allreduce")
     compressed, ctx = compression.compress(tensor)
     out = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set,
                                  accumulation_of(compression))
@@ -201,7 +203,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce a list of tensors as one unit; differentiable; returns new tensors."""
-    pairs = [compression.compress(t) for t in tensors]
+    pairs = [compression.compress(t) for t in check_tensors(tensors, "grouped_allreduce")]
     outs = AccumulatedGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
                                              accumulation_of(compression), *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
@@ -210,17 +212,19 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate ``tensor`` from every rank along dimension 0 (sizes may differ); differentiable."""
+    check_dtype(tensor, "allgather")
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+    return list(HorovodGroupedAllgather.apply(name, process_set, *check_tensors(tensors, "grouped_allgather")))
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """A copy of root_rank's ``tensor`` on every rank; differentiable; the input is unmodified."""
+    check_dtype(tensor, "broadcast")
     return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -228,6 +232,7 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = Non
              process_set: ProcessSet = global_process_set) -> Any:
     """Scatter rows to every rank and gather theirs; returns (tensor, received_splits) when splits is
     given, else the tensor alone (Horovod's convention); differentiable."""
+    check_dtype(tensor, "alltoall")
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
@@ -235,6 +240,7 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression:
                   op: Any = Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce ``tensor`` and keep this rank's share of dimension 0 (earlier ranks take the remainder)."""
+    check_dtype(tensor, "reducescatter")
     return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor,
                                  postscale_factor)[0]
 
@@ -243,7 +249,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
                           compression: Any = Compression.none, op: Any = Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    pairs = [compression.compress(t) for t in tensors]
+    pairs = [compression.compress(t) for t in check_tensors(tensors, "grouped_reducescatter")]
     outs = HorovodReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
                                       *[p[0] for p in pairs])
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

@@ -32,6 +32,16 @@ def check_dtype(tensor: torch.Tensor, what: str) -> None:
                         f"(sparse gradients go through hvd.sparse_allreduce_async)")
 
 
+def check_tensors(tensors: Any, what: str) -> list[torch.Tensor]:
+    """A grouped op's ``tensors`` as a list, each checked (check_dtype); ``what``: the op the user called."""
+    if isinstance(tensors, (torch.Tensor, str, bytes)) or not hasattr(tensors, "__iter__"):
+        raise TypeError(f"{what}: expected a list of torch.Tensors, got {type(tensors).__name__}")
+    tensors = list(tensors)
+    for tensor in tensors:
+        check_dtype(tensor, what)
+    return tensors
+
+
 def dtype_hint(tensor: torch.Tensor) -> Optional[str]:
     """The core's dtype hint for ``tensor`` ("bfloat16" for bf16, whose bits travel as int16)."""
     return "bfloat16" if tensor.dtype == torch.bfloat16 else None

@@ -7,9 +7,12 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 import pytest
+
+from conftest import worker_reports
 
 from .fixtures import ROOT, base_env
 
@@ -112,10 +115,47 @@ def final_accuracy(output: str) -> float:
 
 
 def assert_every_epoch_exact(output: str, epochs: int, train_size: int = 1440) -> None:
-    """Each epoch processed every training sample exactly once (the last print of each epoch counts)."""
+    """Each epoch of examples/pytorch_digits_elastic.py processed every training sample exactly once (the last
+    print of each epoch counts)."""
     last: dict[str, dict[str, str]] = {}
     for line in epoch_lines(output):
         last[line["epoch"]] = line
     assert sorted(last, key=int) == [str(e) for e in range(1, epochs + 1)], output
     for epoch, line in last.items():
         assert (int(line["samples"]), int(line["unique"]), int(line["of"])) == (train_size,) * 3, (epoch, output)
+
+
+def wait_for_progress(report_dir: Path, condition: Callable[[dict[str, Any]], bool], what: str, timeout: float,
+                      run: ElasticRun) -> dict[str, Any]:
+    """Rank 0's newest ``progress`` report (tests/workers/torch_elastic.py, keras_elastic.py), once ``condition``
+    holds for it; fail naming ``what`` (with the job's output) if the job ends or ``timeout`` s pass first."""
+    found: dict[str, Any] = {}
+
+    def ready() -> bool:
+        progress = worker_reports(report_dir).get(0, {}).get("progress")
+        if progress is not None and condition(progress):
+            found.update(progress)
+            return True
+        if run.proc.poll() is not None:
+            pytest.fail(f"hvdlite-run ended ({run.proc.returncode}) before rank 0 reported {what}:\n{run.output}")
+        return False
+    wait_until(ready, f"rank 0 reported {what}", timeout, run)
+    return found
+
+
+def final_reports(report_dir: Path, size: int, output: str) -> dict[str, Any]:
+    """The ``final`` report of the last job's ``size`` ranks, after checking that they all reported the same."""
+    finals = {rank: entry["final"] for rank, entry in worker_reports(report_dir).items() if "final" in entry}
+    assert sorted(finals) == list(range(size)), (finals, output)
+    assert all(final == finals[0] for final in finals.values()), (finals, output)
+    assert finals[0]["size"] == size, (finals, output)
+    return finals[0]
+
+
+def assert_epochs_exact(final: dict[str, Any], epochs: int, output: str, train_size: int = 1440) -> None:
+    """Each epoch, as committed (tests/workers/torch_elastic.py's ``epochs``), processed every training sample
+    exactly once, and ran at the learning rate of its size."""
+    assert [record["epoch"] for record in final["epochs"]] == list(range(1, epochs + 1)), (final, output)
+    for record in final["epochs"]:
+        assert (record["samples"], record["unique"], record["of"]) == (train_size,) * 3, (record, output)
+        assert record["lr"] == pytest.approx(0.02 * record["size"]), (record, output)

@@ -137,6 +137,16 @@ def reinit() -> Callable[..., None]:
 
 
 @pytest.fixture
+def ps() -> Iterator[Any]:
+    """The set of every rank but 0 (root_sets.MEMBERS), registered for one test (test_root_rank.py,
+    test_tf_root_rank.py)."""
+    from root_sets import MEMBERS
+    pset = hvd.add_process_set(MEMBERS)
+    yield pset
+    hvd.remove_process_set(pset)
+
+
+@pytest.fixture
 def rank() -> int:
     return hvd.rank()
 

@@ -72,7 +72,8 @@ def test_autotune_switches_every_rank_at_the_same_cycle(rank: int, size: int,
             rows = list(csv.DictReader(f))
         os.unlink(path)
         assert [r["phase"] for r in rows] == ["warmup"] * WARMUP + ["sample"] * SAMPLES + ["final"]
-        logged = [{"fusion_threshold_bytes": int(r["fusion_threshold_bytes"]), "cycle_time_ms": float(r["cycle_time_ms"]),
+        logged = [{"fusion_threshold_bytes": int(r["fusion_threshold_bytes"]),
+                   "cycle_time_ms": float(r["cycle_time_ms"]),
                    "allreduce_chunk_bytes": int(r["allreduce_chunk_bytes"])} for r in rows]
         assert logged[:WARMUP] == [history[0]] * WARMUP
         assert logged[WARMUP:-1] == history[:-1]  # each sample ran under the settings switched to before it

@@ -60,7 +60,7 @@ def test_join_with_uneven_data(reinit: Callable[..., None]) -> None:
     """Ranks that run out contribute zeros until everyone has joined. Allgather and broadcast on the others
     raise as Horovod's do (test_horovod_join_allgather/_broadcast), also a cached one; the
     join_allows_allgather_broadcast setting lets them run (the joined ranks give no rows)."""
-    gathered = hvd.allgather(np.full((1,), R), name="rows")  # now in the response cache
+    same(hvd.allgather(np.full((1,), R), name="rows"), np.arange(N))  # now in the response cache
     for step in range(R + 2):  # rank r has r + 2 batches; the last rank has the most
         got = hvd.allreduce(np.full(3, 1.0 + R), op=hvd.Sum, name="grad")
         active = [k for k in range(N) if k + 2 > step]

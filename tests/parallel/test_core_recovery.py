@@ -102,7 +102,7 @@ def late_bad_root_instead_of_an_allreduce() -> None:
         with pytest.raises(TypeError):
             hvd.broadcast(np.ones(3), "0")  # type: ignore[arg-type]
     else:
-        with pytest.raises(hvd.StallError, match=rf"allreduce of 'allreduce.noname.\d+' stalled"):
+        with pytest.raises(hvd.StallError, match=r"allreduce of 'allreduce.noname.\d+' stalled"):
             hvd.allreduce(np.ones(3))
 
 

@@ -122,7 +122,7 @@ def test_training_gives_the_same_bits_under_very_different_fusion_and_chunk_sett
 @pytest.mark.parametrize("plane", PLANES)
 def test_training_gives_the_same_bits_with_the_autotune_switching_settings(reinit, plane: str, rank: int) -> None:
     a = _train(reinit, rank, cpu_operations=plane, **SMALL)
-    b = _train(reinit, rank, cpu_operations=plane, autotune=True, autotune_warmup_samples=1, autotune_steps_per_sample=2,
-               autotune_bayes_opt_max_samples=3)
+    b = _train(reinit, rank, cpu_operations=plane, autotune=True, autotune_warmup_samples=1,
+               autotune_steps_per_sample=2, autotune_bayes_opt_max_samples=3)
     for x, y in zip(a, b):
         assert x.tobytes() == y.tobytes()

@@ -8,7 +8,6 @@ DistributedOptimizer (buckets, per-parameter groups, the comm hook) and process 
 and sparse refusal: tests/parallel/test_tf_policy.py (TensorFlow is imported there already)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

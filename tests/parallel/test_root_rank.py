@@ -13,7 +13,7 @@ import torch
 import hvdlite as core
 import hvdlite.torch as hvd
 from exact import same
-from root_sets import MEMBERS, ps, value  # noqa: F401 (ps: a fixture)
+from root_sets import MEMBERS, value
 
 MPI_SIZES = (3, 4)
 SPAWN_TIMEOUT = 300

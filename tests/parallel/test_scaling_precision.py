@@ -69,7 +69,8 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 def exact(got: np.ndarray, want: np.ndarray, what: str) -> None:
     got = np.asarray(got)
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+    assert got.dtype == want.dtype and got.shape == want.shape, \
+        f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
     diff = np.flatnonzero(bits(got).reshape(-1) != bits(want).reshape(-1))
     assert diff.size == 0, f"{what}: {diff.size} elements differ, e.g. got {got.reshape(-1)[diff[:3]]} " \
                            f"expected {want.reshape(-1)[diff[:3]]}"

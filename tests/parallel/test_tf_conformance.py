@@ -42,6 +42,30 @@ def test_graph_mode_argument_error_is_invalid_argument(size: int) -> None:
         bad()
 
 
+def test_every_op_given_a_bad_argument_raises_a_type_error_naming_itself() -> None:
+    """As a Horovod op's type constraint does, at the call (eagerly, and while tracing: AutoGraph adds where): the
+    op the user called, not the one it delegates to, and what it got."""
+    ops = {"allreduce": (), "allgather": (), "broadcast": (0,), "alltoall": (), "reducescatter": (),
+           "grouped_allreduce": (), "grouped_allgather": (), "grouped_reducescatter": (), "broadcast_": (0,)}
+    wrong = []
+    for name, args in ops.items():
+        grouped = name.startswith("grouped_") or name == "broadcast_"
+        cases = [("not a tensor", "expected a tf.Tensor, got str"), (object(), "expected a tf.Tensor, got object"),
+                 (tf.ones([2], tf.complex64), "tensors of dtype complex64 are not supported by hvdlite")]
+        cases = [([bad], message) for bad, message in cases] if grouped else cases
+        cases += [("abc", "expected a list of tf.Tensors, got str")] if grouped else []
+        for bad, message in cases:
+            try:
+                getattr(hvd, name)(bad, *args)
+                wrong.append(f"{name}({bad!r}): no error")
+            except Exception as exc:  # noqa: BLE001 - every kind is checked below
+                if type(exc) is not TypeError or not str(exc).startswith(f"{name}: {message}"):
+                    wrong.append(f"{name}({bad!r}): {type(exc).__name__}: {exc}")
+    with pytest.raises(TypeError, match="TypeError: allgather: tensors of dtype complex64 are not supported"):
+        tf.function(hvd.allgather).get_concrete_function(tf.TensorSpec([2], tf.complex64))
+    assert not wrong, "\n".join(wrong)
+
+
 def test_float16_prescale_in_float32(size: int) -> None:
     got = hvd.allreduce(tf.fill([4], tf.constant(1e-3, tf.float16)), op=hvd.Sum, prescale_factor=1e5).numpy()
     one = np.float16(np.float32(np.float16(1e-3)) * np.float32(1e5))

@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 import hvdlite.tensorflow as hvd  # noqa: E402
 import root_sets  # noqa: E402
 from exact import same  # noqa: E402
-from root_sets import MEMBERS, ps  # noqa: E402,F401 (ps: a fixture)
+from root_sets import MEMBERS  # noqa: E402
 
 MPI_SIZES = (3, 4)
 SPAWN_TIMEOUT = 300

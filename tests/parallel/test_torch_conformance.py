@@ -317,4 +317,5 @@ def test_cuda_aware_mpi_plane_on_cpu_tensors(rank: int, size: int, reinit: Any) 
     want, want_splits = hvd.alltoall(x, splits)
     assert torch.equal(out, want) and list(recv) == want_splits.tolist()
     x = torch.arange(float(2 * n + 1)) * (r + 1)
-    assert torch.equal(core.reducescatter(on_plane(x), op=hvd.Sum, name="mpi_cuda.rs"), hvd.reducescatter(x, op=hvd.Sum))
+    assert torch.equal(core.reducescatter(on_plane(x), op=hvd.Sum, name="mpi_cuda.rs"),
+                       hvd.reducescatter(x, op=hvd.Sum))

@@ -37,7 +37,8 @@ def test_sparse_allreduce_results(rank: int, size: int, dtype: torch.dtype, op: 
 def test_sparse_allreduce_refusals(rank: int) -> None:
     with pytest.raises(NotImplementedError, match="hvd.Adasum does not support sparse tensors"):
         hvd.sparse_allreduce_async(rank_sparse(rank, torch.float32), "sp.adasum", hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="only hvd.Average and hvd.Sum are defined for sparse tensors, got hvd.Min"):
+    with pytest.raises(NotImplementedError,
+                       match="only hvd.Average and hvd.Sum are defined for sparse tensors, got hvd.Min"):
         hvd.sparse_allreduce_async(rank_sparse(rank, torch.float32), "sp.min", hvd.Min)
 
 

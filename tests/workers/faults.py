@@ -12,6 +12,8 @@ import time
 import numpy as np
 from report import report
 
+import hvdlite as hvd
+
 
 def say(line: str) -> None:
     """One whole line per write: with PYTHONUNBUFFERED, print() writes the text and the newline separately,
@@ -19,7 +21,6 @@ def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
-import hvdlite as hvd
 
 mode = sys.argv[1]
 if mode == "stall_torch":

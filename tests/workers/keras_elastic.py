@@ -2,12 +2,17 @@
 or tf-keras (Keras 2) when TF_USE_LEGACY_KERAS=1.
 
 Rank 0 prints ``epoch=E size=S`` after each epoch, ``reset: size=S`` after a restart and
-``test_accuracy=<float>`` at the end."""
+``test_accuracy=<float>`` at the end (tests/test_elastic_inprocess.py reads them). Every rank also reports
+(tests/workers/report.py) ``progress`` after each epoch (``epoch``, ``size``, ``commit``) and, at the end,
+``final``: the epoch and size, the test accuracy, a hash of the weights, and ``resets``: the size and learning
+rate each run of the reset callback in this process set."""
 import argparse
+import hashlib
 import os
 import time
 
 import numpy as np
+from report import report
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -35,10 +40,16 @@ optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=LR * hvd
 model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=optimizer,
               metrics=["accuracy"])
 state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+resets = []
+
+
+def learning_rate():
+    return float(np.asarray(model.optimizer.learning_rate))
 
 
 def on_reset():
     model.optimizer.learning_rate = LR * hvd.size()
+    resets.append({"size": hvd.size(), "lr": learning_rate()})
     if hvd.rank() == 0:
         print(f"reset: size={hvd.size()}", flush=True)
 
@@ -51,6 +62,7 @@ class Progress(keras.callbacks.Callback):
         time.sleep(args.sleep)
 
     def on_epoch_end(self, epoch, logs=None):
+        report(hvd.rank(), progress={"epoch": state.epoch, "size": hvd.size(), "commit": state.commit_counter})
         if hvd.rank() == 0:
             print(f"epoch={state.epoch} size={hvd.size()} commit={state.commit_counter}", flush=True)
 
@@ -66,6 +78,9 @@ def train(state):
 
 train(state)
 _, accuracy = model.evaluate(x_test, y_test, verbose=0)
+weights = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()[:16]
+report(hvd.rank(), final={"epoch": state.epoch, "size": hvd.size(), "accuracy": float(accuracy), "sha": weights,
+                          "resets": resets})
 if hvd.rank() == 0:
     print(f"final_epoch={state.epoch}", flush=True)
     print(f"test_accuracy={accuracy:.4f}", flush=True)
