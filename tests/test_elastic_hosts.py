@@ -189,8 +189,8 @@ def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.Fixtur
 
 
 @pytest.mark.timeout(600)
-def test_in_process_a_stopped_rank_alone_on_its_host_is_ended_by_the_driver(hosts: NetnsHosts,
-                                                                            ompi_python: str) -> None:
+def test_in_process_a_stopped_rank_alone_on_its_host_is_ended_by_the_driver(hosts: NetnsHosts, ompi_python: str,
+                                                                            tmp_path: Path) -> None:
     """In-process mode (Open MPI 5, ULFM) on h1, h2, h3, one rank each: rank 2, alone on h3, stops (SIGSTOP:
     a hang, not a death). ULFM's detector declares it failed and the survivors on h1 and h2 recover, but no
     survivor runs on h3 to end the process (core/fencing.py kills only on its own host), so the launcher
@@ -199,19 +199,21 @@ def test_in_process_a_stopped_rank_alone_on_its_host_is_ended_by_the_driver(host
     finishes on two ranks after one reset, the survivors in their own processes with the same weights."""
     worker = f"{ROOT}/tests/workers/elastic_inprocess.py"
     mpi_args = shlex.quote(f"--mca plm_rsh_agent {hosts.nsrsh}")
+    reports = tmp_path / "reports"
     command = (f". {shlex.quote(str(hosts.directory / 'mpi.env'))}; cd {shlex.quote(str(ROOT))}; "
+               f"export {REPORT_DIR_VARIABLE}={shlex.quote(str(reports))}; "
                f"exec {ompi_python} -m hvdlite.run -np 3 --min-np 2 -H h1:1,h2:1,h3:1 --network-interface hvd0 "
                f"--mpi-args={mpi_args} {ompi_python} {worker} --epochs 2 --samples 240 --die 2:stop:3")
     proc = run([hosts.nsrsh, "h1", command], timeout=300)  # (without the driver's fencing: hangs till then)
     out = proc.stdout + proc.stderr
-    starts = {int(r): int(p) for r, p in re.findall(r"^start orig=(\d) pid=(\d+)$", out, re.MULTILINE)}
-    finals = re.findall(r"^final orig=(\d) rank=\d size=(\d) pid=(\d+) steps=\d+ entries=\[[\d, ]+\] sha=(\w+)$", out,
-                        re.MULTILINE)
+    workers = worker_reports(reports)
+    starts = {orig: entry["start"]["pid"] for orig, entry in workers.items()}
+    finals = {orig: entry["final"] for orig, entry in workers.items() if "final" in entry}
     assert proc.returncode == 0 and sorted(starts) == [0, 1, 2], out
     assert re.search(rf"rank 2 on host h3 \(pid {starts[2]}\) was declared failed by the survivors but its process "
                      r"is still there \(stopped or wedged\): ending it \(SIGKILL\)", out), out
     assert f"hvdlite-run: host h3: fencing pid {starts[2]}: killed it (SIGKILL)" in out, out
     assert "job finished on 2 ranks after 1 reset(s)" in out and out.count("starting 3 ranks") == 1, out
-    assert sorted(int(orig) for orig, _, _, _ in finals) == [0, 1], out
-    assert all(size == "2" and int(pid) == starts[int(orig)] for orig, size, pid, _ in finals), out
-    assert len({sha for _, _, _, sha in finals}) == 1, out
+    assert sorted(finals) == [0, 1], (finals, out)
+    assert all(f["size"] == 2 and f["pid"] == starts[orig] for orig, f in finals.items()), (finals, out)
+    assert len({f["sha"] for f in finals.values()}) == 1, (finals, out)
