@@ -314,9 +314,11 @@ class Engine:
         self.watchdog.last_check = now
         if stalled and not self.config.stall_check_disable:
             responses.extend(self.watchdog.handle(stalled))
+        put, members = self.cache.put, self.psets.members
         for resp in responses:
-            if resp.error is None:
-                self.cache.put(resp.name, resp.sig, self.psets.members(resp.ps_id), self.cycles)
+            if resp.error is None:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
+                plain = resp if not resp.joined and resp.last_joined < 0 else None
+                put(resp.name, resp.sig, members(resp.ps_id), self.cycles, plain)
         return responses
 
 
