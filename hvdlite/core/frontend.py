@@ -71,7 +71,8 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "Scales", 
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
            "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce", "accumulated_allreduce",
-           "check_named_replicas", "flatten_tensors", "submit_prepared", "submit_unnamed", "tensor_layout", "generation",
+           "check_named_replicas", "flatten_tensors", "submit_prepared", "submit_unnamed", "tensor_layout",
+           "generation",
            "exact_divisor"]
 
 

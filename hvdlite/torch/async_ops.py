@@ -70,8 +70,11 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
             reduce_op = resolve_op(op, average)
             inputs, dtypes, layout = host
             output = np.empty_like(inputs[0])
+            result = torch.from_numpy(output)
+            if result.dtype != tensor.dtype:  # bfloat16 (its bits travel as uint16)
+                result = from_host(output, tensor)
             return submit_unnamed(inputs, dtypes, layout, reduce_op, prescale_factor, postscale_factor, (output,),
-                                  from_host(output, tensor))
+                                  result)
     return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
                                    process_set).first()
 

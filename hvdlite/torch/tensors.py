@@ -141,8 +141,10 @@ def viewed(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
     host = prepared(tensor)
     if host is None:
         return None
-    view = _numpy_view(tensor)
-    return ((view.view(np.uint16) if tensor.dtype == torch.bfloat16 else view),), host[1], host[2]
+    holder = _Interface()  # prepared()'s view's layout (bfloat16 as uint16 already), with the tensor held
+    holder.__array_interface__ = host[0][0].base.__array_interface__
+    holder.tensor = tensor
+    return (np.asarray(holder),), host[1], host[2]
 
 
 def _staged(tensor: torch.Tensor) -> bool:
