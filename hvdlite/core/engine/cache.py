@@ -53,7 +53,7 @@ class ResponseCache:
         just agreed, kept instead of a new one (a full round may agree 1,000 new names)."""
         if self.capacity == 0 or not sig.kind.cacheable:
             return
-        key = (sig.ps_id, name)
+        key = response.key if response is not None else (sig.ps_id, name)
         bit = self.by_name.get(key, -1)
         if bit < 0:
             if self._free:

@@ -36,6 +36,7 @@ _STDLIB = tuple(dict.fromkeys(os.path.join(os.path.realpath(sysconfig.get_paths(
                               for key in ("stdlib", "platstdlib")))
 _internal_code: dict[Any, bool] = {}  # code object -> whether its frames are skipped
 _remembered: dict[tuple[int, str], Site] = {}  # (process set, name) -> the site of its last captured submission
+_sites: dict[Site, Site] = {}  # each captured site, shared
 #: name -> the (interned) signature it was last captured with: the per-op test is one lookup and an identity check
 known: dict[str, Any] = {}
 
@@ -67,16 +68,20 @@ def capture(depth: int = 2) -> Optional[Site]:
     return None
 
 
-def note(name: str, sig: Any, depth: int = 2) -> Optional[Site]:
+def note(name: str, sig: Any, depth: int = 2, key: Optional[tuple[int, str]] = None) -> Optional[Site]:
     """A name submitted for the first time or with another signature (the caller checked ``known``): capture
-    its site and keep it for later errors about the same name, whose submissions are not captured."""
+    its site and keep it for later errors about the same name (``key``: its (process set, name), if made),
+    whose submissions are not captured. Each line's site is one object, and the key the request's own: a burst
+    of new names leaves no new objects per name but the table entries (fewer for the garbage collector)."""
     site = capture(depth)
     if len(_remembered) >= _REMEMBER_LIMIT:
         _remembered.clear()
         known.clear()
+        _sites.clear()
     known[name] = sig
     if site is not None:
-        _remembered[(sig.ps_id, name)] = site
+        site = _sites.setdefault(site, site)
+        _remembered[(sig.ps_id, name) if key is None else key] = site
     return site
 
 
