@@ -262,6 +262,19 @@ def test_decide_ready_stalled_and_mismatch() -> None:
     assert [(s.name, s.ready_ranks, s.missing_ranks, s.age) for s in stalled] == [("b", [0], [1, 2], 5.0)]
 
 
+def test_rank_message_sends_each_signature_once_and_shares_it_on_receipt() -> None:
+    import pickle
+    odd = make_signature(Kind.ALLREDUCE, 0, hvd.Sum, 1.0, 1.0, 0, (("float32", (7,)),))
+    reqs = [(f"n{i}", sig() if i % 2 else odd, float(i)) for i in range(6)]
+    msg = RankMessage(reqs, join_cycle=3, sites={(0, "n1"): "train.py:5", (0, "n4"): "train.py:9"})
+    assert len(msg.sigs) == 2 and msg.sig_index == [0, 1, 0, 1, 0, 1]
+    got = pickle.loads(pickle.dumps(msg))
+    equal = Kind.ALLREDUCE, 0, hvd.Sum, 1.0, 1.0, 0, (("float32", (7,)),)
+    assert got.sigs[0] is make_signature(*equal)  # the receiver's shared one: decide compares with ``is``
+    assert got.reqs == reqs and got.join_cycle == 3 and got.shutdown is False and got.tune is None
+    assert [got.site((0, n)) for n in ("n1", "n4", "n0")] == ["train.py:5", "train.py:9", None]
+
+
 def test_decide_join_stands_in_and_reports_last_rank() -> None:
     join = make_signature(Kind.JOIN, 0, None, 1, 1, 0, ())
     msgs = [RankMessage([("g", sig(), 0)]), RankMessage([("j", join, 0)], join_cycle=4)]

@@ -36,7 +36,9 @@ module is private to the core.
   plane (bf16/fp16 over the plane's all-to-all, float32 sums, its all-gather).
 - ``submit_prepared(name, inputs, dtypes, layout, op, prescale, postscale, value)`` / ``tensor_layout(dtype,
   shape)`` / ``generation()``: the per-gradient in-place allreduce on the global set, for arrays a frontend
-  prepared and caches per tensor (valid within one ``generation()``, which changes with every init()).
+  prepared and caches per tensor (valid within one ``generation()``, which changes with every init());
+  ``submit_unnamed(inputs, dtypes, layout, op, prescale, postscale, outputs, value)``: the same for an unnamed
+  out-of-place allreduce (a generated name per call).
 - ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
   on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 """
@@ -58,7 +60,7 @@ from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, acc
                             rank_order_allreduce, register_factory)
 from .reduce_ops import SUPPORTED_DTYPES, Accumulation, ReduceOp, check_reduction, exact_divisor, resolve_op
 from .engine.requests import tensor_layout
-from .runtime import generation, is_initialized, stage_host_copies, state, submit_prepared
+from .runtime import generation, is_initialized, stage_host_copies, state, submit_prepared, submit_unnamed
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
@@ -69,8 +71,8 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "Scales", 
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
            "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce", "accumulated_allreduce",
-           "check_named_replicas", "flatten_tensors", "submit_prepared", "tensor_layout", "generation",
-           "exact_divisor", "SUPPORTED_DTYPES"]
+           "check_named_replicas", "flatten_tensors", "submit_prepared", "submit_unnamed", "tensor_layout",
+           "generation", "exact_divisor", "SUPPORTED_DTYPES"]
 
 
 def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,

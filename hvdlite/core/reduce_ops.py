@@ -23,6 +23,8 @@ class ReduceOp(enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    __hash__ = object.__hash__  # members are singletons: hashed by identity, in C (see engine/requests.py's Kind)
+
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM

@@ -289,6 +289,35 @@ def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...],
     return req
 
 
+def submit_unnamed(inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...], op: ReduceOp,
+                   prescale: float, postscale: float, outputs: tuple[Any, ...], value: Any) -> Handle:
+    """An unnamed out-of-place allreduce on the global set of arrays a frontend prepared (as for submit_prepared)
+    into ``outputs``, whose handle returns ``value``: one generated name per call (like the general path's, and
+    given back if the call fails here), the checks and signature of the last unnamed call reused while the
+    layout, op and factors stay. A burst of 1,000 unnamed ops then costs the submitting thread a third of the
+    general path's CPU (benchmarks/README.md, "Many small ops in flight")."""
+    st = _state
+    if st is None:
+        st = state()  # raises: not initialized
+    name = st.names.name("allreduce", None, 0)
+    try:
+        memo = st.prepared.get(_UNNAMED)
+        if memo is None or memo.layout is not layout or memo.op is not op or memo.prescale != prescale \
+                or memo.postscale != postscale:
+            check_reduction("allreduce", name, op, dtypes, scaled=(prescale, postscale) != (1, 1), set_size=st.size)
+            sig = make_signature(Kind.ALLREDUCE, 0, op, prescale, postscale, 0, layout)
+            memo = st.prepared[_UNNAMED] = Prepared(layout, op, prescale, postscale, sig, (0, _UNNAMED))
+        req = Request(name, memo.sig, inputs, outputs, None, value)
+        st.engine.submit(req)
+    except BaseException:
+        st.names.give_back(name, 0)  # a refused call consumes no generated name (core/names.py)
+        raise
+    return req
+
+
+_UNNAMED = ""  # submit_unnamed's entry in State.prepared (no generated name is empty)
+
+
 def stage_host_copies() -> bool:
     """Whether frontends stage CPU tensors through a host copy like device tensors (a testing switch, see
     Config.stage_host_copies); False before init()."""

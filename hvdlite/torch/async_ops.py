@@ -10,10 +10,11 @@ import hvdlite.core as core
 from hvdlite.core import basics
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
 from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set  # noqa: F401 - Sum for the others
-from hvdlite.core.frontend import Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_prepared
+from hvdlite.core.frontend import (Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_prepared,
+                                   submit_unnamed)
 
 from .tensors import (check_dtype, check_one_device, check_tensors, dtype_hint, from_host, hints, on_plane,
-                      prepared, splits_array, to_host, write_into)
+                      prepared, splits_array, to_host, viewed, write_into)
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
@@ -60,8 +61,21 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> Handle:
-    """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor."""
+    """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor. An unnamed op of
+    the global set on a tensor hvdlite reads in its own memory takes the core's submit_unnamed (its result
+    tensor made here, the engine writing into it); any other goes through the grouped path."""
     check_dtype(tensor, "allreduce_async")
+    if name is None and process_set is global_process_set:
+        host = viewed(tensor)
+        if host is not None:
+            reduce_op = resolve_op(op, average)
+            inputs, dtypes, layout = host
+            output = np.empty_like(inputs[0])
+            result = torch.from_numpy(output)
+            if result.dtype != tensor.dtype:  # bfloat16 (its bits travel as uint16)
+                result = from_host(output, tensor)
+            return submit_unnamed(inputs, dtypes, layout, reduce_op, prescale_factor, postscale_factor, (output,),
+                                  result)
     return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
                                    process_set).first()
 

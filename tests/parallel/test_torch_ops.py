@@ -168,6 +168,28 @@ def test_allreduce_async_and_grouped(staging: str) -> None:
         same(got, exp, "grouped_allreduce_async_")
 
 
+def test_unnamed_allreduce_async_of_every_dtype_and_path(staging: str) -> None:
+    """Unnamed allreduce_async: a contiguous CPU tensor takes the core's submit_unnamed, any other the grouped
+    path; both generate the same names, so ranks taking different paths agree, and a refused call uses none."""
+    for dtype in INTS + FLOATS + [torch.bool]:
+        mine = (MINE > 2) if dtype is torch.bool else MINE.to(dtype)
+        want = torch.stack([INPUTS[r] > 2 for r in range(N)]).any(0) if dtype is torch.bool else TOTAL.to(dtype)
+        kept = mine.clone()
+        got = hvd.synchronize(hvd.allreduce_async(mine, op=hvd.Sum))
+        same(got, want, f"unnamed allreduce_async {dtype}")
+        assert got.data_ptr() != mine.data_ptr() and torch.equal(mine, kept), f"{dtype}: the input changed"
+    wide = torch.stack([MINE, MINE], dim=2)
+    mixed = MINE.clone() if R == 0 else wide[:, :, 1]  # rank 0 on the short path, the others on the grouped one
+    same(hvd.synchronize(hvd.allreduce_async(mixed, op=hvd.Sum)), TOTAL, "one rank per path")
+    handle = hvd.allreduce_async(MINE * 2, postscale_factor=0.5)  # Average; the input has no other reference
+    same(hvd.synchronize(handle), TOTAL / N, "average, postscale, a temporary input", 1e-6)
+    if R == 0:  # refused on rank 0 only: its next generated name is the one the others use next
+        with pytest.raises(TypeError, match=r"allreduce 'allreduce\.noname\.\d+': hvd\.Adasum needs floating"):
+            hvd.allreduce_async(MINE.to(torch.int32), op=hvd.Adasum)
+    same(hvd.synchronize(hvd.allreduce_async(MINE, op=hvd.Max)), torch.stack(list(INPUTS.values())).max(0).values,
+         "after a refused call")
+
+
 def test_allgather(staging: str) -> None:
     parts = {r: torch.full((r + 1, 2), float(r)) for r in range(N)}
     for dtype in INTS + FLOATS + [torch.bool]:

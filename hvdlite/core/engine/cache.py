@@ -47,10 +47,13 @@ class ResponseCache:
             return bit
         return -1
 
-    def put(self, name: str, sig: Signature, members: Sequence[int], tick: int) -> None:
+    def put(self, name: str, sig: Signature, members: Sequence[int], tick: int,
+            response: Optional[Response] = None) -> None:
+        """Remember ``name`` as agreed with ``sig`` at ``tick``; ``response``: the plain ``Response(name, sig)``
+        just agreed, kept instead of a new one (a full round may agree 1,000 new names)."""
         if self.capacity == 0 or not sig.kind.cacheable:
             return
-        key = (sig.ps_id, name)
+        key = response.key if response is not None else (sig.ps_id, name)
         bit = self.by_name.get(key, -1)
         if bit < 0:
             if self._free:
@@ -63,7 +66,7 @@ class ResponseCache:
             self.by_name[key] = bit
             self.names[bit] = name
         self.sigs[bit] = sig
-        self.responses[bit] = Response(name, sig)
+        self.responses[bit] = response if response is not None else Response(name, sig)
         self.last_used[bit] = tick
         self._lru.touched(tick, bit)
         self.version += 1

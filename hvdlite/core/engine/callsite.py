@@ -36,6 +36,7 @@ _STDLIB = tuple(dict.fromkeys(os.path.join(os.path.realpath(sysconfig.get_paths(
                               for key in ("stdlib", "platstdlib")))
 _internal_code: dict[Any, bool] = {}  # code object -> whether its frames are skipped
 _remembered: dict[tuple[int, str], Site] = {}  # (process set, name) -> the site of its last captured submission
+_sites: dict[Site, Site] = {}  # each captured site, shared
 #: name -> the (interned) signature it was last captured with: the per-op test is one lookup and an identity check
 known: dict[str, Any] = {}
 
@@ -67,16 +68,20 @@ def capture(depth: int = 2) -> Optional[Site]:
     return None
 
 
-def note(name: str, sig: Any, depth: int = 2) -> Optional[Site]:
+def note(name: str, sig: Any, depth: int = 2, key: Optional[tuple[int, str]] = None) -> Optional[Site]:
     """A name submitted for the first time or with another signature (the caller checked ``known``): capture
-    its site and keep it for later errors about the same name, whose submissions are not captured."""
+    its site and keep it for later errors about the same name (``key``: its (process set, name), if made),
+    whose submissions are not captured. Each line's site is one object, and the key the request's own: a burst
+    of new names leaves no new objects per name but the table entries (fewer for the garbage collector)."""
     site = capture(depth)
     if len(_remembered) >= _REMEMBER_LIMIT:
         _remembered.clear()
         known.clear()
+        _sites.clear()
     known[name] = sig
     if site is not None:
-        _remembered[(sig.ps_id, name)] = site
+        site = _sites.setdefault(site, site)
+        _remembered[(sig.ps_id, name) if key is None else key] = site
     return site
 
 
@@ -100,23 +105,32 @@ def show(site: Optional[Site], cwd: Optional[str] = None) -> str:
     return f"{filename}:{line}"
 
 
-def sites_of(requests: Iterable[Any]) -> dict[tuple[int, str], str]:
-    """For a full negotiation round: each pending request's site, as text, keyed (process set, name). A round
-    may carry a thousand pending ops from a few lines: each line's text is made once per working directory."""
-    out = {}
+def site_table(requests: Iterable[Any]) -> tuple[list[int], list[str]]:
+    """For a full negotiation round: each pending request's site as an index into a list of distinct texts
+    (-1: unknown), and that list. A round may carry a thousand pending ops from a few lines: each line's text
+    is made once per working directory and travels once per round."""
+    indices: list[int] = []
+    texts_sent: list[str] = []
+    index_of: dict[Site, int] = {}
     cwd = os.getcwd()
     texts = _texts if _texts_cwd and _texts_cwd[0] == cwd else _start_texts(cwd)
+    remembered = _remembered
     for req in requests:
-        key = (req.sig.ps_id, req.name)
-        site = req.site if req.site is not None else _remembered.get(key)
-        if site is not None:
+        site = req.site if req.site is not None else remembered.get(req.key)
+        if site is None:
+            indices.append(-1)
+            continue
+        index = index_of.get(site)
+        if index is None:
             text = texts.get(site)
             if text is None:
                 if len(texts) >= _REMEMBER_LIMIT:
                     texts.clear()
                 text = texts[site] = show(site, cwd)
-            out[key] = text
-    return out
+            index = index_of[site] = len(texts_sent)
+            texts_sent.append(text)
+        indices.append(index)
+    return indices, texts_sent
 
 
 _texts: dict[Site, str] = {}  # site -> show(site) for the working directory in _texts_cwd
@@ -139,4 +153,4 @@ def describe(sites: dict[int, Optional[str]]) -> str:
     return f" Submitted at: {'; '.join(parts)}." if parts else ""
 
 
-__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "forget_all", "known", "note", "show", "sites_of"]
+__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "forget_all", "known", "note", "show", "site_table"]

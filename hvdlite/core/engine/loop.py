@@ -88,7 +88,7 @@ class Engine:
     def submit(self, req: Request) -> None:
         """The one way into the engine, for every request (State.submit's and submit_prepared's alike)."""
         if callsite.known.get(req.name) is not req.sig:  # a new name or signature: steady state skips the capture
-            req.site = callsite.note(req.name, req.sig)
+            req.site = callsite.note(req.name, req.sig, key=req.key)
         key, inflight = req.key, self.completion.inflight
         with self._lock:
             if self.error is not None:
@@ -314,9 +314,11 @@ class Engine:
         self.watchdog.last_check = now
         if stalled and not self.config.stall_check_disable:
             responses.extend(self.watchdog.handle(stalled))
+        put, members = self.cache.put, self.psets.members_table()
         for resp in responses:
-            if resp.error is None:
-                self.cache.put(resp.name, resp.sig, self.psets.members(resp.ps_id), self.cycles)
+            if resp.error is None:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
+                plain = resp if not resp.joined and resp.last_joined < 0 else None
+                put(resp.name, resp.sig, members.get(resp.ps_id, []), self.cycles, plain)
         return responses
 
 

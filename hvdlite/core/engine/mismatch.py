@@ -82,25 +82,24 @@ def _ranks(ranks: Iterable[int]) -> str:
 # -- stall text (engine/negotiation.py's Stalled reads it only when a warning or verdict needs it) --------------
 def submitted_at(messages: Sequence["RankMessage"], key: tuple[int, str], ranks: Iterable[int]) -> str:
     """Where each of ``ranks`` submitted ``key`` in the user's code (from their messages)."""
-    return callsite.describe({r: (messages[r].sites or {}).get(key) for r in ranks})
+    return callsite.describe({r: messages[r].site(key) for r in ranks})
 
 
 def waiting_instead(messages: Sequence["RankMessage"], missing: list[int], most: int = 3) -> str:
     """What each missing rank had pending instead of a stalled name, with its lines."""
     parts = []
     for rank in missing:
-        sites = messages[rank].sites or {}
-        pending = [f"{name!r} at {sites.get((sig.ps_id, name), 'an unknown line')}"
-                   for name, sig, _ in messages[rank].reqs[:most]]
-        more = len(messages[rank].reqs) - most
+        msg = messages[rank]
+        pending = [f"{name!r} at {msg.site((sig.ps_id, name)) or 'an unknown line'}"
+                   for name, sig, _ in msg.reqs[:most]]
+        more = len(msg.names) - most
         listed = ", ".join(pending) + (f" and {more} more" if more > 0 else "")
         parts.append(f" Rank {rank} was waiting on {listed} instead." if pending
                      else f" Rank {rank} had submitted nothing.")
     return "".join(parts)
 
 
-def used_elsewhere(table: dict[tuple[int, str], dict[int, tuple[Signature, float]]], ps_id: int, name: str,
-               missing: list[int]) -> str:
+def used_elsewhere(table: dict[tuple[int, str], dict[int, int]], ps_id: int, name: str, missing: list[int]) -> str:
     """For a stalled name: which missing ranks have the same name pending under another process set (a
     disagreement on the set, shown in the stall report rather than refused: order differs legally)."""
     notes = []

@@ -7,16 +7,15 @@ that no rank is missing is ready everywhere. The text of mismatches and stalls i
 """
 from __future__ import annotations
 
-import dataclasses
 import pickle
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Collection, Optional, Sequence
 
 import numpy as np
 
 from . import callsite, polling
 from .mpi import counts_displacements
 from .mismatch import describe_mismatch, invalid_argument, submitted_at, used_elsewhere, waiting_instead
-from .requests import Kind, Response, Signature
+from .requests import Kind, Response, Signature, shared
 
 FLAG_FULL = 1        # some rank needs the full path this cycle
 FLAG_SHUTDOWN = 2    # some rank is shutting down
@@ -28,15 +27,71 @@ __all__ = ["FLAG_BUSY", "FLAG_EXCHANGE", "FLAG_FULL", "FLAG_SHUTDOWN", "JOIN_TOL
            "RankMessage", "Stalled", "allgather_messages", "decide", "pending_message"]
 
 
-@dataclasses.dataclass
 class RankMessage:
-    """What one rank sends on the full path."""
+    """What one rank sends on the full path: its pending requests as parallel lists (names; for each an index
+    into the message's distinct signatures, its age in seconds, an index into its distinct call-site texts or
+    -1), then the round's own fields. A round of 1,000 new names from one line with one signature thus pickles
+    1,000 strings, a few numbers each and one signature, not 1,000 tuples and signatures (see ``decide``)."""
 
-    reqs: list[tuple[str, Signature, float]]  # (name, signature, age in seconds)
-    shutdown: bool = False
-    join_cycle: int = -1  # cycle at which this rank joined, -1 if it has not
-    tune: Optional[dict[Any, Any]] = None  # rank 0 only: autotune settings every rank adopts after this round
-    sites: Optional[dict[Any, str]] = None  # (process set, name) -> "file:line" of the user's code that submitted it
+    __slots__ = ("names", "sig_index", "sigs", "ages", "site_index", "site_texts", "shutdown", "join_cycle", "tune",
+                 "_by_key")
+
+    def __init__(self, reqs: Sequence[tuple[str, Signature, float]] = (), shutdown: bool = False,
+                 join_cycle: int = -1, tune: Optional[dict[Any, Any]] = None,
+                 sites: Optional[dict[tuple[int, str], str]] = None) -> None:
+        """From (name, signature, age) triples and a (process set, name) -> "file:line" table (tests, tools);
+        the engine builds its messages with ``pending_message``."""
+        sigs: list[Signature] = []
+        index_of: dict[int, int] = {}
+        self.names = [name for name, _, _ in reqs]
+        self.sig_index = [_index(index_of, sigs, sig) for _, sig, _ in reqs]
+        self.sigs = sigs
+        self.ages = [age for _, _, age in reqs]
+        texts = list(dict.fromkeys((sites or {}).values()))
+        text_index = {text: i for i, text in enumerate(texts)}
+        self.site_index = [text_index.get((sites or {}).get((sig.ps_id, name), ""), -1) for name, sig, _ in reqs]
+        self.site_texts = texts
+        self.shutdown = shutdown
+        self.join_cycle = join_cycle  # cycle at which this rank joined, -1 if it has not
+        self.tune = tune  # rank 0 only: autotune settings every rank adopts after this round
+        self._by_key: Optional[dict[tuple[int, str], int]] = None  # made on the receiving side when an error reads it
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self.names, self.sig_index, self.sigs, self.ages, self.site_index, self.site_texts, self.shutdown,
+                self.join_cycle, self.tune)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        (self.names, self.sig_index, sigs, self.ages, self.site_index, self.site_texts, self.shutdown,
+         self.join_cycle, self.tune) = state
+        self.sigs = [shared(sig) for sig in sigs]  # equal signatures of every rank are one object: ``is`` agrees
+        self._by_key = None
+
+    def signatures(self) -> list[Signature]:
+        """Each request's signature, in order."""
+        sigs = self.sigs
+        return [sigs[i] for i in self.sig_index]
+
+    @property
+    def reqs(self) -> list[tuple[str, Signature, float]]:
+        """(name, signature, age) of each request, in order (error text)."""
+        return list(zip(self.names, self.signatures(), self.ages))
+
+    def site(self, key: tuple[int, str]) -> Optional[str]:
+        """The "file:line" where this rank submitted ``key`` (process set, name), if known (error text)."""
+        if self._by_key is None:
+            self._by_key = {(sig.ps_id, name): i for i, (name, sig) in enumerate(zip(self.names, self.signatures()))}
+        index = self._by_key.get(key, -1)
+        text_index = self.site_index[index] if index >= 0 else -1
+        return self.site_texts[text_index] if text_index >= 0 else None
+
+
+def _index(index_of: dict[int, int], sigs: list[Signature], sig: Signature) -> int:
+    """``sig``'s position in ``sigs``, appended when new (by identity: equal local signatures are mostly shared)."""
+    index = index_of.get(id(sig))
+    if index is None:
+        index = index_of[id(sig)] = len(sigs)
+        sigs.append(sig)
+    return index
 
 
 class Stalled:
@@ -73,11 +128,24 @@ class Stalled:
         return self._where
 
 
-def pending_message(pending: Iterable[Any], now: float, **fields: Any) -> RankMessage:
-    """This rank's message of a full round: its pending (name, signature, age), their call sites, ``fields``."""
-    pending = list(pending)
-    return RankMessage([(r.name, r.sig, now - r.submitted) for r in pending], sites=callsite.sites_of(pending),
-                       **fields)
+def pending_message(pending: Collection[Any], now: float, **fields: Any) -> RankMessage:
+    """This rank's message of a full round: its pending requests (names, signatures, ages, call sites), ``fields``."""
+    msg = RankMessage(**fields)
+    sigs: list[Signature] = []
+    index_of: dict[int, int] = {}  # id(signature) -> its index (one loop, no call per request: 1,000 per round)
+    sig_index = []
+    for req in pending:
+        index = index_of.get(id(req.sig))
+        if index is None:
+            index = index_of[id(req.sig)] = len(sigs)
+            sigs.append(req.sig)
+        sig_index.append(index)
+    msg.names = [req.name for req in pending]
+    msg.sig_index = sig_index
+    msg.sigs = sigs
+    msg.ages = [now - req.submitted for req in pending]
+    msg.site_index, msg.site_texts = callsite.site_table(pending)
+    return msg
 
 
 def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any]] = None) -> list[RankMessage]:
@@ -109,23 +177,48 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
     while ranks have joined) and so reaches the same answer.
     """
     joined = {r for r, m in enumerate(messages) if m.join_cycle >= 0}
-    # One table per process set: the same name may be in use in several sets at once.
-    table: dict[tuple[int, str], dict[int, tuple[Signature, float]]] = {}
+    # One table per process set: the same name may be in use in several sets at once. Each entry maps the ranks
+    # that submitted the name, in rank order, to the request's position in their message.
+    sigs_of = [msg.signatures() for msg in messages]
+    table: dict[tuple[int, str], dict[int, int]] = {}
     for rank, msg in enumerate(messages):
-        for name, sig, age in msg.reqs:
-            table.setdefault((sig.ps_id, name), {})[rank] = (sig, age)
+        for index, (name, sig) in enumerate(zip(msg.names, sigs_of[rank])):
+            key = (sig.ps_id, name)
+            entries = table.get(key)
+            if entries is None:
+                table[key] = {rank: index}
+            else:
+                entries[rank] = index
 
     responses: list[Response] = []
     stalled: list[Stalled] = []
     join_name: Optional[str] = None
     for key, entries in table.items():
         ps_id, name = key
-        first_sig = entries[min(entries)][0]
+        first_rank = next(iter(entries))  # the lowest: ranks were entered in order
+        first_sig = sigs_of[first_rank][entries[first_rank]]
         kind = first_sig.kind
         if kind is Kind.JOIN:
             join_name = name
             continue
         members = members_of.get(ps_id)
+        # The usual case, decided without building sets: every member submitted the name with one signature
+        # (received signatures are shared, so equal ones are identical) of a kind with no argument to check.
+        # Loops, not all() over generators: a round may hold 1,000 names, and a generator costs a frame each.
+        if members is not None and len(entries) == len(members) and kind is not Kind.BROADCAST:
+            usual = True
+            for rank, index in entries.items():
+                if sigs_of[rank][index] is not first_sig:
+                    usual = False
+                    break
+            if usual and ps_id != 0:  # the global set's members are every rank: as many entries are all of them
+                for rank in members:
+                    if rank not in entries:
+                        usual = False
+                        break
+            if usual:
+                responses.append(Response(name, first_sig))
+                continue
         if members is None:
             responses.append(Response(name, first_sig, error=f"process set {ps_id} is not registered on "
                                       f"every rank", error_kind="process_set"))
@@ -134,10 +227,10 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         stand_ins = frozenset(joined - present) if ps_id == 0 else frozenset()
         if not set(members) <= present | stand_ins:
             missing = sorted(set(members) - present - stand_ins)
-            stalled.append(Stalled(name, kind, sorted(present), missing,
-                                   max(age for _, age in entries.values()), first_sig, context=(table, messages)))
+            age = max(messages[rank].ages[index] for rank, index in entries.items())
+            stalled.append(Stalled(name, kind, sorted(present), missing, age, first_sig, context=(table, messages)))
             continue
-        sigs = {rank: sig for rank, (sig, _) in entries.items()}
+        sigs = {rank: sigs_of[rank][index] for rank, index in entries.items()}
         error = invalid_argument(name, sigs, members)
         if error is not None:
             responses.append(Response(name, first_sig, error=error + submitted_at(messages, key, present),
@@ -159,6 +252,8 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
 
     if join_name is not None and len(joined) == world_size:
         last = max(joined, key=lambda r: (messages[r].join_cycle, r))
-        sig = table[(0, join_name)][min(table[(0, join_name)])][0]
+        entries = table[(0, join_name)]
+        first_rank = next(iter(entries))
+        sig = sigs_of[first_rank][entries[first_rank]]
         responses.append(Response(join_name, sig, last_joined=last))
     return responses, stalled

@@ -45,6 +45,11 @@ class Kind(enum.Enum):
     def __reduce__(self) -> Any:  # pickle by name: the tuple values are not unique identifiers to pickle
         return (Kind.__getitem__, (self.name,))
 
+    # Members are singletons compared by identity, so they hash by identity, in C: Enum's own __hash__ is Python
+    # code (hash of the name), run for every signature and fusion key hashed, several times per op in a round of
+    # new names (a cProfile of the engine thread over cold bursts: 36,000 calls, ~3% of its time).
+    __hash__ = object.__hash__
+
 
 class Signature(NamedTuple):
     """Everything the ranks must agree on for one name (compared field by field on a mismatch)."""
@@ -73,7 +78,12 @@ def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: flo
                    root: int, tensors: tuple[Any, ...], extra: Any = None, plane: str = "") -> Signature:
     """The signature, shared with every equal one made before (a training step makes the same ones
     again and again: sharing them keeps the per-op objects few)."""
-    sig = Signature(kind, ps_id, op, float(prescale), float(postscale), int(root), tensors, extra, plane)
+    return shared(Signature(kind, ps_id, op, float(prescale), float(postscale), int(root), tensors, extra, plane))
+
+
+def shared(sig: Signature) -> Signature:
+    """The one signature object equal to ``sig`` (``sig`` itself when it is the first, or its extra argument
+    is unhashable). Signatures received in a negotiation round are shared too, so equal ones are identical."""
     if len(_SIGNATURES) >= _INTERN_LIMIT:
         _SIGNATURES.clear()
     try:
@@ -93,9 +103,31 @@ def tensor_layout(dtype: str, shape: tuple[Any, ...]) -> tuple[Any, ...]:
     return layout
 
 
+def batch_keys(sig: Signature) -> tuple[Any, ...]:
+    """Fusion: tensors with equal keys may share a batch (reductions also need the same dtype); one per tensor.
+    Made once per signature (a round may agree 1,000 new names with one signature)."""
+    try:
+        return _BATCH_KEYS[sig]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable extra argument: made each time
+        return _batch_keys(sig)
+    if len(_BATCH_KEYS) >= _INTERN_LIMIT:
+        _BATCH_KEYS.clear()
+    keys = _BATCH_KEYS[sig] = _batch_keys(sig)
+    return keys
+
+
+def _batch_keys(sig: Signature) -> tuple[Any, ...]:
+    by_dtype = sig.kind is Kind.ALLREDUCE or sig.kind is Kind.REDUCESCATTER
+    common = (sig.kind, sig.ps_id, sig.op, sig.prescale, sig.postscale, sig.root, sig.plane, sig.extra)
+    return tuple((common, dtype if by_dtype else None) for dtype, _ in sig.tensors)
+
+
 _INTERN_LIMIT = 1 << 16  # distinct signatures remembered; past it the tables start again
 _SIGNATURES: dict[Signature, Signature] = {}
 _LAYOUTS: dict[Any, Any] = {}
+_BATCH_KEYS: dict[Signature, tuple[Any, ...]] = {}
 
 
 class _SignatureFields:
@@ -166,10 +198,7 @@ class Response(_SignatureFields):
         self.joined = joined
         self.last_joined = last_joined
         self.key = (sig.ps_id, name)  # the engine's pending-table key: (process set, name)
-        # fusion: tensors with equal keys may share a batch (reductions also need the same dtype)
-        by_dtype = sig.kind is Kind.ALLREDUCE or sig.kind is Kind.REDUCESCATTER
-        common = (sig.kind, sig.ps_id, sig.op, sig.prescale, sig.postscale, sig.root, sig.plane, sig.extra)
-        self.batch_keys = tuple((common, dtype if by_dtype else None) for dtype, _ in sig.tensors)
+        self.batch_keys = batch_keys(sig)
 
     def __repr__(self) -> str:
         return f"Response({self.name!r}, {self.sig!r}, error={self.error!r})"
