@@ -85,8 +85,7 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      process_set: ProcessSet = global_process_set, *,
                      accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    check_dtype(tensor, "allreduce_async_")
-    reduce_op = resolve_op(op, average)
+    reduce_op = resolve_op(op, average)  # (the argument's check is _allreduce_in_place's, off its fast path)
     return _allreduce_in_place(tensor, name, reduce_op, prescale_factor, postscale_factor, process_set, accumulation)
 
 
@@ -101,6 +100,9 @@ def _allreduce_in_place(tensor: torch.Tensor, name: Optional[str], op: ReduceOp,
         host = prepared(tensor)
         if host is not None:
             return submit_prepared("allreduce." + name, *host, op, prescale, postscale, tensor)
+    # Checked here, not on entry: a tensor prepared() knows was checked when it was first seen, and the check
+    # costs 0.58 us, 3% of a warm 1,000-op burst's 17.8 ms (small_ops.py, quiet machine, session 10).
+    check_dtype(tensor, "allreduce_async_")
     host, shared = to_host(tensor, _what("allreduce_", op))
     handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), op, prescale, postscale,
                                           process_set, inplace=True, dtype_hints=(dtype_hint(tensor),),
