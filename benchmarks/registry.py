@@ -46,6 +46,9 @@ class Bench:
     takes_out: bool = True
     #: a "python" script that takes ``--np`` (the others size their jobs with their own flags)
     takes_np: bool = True
+    #: it runs jobs under Open MPI 5 (ULFM): the runner's ``--ompi-python PY`` (a Python whose mpi4py loads pip's
+    #: Open MPI 5) is handed on to it; without one it is skipped with a message
+    ompi: bool = False
 
     @property
     def script(self) -> Path:
@@ -119,7 +122,7 @@ BENCHMARKS: tuple[Bench, ...] = (
           "python", "~20 min (session 8, loaded machine)", None,
           no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
                    "fixture makes one) and kills ranks: every path it times runs in tests/test_elastic_inprocess.py",
-          takes_out=False, takes_np=False),
+          takes_out=False, takes_np=False, ompi=True),
     Bench("elastic_growth", "time from discovery adding a host to the first step that uses it: the restart path "
           "(what hvdlite does, also in in-process mode) against Open MPI 5's Comm.Spawn + Merge, and whether a "
           "Spawn-grown ULFM job still recovers from the loss of one of its first ranks",
@@ -127,13 +130,13 @@ BENCHMARKS: tuple[Bench, ...] = (
           no_smoke="needs a venv whose mpi4py loads pip's Open MPI 5 (--ompi-python; the tests' ompi_python "
                    "fixture makes one), restarts a torch job and waits out each hung Spawn job (90 s): "
                    "the restart path it times runs in tests/test_elastic_hosts.py",
-          takes_out=False, takes_np=False),
+          takes_out=False, takes_np=False, ompi=True),
     Bench("ulfm_cost", "steady-state cost of Open MPI 5's fault tolerance (in-process elastic mode's flags: ULFM, "
           "TCP, the failure detector) against plain mpiexec (shared memory) and TCP alone: step-time ratios in one "
           "run", "python", "~8 min at --rounds 3 (loaded machine, 2026-11-26)",
           # (the smoke at one rank, after the runner's --np: each launch imports torch, ~25 s on the loaded machine)
           ("--rounds", "1", "--epochs", "1", "--samples", "24", "--width", "16", "--variants", "shm,ulfm", "--np",
-           "1"), takes_out=True),
+           "1"), takes_out=True, ompi=True),
     Bench("keras_reduce", "where Keras' gradient reduction time goes (ResNet-50's 214 gradients), method by "
           "method", "mpi", "~1 min (README, with --fit)", None,
           no_smoke="measured (session 7): 53 s at -n 2 for one round, 18 s with one method, 9-10 s of it "

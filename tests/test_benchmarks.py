@@ -44,10 +44,11 @@ def entry_point(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
     return proc
 
 
-def smoke(name: str, tmp_path: Path, *extra: str) -> Records:
-    """``python -m benchmarks --only NAME --smoke [-- EXTRA]``: its results file, parsed; what the script printed
-    is the same (a script with --out writes there what it prints; the others' output is kept by the runner)."""
-    proc = entry_point("--only", name, "--smoke", "--no-plot", "--results", str(tmp_path),
+def smoke(name: str, tmp_path: Path, *extra: str, runner: tuple[str, ...] = ()) -> Records:
+    """``python -m benchmarks --only NAME --smoke [RUNNER] [-- EXTRA]``: its results file, parsed; what the script
+    printed is the same (a script with --out writes there what it prints; the others' output is kept by the
+    runner)."""
+    proc = entry_point("--only", name, "--smoke", "--no-plot", "--results", str(tmp_path), *runner,
                        *(("--", *extra) if extra else ()))
     text = (tmp_path / f"{name}.json").read_text()
     if BY_NAME[name].output == "json":
@@ -87,7 +88,7 @@ def test_smoke(name: str, tmp_path: Path) -> None:
 def test_smoke_under_openmpi(name: str, ompi_python: str, tmp_path: Path) -> None:
     """The smoked benchmarks that run jobs under Open MPI 5, given the ompi_python fixture's venv."""
     assert BY_NAME[name].smoke is not None and name in CHECKS, name
-    CHECKS[name](smoke(name, tmp_path, "--ompi-python", ompi_python), tmp_path)
+    CHECKS[name](smoke(name, tmp_path, runner=("--ompi-python", ompi_python)), tmp_path)
 
 
 def test_every_script_is_in_the_registry_and_smoked_or_says_why() -> None:
@@ -116,8 +117,18 @@ def test_the_entry_point_plans_every_suite_with_and_without_a_horovod_venv(tmp_p
     alone = entry_point("all", "--dry-run", "--results", str(tmp_path / "r")).stderr
     assert "no Horovod venv given: skipping Horovod" in alone
     assert "synthetic_vs_horovod skipped: it compares with Horovod" in alone
+    under_openmpi = {b.name for b in BENCHMARKS if b.ompi}
+    assert under_openmpi == {"elastic_recovery", "elastic_growth", "ulfm_cost"}
+    for name in under_openmpi:  # they need Open MPI 5's Python: skipped, saying so, without one
+        assert f"{name} skipped: it runs jobs under Open MPI 5 (pass --ompi-python PY" in alone, alone
     planned = [line for line in alone.splitlines() if line.startswith("benchmarks: ") and ": /" in line]
-    assert {line.split(":")[1].strip() for line in planned} == set(BY_NAME) - {"synthetic_vs_horovod"}
+    assert {line.split(":")[1].strip() for line in planned} == set(BY_NAME) - {"synthetic_vs_horovod"} - under_openmpi
+    ompi = entry_point("all", "--dry-run", "--ompi-python", "/opt/ompi/bin/python", "--results", str(tmp_path)).stderr
+    ompi_lines = {line.split(":")[1].strip(): line for line in ompi.splitlines()
+                  if line.startswith("benchmarks: ") and ": /" in line}
+    assert set(ompi_lines) == set(BY_NAME) - {"synthetic_vs_horovod"}, ompi
+    assert all(("--ompi-python /opt/ompi/bin/python" in line) == (name in under_openmpi)
+               for name, line in ompi_lines.items()), ompi
     assert "--hvd-module" not in alone and str(venv) not in alone
     peer = entry_point("--dry-run", "--horovod-venv", str(venv), "--results", str(tmp_path / "r")).stderr
     lines = {line.split(":")[1].strip() + (":keras" if "--frameworks keras" in line else ""): line
