@@ -278,12 +278,7 @@ def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...],
     memo = st.prepared.get(name)
     if memo is None or memo.layout is not layout or memo.op is not op or memo.prescale != prescale \
             or memo.postscale != postscale:
-        check_reduction("allreduce", name, op, dtypes, scaled=(prescale, postscale) != (1, 1), set_size=st.size)
-        sig = make_signature(Kind.ALLREDUCE, 0, op, prescale, postscale, 0, layout)
-        memo = Prepared(layout, op, prescale, postscale, sig, (0, name))
-        if len(st.prepared) >= _PREPARED_LIMIT:
-            st.prepared.clear()
-        st.prepared[name] = memo
+        memo = _prepare(st, name, name, dtypes, layout, op, prescale, postscale)
     req = Request(name, memo.sig, inputs, inputs, memo.key, value)  # in place: its inputs are its outputs
     st.engine.submit(req)
     return req
@@ -304,10 +299,8 @@ def submit_unnamed(inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tup
         memo = st.prepared.get(_UNNAMED)
         if memo is None or memo.layout is not layout or memo.op is not op or memo.prescale != prescale \
                 or memo.postscale != postscale:
-            check_reduction("allreduce", name, op, dtypes, scaled=(prescale, postscale) != (1, 1), set_size=st.size)
-            sig = make_signature(Kind.ALLREDUCE, 0, op, prescale, postscale, 0, layout)
-            memo = st.prepared[_UNNAMED] = Prepared(layout, op, prescale, postscale, sig, (0, _UNNAMED))
-        req = Request(name, memo.sig, inputs, outputs, None, value)
+            memo = _prepare(st, _UNNAMED, name, dtypes, layout, op, prescale, postscale)
+        req = Request(name, memo.sig, inputs, outputs, None, value)  # (each call's own name: no cache key)
         st.engine.submit(req)
     except BaseException:
         st.names.give_back(name, 0)  # a refused call consumes no generated name (core/names.py)
@@ -316,6 +309,18 @@ def submit_unnamed(inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tup
 
 
 _UNNAMED = ""  # submit_unnamed's entry in State.prepared (no generated name is empty)
+
+
+def _prepare(st: State, key: str, name: str, dtypes: tuple[str, ...], layout: tuple[Any, ...], op: ReduceOp,
+             prescale: float, postscale: float) -> Prepared:
+    """What submit_prepared and submit_unnamed keep under ``key`` in ``st.prepared``: the reduction's checks
+    (errors name ``name``), done once, and its signature."""
+    check_reduction("allreduce", name, op, dtypes, scaled=(prescale, postscale) != (1, 1), set_size=st.size)
+    sig = make_signature(Kind.ALLREDUCE, 0, op, prescale, postscale, 0, layout)
+    if len(st.prepared) >= _PREPARED_LIMIT:
+        st.prepared.clear()
+    memo = st.prepared[key] = Prepared(layout, op, prescale, postscale, sig, (0, key))
+    return memo
 
 
 def stage_host_copies() -> bool:
