@@ -79,4 +79,5 @@ def fence_command(python: str, pid: int, started: int) -> list[str]:
 if __name__ == "__main__":
     _pid, _started = int(sys.argv[1]), int(sys.argv[2])
     _done = "killed it (SIGKILL)" if kill_if_same(_pid, _started) else "it was gone already"
-    print(f"hvdlite-run: host {socket.gethostname()}: fencing pid {_pid}: {_done}", file=sys.stderr, flush=True)
+    logging.basicConfig(stream=sys.stderr, format=f"hvdlite-run: host {socket.gethostname()}: %(message)s")
+    logger.warning("fencing pid %d: %s", _pid, _done)
