@@ -17,6 +17,8 @@ from hvdlite.core.launch import remover_command
 from hvdlite.run.args import is_elastic, parse_args
 from hvdlite.run.elastic.cleanup import CommitRemover
 from hvdlite.run.elastic.discovery import Blacklist, DiscoveryError, parse_discovered
+from hvdlite.run.elastic.driver import ElasticDriver
+from hvdlite.run.elastic.server import DriverServer
 from hvdlite.run.hosts import Host
 
 
@@ -213,3 +215,34 @@ def test_in_process_resets_count_recoveries_and_silent_ranks_are_fenced_once() -
     fencing = Losses(4)
     assert fencing.to_fence([reporter, silent, gone]) == [(silent, 777)]
     assert fencing.to_fence([reporter, silent, gone]) == []  # once
+
+
+def test_a_discovered_listing_below_min_np_leaves_the_running_ranks_alone(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A discovery script read while its listing is rewritten (empty), or a host between two jobs, must not
+    stop ranks that cannot restart at that size anyway; a listing with --min-np slots again is a change."""
+    listing = tmp_path / "hosts.txt"
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+    args = parse_args(["-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
+                       "python", "t.py"])
+    driver = ElasticDriver(args, {"PATH": "/usr/bin:/bin"}, plan_launch=None)
+    server = DriverServer(lambda text: None, "secret")
+    driver_log = logging.getLogger("hvdlite.run.elastic")
+    driver_log.addHandler(caplog.handler)
+    started_on = [Host("h1", 1), Host("h2", 1), Host("h3", 1)]
+    try:
+        for text, changed in [("", False), ("", False), ("h1:1\n", False), ("h1:1\n", False),
+                              ("h1:1\nh2:1\n", True)]:
+            listing.write_text(text)
+            assert driver._hosts_changed(server, started_on) is changed, text
+    finally:
+        driver_log.removeHandler(caplog.handler)
+        server.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["discovery lists no host: fewer than --min-np 2 slots; the running ranks go on as they are",
+                      "discovery lists h1:1: fewer than --min-np 2 slots; the running ranks go on as they are"]
+    assert server.generation == 1
+    assert any("hosts changed (added: none; removed: h3; now h1:1,h2:1): generation 1" in r.getMessage()
+               for r in caplog.records)

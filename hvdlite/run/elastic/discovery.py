@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import subprocess
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
-from ..hosts import Host, HostSpecError, _merge, parse_hostfile, parse_hosts, slurm_allocation
+from ..hosts import Host, HostSpecError, _merge, parse_hostfile, parse_hosts, slurm_allocation, total_slots
 
 
 class DiscoveryError(RuntimeError):
@@ -93,6 +94,29 @@ class Blacklist:
             out = [Host(h.name, h.slots - active.count(h.name)) for h in hosts]
             return [h for h in out if h.slots > 0]
         return [h for h in hosts if h.name not in active]
+
+
+def wait_for_slots(usable: Callable[[], list[Host]], min_np: int, timeout_s: float, interval_s: float,
+                   stopped: Callable[[], bool], log: logging.Logger) -> Optional[list[Host]]:
+    """``usable()`` once it has at least ``min_np`` slots, asking every ``interval_s`` for up to ``timeout_s``
+    (--elastic-timeout); None past that, or as soon as ``stopped()``."""
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while True:
+        try:
+            hosts = usable()
+        except DiscoveryError as exc:
+            log.warning("%s", exc)
+            hosts = []
+        if total_slots(hosts) >= min_np:
+            return hosts
+        if not said:
+            log.info("waiting up to %.0f s for %d slots (--min-np); usable now: %s", timeout_s, min_np,
+                     ",".join(map(str, hosts)) or "none")
+            said = True
+        if time.monotonic() > deadline or stopped():
+            return None
+        time.sleep(interval_s)
 
 
 def assign(hosts: Sequence[Host], num_proc: int) -> list[Host]:

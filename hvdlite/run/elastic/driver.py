@@ -22,7 +22,7 @@ from ..launchers import SRUN, Launcher, LaunchError
 from ..process import kill_group, stop_with
 from .cleanup import CommitRemover
 from . import inprocess
-from .discovery import Blacklist, DiscoveryError, HostSource, assign
+from .discovery import Blacklist, DiscoveryError, HostSource, assign, wait_for_slots
 from .server import DriverServer, bind_address, is_local, new_secret
 
 #: Seconds between discovery runs while a job trains (horovodrun polls about once a second).
@@ -67,6 +67,7 @@ class ElasticDriver:
         self.in_process: Optional[bool] = None  # the mode (--elastic-mode), decided with the first launcher
         self.finished_on = 0  # in-process mode: the ranks left when the job finished
         self.added: Optional[inprocess.Added] = None  # hosts discovery added, until the job that uses them starts
+        self.short_listing: Optional[list[Host]] = None  # the last discovery result too small to resize to
 
     # -- hosts --------------------------------------------------------------------------------------------
     def usable_hosts(self) -> list[Host]:
@@ -74,23 +75,8 @@ class ElasticDriver:
 
     def wait_for_hosts(self) -> Optional[list[Host]]:
         """Usable hosts with at least --min-np slots, waiting up to --elastic-timeout for them."""
-        deadline = time.monotonic() + self.args.elastic_timeout
-        said = False
-        while True:
-            try:
-                hosts = self.usable_hosts()
-            except DiscoveryError as exc:
-                logger.warning("%s", exc)
-                hosts = []
-            if total_slots(hosts) >= self.min_np:
-                return hosts
-            if not said:
-                logger.info("waiting up to %.0f s for %d slots (--min-np); usable now: %s",
-                            self.args.elastic_timeout, self.min_np, ",".join(map(str, hosts)) or "none")
-                said = True
-            if time.monotonic() > deadline or self.stop_signal:
-                return None
-            time.sleep(DISCOVERY_INTERVAL_S)
+        return wait_for_slots(self.usable_hosts, self.min_np, self.args.elastic_timeout, DISCOVERY_INTERVAL_S,
+                              lambda: bool(self.stop_signal), logger)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -160,8 +146,7 @@ class ElasticDriver:
             args.mpi_args = f"{args.mpi_args} --nodelist={names} -N {len(placed)}".strip()
         else:
             args.hosts, args.hostfile = ",".join(map(str, placed)), None
-        launcher, plan, warnings = self.plan_launch(args, self.env)
-        return launcher, plan, warnings
+        return self.plan_launch(args, self.env)  # type: ignore[no-any-return]
 
     def _server_for(self, placed: list[Host]) -> DriverServer:
         """The endpoint, listening on the interface this attempt's hosts reach us on (made again, keeping
@@ -363,6 +348,12 @@ class ElasticDriver:
             return False
         if sorted(map(str, now)) == sorted(map(str, started_on)):
             return False
+        if total_slots(now) < self.min_np:  # no resize could start: the ranks train on until one could
+            if now != self.short_listing:  # (a listing caught half-written, a host between two jobs)
+                logger.warning("discovery lists %s: fewer than --min-np %d slots; the running ranks go on as "
+                               "they are", ",".join(map(str, now)) or "no host", self.min_np)
+            self.short_listing = now
+            return False
         added = sorted({h.name for h in now} - {h.name for h in started_on})
         removed = sorted({h.name for h in started_on} - {h.name for h in now})
         generation = server.bump_generation()
@@ -374,10 +365,7 @@ class ElasticDriver:
         return True
 
     def _stop(self, proc: subprocess.Popen[bytes], srun: bool) -> None:
-        try:
-            proc.send_signal(signal.SIGTERM if srun else signal.SIGINT)
-        except ProcessLookupError:
-            return
+        proc.send_signal(signal.SIGTERM if srun else signal.SIGINT)  # (nothing if it has exited)
         try:
             proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
