@@ -10,9 +10,12 @@ Run:   python benchmarks/ulfm_cost.py --ompi-python VENV/bin/python [--rounds 5]
 The training is tests/workers/elastic_inprocess.py (hvd.elastic.run, TorchState, ElasticSampler,
 DistributedOptimizer, a commit every 4 steps) with an MLP 16-W-W-4 (--width, default 1024: 1.1 M parameters),
 batch 8 per rank, torch CPU, no rank lost; a run's figure is its seconds per step after the first step (rank 0's
-clock). The in-process mode needs TCP (over shared memory a dead peer is never detected), so ``ulfm / shm`` is
-what the mode costs against a plain job on one host, ``tcp / shm`` the transport's part and ``ulfm / tcp`` ULFM's
-own (the detector's heartbeats, the fault-tolerant collectives' checks); across hosts TCP is used anyway.
+clock). The in-process mode uses TCP (a dead peer's closed sockets tell the survivors at once), so ``ulfm / shm``
+is what the mode costs against a plain job on one host, ``tcp / shm`` the transport's part and ``ulfm / tcp``
+ULFM's own (the detector's heartbeats, the fault-tolerant collectives' checks); across hosts TCP is used anyway.
+``ulfm_sm`` is the mode with the user's ``--mpi-args="--mca btl sm,tcp,self"``: shared memory on one host, a death
+then seen only when the detector's heartbeats time out (docs/elastic.md, "Which transport"); ``ulfm_sm / shm``
+is its cost.
 
 Prints JSON lines: one per run (``kind``: run) and a summary (``kind``: summary) with each variant's median
 seconds per step and the medians over the rounds of the ratios within a round.
@@ -33,13 +36,14 @@ from typing import Any, Optional, TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-from hvdlite.run.elastic.inprocess import ULFM_MPI_ARGS  # noqa: E402
+from hvdlite.run.elastic.inprocess import ULFM_MPI_ARGS, ulfm_mpi_args  # noqa: E402
 
 WORKER = str(_common.ROOT / "tests" / "workers" / "elastic_inprocess.py")
 #: the variants, by name: Open MPI's mpiexec flags (besides ROOT_FLAGS)
-VARIANTS: dict[str, list[str]] = {"shm": [], "tcp": ["--mca", "btl", "tcp,self"], "ulfm": ULFM_MPI_ARGS}
+VARIANTS: dict[str, list[str]] = {"shm": [], "tcp": ["--mca", "btl", "tcp,self"], "ulfm": ULFM_MPI_ARGS,
+                                  "ulfm_sm": ulfm_mpi_args(["--mca", "btl", "sm,tcp,self"])}
 #: the ratios reported: (numerator, denominator)
-RATIOS = (("ulfm", "shm"), ("tcp", "shm"), ("ulfm", "tcp"))
+RATIOS = (("ulfm", "shm"), ("tcp", "shm"), ("ulfm", "tcp"), ("ulfm_sm", "shm"))
 ROOT_FLAGS = ["--allow-run-as-root", "--oversubscribe"]
 
 

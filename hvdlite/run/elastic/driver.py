@@ -215,7 +215,7 @@ class ElasticDriver:
                 self.args.launch_sentinel = False
                 launcher, plan, warnings = self._plan(placed, size)
         if self.in_process:
-            plan.mpi_args = [*inprocess.ULFM_MPI_ARGS, *plan.mpi_args]
+            plan.mpi_args = inprocess.ulfm_mpi_args(plan.mpi_args)
         env = child_environment(self.env, plan, launcher)
         env[inprocess.MODE_VARIABLE] = "in-process" if self.in_process else "restart"
         env[DRIVER_VARIABLE] = f"{server.address}:{server.port}"

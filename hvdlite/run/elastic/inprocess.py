@@ -22,6 +22,18 @@ from .server import RankInfo, is_local
 #: survivors' exit hung; the fault-tolerant MPI_Finalize still synchronises the survivors first).
 ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
                  "--mca", "async_mpi_finalize", "true"]
+def ulfm_mpi_args(user: list[str]) -> list[str]:
+    """In-process mode's flags, then the user's --mpi-args. A ``--mca btl`` there replaces our ``tcp,self``
+    (Open MPI refuses one parameter given twice): ``sm,tcp,self`` keeps shared memory between a host's ranks,
+    the steady state of plain mpiexec, but a rank's death is then seen only when the failure detector's
+    heartbeats time out (``mpi_ft_detector_timeout``, 10 s): docs/elastic.md, "Which transport"."""
+    ours = list(ULFM_MPI_ARGS)
+    if any(flag in ("--mca", "-mca") and name == "btl" for flag, name in zip(user, user[1:])):
+        at = ours.index("btl") - 1
+        del ours[at:at + 3]
+    return [*ours, *user]
+
+
 #: In-process mode starts the ranks without hvdlite-run's sentinel (hvdlite/run/sentinel.py): Open MPI 5.0's
 #: launcher ended the whole ULFM job when a second rank's sentinel exited with code 137 (measured), while a
 #: rank killed by a signal itself leaves the survivors running. The driver and every survivor name a lost
