@@ -18,7 +18,7 @@ from cluster.fixtures import base_env, run
 from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
-#: Open MPI 5 with ULFM: the detector finds a dead peer on TCP (shared memory has none: survivors hang);
+#: Open MPI 5 with ULFM: the TCP transport, as hvdlite-run's in-process mode (docs/elastic.md, "Which transport");
 #: MPI_Finalize without its closing PMIx fence over the dead ranks too (it sometimes never completed).
 ULFM_DETECT = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true"]
 ULFM_FLAGS = [*ULFM_DETECT, "--mca", "async_mpi_finalize", "true", "--oversubscribe"]

@@ -15,8 +15,9 @@ from ..hosts import HostSpecError
 from ..launchers import OPENMPI, Launcher, LaunchError
 from .server import RankInfo, is_local
 
-#: Open MPI 5's fault tolerance: ULFM on, the TCP transport (over shared memory a dead peer is never
-#: detected: the survivors hang) and the failure detector's heartbeats. (Once, at load 20 on 2 cores, a rank's
+#: Open MPI 5's fault tolerance: ULFM on, the TCP transport (every loss seen at once; over shared memory a rank
+#: that exits without a signal is seen only at the detector's 10 s timeout: docs/elastic.md, "Which transport")
+#: and the failure detector's heartbeats. (Once, at load 20 on 2 cores, a rank's
 #: peers declared it dead after it missed heartbeats.) ``async_mpi_finalize``: MPI_Finalize skips its closing
 #: PMIx fence over every process the job started, which after a lost rank sometimes never completed (the
 #: survivors' exit hung; the fault-tolerant MPI_Finalize still synchronises the survivors first).
