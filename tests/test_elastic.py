@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.elastic import (ElasticRun, assert_epochs_exact, assert_every_epoch_exact, final_accuracy,
+from cluster.elastic import (ElasticRun, assert_epochs_exact, assert_every_epoch_exact,
                              final_reports, wait_for_progress)
 from cluster.fixtures import PYTHON, ROOT, base_env
-from conftest import REPORT_DIR_VARIABLE, WORKERS, worker_reports
+from conftest import REPORT_DIR_VARIABLE, WORKERS, final_accuracy, worker_reports
 
 EXAMPLE = str(ROOT / "examples" / "pytorch_digits_elastic.py")
 #: The example's training, reporting in JSON (the tests below assert on what its ranks report).

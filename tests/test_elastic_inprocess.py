@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from conftest import REPORT_DIR_VARIABLE, WORKERS, run_mpi, worker_reports
-from cluster.elastic import ElasticRun, final_accuracy
+from conftest import REPORT_DIR_VARIABLE, WORKERS, final_accuracy, run_mpi, worker_reports
+from cluster.elastic import ElasticRun
 from cluster.fixtures import base_env, run
 from test_faults import _kill_rank_2
 

@@ -108,12 +108,6 @@ def epoch_lines(output: str) -> list[dict[str, str]]:
             for line in output.splitlines() if line.startswith("epoch=")]
 
 
-def final_accuracy(output: str) -> float:
-    found = re.findall(r"^test_accuracy=([0-9.]+)$", output, re.MULTILINE)
-    assert len(found) == 1, output
-    return float(found[0])
-
-
 def assert_every_epoch_exact(output: str, epochs: int, train_size: int = 1440) -> None:
     """Each epoch of examples/pytorch_digits_elastic.py processed every training sample exactly once (the last
     print of each epoch counts)."""
