@@ -94,8 +94,8 @@ def test_every_episode_then_thirty_unnamed_collectives(reinit: Callable[..., Non
         check_in_step(episode.__name__)
 
 
-LATE_SETTINGS = dict(stall_shutdown_time_seconds=2.0, idle_heartbeat_seconds=0.05)
-LATE_S = 3.0  # the failed rank fails this long after the episode's start: after the verdict (about 2.2 s)
+LATE_SETTINGS = dict(stall_shutdown_time_seconds=1.0, idle_heartbeat_seconds=0.05)
+LATE_S = 2.0  # the failed rank fails this long after the episode's start: after the verdict (about 1.2 s)
 
 
 def late_bad_root_instead_of_an_allreduce() -> None:
