@@ -54,7 +54,7 @@ def _take_error(token: int) -> Optional[tuple[int, str]]:
 
 def _register() -> None:
     lib = tf_c_api.load()
-    shape, create, compute, delete = callbacks = tf_c_api.make_callbacks(lib, OP_NAME, _take_error)
+    shape, compute = callbacks = tf_c_api.make_callbacks(lib, OP_NAME, _take_error)
     _state["callbacks"] = callbacks  # TensorFlow keeps the function pointers for the life of the process
     _state["lib"] = lib
     status = lib.TF_NewStatus()
@@ -68,7 +68,7 @@ def _register() -> None:
         lib.TF_OpDefinitionBuilderSetShapeInferenceFunction(builder, shape)
         lib.TF_RegisterOpDefinition(builder, status)  # frees the builder
         tf_c_api.check(lib, status, f"registering op {OP_NAME}")
-        kernel = lib.TF_NewKernelBuilder(OP_NAME.encode(), b"CPU", create, compute, delete)
+        kernel = lib.TF_NewKernelBuilder(OP_NAME.encode(), b"CPU", tf_c_api.NO_CREATE, compute, tf_c_api.NO_DELETE)
         lib.TF_RegisterKernelBuilder(f"{OP_NAME}Cpu".encode(), kernel, status)  # takes the builder
         tf_c_api.check(lib, status, f"registering the CPU kernel of {OP_NAME}")
     finally:
@@ -76,7 +76,8 @@ def _register() -> None:
     tf.no_gradient(OP_NAME)  # callers attach their own gradients (custom_gradient) around it
 
 
-def available() -> bool:
+@tf.autograph.experimental.do_not_convert  # first called while a tf.function traces: AutoGraph would convert
+def available() -> bool:                  # the kernel's callbacks, and run its machinery in every kernel call
     """Whether the op is registered in this process (registers it on the first call)."""
     with _lock:
         if "ok" not in _state:

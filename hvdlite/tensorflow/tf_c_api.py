@@ -8,7 +8,8 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["load", "make_callbacks", "check", "fail", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL"]
+__all__ = ["load", "make_callbacks", "NO_CREATE", "NO_DELETE", "check", "fail", "INVALID_ARGUMENT",
+           "FAILED_PRECONDITION", "INTERNAL"]
 
 #: TF_Code values (tensorflow/c/tf_status.h).
 INVALID_ARGUMENT = 3
@@ -19,6 +20,8 @@ _VOIDP = ctypes.c_void_p
 _CREATE = ctypes.CFUNCTYPE(_VOIDP, _VOIDP)
 _COMPUTE = ctypes.CFUNCTYPE(None, _VOIDP, _VOIDP)
 _DELETE = ctypes.CFUNCTYPE(None, _VOIDP)
+#: NULL kernel create and delete functions (the op's kernel keeps no state): see make_callbacks.
+NO_CREATE, NO_DELETE = _CREATE(), _DELETE()
 _SHAPE = ctypes.CFUNCTYPE(None, _VOIDP, _VOIDP)
 
 #: (argtypes, restype) of every C function used; all live in libtensorflow_framework.
@@ -77,8 +80,11 @@ def fail(lib: ctypes.CDLL, ctx: int, code: int, message: str) -> None:
 
 def make_callbacks(lib: ctypes.CDLL, op_name: str, take_error: Callable[[int], Optional[tuple[int, str]]]) \
         -> list[object]:
-    """The C callbacks (shape, create, compute, delete) of op ``op_name`` and its kernel, returned so the
-    caller keeps them alive forever. The kernel fails with ``take_error(token)`` for a nonzero token."""
+    """The C callbacks (shape, compute) of op ``op_name`` and its kernel, returned so the caller keeps them
+    alive forever. The kernel fails with ``take_error(token)`` for a nonzero token. The kernel has no create
+    or delete callback (NULL: it keeps no state): TensorFlow creates and destroys kernels while it holds its
+    own locks (tf.random.set_seed clears every cached kernel under the eager context's lock), and a Python
+    callback there needs the GIL, which a thread waiting for that lock may hold (a deadlock)."""
 
     def shape(ctx: int, status: int) -> None:
         # output i has the shape of input i + 1 (input 0 is the token)
@@ -96,9 +102,6 @@ def make_callbacks(lib: ctypes.CDLL, op_name: str, take_error: Callable[[int], O
         finally:
             lib.TF_DeleteShapeHandle(handle)
 
-    def create(_construction: int) -> Optional[int]:
-        return None
-
     def compute(_kernel: int, ctx: int) -> None:
         status = lib.TF_NewStatus()
         try:
@@ -108,10 +111,7 @@ def make_callbacks(lib: ctypes.CDLL, op_name: str, take_error: Callable[[int], O
         finally:
             lib.TF_DeleteStatus(status)
 
-    def delete(_kernel: int) -> None:
-        return None
-
-    return [_SHAPE(shape), _CREATE(create), _COMPUTE(compute), _DELETE(delete)]
+    return [_SHAPE(shape), _COMPUTE(compute)]
 
 
 def _forward(lib: ctypes.CDLL, ctx: int, status: int, op_name: str,

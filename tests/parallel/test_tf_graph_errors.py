@@ -50,6 +50,34 @@ def test_op_is_registered_and_in_the_graph(size: int) -> None:
     np.testing.assert_array_equal(step(tf.ones([2, 3])).numpy(), np.full((2, 3), size))
 
 
+def test_clearing_the_kernel_cache_runs_no_python(size: int) -> None:
+    """TensorFlow destroys the op's kernels (tf.random.set_seed, Keras's clear_session: on the calling thread)
+    while it holds the eager context's lock; a Python callback there waits for the GIL, which another thread
+    waiting for that lock may hold: CI's np3 job once hung that way (a tf.function's finalizer on the engine
+    thread). The kernel has no Python create or delete callback, so no Python runs while the cache is cleared."""
+    import sys
+    from hvdlite.tensorflow import tf_c_api
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        return hvd.allreduce(x, op=hvd.Sum, name="graph_errors.cleared")
+    assert status_op.OP_NAME in _graph_ops(step, tf.ones([2])), status_op._state.get("why")
+    np.testing.assert_array_equal(step(tf.ones([2])).numpy(), [size] * 2)  # its kernels are cached now
+    ran: list[str] = []
+
+    def profile(frame, event, arg):  # noqa: ANN001, ANN202 - sys.setprofile's signature
+        code = frame.f_code  # the kernel's callbacks, as written or as AutoGraph converted them
+        if event == "call" and (code.co_filename == tf_c_api.__file__ or code.co_name in ("create", "delete")):
+            ran.append(f"{code.co_filename}:{code.co_name}")
+    sys.setprofile(profile)
+    try:
+        tf.random.set_seed(5)  # clears every cached kernel (the op's included) on this thread
+    finally:
+        sys.setprofile(None)
+    assert ran == [], f"the op's Python callbacks ran while TensorFlow cleared its kernel cache: {ran}"
+    np.testing.assert_array_equal(step(tf.ones([2])).numpy(), [size] * 2)  # kernels made again, still right
+
+
 def test_shape_function_passes_input_shapes_through() -> None:
     @tf.function
     def check(x: tf.Tensor, y: tf.Tensor) -> list:
