@@ -507,3 +507,37 @@ def test_chunk_pipeline_completes_chunks_in_flight_before_their_memory_is_touche
     assert log == []
     pipe.clear([data[30:31]])  # one byte of an in-flight chunk: everything in flight completes first
     assert log == [("wait", "first.c0"), ("wait", "first.c1")]
+
+
+def test_names_made_before_the_verdict_was_read_move_on_as_the_others() -> None:
+    """The last rank refused an allreduce (its name given back), and made names for its next two allreduces
+    and a broadcast_object before its engine read the verdict that failed the others' allreduce.noname.4:
+    the two allreduces become .5 and .6 (the others' next), the broadcast keeps its name, and the count goes
+    on at .7. A rank that submitted the failed op, or had made no later name, only skips past it."""
+    from hvdlite.core.names import Names
+    last = Names()
+    made = [last.name("allreduce", None) for _ in range(5)]
+    last.give_back(made[-1])  # the refused call: .4 is free again
+    nxt = [last.name("allreduce", None), last.name("allreduce", None), last.name("broadcast_object", None)]
+    assert nxt == ["allreduce.noname.4", "allreduce.noname.5", "broadcast_object.noname.0"]
+    assert not last.moving and last.moved("allreduce.noname.4", 0) is None
+    last.learn("allreduce.noname.4", 0, submitted_here=False)
+    assert last.moving
+    assert [last.moved(name, 0) for name in nxt] == ["allreduce.noname.5", "allreduce.noname.6", None]
+    assert last.moved("allreduce.noname.3", 0) is None and last.moved("allreduce.noname.4", 1) is None
+    assert last.name("allreduce", None) == "allreduce.noname.7"
+    others = Names()
+    for _ in range(5):
+        others.name("allreduce", None)
+    others.learn("allreduce.noname.4", 0, submitted_here=True)
+    assert not others.moving and [others.name("allreduce", None) for _ in range(3)] == [
+        "allreduce.noname.5", "allreduce.noname.6", "allreduce.noname.7"]
+    late = Names()  # the classic late rank: it reads the verdict before its next op
+    for _ in range(4):
+        late.name("allreduce", None)
+    late.learn("allreduce.noname.4", 0, submitted_here=False)
+    assert not late.moving and late.name("allreduce", None) == "allreduce.noname.5"
+    suffixed = Names()
+    suffixed.name("broadcast_object", None)
+    suffixed.learn("broadcast_object.noname.0.size", 0, submitted_here=False)
+    assert suffixed.moved("broadcast_object.noname.0.size", 0) == "broadcast_object.noname.1.size"

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from typing import Optional
 
 #: ``<kind>[.ps<id>].noname.<n>``, possibly followed by a suffix (broadcast_object's ``.size``, ``.data``).
-_GENERATED = re.compile(r"^(?P<kind>.+?)(?:\.ps(?P<ps>\d+))?\.noname\.(?P<n>\d+)(?:\..*)?$")
+_GENERATED = re.compile(r"^(?P<kind>.+?)(?:\.ps(?P<ps>\d+))?\.noname\.(?P<n>\d+)(?P<suffix>\..*)?$")
+#: Seconds after a verdict during which names this rank generated before it read the verdict are moved on
+#: (see Names.learn): such a name reaches the engine within the call that made it.
+MOVE_WINDOW_S = 30.0
 
 
 class Names:
@@ -21,6 +25,10 @@ class Names:
     def __init__(self) -> None:
         self._next: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
+        #: (kind, set) -> (first, end, until): names first..end-1 this rank made before it read a verdict
+        #: that failed ``first`` move one on, until ``until`` (time.monotonic()); see learn().
+        self._moves: dict[tuple[str, int], tuple[int, int, float]] = {}
+        self.moving = False  # whether any move is pending: the engine looks at submissions only then
 
     def name(self, kind: str, given: Optional[str], ps_id: int = 0) -> str:
         """The caller's name, or ``<kind>[.ps<id>].noname.<n>`` numbered per kind and process set."""
@@ -46,12 +54,41 @@ class Names:
             if self._next.get(key) == int(found["n"]) + 1:
                 self._next[key] = int(found["n"])
 
-    def learn(self, failed_name: str, ps_id: int) -> None:
+    def learn(self, failed_name: str, ps_id: int, submitted_here: bool = True) -> None:
         """A stall verdict failed ``failed_name`` in process set ``ps_id`` on every rank: if it is a generated
-        name, this rank's next name of that kind and set comes after it."""
+        name, this rank's next name of that kind and set comes after it.
+
+        A rank that never submitted it (it raised instead) may already have made that name, and later ones,
+        for its next ops before its engine read the verdict (the others went on at once): those ops are the
+        others' next ones, which come after the failed name, so each of those names moves one on (moved(),
+        when the engine takes the op) and the count goes on after them."""
         found = _GENERATED.match(failed_name)
         if found is None or int(found["ps"] or 0) != ps_id:
             return
-        key = (found["kind"], ps_id)
+        key, n = (found["kind"], ps_id), int(found["n"])
         with self._lock:
-            self._next[key] = max(self._next.get(key, 0), int(found["n"]) + 1)
+            made = self._next.get(key, 0)
+            if submitted_here or made <= n:
+                self._next[key] = max(made, n + 1)
+                return
+            self._moves[key] = (n, made, time.monotonic() + MOVE_WINDOW_S)
+            self._next[key] = made + 1
+            self.moving = True
+
+    def moved(self, name: str, ps_id: int) -> Optional[str]:
+        """The name an op this rank submitted as ``name`` has after a verdict it had not read yet (learn()),
+        or None when it keeps its name."""
+        with self._lock:
+            now = time.monotonic()
+            for key in [key for key, (_, _, until) in self._moves.items() if until < now]:
+                del self._moves[key]
+            self.moving = bool(self._moves)
+            found = _GENERATED.match(name)
+            if found is None or int(found["ps"] or 0) != ps_id:
+                return None
+            move = self._moves.get((found["kind"], ps_id))
+            n = int(found["n"])
+            if move is None or not move[0] <= n < move[1]:
+                return None
+        scope = f".ps{ps_id}" if ps_id else ""
+        return f"{found['kind']}{scope}.noname.{n + 1}{found['suffix'] or ''}"

@@ -70,7 +70,7 @@ class State:
         self.planes = PlaneTable(config, world, self.rank, self.local_size == self.size)
         self.planes.make_for_set(0, self.engine_comm)
         self.engine = Engine(self.engine_comm, self.mpi_ops, config, self.timeline, self.psets,
-                             self.presence_comm, on_verdict=self.names.learn, planes=self.planes, hosts=self.hosts,
+                             self.presence_comm, names=self.names, planes=self.planes, hosts=self.hosts,
                              fence=self.fence_silent if self.fault_tolerant else None)
 
     def fence_silent(self, ranks: list[int]) -> list[int]:

@@ -2,7 +2,7 @@
 request its result or error (an object the Engine holds)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional, Protocol
 
 from ..errors import HvdliteError, InvalidArgumentError, StallError, TensorMismatchError
 from ..log import logger
@@ -17,6 +17,16 @@ from .stalls import Stop
 from .timeline import Timeline
 
 
+class VerdictNames(Protocol):
+    """What the engine needs of the runtime's generated names (core/names.py's Names)."""
+
+    moving: bool  # whether moved() may rename a submission (the engine asks only then)
+
+    def learn(self, failed_name: str, ps_id: int, submitted_here: bool) -> None: ...
+
+    def moved(self, name: str, ps_id: int) -> Optional[str]: ...
+
+
 class Completion:
     """The requests this rank has pending, and how each ends: batches of agreed work go to the MPI or plane
     executor, and every request ends through ``finish`` (its name freed, then its handle completed).
@@ -26,8 +36,7 @@ class Completion:
     """
 
     def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
-                 planes: PlaneExecutor, timeline: Timeline, on_verdict: Callable[[str, int], None],
-                 keep_times: bool) -> None:
+                 planes: PlaneExecutor, timeline: Timeline, names: Optional[VerdictNames], keep_times: bool) -> None:
         self.rank = rank
         self.comm = comm
         self.psets = psets
@@ -35,7 +44,7 @@ class Completion:
         self.executor = executor
         self.planes = planes
         self.timeline = timeline
-        self.on_verdict = on_verdict  # told of every name a stall verdict or join error fails, on every rank
+        self.names = names  # told of every name a stall verdict or join error fails, on every rank
         self.inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
         self.pending: dict[tuple[int, str], Request] = {}
         self.bits = PendingBits(cache, keep_times=keep_times)  # the pending requests' cache bits
@@ -48,8 +57,8 @@ class Completion:
         for resp in responses:
             req = pending.get(resp.key)
             if resp.error is not None:
-                if resp.error_kind in ("stall", "join"):  # job-wide verdicts: every rank skips the name
-                    self.on_verdict(resp.name, resp.ps_id)
+                if resp.error_kind in ("stall", "join") and self.names is not None:  # job-wide: every rank
+                    self.names.learn(resp.name, resp.ps_id, req is not None)       # skips the name
                 if req is not None:
                     kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
                     self.finish(req, error=kind(f"rank {self.rank}: {resp.error}"))

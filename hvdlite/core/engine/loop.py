@@ -18,7 +18,7 @@ from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, Shutd
 from ..log import logger
 from . import callsite, deterministic, mpi, polling, stalls, stragglers
 from .autotune import Autotuner
-from .completion import Completion
+from .completion import Completion, VerdictNames
 from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
@@ -42,7 +42,7 @@ class Engine:
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
                  process_sets: Registry, presence_comm: Any,
-                 on_verdict: Callable[[str, int], None] = lambda name, ps_id: None, planes: Any = None,
+                 names: Optional[VerdictNames] = None, planes: Any = None,
                  hosts: Optional[list[str]] = None,
                  fence: Optional[Callable[[list[int]], list[int]]] = None) -> None:
         self.comm = comm
@@ -63,7 +63,8 @@ class Engine:
         self._cv = threading.Condition(self._lock)
         self._queue: collections.deque[Request] = collections.deque()
         self.completion = Completion(self.rank, comm, process_sets, self.cache, self.executor, self.planes, timeline,
-                                     on_verdict, keep_times=config.straggler_window_ops > 0)
+                                     names, keep_times=config.straggler_window_ops > 0)
+        self.names = names
         self._shutdown_requested = False
         self._sleeping = False  # the engine waits on _cv: a submission must notify it
         self.error: Optional[BaseException] = None
@@ -224,6 +225,18 @@ class Engine:
             self._sleep(self._idle_pause)
         return True
 
+    def _move_names(self, new: list[Request]) -> None:
+        """Rename the submissions that took a generated name before this rank read a stall verdict that
+        failed it (core/names.py, Names.learn), as the other ranks name the same ops. Under the lock."""
+        inflight = self.completion.inflight
+        for req in new:
+            ps_id = req.key[0]
+            moved = self.names.moved(req.name, ps_id) if self.names is not None else None
+            if moved is not None and (ps_id, moved) not in inflight:
+                inflight.discard(req.key)
+                req.name, req.key = moved, (ps_id, moved)
+                inflight.add(req.key)
+
     def _sleep(self, seconds: float) -> None:
         """Wait on the condition (its lock held) until a submission or the timeout."""
         self._sleeping = True
@@ -239,6 +252,8 @@ class Engine:
             new = list(self._queue)
             self._queue.clear()
             shutdown = self._shutdown_requested
+            if self.names is not None and self.names.moving:
+                self._move_names(new)
         tracing = self.timeline.enabled
         pending, bits = self.completion.pending, self.completion.bits
         for req in new:
