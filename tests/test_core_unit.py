@@ -541,3 +541,13 @@ def test_names_made_before_the_verdict_was_read_move_on_as_the_others() -> None:
     suffixed.name("broadcast_object", None)
     suffixed.learn("broadcast_object.noname.0.size", 0, submitted_here=False)
     assert suffixed.moved("broadcast_object.noname.0.size", 0) == "broadcast_object.noname.1.size"
+    # the others had three allreduces in flight, all failed by verdicts the last rank read after it had made
+    # two names: its two ops are the others' next ones
+    three = Names()
+    for _ in range(4):
+        three.name("allreduce", None)
+    stale = [three.name("allreduce", None), three.name("allreduce", None)]  # .4, .5, before any verdict
+    for failed in (4, 5, 6):
+        three.learn(f"allreduce.noname.{failed}", 0, submitted_here=False)
+    assert [three.moved(name, 0) for name in stale] == ["allreduce.noname.7", "allreduce.noname.8"]
+    assert three.name("allreduce", None) == "allreduce.noname.9"

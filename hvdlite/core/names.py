@@ -25,9 +25,10 @@ class Names:
     def __init__(self) -> None:
         self._next: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
-        #: (kind, set) -> (first, end, until): names first..end-1 this rank made before it read a verdict
-        #: that failed ``first`` move one on, until ``until`` (time.monotonic()); see learn().
-        self._moves: dict[tuple[str, int], tuple[int, int, float]] = {}
+        #: (kind, set) -> ([(first, end), ...], until): for each verdict in turn, the names first..end-1 that
+        #: this rank had made before it read the verdict that failed ``first`` move one on; until ``until``
+        #: (time.monotonic()). See learn().
+        self._moves: dict[tuple[str, int], tuple[list[tuple[int, int]], float]] = {}
         self.moving = False  # whether any move is pending: the engine looks at submissions only then
 
     def name(self, kind: str, given: Optional[str], ps_id: int = 0) -> str:
@@ -71,7 +72,8 @@ class Names:
             if submitted_here or made <= n:
                 self._next[key] = max(made, n + 1)
                 return
-            self._moves[key] = (n, made, time.monotonic() + MOVE_WINDOW_S)
+            steps = self._moves[key][0] if key in self._moves else []
+            self._moves[key] = ([*steps, (n, made)], time.monotonic() + MOVE_WINDOW_S)
             self._next[key] = made + 1
             self.moving = True
 
@@ -80,15 +82,17 @@ class Names:
         or None when it keeps its name."""
         with self._lock:
             now = time.monotonic()
-            for key in [key for key, (_, _, until) in self._moves.items() if until < now]:
+            for key in [key for key, (_, until) in self._moves.items() if until < now]:
                 del self._moves[key]
             self.moving = bool(self._moves)
             found = _GENERATED.match(name)
-            if found is None or int(found["ps"] or 0) != ps_id:
+            if found is None or int(found["ps"] or 0) != ps_id or (found["kind"], ps_id) not in self._moves:
                 return None
-            move = self._moves.get((found["kind"], ps_id))
-            n = int(found["n"])
-            if move is None or not move[0] <= n < move[1]:
-                return None
+            was = n = int(found["n"])
+            for first, end in self._moves[(found["kind"], ps_id)][0]:  # each verdict in the order it came
+                if first <= n < end:
+                    n += 1
+        if n == was:
+            return None
         scope = f".ps{ps_id}" if ps_id else ""
-        return f"{found['kind']}{scope}.noname.{n + 1}{found['suffix'] or ''}"
+        return f"{found['kind']}{scope}.noname.{n}{found['suffix'] or ''}"
