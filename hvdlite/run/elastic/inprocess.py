@@ -23,6 +23,8 @@ from .server import RankInfo, is_local
 #: survivors' exit hung; the fault-tolerant MPI_Finalize still synchronises the survivors first).
 ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
                  "--mca", "async_mpi_finalize", "true"]
+
+
 def ulfm_mpi_args(user: list[str]) -> list[str]:
     """In-process mode's flags, then the user's --mpi-args. A ``--mca btl`` there replaces our ``tcp,self``
     (Open MPI refuses one parameter given twice): ``sm,tcp,self`` keeps shared memory between a host's ranks,
