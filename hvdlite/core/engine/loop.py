@@ -225,13 +225,13 @@ class Engine:
             self._sleep(self._idle_pause)
         return True
 
-    def _move_names(self, new: list[Request]) -> None:
+    def _move_names(self, names: VerdictNames, new: list[Request]) -> None:
         """Rename the submissions that took a generated name before this rank read a stall verdict that
         failed it (core/names.py, Names.learn), as the other ranks name the same ops. Under the lock."""
         inflight = self.completion.inflight
         for req in new:
             ps_id = req.key[0]
-            moved = self.names.moved(req.name, ps_id) if self.names is not None else None
+            moved = names.moved(req.name, ps_id)
             if moved is not None and (ps_id, moved) not in inflight:
                 inflight.discard(req.key)
                 req.name, req.key = moved, (ps_id, moved)
@@ -253,7 +253,7 @@ class Engine:
             self._queue.clear()
             shutdown = self._shutdown_requested
             if self.names is not None and self.names.moving:
-                self._move_names(new)
+                self._move_names(self.names, new)
         tracing = self.timeline.enabled
         pending, bits = self.completion.pending, self.completion.bits
         for req in new:
