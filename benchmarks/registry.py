@@ -132,8 +132,8 @@ BENCHMARKS: tuple[Bench, ...] = (
                    "the restart path it times runs in tests/test_elastic_hosts.py",
           takes_out=False, takes_np=False, ompi=True),
     Bench("ulfm_cost", "steady-state cost of Open MPI 5's fault tolerance (in-process elastic mode's flags: ULFM, "
-          "TCP, the failure detector) against plain mpiexec (shared memory) and TCP alone: step-time ratios in one "
-          "run", "python", "~8 min at --rounds 3 (loaded machine, 2026-11-26)",
+          "the failure detector; also over TCP) against plain mpiexec (shared memory) and TCP alone: step-time "
+          "ratios in one run", "python", "~8 min at --rounds 3 (loaded machine, 2026-11-26)",
           # (the smoke at one rank, after the runner's --np: each launch imports torch, ~25 s on the loaded machine)
           ("--rounds", "1", "--epochs", "1", "--samples", "24", "--width", "16", "--variants", "shm,ulfm", "--np",
            "1"), takes_out=True, ompi=True),

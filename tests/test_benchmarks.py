@@ -521,10 +521,10 @@ def check_bf16_accumulation(records: Records, tmp_path: Path) -> None:
 def _ulfm_cost(records: Records, _: Path) -> None:
     runs = [r for r in records if r["kind"] == "run"]
     assert [r["variant"] for r in runs] == ["shm", "ulfm"], records  # the smoke's two variants, one round
-    assert runs[0]["flags"] == "(none)" and runs[1]["flags"].startswith("--with-ft ulfm --mca btl tcp,self"), runs
+    assert runs[0]["flags"] == "(none)" and runs[1]["flags"].startswith("--with-ft ulfm --mca btl sm,tcp,self"), runs
     for run in runs:
         assert_positive(run, "s_per_step", "steps")
     summary = records[-1]
     assert summary["kind"] == "summary" and len(records) == 3, records
     assert summary["ulfm_over_shm"] == round(runs[1]["s_per_step"] / runs[0]["s_per_step"], 4), summary
-    assert "tcp_over_shm" not in summary and "ulfm_over_tcp" not in summary, summary  # tcp did not run
+    assert "tcp_over_shm" not in summary and "ulfm_tcp_over_tcp" not in summary, summary  # tcp did not run

@@ -18,9 +18,9 @@ from cluster.fixtures import base_env, run
 from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
-#: Open MPI 5 with ULFM: the TCP transport, as hvdlite-run's in-process mode (docs/elastic.md, "Which transport");
+#: Open MPI 5 with ULFM: shared memory and TCP, as hvdlite-run's in-process mode (docs/elastic.md, "Which transport");
 #: MPI_Finalize without its closing PMIx fence over the dead ranks too (it sometimes never completed).
-ULFM_DETECT = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true"]
+ULFM_DETECT = ["--with-ft", "ulfm", "--mca", "btl", "sm,tcp,self", "--mca", "mpi_ft_detector", "true"]
 ULFM_FLAGS = [*ULFM_DETECT, "--mca", "async_mpi_finalize", "true", "--oversubscribe"]
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 TRAINING = ["--epochs", "2", "--samples", "240"]
@@ -74,7 +74,7 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     if launch == "hvdlite-run":
         assert proc.returncode == 0, out
         assert re.search(r"elastic: in-process mode: Open MPI v5\S* .*has ULFM; the ranks start with --with-ft ulfm "
-                         r"--mca btl tcp,self --mca mpi_ft_detector true", out), out
+                         r"--mca btl sm,tcp,self --mca mpi_ft_detector true", out), out
         assert re.search(r"reset 1: rank 2 on host \S+ \(pid \d+\) failed; 2 ranks left recover in their processes",
                          out) and re.search(r"reset 2: rank 0 on host \S+ \(pid \d+\) failed; 1 ranks left", out), out
         assert "job finished on 1 ranks after 2 reset(s)" in out, out

@@ -248,13 +248,13 @@ def test_a_discovered_listing_below_min_np_leaves_the_running_ranks_alone(tmp_pa
                for r in caplog.records)
 
 
-def test_a_users_mca_btl_replaces_in_process_modes_tcp() -> None:
-    """Open MPI refuses ``--mca btl`` given twice: the user's transport (say shared memory) replaces ours, every
+def test_a_users_mca_btl_replaces_in_process_modes_transport() -> None:
+    """Open MPI refuses ``--mca btl`` given twice: the user's transport (say TCP only) replaces ours, every
     other ULFM flag stays, and the user's flags come after."""
     from hvdlite.run.elastic.inprocess import ULFM_MPI_ARGS, ulfm_mpi_args
     assert ulfm_mpi_args(["-x", "A"]) == [*ULFM_MPI_ARGS, "-x", "A"]
-    ours = " ".join(ulfm_mpi_args(["--mca", "btl", "sm,tcp,self", "--mca", "mpi_ft_detector_timeout", "4"]))
+    ours = " ".join(ulfm_mpi_args(["--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector_timeout", "4"]))
     assert ours == ("--with-ft ulfm --mca mpi_ft_detector true --mca async_mpi_finalize true "
-                    "--mca btl sm,tcp,self --mca mpi_ft_detector_timeout 4")
-    assert " ".join(ulfm_mpi_args(["-mca", "btl", "sm,self"])).count("btl") == 1
-    assert "tcp,self" in ulfm_mpi_args(["--mca", "btl_tcp_if_include", "eth0"])
+                    "--mca btl tcp,self --mca mpi_ft_detector_timeout 4")
+    assert " ".join(ulfm_mpi_args(["-mca", "btl", "tcp,self"])).count("btl") == 1
+    assert "sm,tcp,self" in ulfm_mpi_args(["--mca", "btl_tcp_if_include", "eth0"])

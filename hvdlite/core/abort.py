@@ -10,12 +10,19 @@ import traceback
 from typing import Any, Callable
 
 from .engine import mpi
+from .engine.loop import LOST_RANKS_WAIT_S
+from .errors import ProcessFailedError
 
 __all__ = ["install_excepthook"]
 
 _previous_excepthook: Any = None
 _previous_threading_hook: Any = None
 _ABORT_GRACE_S = 1.0  # seconds between printing an uncaught exception and MPI_Abort
+#: After a rank's death under ULFM (ProcessFailedError), the survivors learn of it at different times: the first
+#: one through MPI, the others through its revoke, and each then takes up to LOST_RANKS_WAIT_S to name the dead
+#: rank. The first survivor's abort waits for them, so every survivor's error names the lost rank (over shared
+#: memory, with the plain 1 s grace, 1 of 5 jobs of 4 ranks lost a survivor's line: the job ended before it).
+_LOST_RANK_GRACE_S = LOST_RANKS_WAIT_S + _ABORT_GRACE_S
 #: A second SIGINT within this many seconds of the first is the same Ctrl-C forwarded again (the launcher and
 #: the per-rank sentinel both forward it): dropped, so it cannot interrupt the first one's exit. Seen in CI: the
 #: second KeyboardInterrupt hit the excepthook before it could ignore SIGINT ("Error in sys.excepthook").
@@ -44,7 +51,7 @@ def install_excepthook(current: Callable[[], Any]) -> None:
         if state is not None and state.size > 1 and not issubclass(exc_type, KeyboardInterrupt):
             # The launcher forwards this rank's output and its abort request on separate channels; when
             # the abort wins, the traceback above can be lost. Give the output a moment to get through.
-            time.sleep(_ABORT_GRACE_S)
+            time.sleep(_LOST_RANK_GRACE_S if _lost_rank(exc) else _ABORT_GRACE_S)
             mpi.abort(1)
             # MPICH's MPI_Abort can return while the launcher tears the job down; exiting through the
             # interpreter would run hvdlite's shutdown and bury this error under "shut down" on the peers.
@@ -70,6 +77,16 @@ def install_excepthook(current: Callable[[], Any]) -> None:
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a script's own handler stays
         signal.signal(signal.SIGINT, _on_sigint)
+
+
+def _lost_rank(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or was raised from, a rank's death under ULFM (TensorFlow wraps it in its own error)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ProcessFailedError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _on_sigint(signum: int, frame: Any) -> None:

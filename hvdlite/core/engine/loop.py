@@ -189,6 +189,7 @@ class Engine:
         deadline = time.monotonic() + LOST_RANKS_WAIT_S
         lost = mpi.failed_ranks(self.comm)
         while not lost and time.monotonic() < deadline:
+            mpi.progress()
             time.sleep(0.01)
             lost = mpi.failed_ranks(self.comm)
         hosts = tuple(self.hosts[r] if r < len(self.hosts) else "?" for r in lost)

@@ -341,6 +341,13 @@ def revoke(comm: Any) -> None:
         pass
 
 
+def progress() -> None:
+    """One turn of MPI's progress engine (an Iprobe on COMM_SELF): news of a dead peer arrives only inside MPI
+    calls (over shared memory a survivor that learnt of a loss from a revoke never named the dead rank without
+    it in 3 of 8 jobs of 4 ranks; with it, 0 of 8)."""
+    _MPI.COMM_SELF.Iprobe(_MPI.ANY_SOURCE, _MPI.ANY_TAG)
+
+
 def failed_ranks(comm: Any) -> list[int]:
     """The ranks of ``comm`` this process knows to have failed (local, no communication)."""
     try:

@@ -15,21 +15,21 @@ from ..hosts import HostSpecError
 from ..launchers import OPENMPI, Launcher, LaunchError
 from .server import RankInfo, is_local
 
-#: Open MPI 5's fault tolerance: ULFM on, the TCP transport (every loss seen at once; over shared memory a rank
-#: that exits without a signal is seen only at the detector's 10 s timeout: docs/elastic.md, "Which transport")
+#: Open MPI 5's fault tolerance: ULFM on, shared memory between a host's ranks and TCP across hosts (the
+#: steady state of plain mpiexec; over shared memory a rank that exits without a signal and without MPI_Finalize
+#: is seen only at the detector's 10 s timeout, where TCP sees it at once: docs/elastic.md, "Which transport")
 #: and the failure detector's heartbeats. (Once, at load 20 on 2 cores, a rank's
 #: peers declared it dead after it missed heartbeats.) ``async_mpi_finalize``: MPI_Finalize skips its closing
 #: PMIx fence over every process the job started, which after a lost rank sometimes never completed (the
 #: survivors' exit hung; the fault-tolerant MPI_Finalize still synchronises the survivors first).
-ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector", "true",
+ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "sm,tcp,self", "--mca", "mpi_ft_detector", "true",
                  "--mca", "async_mpi_finalize", "true"]
 
 
 def ulfm_mpi_args(user: list[str]) -> list[str]:
-    """In-process mode's flags, then the user's --mpi-args. A ``--mca btl`` there replaces our ``tcp,self``
-    (Open MPI refuses one parameter given twice): ``sm,tcp,self`` keeps shared memory between a host's ranks,
-    the steady state of plain mpiexec, but a rank's death is then seen only when the failure detector's
-    heartbeats time out (``mpi_ft_detector_timeout``, 10 s): docs/elastic.md, "Which transport"."""
+    """In-process mode's flags, then the user's --mpi-args. A ``--mca btl`` there replaces our ``sm,tcp,self``
+    (Open MPI refuses one parameter given twice): ``tcp,self`` sees every kind of exit at once, even one
+    without a signal, for TCP's price in the steady state on one host: docs/elastic.md, "Which transport"."""
     ours = list(ULFM_MPI_ARGS)
     if any(flag in ("--mca", "-mca") and name == "btl" for flag, name in zip(user, user[1:])):
         at = ours.index("btl") - 1
