@@ -551,3 +551,21 @@ def test_names_made_before_the_verdict_was_read_move_on_as_the_others() -> None:
         three.learn(f"allreduce.noname.{failed}", 0, submitted_here=False)
     assert [three.moved(name, 0) for name in stale] == ["allreduce.noname.7", "allreduce.noname.8"]
     assert three.name("allreduce", None) == "allreduce.noname.9"
+
+
+def test_an_uncaught_rank_death_waits_out_the_other_survivors_naming_before_the_abort() -> None:
+    """The abort hook's grace: a ProcessFailedError, also one TensorFlow wrapped (raised from it), waits the
+    other survivors' naming time (LOST_RANKS_WAIT_S) besides the usual second; any other error the second."""
+    from hvdlite.core import abort
+    from hvdlite.core.engine.loop import LOST_RANKS_WAIT_S
+    from hvdlite.core.errors import ProcessFailedError
+    death = ProcessFailedError("rank 1: rank 2 (host h) of this job died", (2,), ("h",))
+    try:
+        try:
+            raise death
+        except ProcessFailedError as exc:
+            raise RuntimeError("UnknownError: wrapped") from exc
+    except RuntimeError as wrapped:
+        assert abort._lost_rank(death) and abort._lost_rank(wrapped)
+    assert not abort._lost_rank(ValueError("no")) and not abort._lost_rank(None)
+    assert abort._LOST_RANK_GRACE_S == LOST_RANKS_WAIT_S + abort._ABORT_GRACE_S >= 3.0
