@@ -554,8 +554,9 @@ def test_names_made_before_the_verdict_was_read_move_on_as_the_others() -> None:
 
 
 def test_an_uncaught_rank_death_waits_out_the_other_survivors_naming_before_the_abort() -> None:
-    """The abort hook's grace: a ProcessFailedError, also one TensorFlow wrapped (raised from it), waits the
-    other survivors' naming time (LOST_RANKS_WAIT_S) besides the usual second; any other error the second."""
+    """The abort hook's grace: a ProcessFailedError, also one raised from it or any error after the engine ended
+    with one (TensorFlow re-raises it unchained), waits the other survivors' naming time (LOST_RANKS_WAIT_S)
+    besides the usual second; any other error the second."""
     from hvdlite.core import abort
     from hvdlite.core.engine.loop import LOST_RANKS_WAIT_S
     from hvdlite.core.errors import ProcessFailedError
@@ -568,4 +569,5 @@ def test_an_uncaught_rank_death_waits_out_the_other_survivors_naming_before_the_
     except RuntimeError as wrapped:
         assert abort._lost_rank(death) and abort._lost_rank(wrapped)
     assert not abort._lost_rank(ValueError("no")) and not abort._lost_rank(None)
+    assert abort._lost_rank(RuntimeError("UnknownError: not chained"), ended=death)  # the engine ended with it
     assert abort._LOST_RANK_GRACE_S == LOST_RANKS_WAIT_S + abort._ABORT_GRACE_S >= 3.0

@@ -51,7 +51,7 @@ def install_excepthook(current: Callable[[], Any]) -> None:
         if state is not None and state.size > 1 and not issubclass(exc_type, KeyboardInterrupt):
             # The launcher forwards this rank's output and its abort request on separate channels; when
             # the abort wins, the traceback above can be lost. Give the output a moment to get through.
-            time.sleep(_LOST_RANK_GRACE_S if _lost_rank(exc) else _ABORT_GRACE_S)
+            time.sleep(_LOST_RANK_GRACE_S if _lost_rank(exc, state.engine.error) else _ABORT_GRACE_S)
             mpi.abort(1)
             # MPICH's MPI_Abort can return while the launcher tears the job down; exiting through the
             # interpreter would run hvdlite's shutdown and bury this error under "shut down" on the peers.
@@ -79,8 +79,12 @@ def install_excepthook(current: Callable[[], Any]) -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
-def _lost_rank(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is, or was raised from, a rank's death under ULFM (TensorFlow wraps it in its own error)."""
+def _lost_rank(exc: BaseException | None, ended: BaseException | None = None) -> bool:
+    """Whether ``exc`` comes from a rank's death under ULFM: the engine ended with one (``ended``: TensorFlow
+    re-raises it as its own UnknownError, not chained; recovery.lost_rank's rule, which this module cannot import:
+    recovery imports runtime, which imports this module), or ``exc`` is one or was raised from one."""
+    if isinstance(ended, ProcessFailedError):
+        return True
     seen = 0
     while exc is not None and seen < 8:
         if isinstance(exc, ProcessFailedError):
