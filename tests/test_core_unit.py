@@ -262,6 +262,69 @@ def test_decide_ready_stalled_and_mismatch() -> None:
     assert [(s.name, s.ready_ranks, s.missing_ranks, s.age) for s in stalled] == [("b", [0], [1, 2], 5.0)]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_decides_a_burst_of_like_ops_as_the_general_path_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decide's fast path (one signature of the global set on every rank: a burst of unnamed allreduces) gives
+    the same responses in the same order, and the same stalled names, as the name-by-name path: ranks that sent
+    the same names in the same order, in other orders, or some not yet."""
+    import pickle
+    import random
+    from hvdlite.core.engine import negotiation
+    rng = random.Random(seed)
+    ranks = 2 + seed % 3
+    names = [f"allreduce.noname.{i}" for i in range(200)]
+    msgs = []
+    for rank in range(ranks):
+        mine = list(names) if seed < 2 else [n for n in names if rng.random() < 0.8]
+        if seed % 2 and rank:
+            rng.shuffle(mine)
+        sent = RankMessage([(n, sig(), rng.random()) for n in mine])
+        msgs.append(pickle.loads(pickle.dumps(sent)))  # received: the signatures are the shared one
+    members = {0: list(range(ranks))}
+    assert negotiation._one_signature_everywhere(msgs, members, ranks) is sig()
+
+    def outcome() -> tuple[list, list]:
+        responses, stalled = decide(msgs, members, ranks)
+        return ([(r.name, r.sig, r.error, r.joined, r.last_joined) for r in responses],
+                [(s.name, s.ready_ranks, s.missing_ranks, s.age, s.where) for s in stalled])
+    fast = outcome()
+    monkeypatch.setattr(negotiation, "_one_signature_everywhere", lambda *args: None)
+    assert fast == outcome()
+    everywhere = set(names).intersection(*(m.names for m in msgs))
+    assert [name for name, *_ in fast[0]] == [n for n in msgs[0].names if n in everywhere]
+    assert (seed < 2) == (not fast[1])
+
+
+def test_decides_name_by_name_unless_every_rank_sent_one_signature_of_the_global_set() -> None:
+    import pickle
+    from hvdlite.core.engine.negotiation import _one_signature_everywhere
+    other = make_signature(Kind.ALLREDUCE, 0, hvd.Sum, 1.0, 1.0, 0, (("float32", (9,)),))
+    bcast = make_signature(Kind.BROADCAST, 0, None, 1.0, 1.0, 1, (("float32", (4,)),))
+    in_set = make_signature(Kind.ALLREDUCE, 1, hvd.Sum, 1.0, 1.0, 0, (("float32", (4,)),))
+
+    def received(*per_rank: list) -> list[RankMessage]:
+        return [pickle.loads(pickle.dumps(RankMessage([(f"n{i}", s, 0.0) for i, s in enumerate(sigs)])))
+                for sigs in per_rank]
+    world = {0: [0, 1]}
+    assert _one_signature_everywhere(received([sig(), sig()], [sig()]), world, 2) is sig()
+    for msgs in (received([sig(), other], [sig()]), received([sig()], [other]), received([], [sig()]),
+                 received([bcast], [bcast]), received([in_set], [in_set])):
+        assert _one_signature_everywhere(msgs, world, 2) is None
+    assert _one_signature_everywhere(received([sig()], [sig()]), {0: [0, 1]}, 3) is None  # not every rank
+
+
+def test_only_generated_names_are_single_use() -> None:
+    """The response cache skips the names Names makes (each stands for one call); names that come back, the
+    torch optimizer's made-up parameter names and broadcast_object's parts included, stay cacheable."""
+    from hvdlite.core.names import Names
+    made = Names()
+    assert all(Names.single_use(made.name(kind, None, ps)) for kind, ps in
+               (("allreduce", 0), ("allgather", 3), ("barrier", 0)))
+    assert not any(Names.single_use(name) for name in (
+        "grad.0", "allreduce.fc1.weight", "allreduce.allreduce.noname.0.1", "broadcast_object.noname.0.size",
+        "allreduce.noname.x", "noname.3"))
+
+
 def test_rank_message_sends_each_signature_once_and_shares_it_on_receipt() -> None:
     import pickle
     odd = make_signature(Kind.ALLREDUCE, 0, hvd.Sum, 1.0, 1.0, 0, (("float32", (7,)),))

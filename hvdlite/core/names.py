@@ -77,6 +77,16 @@ class Names:
             self._next[key] = made + 1
             self.moving = True
 
+    @staticmethod
+    def single_use(name: str) -> bool:
+        """Whether ``name`` has the form of a generated one, ``<kind>[.ps<id>].noname.<n>``: each such name stands
+        for one call, so the response cache gains nothing by keeping it (and would evict names that come back).
+        A pure function of the agreed name: every rank answers alike."""
+        if ".noname." not in name:  # (most names: no regular expression to run)
+            return False
+        found = _GENERATED.match(name)
+        return found is not None and found["suffix"] is None
+
     def moved(self, name: str, ps_id: int) -> Optional[str]:
         """The name an op this rank submitted as ``name`` has after a verdict it had not read yet (learn()),
         or None when it keeps its name."""

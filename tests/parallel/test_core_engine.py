@@ -56,6 +56,26 @@ def test_opposite_submission_orders(capacity: int, reinit: Callable[..., None]) 
         assert later_full > 0, stats
 
 
+def test_a_burst_of_unnamed_ops_leaves_the_named_ones_in_the_response_cache(reinit: Callable[..., None]) -> None:
+    """A generated name stands for one call: the response cache does not keep it, so a burst of unnamed ops, many
+    more than the cache holds, evicts none of the named ones, whose next step is agreed on the bit-vector alone."""
+    reinit(cache_capacity=16)
+    names = [f"grad.{i}" for i in range(10)]
+
+    def step(k: int) -> None:
+        handles = [hvd.allreduce_async(np.full(3, i + R + k, np.float32), name=name, op=hvd.Sum)
+                   for i, name in enumerate(names)]
+        for i, handle in enumerate(handles):
+            same(hvd.synchronize(handle), np.full(3, (i + k) * N + TRI, np.float32), f"step {k} grad.{i}")
+    step(0)
+    burst = [hvd.allreduce_async(np.full(2, R + j, np.float32), op=hvd.Sum) for j in range(100)]
+    for j, handle in enumerate(burst):
+        same(hvd.synchronize(handle), np.full(2, j * N + TRI, np.float32), f"unnamed op {j}")
+    full = hvd.engine_stats()["full_cycles"]
+    step(1)
+    assert hvd.engine_stats()["full_cycles"] == full, "the named ops needed a full round: they were evicted"
+
+
 def test_join_with_uneven_data(reinit: Callable[..., None]) -> None:
     """Ranks that run out contribute zeros until everyone has joined. Allgather and broadcast on the others
     raise as Horovod's do (test_horovod_join_allgather/_broadcast), also a cached one; the

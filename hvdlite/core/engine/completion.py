@@ -26,6 +26,8 @@ class VerdictNames(Protocol):
 
     def moved(self, name: str, ps_id: int) -> Optional[str]: ...
 
+    def single_use(self, name: str) -> bool: ...
+
 
 class Completion:
     """The requests this rank has pending, and how each ends: batches of agreed work go to the MPI or plane

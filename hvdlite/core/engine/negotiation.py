@@ -163,10 +163,27 @@ def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any
     return [pickle.loads(data[d:d + n].tobytes()) for d, n in zip(displs.tolist(), sizes.tolist())]
 
 
+def _one_signature_everywhere(messages: Sequence[RankMessage], members_of: dict[int, list[int]],
+                              world_size: int) -> Optional[Signature]:
+    """The one signature of every rank's requests, when each rank sent requests of the global set with that
+    signature only (``decide``'s fast path), of a kind that needs no check name by name."""
+    first = messages[0].sigs
+    if len(first) != 1:
+        return None
+    sig = first[0]
+    if sig.ps_id != 0 or sig.kind in _CHECKED_KINDS or len(members_of.get(0, ())) != world_size:
+        return None
+    for msg in messages:
+        if len(msg.sigs) != 1 or msg.sigs[0] is not sig:  # received signatures are shared: equal is identical
+            return None
+    return sig
+
+
 #: What join() lets run on the other ranks by default (Horovod's rule); allgather and broadcast join them with
 #: the join_allows_allgather_broadcast setting.
 JOIN_TOLERANT = frozenset({Kind.ALLREDUCE, Kind.BARRIER})
 JOIN_TOLERANT_PERMISSIVE = JOIN_TOLERANT | {Kind.ALLGATHER, Kind.BROADCAST}
+_CHECKED_KINDS = frozenset({Kind.JOIN, Kind.BROADCAST})  # decided name by name (a join's stand-ins, the root)
 
 
 def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], world_size: int,
@@ -177,12 +194,26 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
     while ranks have joined) and so reaches the same answer.
     """
     joined = {r for r, m in enumerate(messages) if m.join_cycle >= 0}
+    # The fast path: a burst of like ops of the global set (say 1,000 unnamed allreduces of one shape), one
+    # signature on every rank. The names every rank sent are agreed at once, in rank 0's order (as below);
+    # the others (not submitted everywhere yet) go through the table below, which only stalls them.
+    responses: list[Response] = []
+    done: Optional[set[str]] = None
+    alike = _one_signature_everywhere(messages, members_of, world_size) if not joined else None
+    if alike is not None:
+        names = messages[0].names
+        if all(msg.names == names for msg in messages):  # every rank sent the same names in the same order
+            return [Response(name, alike) for name in names], []
+        done = set(names).intersection(*(msg.names for msg in messages[1:]))
+        responses = [Response(name, alike) for name in names if name in done]
     # One table per process set: the same name may be in use in several sets at once. Each entry maps the ranks
     # that submitted the name, in rank order, to the request's position in their message.
     sigs_of = [msg.signatures() for msg in messages]
     table: dict[tuple[int, str], dict[int, int]] = {}
     for rank, msg in enumerate(messages):
         for index, (name, sig) in enumerate(zip(msg.names, sigs_of[rank])):
+            if done is not None and name in done:
+                continue
             key = (sig.ps_id, name)
             entries = table.get(key)
             if entries is None:
@@ -190,7 +221,6 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
             else:
                 entries[rank] = index
 
-    responses: list[Response] = []
     stalled: list[Stalled] = []
     join_name: Optional[str] = None
     for key, entries in table.items():
