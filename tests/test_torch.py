@@ -158,6 +158,24 @@ def test_the_per_tensor_submit_path_follows_the_tensors_memory() -> None:
     assert alive() is None and key not in tensors._ENTRIES
 
 
+def test_an_unnamed_allreduce_async_keeps_its_input_alive_with_its_handle() -> None:
+    """The unnamed op reads its input through the view prepared() caches, which does not hold the tensor: the
+    handle does, so a temporary input's memory stays the engine's to read until the handle goes."""
+    import gc
+    import weakref
+    t = torch.arange(6, dtype=torch.float32) * 2
+    alive = weakref.ref(t)
+    handle = hvd.allreduce_async(t, op=hvd.Sum)
+    del t
+    gc.collect()
+    assert alive() is not None
+    assert torch.equal(hvd.synchronize(handle), torch.arange(6, dtype=torch.float32) * 2 * hvd.size())
+    assert alive() is not None
+    del handle
+    gc.collect()
+    assert alive() is None
+
+
 def test_a_tensor_reinterpreted_in_place_is_viewed_in_its_new_dtype() -> None:
     """A .data swap to a view of another dtype keeps the address, shape and strides: the kept entry (one per
     tensor, for to_host's view and the small-op path alike) must see the dtype change too."""

@@ -37,8 +37,8 @@ module is private to the core.
 - ``submit_prepared(name, inputs, dtypes, layout, op, prescale, postscale, value)`` / ``tensor_layout(dtype,
   shape)`` / ``generation()``: the per-gradient in-place allreduce on the global set, for arrays a frontend
   prepared and caches per tensor (valid within one ``generation()``, which changes with every init());
-  ``submit_unnamed(inputs, dtypes, layout, op, prescale, postscale, outputs, value)``: the same for an unnamed
-  out-of-place allreduce (a generated name per call).
+  ``submit_unnamed(inputs, dtypes, layout, op, prescale, postscale, outputs, value, held)``: the same for an
+  unnamed out-of-place allreduce (a generated name per call) whose handle keeps ``held`` (the input) alive.
 - ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
   on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 """

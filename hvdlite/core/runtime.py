@@ -285,12 +285,13 @@ def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...],
 
 
 def submit_unnamed(inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...], op: ReduceOp,
-                   prescale: float, postscale: float, outputs: tuple[Any, ...], value: Any) -> Handle:
+                   prescale: float, postscale: float, outputs: tuple[Any, ...], value: Any, held: Any) -> Handle:
     """An unnamed out-of-place allreduce on the global set of arrays a frontend prepared (as for submit_prepared)
-    into ``outputs``, whose handle returns ``value``: one generated name per call (like the general path's, and
-    given back if the call fails here), the checks and signature of the last unnamed call reused while the
-    layout, op and factors stay. A burst of 1,000 unnamed ops then costs the submitting thread a third of the
-    general path's CPU (benchmarks/README.md, "Many small ops in flight")."""
+    into ``outputs``, whose handle returns ``value`` and keeps ``held`` (the object whose memory ``inputs`` view,
+    e.g. the input tensor: a view prepared() caches does not hold it) alive: one generated name per call (like
+    the general path's, and given back if the call fails here), the checks and signature of the last unnamed call
+    reused while the layout, op and factors stay. A burst of 1,000 unnamed ops then costs the submitting thread a
+    third of the general path's CPU (benchmarks/README.md, "Many small ops in flight")."""
     st = _state
     if st is None:
         st = state()  # raises: not initialized
@@ -301,6 +302,7 @@ def submit_unnamed(inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tup
                 or memo.postscale != postscale:
             memo = _prepare(st, _UNNAMED, name, dtypes, layout, op, prescale, postscale)
         req = Request(name, memo.sig, inputs, outputs, None, value)  # (each call's own name: no cache key)
+        req.held = held
         st.engine.submit(req)
     except BaseException:
         st.names.give_back(name, 0)  # a refused call consumes no generated name (core/names.py)

@@ -14,7 +14,7 @@ from hvdlite.core.frontend import (Accumulation, check_sparse, resolve_op, spars
                                    submit_unnamed)
 
 from .tensors import (check_dtype, check_one_device, check_tensors, dtype_hint, from_host, hints, on_plane,
-                      prepared, splits_array, to_host, viewed, write_into)
+                      prepared, splits_array, to_host, write_into)
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
@@ -63,10 +63,11 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor. An unnamed op of
     the global set on a tensor hvdlite reads in its own memory takes the core's submit_unnamed (its result
-    tensor made here, the engine writing into it); any other goes through the grouped path."""
+    tensor made here, the engine writing into it; the input read through the view prepared() caches, the handle
+    holding the tensor: 1.4 us against 3.5 for a view of its own); any other goes through the grouped path."""
     check_dtype(tensor, "allreduce_async")
     if name is None and process_set is global_process_set:
-        host = viewed(tensor)
+        host = prepared(tensor)
         if host is not None:
             reduce_op = resolve_op(op, average)
             inputs, dtypes, layout = host
@@ -75,7 +76,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
             if result.dtype != tensor.dtype:  # bfloat16 (its bits travel as uint16)
                 result = from_host(output, tensor)
             return submit_unnamed(inputs, dtypes, layout, reduce_op, prescale_factor, postscale_factor, (output,),
-                                  result)
+                                  result, tensor)
     return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
                                    process_set).first()
 

@@ -145,18 +145,6 @@ def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
     return host
 
 
-def viewed(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
-    """``(inputs, dtypes, layout)`` as prepared() gives them, when it does, with the input a view that holds
-    ``tensor`` (an out-of-place op's input may have no other reference until the op completes), else None."""
-    host = prepared(tensor)
-    if host is None:
-        return None
-    holder = _Interface()  # prepared()'s view's layout (bfloat16 as uint16 already), with the tensor held
-    holder.__array_interface__ = host[0][0].base.__array_interface__
-    holder.tensor = tensor
-    return (np.asarray(holder),), host[1], host[2]
-
-
 def _staged(tensor: torch.Tensor) -> bool:
     """Device tensors go through a host copy; CPU ones too under the stage_host_copies setting (tests)."""
     return not tensor.is_cpu or stage_host_copies()

@@ -155,7 +155,8 @@ class Request(Handle, _SignatureFields):
     that only the garbage collector could free)."""
 
     __slots__ = ("sig", "key", "inputs", "outputs", "splits", "submitted", "cache_bit", "cache_version", "results",
-                 "remaining", "site")
+                 "remaining", "site", "held")
+    held: Any  # runtime.submit_unnamed's only: what its inputs' memory belongs to, kept alive with the handle
 
     # Positional up to ``value``, so the per-gradient path (runtime.submit_prepared) calls it without keywords:
     # calling a class with keywords packs them into a dict, +0.4-0.9 us per Request in timeit on the loaded
