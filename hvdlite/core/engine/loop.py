@@ -333,8 +333,8 @@ class Engine:
         put, members = self.cache.put, self.psets.members_table()
         single_use = self.names.single_use if self.names is not None else None
         for resp in responses:
-            # a generated name is never submitted again: keeping it would only evict a name that comes back
-            # (and a cold burst of 1,000 unnamed ops would spend ~2.5 us per op on it: benchmarks/README.md)
+            # a generated name is never submitted again: keeping it would only evict a name that comes back, and
+            # its kept Response brought full garbage collections to bursts of unnamed ops (benchmarks/README.md)
             if resp.error is None and (single_use is None or not single_use(resp.name)):
                 # a plain agreement (no stand-ins) is what the cache would make: it keeps it
                 plain = resp if not resp.joined and resp.last_joined < 0 else None
