@@ -73,4 +73,7 @@ elif mode in ("stall", "stall_torch"):
             step += 1
     except Exception as exc:  # noqa: BLE001 - report exactly what this rank got
         say(f"RESULT rank={r} after={time.monotonic() - start:.1f} {type(exc).__name__}: {exc}")
+        # The first rank to exit ends the job (MPICH's launcher takes an exit without MPI_Finalize for a failed
+        # job and ends the others): wait, so every survivor reports first; the test ends the job once they have.
+        time.sleep(10)
         os._exit(0)
