@@ -21,6 +21,14 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 REPORT_DIR_VARIABLE = "HVDT_WORKER_REPORT_DIR"
 PARALLEL = Path(__file__).resolve().parent / "parallel"
 
+#: One compute thread per process in everything the tests start (and in this process): they run 2-4 ranks on a
+#: few cores, and TensorFlow's and OpenMP's pools of a thread per core each would spin against the other ranks'
+#: (tests/parallel's test_keras_fit.py at -n 2: 34.6 s with them, 22.2 s without). A test that needs more sets
+#: its own; a variable already set is kept.
+COMPUTE_THREADS = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+for _name, _value in COMPUTE_THREADS.items():
+    os.environ.setdefault(_name, _value)
+
 #: The test tiers (pytest markers, registered in setup.cfg; times in README.md's "Testing"), by test file name:
 #: the first pattern that matches a file gives its tests their tier, so a new file gets one too (an unknown
 #: ``test_*.py`` launches MPI jobs, like most files here). A test that carries a tier marker itself keeps it.
