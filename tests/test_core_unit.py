@@ -634,3 +634,33 @@ def test_an_uncaught_rank_death_waits_out_the_other_survivors_naming_before_the_
     assert not abort._lost_rank(ValueError("no")) and not abort._lost_rank(None)
     assert abort._lost_rank(RuntimeError("UnknownError: not chained"), ended=death)  # the engine ended with it
     assert abort._LOST_RANK_GRACE_S == LOST_RANKS_WAIT_S + abort._ABORT_GRACE_S >= 3.0
+
+
+class _SlowRequest:
+    """An MPI request that completes ``seconds`` after it was made, counting how often it was polled."""
+
+    def __init__(self, seconds: float) -> None:
+        self.polls, self.end = 0, time.monotonic() + seconds
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        self.polls += 1
+        return time.monotonic() >= self.end
+
+
+def test_a_crowded_engine_backs_off_while_a_user_thread_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more ranks than cores the engine polls a waited-for request SPIN_POLLS times, then sleeps between
+    polls (the rank it waits for needs the core); with a core each it polls on while a user thread waits."""
+    from hvdlite.core.engine import handles, polling
+    for name in ("YIELD_EVERY", "EAGER_POLLS", "_FINE_SLACK", "_SPIN_WHILE_WAITED"):
+        monkeypatch.setattr(polling, name, getattr(polling, name))  # restored after the test
+    monkeypatch.setattr(polling, "_watch", None)
+    monkeypatch.setattr(handles, "_blocked", 1)  # a user thread is blocked on a handle
+    polling.share_cores(3, 2)
+    crowded = _SlowRequest(0.05)
+    polling.wait(crowded, 0.001)
+    polling.share_cores(2, 2)
+    spread = _SlowRequest(0.05)
+    polling.wait(spread, 0.001)
+    # 50 ms of back-off capped at 1 ms is at most ~60 sleeps; spinning polls thousands of times
+    assert crowded.polls <= polling.SPIN_POLLS + 100, crowded.polls
+    assert spread.polls > 4 * crowded.polls, (spread.polls, crowded.polls)

@@ -25,11 +25,15 @@ _watch: Optional[Callable[[float], bool]] = None
 def share_cores(ranks: int, cores: int) -> None:
     """Set how often spinning yields: often when this node runs more ranks than it has cores for
     (oversubscribed ranks progress only when the others give the core away), rarely otherwise."""
-    global YIELD_EVERY, EAGER_POLLS, _FINE_SLACK
+    global YIELD_EVERY, EAGER_POLLS, _FINE_SLACK, _SPIN_WHILE_WAITED
     crowded = ranks > cores
     YIELD_EVERY = 8 if crowded else 256
     EAGER_POLLS = 0 if crowded else 16  # crowded: sleep at once, others need the core to progress
     _FINE_SLACK = not crowded  # crowded: the default slack batches wake-ups, which the others need too
+    # crowded: a waiting user thread frees no core for this engine, so after SPIN_POLLS it backs off like any
+    # wait. Spinning on while the peer waited for was itself short of CPU starved it: 3 ranks on 2 cores, one
+    # rank still tracing a tf.function while two spun, took 47 s instead of 10 (py-spy and top, in a CI run).
+    _SPIN_WHILE_WAITED = not crowded
 
 
 def fine_timer_slack() -> None:
@@ -46,6 +50,7 @@ def fine_timer_slack() -> None:
 
 _PR_SET_TIMERSLACK = 29
 _FINE_SLACK = True
+_SPIN_WHILE_WAITED = True
 
 
 def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
@@ -55,8 +60,9 @@ def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
 
 def wait(request: Any, cap: float) -> None:
     """Complete ``request``. While a user thread is blocked on a handle its core is idle, so poll
-    continuously; otherwise sleep between polls, backing off to ``cap`` seconds, so a training thread
-    computing the backward pass keeps its core (and oversubscribed ranks still make progress).
+    continuously (on a crowded node only SPIN_POLLS times: the other ranks need the core); otherwise sleep
+    between polls, backing off to ``cap`` seconds, so a training thread computing the backward pass keeps its
+    core (and oversubscribed ranks still make progress).
     The engine's watch runs before each sleep (see set_watch)."""
     test = request.Test
     watch = _watch
@@ -73,7 +79,7 @@ def wait(request: Any, cap: float) -> None:
             continue
         if watch is not None and watch(time.monotonic() - started):
             started = time.monotonic()
-        if threads_waiting():
+        if _SPIN_WHILE_WAITED and threads_waiting():
             spins, every, delay = SPIN_POLLS, YIELD_EVERY, 0.0
             continue
         delay = min(cap, max(2e-5, delay * 2))
