@@ -23,8 +23,9 @@ _watch: Optional[Callable[[float], bool]] = None
 
 
 def share_cores(ranks: int, cores: int) -> None:
-    """Set how often spinning yields: often when this node runs more ranks than it has cores for
-    (oversubscribed ranks progress only when the others give the core away), rarely otherwise."""
+    """Set how the engine's polls share the core: when this node runs more ranks than it has cores for
+    (oversubscribed ranks progress only when the others give the core away), spinning yields often and stops
+    after SPIN_POLLS even while a user thread waits; otherwise it yields rarely and goes on."""
     global YIELD_EVERY, EAGER_POLLS, _FINE_SLACK, _SPIN_WHILE_WAITED
     crowded = ranks > cores
     YIELD_EVERY = 8 if crowded else 256
