@@ -138,10 +138,10 @@ class Counter:
         from hvdlite.core.engine import polling  # every MPI wait of the engine thread goes through polling.wait
         original_wait = polling.wait
 
-        def timed_wait(request: Any, cap: float) -> None:
+        def timed_wait(request: Any, cap: float, arrival: bool = False) -> None:
             t0 = time.thread_time()
             try:
-                original_wait(request, cap)
+                original_wait(request, cap, arrival)
             finally:
                 self.engine_wait_cpu += time.thread_time() - t0
 

@@ -647,9 +647,10 @@ class _SlowRequest:
         return time.monotonic() >= self.end
 
 
-def test_a_crowded_engine_backs_off_while_a_user_thread_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With more ranks than cores the engine polls a waited-for request SPIN_POLLS times, then sleeps between
-    polls (the rank it waits for needs the core); with a core each it polls on while a user thread waits."""
+def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more ranks than cores, or waiting for peers to arrive in a negotiation round, the engine polls a
+    waited-for request SPIN_POLLS times, then sleeps between polls (the rank it waits for needs the core);
+    with a core each it polls a data transfer on while a user thread waits."""
     from hvdlite.core.engine import handles, polling
     for name in ("YIELD_EVERY", "EAGER_POLLS", "_FINE_SLACK", "_SPIN_WHILE_WAITED"):
         monkeypatch.setattr(polling, name, getattr(polling, name))  # restored after the test
@@ -661,6 +662,9 @@ def test_a_crowded_engine_backs_off_while_a_user_thread_waits(monkeypatch: pytes
     polling.share_cores(2, 2)
     spread = _SlowRequest(0.05)
     polling.wait(spread, 0.001)
+    arrival = _SlowRequest(0.05)  # a negotiation round: it waits for a peer still computing, on any node
+    polling.wait(arrival, 0.001, arrival=True)
     # 50 ms of back-off capped at 1 ms is at most ~60 sleeps; spinning polls thousands of times
     assert crowded.polls <= polling.SPIN_POLLS + 100, crowded.polls
+    assert arrival.polls <= polling.SPIN_POLLS + 100, arrival.polls
     assert spread.polls > 4 * crowded.polls, (spread.polls, crowded.polls)

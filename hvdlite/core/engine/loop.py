@@ -34,6 +34,10 @@ from .timeline import Timeline, negotiate_activity
 
 #: Seconds a survivor waits for its failure detector to name the lost ranks before it fails the handles.
 LOST_RANKS_WAIT_S = 2.0
+#: The longest pause of an idle rank's engine while other ranks wait for ops (only sets of every rank): it
+#: backs off to this instead of joining a round every 2 cycle times. Its own submission ends the pause at once,
+#: so the ops waited for complete as soon as it submits; the waiting ranks sit in the open round meanwhile.
+IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S = 0.1
 
 
 class Engine:
@@ -205,9 +209,9 @@ class Engine:
         Every cycle is a world-wide round, so while some process set leaves ranks out, a rank with nothing
         of its own still takes part at once while any rank is busy (the BUSY flag of the last round says
         so): a set's ops never wait for idle non-members. With only sets of every rank, each op needs every
-        rank's own submission anyway, so an idle rank waits for its own (no empty round after each op).
-        Otherwise it backs off, doubling its pause from the cycle time up to ``idle_heartbeat_seconds``;
-        a local submission ends the pause at once.
+        rank's own submission anyway, so an idle rank waits for its own (no empty round after each op): it
+        backs off, doubling its pause from the cycle time up to IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S while others
+        are busy (up to ``idle_heartbeat_seconds`` while none is); a local submission ends the pause at once.
         """
         cycle_s = self.config.cycle_time_ms / 1000.0
         with self._cv:
@@ -218,11 +222,12 @@ class Engine:
                 return True
             if self._queue or self._shutdown_requested:
                 return True
+            cap = self.config.idle_heartbeat_seconds
             if self._job_busy:
-                self._idle_pause = cycle_s
                 if self.psets.has_partial_sets():
                     return True
-            self._idle_pause = min(self.config.idle_heartbeat_seconds, max(cycle_s, 1e-4, self._idle_pause * 2))
+                cap = min(cap, IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S)
+            self._idle_pause = min(cap, max(cycle_s, 1e-4, self._idle_pause * 2))
             self._sleep(self._idle_pause)
         return True
 
@@ -257,6 +262,8 @@ class Engine:
                 self._move_names(self.names, new)
         tracing = self.timeline.enabled
         pending, bits = self.completion.pending, self.completion.bits
+        if new:
+            self._idle_pause = 0.0  # this rank's own work: its next idle pause starts at the cycle time again
         for req in new:
             pending[req.key] = req
             if req.sig.kind is Kind.JOIN:
@@ -305,7 +312,7 @@ class Engine:
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
-        polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005)
+        polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005, arrival=True)
 
     def _waiting_names(self) -> list[str]:
         """The names this rank waits on, pending or still queued (a wedged wait's message lists them)."""

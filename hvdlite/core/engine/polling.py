@@ -59,11 +59,15 @@ def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
     _watch = watch
 
 
-def wait(request: Any, cap: float) -> None:
+def wait(request: Any, cap: float, arrival: bool = False) -> None:
     """Complete ``request``. While a user thread is blocked on a handle its core is idle, so poll
     continuously (on a crowded node only SPIN_POLLS times: the other ranks need the core); otherwise sleep
     between polls, backing off to ``cap`` seconds, so a training thread computing the backward pass keeps its
     core (and oversubscribed ranks still make progress).
+    ``arrival``: the request completes when the peers arrive (a negotiation round), not when bytes have moved,
+    so after SPIN_POLLS it backs off on every node: a long wait there is a peer still computing, and spinning
+    on would take the core (or the hyperthread beside it) that peer needs. 2 ranks on this 2-core machine, one
+    computing ~1.3 s of Python while the other waited: the waiting rank's CPU 95-100% of the wait before.
     The engine's watch runs before each sleep (see set_watch)."""
     test = request.Test
     watch = _watch
@@ -80,7 +84,7 @@ def wait(request: Any, cap: float) -> None:
             continue
         if watch is not None and watch(time.monotonic() - started):
             started = time.monotonic()
-        if _SPIN_WHILE_WAITED and threads_waiting():
+        if _SPIN_WHILE_WAITED and not arrival and threads_waiting():
             spins, every, delay = SPIN_POLLS, YIELD_EVERY, 0.0
             continue
         delay = min(cap, max(2e-5, delay * 2))
