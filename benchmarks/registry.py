@@ -81,6 +81,9 @@ BENCHMARKS: tuple[Bench, ...] = (
            "--num-iters", "2"), peer="required", headline=True),
     Bench("latency_breakdown", "where one small synchronous allreduce's time goes (timestamps inside the "
           "engine)", "mpi", "~5 s (README)", ("--ops", "20")),
+    Bench("peer_wait", "what ranks waiting in an allreduce cost a rank still computing: hvdlite against waiting "
+          "outside any library and Horovod", "mpi", "~40 s (estimate: 5 rounds of 2 ways of ~1-2 s, twice with "
+          "Horovod)", ("--work", "20000", "--rounds", "1", "--hvd-module", "hvdlite.torch"), peer="module"),
     Bench("autotune", "autotune from deliberately bad settings against hand-set configurations (ResNet-50's "
           "gradients)", "mpi", "~5 min (estimate: 3 rounds x 5 configurations and up to 400 tuning steps)",
           ("--scale", "0.0005", "--reps", "1", "--rounds", "1", "--warmup-samples", "0", "--steps-per-sample",

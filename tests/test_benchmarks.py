@@ -327,6 +327,21 @@ def check_latency_breakdown(records: Records, tmp_path: Path) -> None:
     assert phases[-1]["us_since_call"] >= phases[0]["us_since_call"]
 
 
+@check("peer_wait")
+def check_peer_wait(records: Records, tmp_path: Path) -> None:
+    """Rank 0's compute time with the others waiting outside any library and in hvdlite (and the stand-in
+    module), each session's slowdown against its own baseline, and the waiting ranks' CPU."""
+    lines = [r for r in records if r.get("bench") == "peer_wait" and "method" in r]
+    assert [(r["session"], r["method"]) for r in lines] == [("hvdlite", "sleep"), ("hvdlite", "hvdlite"),
+                                                          ("hvdlite.torch", "sleep"), ("hvdlite.torch", "module")]
+    for record in lines:
+        assert_positive(record, "compute_seconds", "slowdown")
+        assert record["waiting_cpu_percent"] >= 0
+    sleep, waited = lines[0], lines[1]
+    assert sleep["slowdown"] == 1.0 and waited["slowdown"] == pytest.approx(
+        waited["compute_seconds"] / sleep["compute_seconds"])
+
+
 @check("gloo_vs_mpi")
 def check_gloo_vs_mpi(records: Records, tmp_path: Path) -> None:
     """Both planes run ResNet-50's 161 gradients (shrunk) and the line carries their times and ratio."""
