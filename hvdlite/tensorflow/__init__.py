@@ -23,6 +23,25 @@ from .sync_batch_norm import SyncBatchNormalization
 from . import elastic  # noqa: E402  (hvd.elastic)
 
 
+def _library_code_for_autograph() -> None:
+    """Have AutoGraph call hvdlite's functions as they are, as it does TensorFlow's and Keras' own: a user's
+    tf.function that calls ``DistributedOptimizer.apply`` (or any collective) otherwise has every hvdlite function
+    it reaches parsed and transformed on its first trace (their control flow is on Python values: nothing to
+    convert). A Keras custom loop's first trace: 1.49 -> 0.32 s (one process, 2-core machine). The rule table is
+    AutoGraph's own (``tensorflow.python.autograph.core.config``); where a TensorFlow lacks it, only that time is
+    lost."""
+    try:
+        from tensorflow.python.autograph.core import config
+    except ImportError:
+        return
+    rule = config.DoNotConvert("hvdlite")
+    if not any(getattr(r, "_prefix", None) == "hvdlite" for r in config.CONVERSION_RULES):
+        config.CONVERSION_RULES = (rule, *config.CONVERSION_RULES)
+
+
+_library_code_for_autograph()
+
+
 def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = False, device_dense: str = "",
                          device_sparse: str = "", compression: type = Compression.none,
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: Any = Average,

@@ -164,6 +164,33 @@ def test_runtime_names_are_the_core_objects() -> None:
         assert "check_replicas" in module.__all__ and module.check_replicas is not core.check_replicas
 
 
+def test_autograph_calls_hvdlite_unconverted_and_a_custom_loop_still_trains(rank: int, size: int) -> None:
+    """AutoGraph leaves hvdlite's code as it is (as it does TensorFlow's and Keras'): a user's tf.function that
+    reaches the optimizer, the tape or a collective does not parse and transform the library on its first trace;
+    the loop's result is still every rank's gradient averaged."""
+    import keras
+    from tensorflow.python.autograph.impl import conversion
+
+    import hvdlite.tensorflow.keras as hvd_keras
+    from hvdlite.tensorflow import reduction
+    for function in (reduction.reduce_partially, hvd.allreduce, hvd.DistributedGradientTape,
+                     hvd_keras.DistributedOptimizer):
+        assert conversion.is_allowlisted(function), function
+    variable = tf.Variable([1.0, 2.0])
+    optimizer = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    optimizer.build([variable])
+
+    @tf.function
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(variable * float(rank + 1))
+        optimizer.apply(tape.gradient(loss, [variable]), [variable])
+
+    step()
+    mean = (size + 1) / 2.0  # the average of rank + 1 over the ranks
+    np.testing.assert_array_equal(variable.numpy(), np.array([1.0 - mean, 2.0 - mean], np.float32))
+
+
 def test_broadcast_global_variables_eager_raises_as_horovod() -> None:
     with pytest.raises(RuntimeError, match=r"does not support eager execution. Please use "
                                            r"`hvd.broadcast_variables\(<model/optimizer variables>\)` instead"):
