@@ -637,22 +637,28 @@ def test_an_uncaught_rank_death_waits_out_the_other_survivors_naming_before_the_
 
 
 class _SlowRequest:
-    """An MPI request that completes ``seconds`` after it was made, counting how often it was polled."""
+    """An MPI request that completes ``seconds`` after it was made, counting how often it was polled (and
+    how often after ``late_s``)."""
 
-    def __init__(self, seconds: float) -> None:
-        self.polls, self.end = 0, time.monotonic() + seconds
+    def __init__(self, seconds: float, late_s: float = float("inf")) -> None:
+        self.polls, self.late_polls = 0, 0
+        self.start = time.monotonic()
+        self.end, self.late = self.start + seconds, self.start + late_s
 
     def Test(self) -> bool:  # noqa: N802 - mpi4py's name
         self.polls += 1
-        return time.monotonic() >= self.end
+        now = time.monotonic()
+        self.late_polls += now >= self.late
+        return now >= self.end
 
 
 def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With more ranks than cores, or waiting for peers to arrive in a negotiation round, the engine polls a
-    waited-for request SPIN_POLLS times, then sleeps between polls (the rank it waits for needs the core);
-    with a core each it polls a data transfer on while a user thread waits."""
+    """With more ranks than cores the engine polls a waited-for request SPIN_POLLS times, then sleeps between
+    polls (the rank it waits for needs the core); with a core each it polls a data transfer on while a user
+    thread waits; waiting for peers to arrive in a negotiation round it polls on for ARRIVAL_SPIN_S (a burst's
+    peers arrive within it), then sleeps between polls on any node (a peer still computing needs the core)."""
     from hvdlite.core.engine import handles, polling
-    for name in ("YIELD_EVERY", "EAGER_POLLS", "_FINE_SLACK", "_SPIN_WHILE_WAITED"):
+    for name in ("YIELD_EVERY", "EAGER_POLLS", "_FINE_SLACK", "_SPIN_WHILE_WAITED", "ARRIVAL_SPIN_S"):
         monkeypatch.setattr(polling, name, getattr(polling, name))  # restored after the test
     monkeypatch.setattr(polling, "_watch", None)
     monkeypatch.setattr(handles, "_blocked", 1)  # a user thread is blocked on a handle
@@ -662,9 +668,13 @@ def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypat
     polling.share_cores(2, 2)
     spread = _SlowRequest(0.05)
     polling.wait(spread, 0.001)
-    arrival = _SlowRequest(0.05)  # a negotiation round: it waits for a peer still computing, on any node
-    polling.wait(arrival, 0.001, arrival=True)
+    polling.ARRIVAL_SPIN_S = 0.05
+    arrival = _SlowRequest(0.15, late_s=0.055)  # a negotiation round: it waits for a peer still computing
+    polling.wait(arrival, 0.002, arrival=True)
     # 50 ms of back-off capped at 1 ms is at most ~60 sleeps; spinning polls thousands of times
     assert crowded.polls <= polling.SPIN_POLLS + 100, crowded.polls
-    assert arrival.polls <= polling.SPIN_POLLS + 100, arrival.polls
     assert spread.polls > 4 * crowded.polls, (spread.polls, crowded.polls)
+    # the first 50 ms spun (tens of thousands of polls on a free core; SPIN_POLLS and ~15 sleeps had it
+    # backed off after SPIN_POLLS), the last 95 ms slept up to 2 ms between polls (~50 polls)
+    assert arrival.polls - arrival.late_polls > 5 * polling.SPIN_POLLS, (arrival.polls, arrival.late_polls)
+    assert arrival.late_polls <= 80, arrival.late_polls

@@ -150,16 +150,20 @@ def pending_message(pending: Collection[Any], now: float, **fields: Any) -> Rank
 
 def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any]] = None) -> list[RankMessage]:
     """Every rank's message, in rank order: the sizes, then the pickled bytes, each non-blocking and polled
-    (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size."""
+    (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size.
+    Both waits are arrival waits (``polling.wait``): they end when the slowest peer's engine gets there, and a
+    peer whose training thread computes Python holds its GIL, so its engine can be tens of ms late; spinning
+    on meanwhile took a waiting rank's engine to ~30% of a core (``benchmarks/peer_wait.py``)."""
     payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     size = comm.Get_size()
     sizes = np.empty(size, dtype=np.int64)
-    polling.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), NEGOTIATION_POLL_CAP)
+    polling.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), NEGOTIATION_POLL_CAP,
+                 arrival=True)
     if sizes_out is not None:
         sizes_out[:] = sizes.tolist()
     sizes, displs = counts_displacements(sizes)
     data = np.empty(int(sizes.sum()), dtype=np.uint8)
-    polling.wait(comm.Iallgatherv(payload, [data, (sizes, displs)]), NEGOTIATION_POLL_CAP)
+    polling.wait(comm.Iallgatherv(payload, [data, (sizes, displs)]), NEGOTIATION_POLL_CAP, arrival=True)
     return [pickle.loads(data[d:d + n].tobytes()) for d, n in zip(displs.tolist(), sizes.tolist())]
 
 

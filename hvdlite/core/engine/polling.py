@@ -17,6 +17,15 @@ YIELD_EVERY = 8
 #: exchange with an active peer ends within microseconds, and the shortest sleep costs tens of them.
 EAGER_POLLS = 16
 
+#: How long an arrival wait (a negotiation round: see wait) spins on while a user thread waits on an uncrowded
+#: node before it backs off: peers of a burst in flight arrive within this; a peer still computing takes far
+#: longer, and spinning that long would take its core.
+ARRIVAL_SPIN_S = 0.002
+#: Whether the last arrival wait ended within ARRIVAL_SPIN_S: only then does the next one spin that long (a peer
+#: computing between steps makes every wait long, and its rounds come every few ms: 2 ms of spinning each
+#: was ~10% of a core).
+_arrivals_prompt = True
+
 #: Runs between the polls of every wait with the seconds waited so far; returns True to restart that count.
 #: The engine answers presence probes there and gives up on a wait that a vanished peer holds.
 _watch: Optional[Callable[[float], bool]] = None
@@ -65,13 +74,18 @@ def wait(request: Any, cap: float, arrival: bool = False) -> None:
     between polls, backing off to ``cap`` seconds, so a training thread computing the backward pass keeps its
     core (and oversubscribed ranks still make progress).
     ``arrival``: the request completes when the peers arrive (a negotiation round), not when bytes have moved,
-    so after SPIN_POLLS it backs off on every node: a long wait there is a peer still computing, and spinning
+    so after ARRIVAL_SPIN_S it backs off on every node: a long wait there is a peer still computing, and spinning
     on would take the core (or the hyperthread beside it) that peer needs. 2 ranks on this 2-core machine, one
-    computing ~1.3 s of Python while the other waited: the waiting rank's CPU 95-100% of the wait before.
+    computing ~1.3 s of Python while the other waited: the waiting rank's CPU 95-100% of the wait before. (Backing
+    off after SPIN_POLLS alone, tens of microseconds, made a warm burst of 1,000 small ops 1.15x slower: its
+    rounds' peers arrive within a millisecond.) It spins that long only when the last arrival wait ended within
+    it: behind a peer still computing, every wait is long.
     The engine's watch runs before each sleep (see set_watch)."""
+    global _arrivals_prompt
     test = request.Test
     watch = _watch
-    started = time.monotonic()
+    started = began = time.monotonic()
+    spin_for = ARRIVAL_SPIN_S if _arrivals_prompt else 0.0
     # spinning: continuously while a user thread waits; otherwise a few polls first, each yielding the
     # core (the training thread may need it), since an exchange with an active peer ends within microseconds
     spins, every = (SPIN_POLLS, YIELD_EVERY) if threads_waiting() else (EAGER_POLLS, 1)
@@ -84,8 +98,11 @@ def wait(request: Any, cap: float, arrival: bool = False) -> None:
             continue
         if watch is not None and watch(time.monotonic() - started):
             started = time.monotonic()
-        if _SPIN_WHILE_WAITED and not arrival and threads_waiting():
+        if _SPIN_WHILE_WAITED and threads_waiting() and (
+                not arrival or time.monotonic() - began < spin_for):
             spins, every, delay = SPIN_POLLS, YIELD_EVERY, 0.0
             continue
         delay = min(cap, max(2e-5, delay * 2))
         time.sleep(delay)
+    if arrival:
+        _arrivals_prompt = time.monotonic() - began < ARRIVAL_SPIN_S
