@@ -146,6 +146,10 @@ BENCHMARKS: tuple[Bench, ...] = (
                    "importing TensorFlow; it builds Keras' ResNet-50 and has no size flag, and prints text, not "
                    "JSON lines: a smoke run needs a size flag and a JSON mode first", output="text",
           takes_out=False),
+    Bench("autograph_trace", "a Keras custom loop's first call (AutoGraph, trace, one step) with hvdlite's tape and "
+          "optimizer, against plain TensorFlow and against AutoGraph converting hvdlite", "python",
+          "~1 min (estimate: 25 fresh processes of ~2-3 s)",
+          ("--rounds", "1", "--steps", "1", "--methods", "optimizer_converted"), takes_np=False),
 )
 
 BY_NAME = {bench.name: bench for bench in BENCHMARKS}

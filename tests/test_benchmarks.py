@@ -342,6 +342,21 @@ def check_peer_wait(records: Records, tmp_path: Path) -> None:
         waited["compute_seconds"] / sleep["compute_seconds"])
 
 
+@check("autograph_trace")
+def check_autograph_trace(records: Records, tmp_path: Path) -> None:
+    """plain TensorFlow (always measured, the reference) and the converted optimizer: a first call slower than a
+    later one, and the ratio and difference to plain computed from the figures shown."""
+    lines = by_method(records, bench="autograph_trace")
+    assert list(lines) == ["plain", "optimizer_converted"]
+    plain, converted = lines["plain"], lines["optimizer_converted"]
+    for record in lines.values():
+        assert_positive(record, "first_call_s", "steady_call_s")
+        assert record["rounds"] == 1 and record["first_call_range_s"] == [record["first_call_s"]] * 2
+    assert plain["first_over_plain"] == 1.0 and plain["added_s"] == 0.0
+    assert converted["first_over_plain"] == pytest.approx(converted["first_call_s"] / plain["first_call_s"])
+    assert converted["added_s"] == pytest.approx(converted["first_call_s"] - plain["first_call_s"])
+
+
 @check("gloo_vs_mpi")
 def check_gloo_vs_mpi(records: Records, tmp_path: Path) -> None:
     """Both planes run ResNet-50's 161 gradients (shrunk) and the line carries their times and ratio."""
