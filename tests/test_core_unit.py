@@ -656,9 +656,11 @@ def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypat
     """With more ranks than cores the engine polls a waited-for request SPIN_POLLS times, then sleeps between
     polls (the rank it waits for needs the core); with a core each it polls a data transfer on while a user
     thread waits; waiting for peers to arrive in a negotiation round it polls on for ARRIVAL_SPIN_S (a burst's
-    peers arrive within it), then sleeps between polls on any node (a peer still computing needs the core)."""
+    peers arrive within it), then sleeps between polls on any node (a peer still computing needs the core), and
+    after such a long wait the next arrival wait spins only SPIN_POLLS times."""
     from hvdlite.core.engine import handles, polling
-    for name in ("YIELD_EVERY", "EAGER_POLLS", "_FINE_SLACK", "_SPIN_WHILE_WAITED", "ARRIVAL_SPIN_S"):
+    for name in ("YIELD_EVERY", "EAGER_POLLS", "_FINE_SLACK", "_SPIN_WHILE_WAITED", "ARRIVAL_SPIN_S",
+                 "_arrivals_prompt"):
         monkeypatch.setattr(polling, name, getattr(polling, name))  # restored after the test
     monkeypatch.setattr(polling, "_watch", None)
     monkeypatch.setattr(handles, "_blocked", 1)  # a user thread is blocked on a handle
@@ -668,7 +670,7 @@ def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypat
     polling.share_cores(2, 2)
     spread = _SlowRequest(0.05)
     polling.wait(spread, 0.001)
-    polling.ARRIVAL_SPIN_S = 0.05
+    polling.ARRIVAL_SPIN_S, polling._arrivals_prompt = 0.05, True  # as after a wait that ended within it
     arrival = _SlowRequest(0.15, late_s=0.055)  # a negotiation round: it waits for a peer still computing
     polling.wait(arrival, 0.002, arrival=True)
     # 50 ms of back-off capped at 1 ms is at most ~60 sleeps; spinning polls thousands of times
@@ -678,3 +680,6 @@ def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypat
     # backed off after SPIN_POLLS), the last 95 ms slept up to 2 ms between polls (~50 polls)
     assert arrival.polls - arrival.late_polls > 5 * polling.SPIN_POLLS, (arrival.polls, arrival.late_polls)
     assert arrival.late_polls <= 80, arrival.late_polls
+    behind = _SlowRequest(0.05)  # after a long arrival wait (a peer computing), the next spins SPIN_POLLS only
+    polling.wait(behind, 0.001, arrival=True)
+    assert behind.polls <= polling.SPIN_POLLS + 100, behind.polls
