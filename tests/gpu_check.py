@@ -296,6 +296,41 @@ def nccl_missing() -> str | None:
     return None
 
 
+def nccl_abandoned_then_made_again() -> str | None:
+    """What in-process recovery does to the NCCL plane after a lost rank (core/recovery.py: the old runtime's
+    ``abandon()``, then a new runtime): the old communicator is aborted (TorchPlane.abandon: ncclCommAbort through
+    c10d, within ABORT_WAIT_S), the next init() makes a new one in the same process, and collectives through it
+    are exact. (No peer can die here with one GPU per rank and one GPU: the abort of a communicator with a
+    collective hung on a dead peer needs two GPUs.)"""
+    if plane_of_allreduce(torch.ones(2, device=DEV)) != "nccl":
+        return "skipped: the check is NCCL's (the job's CUDA allreduce does not take NCCL here)"
+    import time
+
+    from hvdlite.core import runtime
+    from hvdlite.torch.plane import ABORT_WAIT_S
+    x = inputs(R, (3, 5), torch.float32)
+    same(hvd.allreduce(x.to(DEV), op=hvd.Sum, name="before.abort"), hvd.allreduce(x, op=hvd.Sum, name="cpu.a"),
+         "allreduce before the abort")
+    state = runtime.state()
+    old = state.planes.plane("nccl", 0)
+    assert callable(getattr(old.group, "abort", None)), f"{type(old.group).__name__} has no abort() in this torch"
+    started = time.monotonic()
+    state.planes.close(clean=False)  # what State.abandon() does to the planes after a lost rank
+    took = time.monotonic() - started
+    assert took < ABORT_WAIT_S, f"the NCCL abort took {took:.1f} s (the recovery would have gone on without it)"
+    results["nccl_abort_seconds"] = round(took, 4)
+    hvd.shutdown()
+    hvd.init()
+    new = runtime.state().planes.plane("nccl", 0)
+    assert new is not old and new.group is not old.group
+    for step in range(3):
+        y = inputs(R + step, (4, 3), torch.float32)
+        same(hvd.allreduce(y.to(DEV), op=hvd.Sum, name=f"after.abort.{step}"),
+             hvd.allreduce(y, op=hvd.Sum, name=f"cpu.b.{step}"), "allreduce through the new NCCL communicator")
+    assert plane_of_allreduce(torch.ones(2, device=DEV)) == "nccl"
+    return None
+
+
 CHECKS = [("allreduce every dtype and op", allreduce_all), ("grouped and in place", grouped_and_inplace),
           ("allgather uneven", allgather_uneven), ("broadcast", broadcast_all),
           ("alltoall splits", alltoall_splits), ("reducescatter", reducescatter_all),
@@ -303,7 +338,8 @@ CHECKS = [("allreduce every dtype and op", allreduce_all), ("grouped and in plac
           ("optimizer equivalence", optimizer_equivalence),
           ("zero optimizer equivalence", lambda: optimizer_equivalence(zero=True)),
           ("sync batch norm", sync_batch_norm), ("mixed devices error", mixed_devices_error),
-          ("cuda-aware MPI", cuda_aware_mpi), ("other device error", other_device_error)]
+          ("cuda-aware MPI", cuda_aware_mpi), ("other device error", other_device_error),
+          ("NCCL plane abandoned, then made again", nccl_abandoned_then_made_again)]
 for name, fn in [("CUDA tensor with NCCL unavailable", nccl_missing)] if NCCL_MISSING else CHECKS:
     check(name, fn)
 results["plane_of_a_device_allreduce"] = plane_of_allreduce(torch.ones(2, device=DEV)) \

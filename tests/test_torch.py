@@ -292,3 +292,50 @@ def test_sync_batch_norm_matches_batch_norm_on_one_rank() -> None:
     assert torch.allclose(sync(x), ref(x), atol=1e-6)
     with pytest.raises(ValueError, match="at least 2D"):
         sync(torch.ones(3))
+
+
+def test_an_abandoned_nccl_plane_aborts_its_communicator_and_never_waits_past_abort_wait_s(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a lost rank, the failed job's NCCL communicator is aborted (TorchPlane.abandon, from the unclean
+    close of the planes), so that no collective stays hung on the GPU; an abort that hangs is left behind after
+    ABORT_WAIT_S, with a warning naming the rank and set, and the recovery goes on. Gloo groups are not aborted.
+    The groups here stand in for ProcessGroupNCCL, which this CPU-only torch lacks: tests/gpu_check.py aborts a
+    real one on a GPU and makes a new one in the same process."""
+    import logging
+    import threading
+    import time
+
+    from hvdlite.core.frontend import Bootstrap
+    from hvdlite.torch import plane as torch_plane
+
+    class Group:
+        def __init__(self, hang: bool) -> None:
+            self.calls, self.hang, self.release = 0, hang, threading.Event()
+
+        def abort(self) -> None:
+            self.calls += 1
+            if self.hang:
+                self.release.wait(30)
+
+    boot = Bootstrap(3, 0, 1, None, 5, True)
+    nccl, gloo = Group(False), Group(False)
+    torch_plane.TorchPlane("nccl", nccl, boot).abandon()
+    torch_plane.TorchPlane("gloo", gloo, boot).abandon()
+    assert (nccl.calls, gloo.calls) == (1, 0)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger(torch_plane.__name__).addHandler(handler)
+    monkeypatch.setattr(torch_plane, "ABORT_WAIT_S", 0.3)
+    hung = Group(True)
+    started = time.monotonic()
+    try:
+        torch_plane.TorchPlane("nccl", hung, boot).abandon()
+        took = time.monotonic() - started
+    finally:
+        hung.release.set()
+        logging.getLogger(torch_plane.__name__).removeHandler(handler)
+    assert hung.calls == 1 and 0.3 <= took < 5, took
+    assert [r.getMessage() for r in records] == [
+        "rank 5: aborting the NCCL communicator of process set 3 took over 0.3 s; going on without it (its GPU "
+        "resources stay until the process exits)"]

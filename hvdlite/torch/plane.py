@@ -7,7 +7,9 @@ port and announces over MPI. Only the engine thread calls these groups.
 from __future__ import annotations
 
 import datetime
+import logging
 import socket
+import threading
 from typing import Any, Optional
 
 import torch
@@ -23,6 +25,9 @@ from .plane_bytes import as_bytes, row_bytes, scale_in_place
 #: How long a plane's collective may wait before torch itself gives up; hvdlite's stall inspector
 #: (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) normally ends a wedged job long before.
 GROUP_TIMEOUT = datetime.timedelta(hours=2)
+#: How long a failed job's NCCL abort is waited for before the recovery goes on without it (TorchPlane.abandon)
+ABORT_WAIT_S = 10.0
+_log = logging.getLogger(__name__)
 
 _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN, ReduceOp.MAX: dist.ReduceOp.MAX,
         ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT, ReduceOp.AVERAGE: dist.ReduceOp.SUM}
@@ -270,6 +275,23 @@ class TorchPlane(DataPlane):
         if self.name != "gloo" and shutdown is not None:
             shutdown()
         self.group = None
+
+    def abandon(self) -> None:
+        """A failed job's NCCL communicator is aborted (c10d's ``abort``: ncclCommAbort), so that none of its
+        collectives stays running on the GPU waiting for a dead peer: the rank's streams wait on NCCL's for
+        every batch (_device, _run), so a kernel left hung would hold back all later work on the GPU. In a
+        thread, waited for up to ABORT_WAIT_S: an abort that hangs is left behind rather than hold the
+        recovery. Gloo and MPI groups need nothing (their waits end with the failure)."""
+        abort = getattr(self.group, "abort", None)
+        if self.name != "nccl" or abort is None:
+            return
+        thread = threading.Thread(target=abort, name="hvdlite-nccl-abort", daemon=True)
+        thread.start()
+        thread.join(ABORT_WAIT_S)
+        if thread.is_alive():
+            _log.warning("rank %d: aborting the NCCL communicator of process set %d took over %g s; going on "
+                         "without it (its GPU resources stay until the process exits)", self.boot.world_rank,
+                         self.boot.ps_id, ABORT_WAIT_S)
 
 
 class _NoDevice:

@@ -41,6 +41,7 @@ def parse_args():
     parser.add_argument("--dump-resume", default="")
     parser.add_argument("--load", default="")
     parser.add_argument("--width", type=int, default=32, help="hidden width of the model (benchmarks: larger)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     return parser.parse_args()
 
 
@@ -54,7 +55,7 @@ def dataset(samples):
 def digest(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -86,6 +87,10 @@ def main():
     report(orig, start={"pid": os.getpid()})  # by the rank it started as (the test's reports)
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
     plan = set()
     for item in args.die:
         who, where, step = item.split(":")
@@ -95,7 +100,7 @@ def main():
     sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=1)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     w = args.width
-    model = nn.Sequential(nn.Linear(16, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 4))
+    model = nn.Sequential(nn.Linear(16, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 4)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     tripwire = Tripwire(orig, plan)
@@ -150,7 +155,7 @@ def main():
                 steps += 1
                 tripwire.step = state.step
                 state.optimizer.zero_grad()
-                F.cross_entropy(state.model(x), y).backward()
+                F.cross_entropy(state.model(x.to(device)), y.to(device)).backward()
                 state.optimizer.step()
                 state.train_sampler.record_batch(batch_idx, args.batch_size)
                 state.step += 1

@@ -90,6 +90,10 @@ class DataPlane:
     def close(self) -> None:
         """Release the plane (every member calls it at the same point: shutdown or set removal)."""
 
+    def abandon(self) -> None:
+        """After a failure (a peer gone or stuck inside this plane's collective): release, without the peers,
+        what would otherwise stay stuck (nothing by default). The plane is kept until the process exits."""
+
 
 class Bootstrap:
     """What a factory gets to set a plane up among one process set's members, over hvdlite's MPI."""
@@ -238,8 +242,11 @@ class PlaneTable:
     def close(self, clean: bool = True) -> None:
         """Close every plane, then let the factories end the job's rendezvous together. After a failure
         (``clean`` False: a peer may be gone or stuck inside a plane's collective) the planes are left as they
-        are until the process exits: closing them, or waiting for the peers, could block forever."""
+        are until the process exits: closing them, or waiting for the peers, could block forever; each is
+        only told to ``abandon()`` what it can release alone (an NCCL communicator is aborted)."""
         if not clean:
+            for plane in self._planes.values():
+                plane.abandon()
             _ABANDONED.extend(self._planes.values())
             self._planes.clear()
             for factory in {id(f): f for f in self._factory.values()}.values():
