@@ -70,6 +70,13 @@ def test_config_rejects_bad_values_and_unknown_keywords() -> None:
     assert Config.from_env({"HVDLITE_MPI_CUDA_AWARE": "No"}).mpi_cuda_aware == "off"
     with pytest.raises(ValueError, match="mpi_cuda_aware .HVDLITE_MPI_CUDA_AWARE. must be auto, on or off, got 'gpu'"):
         Config.from_env({"HVDLITE_MPI_CUDA_AWARE": "gpu"})
+    assert Config().openmpi_iallreduce_algorithm == "rabenseifner"
+    assert Config.from_env({"HOROVOD_OPENMPI_IALLREDUCE_ALGORITHM": " Ring"}).openmpi_iallreduce_algorithm == "ring"
+    assert Config.from_env({}, openmpi_iallreduce_algorithm="").openmpi_iallreduce_algorithm == "default"
+    with pytest.raises(ValueError, match="openmpi_iallreduce_algorithm .HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM. must "
+                                         "be one of default, ring, binomial, rabenseifner, recursive_doubling, got "
+                                         "'tree'"):
+        Config.from_env({"HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM": "tree"})
 
 
 def test_gradient_overlap_setting_and_auto_decision() -> None:
@@ -397,6 +404,19 @@ def test_response_cache_bit_vector_spans_several_words() -> None:
     assert flags == 5 and np.flatnonzero(decoded).tolist() == [0, 63, 64, 129]
     ready = [r.name for r in cache.ready(decoded, 200)]
     assert len(ready) == 126 and "t0" not in ready and "t1" in ready and "t128" in ready
+
+
+@pytest.mark.parametrize("ranks, words", [(1, 4), (4, 4), (7, 4), (8, 8), (63, 32), (64, 64), (100, 64)])
+def test_response_cache_bit_vector_is_padded_to_the_largest_power_of_two_of_the_ranks(ranks: int, words: int) -> None:
+    """The all-reduce vector has at least as many words as the largest power of two <= the ranks (so Open MPI's
+    Rabenseifner iallreduce takes it in 2 log2(p) steps, not round its ring); the padding decodes to nothing."""
+    cache = ResponseCache(capacity=130, my_rank=0, ranks=ranks)
+    missing = cache.bits()
+    missing[[2, 129]] = True
+    vec = cache.encode(3, missing)
+    assert vec.size == words and not vec[4:].any()
+    flags, decoded = cache.decode(vec | np.uint64(0))
+    assert flags == 3 and decoded.size == missing.size and np.flatnonzero(decoded).tolist() == [2, 129]
 
 
 def test_response_cache_evicts_the_least_recently_used_like_a_full_scan() -> None:

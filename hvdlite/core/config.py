@@ -93,6 +93,14 @@ class Config:
     #: mpi_memory_alloc_kinds, else MPIX_Query_cuda_support), "on"/"off" override it on this rank (a rank's
     #: own fact: the job uses CUDA-aware MPI only where every rank has it). docs/torch.md, "Data planes".
     mpi_cuda_aware: str = "auto"
+    #: Open MPI only: the algorithm of its non-blocking allreduce (libnbc), which carries hvdlite's reductions:
+    #: rabenseifner (reduce-scatter then allgather; a vector shorter than the largest power of two <= the ranks
+    #: goes round the ring instead), ring, binomial, recursive_doubling, or "default": Open MPI's own choice, a
+    #: binomial tree for every in-place reduction and every job under 4 ranks, 1.3-1.6x slower on gradients
+    #: (benchmarks/README.md, "Gradient sync under Open MPI"). Applied before MPI starts, as the MCA variable
+    #: OMPI_MCA_coll_libnbc_iallreduce_algorithm unless that is set already (it wins); no effect where MPI was
+    #: started before hvd.init(). Every rank must start with the same value (init() checks).
+    openmpi_iallreduce_algorithm: str = "rabenseifner"
     #: hvdlite-run starts each rank's program under a small sentinel (hvdlite/run/sentinel.py) that names
     #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.
     launch_sentinel: bool = True
@@ -138,6 +146,8 @@ class Config:
               "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall", "gpu_reducescatter",
               "cpu_operations", "straggler_window_ops", "straggler_window_seconds", "straggler_threshold_ms",
               "deterministic", "join_allows_allgather_broadcast", "elastic_mode")
+    #: openmpi_iallreduce_algorithm's names, at the numbers of Open MPI's coll_libnbc_iallreduce_algorithm
+    OPENMPI_IALLREDUCE_ALGORITHMS = ("default", "ring", "binomial", "rabenseifner", "recursive_doubling")
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
     #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals: Horovod's
@@ -258,6 +268,12 @@ class Config:
             raise ValueError(f"mpi_cuda_aware (HVDLITE_MPI_CUDA_AWARE) must be auto, on or off, got "
                              f"{self.mpi_cuda_aware!r}")
         self.mpi_cuda_aware = aware
+        algorithm = str(self.openmpi_iallreduce_algorithm).strip().lower() or "default"
+        if algorithm not in self.OPENMPI_IALLREDUCE_ALGORITHMS:
+            raise ValueError(f"openmpi_iallreduce_algorithm (HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM) must be one of "
+                             f"{', '.join(self.OPENMPI_IALLREDUCE_ALGORITHMS)}, got "
+                             f"{self.openmpi_iallreduce_algorithm!r}")
+        self.openmpi_iallreduce_algorithm = algorithm
         mode = str(self.elastic_mode).strip().lower() or "auto"
         if mode not in ("auto", "in-process", "restart"):
             raise ValueError(f"elastic_mode (HVDLITE_ELASTIC_MODE) must be auto, in-process or restart, got "

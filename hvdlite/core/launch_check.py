@@ -1,11 +1,15 @@
-"""Launch checks: catch jobs started so that MPI cannot see its peers (e.g. ``srun`` without a PMI plugin)."""
+"""Launch checks: jobs started so that MPI cannot see its peers (``srun`` without PMI); Open MPI's iallreduce."""
 from __future__ import annotations
 
+import os
 import re
-from typing import Optional
+from typing import Any, Optional
 
 from .config import getenv
 from .errors import LaunchError
+
+#: Open MPI's MCA variable for the algorithm of its non-blocking allreduce (libnbc); other libraries ignore it
+OPENMPI_IALLREDUCE_VARIABLE = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
 
 #: Variables in which a process manager tells each rank how many ranks it started, most specific first:
 #: PMI-1/PMI-2 (MPICH hydra, srun --mpi=pmi2, Intel MPI), Open MPI's mpirun/prterun.
@@ -147,3 +151,29 @@ def int_or_none(text: Optional[str]) -> Optional[int]:
         return int(text) if text else None
     except ValueError:
         return None
+
+
+def prefer_openmpi_iallreduce(number: int, mpi_started: bool) -> Optional[str]:
+    """Before MPI starts: make ``number`` (config.openmpi_iallreduce_algorithm's; 0: Open MPI's own choice) the
+    default of OPENMPI_IALLREDUCE_VARIABLE, which MPI_Init reads (a value set already wins). Returns the value
+    MPI starts with ("": unset), or None where MPI is up already (nothing changes then)."""
+    if mpi_started:
+        return None
+    if number:
+        os.environ.setdefault(OPENMPI_IALLREDUCE_VARIABLE, str(number))
+    return os.environ.get(OPENMPI_IALLREDUCE_VARIABLE, "")
+
+
+def check_same_iallreduce(world: Any, library: str, mine: Optional[str]) -> None:
+    """Under Open MPI every rank's non-blocking allreduce must use one algorithm, else the ranks' messages do not
+    match: a clear error on every rank instead of a hang (``mine``: prefer_openmpi_iallreduce's answer)."""
+    if not library.startswith("Open MPI"):
+        return
+    seen = world.allgather(mine)
+    if len(set(seen)) > 1:
+        told = {"": "unset", None: "unknown (MPI was up before hvd.init())"}
+        values = ", ".join(f"rank {r}: {told.get(v, v)}" for r, v in enumerate(seen))
+        raise LaunchError(f"rank {world.Get_rank()}: the ranks started Open MPI with different non-blocking allreduce "
+                          f"algorithms ({OPENMPI_IALLREDUCE_VARIABLE}: {values}), so their collectives would not "
+                          f"match. Give every rank the same HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM (or "
+                          f"{OPENMPI_IALLREDUCE_VARIABLE}), or none")

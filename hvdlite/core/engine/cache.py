@@ -20,10 +20,14 @@ class ResponseCache:
     for the all-reduce, so per-cycle work is a few whole-array operations whatever the number of names.
     """
 
-    def __init__(self, capacity: int, my_rank: int) -> None:
+    def __init__(self, capacity: int, my_rank: int, ranks: int = 1) -> None:
         self.capacity = capacity
         self.my_rank = my_rank
         self.words = (capacity + 63) // 64
+        #: the all-reduce vector's length, padded to at least the largest power of two <= ``ranks``: the shortest
+        #: that Open MPI's Rabenseifner iallreduce (config.openmpi_iallreduce_algorithm) takes in 2 log2(p) steps;
+        #: shorter ones go round its ring, 2(p-1) steps (from 32 ranks on, with the default capacity)
+        self.vector_words = max(1 + self.words, 1 << (max(1, ranks).bit_length() - 1))
         self.by_name: dict[tuple[int, Optional[str]], int] = {}
         self.names: list[Optional[str]] = [None] * capacity
         self.sigs: list[Optional[Signature]] = [None] * capacity
@@ -88,13 +92,13 @@ class ResponseCache:
     # -- bit-vector encoding ------------------------------------------------------------------
     def encode(self, flags: int, missing: np.ndarray) -> np.ndarray:
         """The all-reduce vector: the flags word, then the ``missing`` bit set packed into words."""
-        vec = np.empty(1 + self.words, dtype=np.uint64)
+        vec = np.zeros(self.vector_words, dtype=np.uint64)
         vec[0] = flags
-        vec[1:] = np.packbits(missing, bitorder="little").view(np.uint64)
+        vec[1:1 + self.words] = np.packbits(missing, bitorder="little").view(np.uint64)
         return vec
 
     def decode(self, vec: np.ndarray) -> tuple[int, np.ndarray]:
-        return int(vec[0]), np.unpackbits(vec[1:].view(np.uint8), bitorder="little").view(bool)
+        return int(vec[0]), np.unpackbits(vec[1:1 + self.words].view(np.uint8), bitorder="little").view(bool)
 
     def ready(self, missing_anywhere: np.ndarray, tick: int) -> list[Response]:
         """The responses of the entries no rank is missing, in bit order, each marked used at ``tick``."""

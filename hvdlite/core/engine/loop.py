@@ -56,7 +56,7 @@ class Engine:
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
-        self.cache = ResponseCache(config.cache_capacity, self.rank)
+        self.cache = ResponseCache(config.cache_capacity, self.rank, self.size)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, deterministic.comms(process_sets.comm, mpi_ops, config.deterministic),

@@ -49,6 +49,13 @@ def start(before_init: Optional[Callable[[str], None]] = None) -> Any:
     return _MPI
 
 
+def started() -> bool:
+    """Whether MPI is up in this process (started by hvdlite or anyone else), without starting it."""
+    import sys
+    loaded = sys.modules.get("mpi4py.MPI")
+    return loaded is not None and bool(loaded.Is_initialized())
+
+
 def library_version() -> str:
     return _MPI.Get_library_version().strip().splitlines()[0] if _MPI is not None else "unknown"
 
