@@ -3,7 +3,8 @@
 Rank 0 prints ``HVDLITE_TOPOLOGY <json list, one entry per rank>``. Options:
   --env NAMES        comma-separated variables each rank reports (to check -x / --env)
   --bytes N          also allreduce N bytes of float32 and report the interface's rx/tx byte counters
-                     before and after it (``--iface``, read from /sys/class/net of this host)
+                     before and after it (``--iface``, read from /sys/class/net of this host), then N bytes
+                     in place (``big_inplace_ok``: exact)
   --exit-code K      after reporting, rank ``--exit-rank`` exits with code K (others exit 0)
 """
 from __future__ import annotations
@@ -54,6 +55,10 @@ def main() -> int:
         after = counters(opts.iface)
         info["big_ok"] = bool(result[0] == size * (size + 1) / 2 and result[-1] == result[0])
         info["link"] = {key: after[key] - before[key] for key in after}
+        ramp = (np.arange(count) % 1000).astype(np.float32)  # in place too (MPI_IN_PLACE), exact sums
+        mine = ramp + rank
+        hvd.allreduce_(mine, op=hvd.Sum, name="topology.big.inplace")
+        info["big_inplace_ok"] = bool(np.array_equal(mine, ramp * size + size * (size - 1) / 2))
     everyone = hvd.allgather_object(info, name="topology.report")
     if rank == 0:
         print("HVDLITE_TOPOLOGY " + json.dumps(everyone), flush=True)
