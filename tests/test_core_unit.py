@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -703,3 +704,23 @@ def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypat
     behind = _SlowRequest(0.05)  # after a long arrival wait (a peer computing), the next spins SPIN_POLLS only
     polling.wait(behind, 0.001, arrival=True)
     assert behind.polls <= polling.SPIN_POLLS + 100, behind.polls
+
+
+def test_open_mpi_iallreduce_variable_is_set_only_while_mpi_starts_and_never_over_the_users(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.openmpi_iallreduce_algorithm reaches Open MPI as its MCA variable while MPI starts (MPI_Init reads
+    it), then leaves the environment as it was, so that child processes do not take hvdlite's default for the
+    user's; a value the user set wins and stays; where MPI is up already nothing changes (None)."""
+    from hvdlite.core.launch_check import OPENMPI_IALLREDUCE_VARIABLE as var, openmpi_iallreduce
+    monkeypatch.delenv(var, raising=False)
+    with openmpi_iallreduce(3, mpi_started=False) as seen:
+        assert seen == "3" and os.environ[var] == "3"
+    assert var not in os.environ
+    with openmpi_iallreduce(0, mpi_started=False) as seen:  # "default": Open MPI's own choice
+        assert seen == "" and var not in os.environ
+    with openmpi_iallreduce(3, mpi_started=True) as seen:
+        assert seen is None and var not in os.environ
+    monkeypatch.setenv(var, "1")
+    with openmpi_iallreduce(3, mpi_started=False) as seen:
+        assert seen == "1"
+    assert os.environ[var] == "1"

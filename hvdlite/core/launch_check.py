@@ -1,9 +1,10 @@
 """Launch checks: jobs started so that MPI cannot see its peers (``srun`` without PMI); Open MPI's iallreduce."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .config import getenv
 from .errors import LaunchError
@@ -153,20 +154,28 @@ def int_or_none(text: Optional[str]) -> Optional[int]:
         return None
 
 
-def prefer_openmpi_iallreduce(number: int, mpi_started: bool) -> Optional[str]:
-    """Before MPI starts: make ``number`` (config.openmpi_iallreduce_algorithm's; 0: Open MPI's own choice) the
-    default of OPENMPI_IALLREDUCE_VARIABLE, which MPI_Init reads (a value set already wins). Returns the value
-    MPI starts with ("": unset), or None where MPI is up already (nothing changes then)."""
+@contextlib.contextmanager
+def openmpi_iallreduce(number: int, mpi_started: bool) -> Iterator[Optional[str]]:
+    """While MPI starts: OPENMPI_IALLREDUCE_VARIABLE set to ``number`` (config.openmpi_iallreduce_algorithm's; 0:
+    Open MPI's own choice) where it is unset (MPI_Init reads it; a value set already wins), then taken out again,
+    so that child processes do not take hvdlite's default for the user's. Yields the value MPI starts with ("":
+    unset), or None where MPI is up already (nothing changes then)."""
     if mpi_started:
-        return None
-    if number:
-        os.environ.setdefault(OPENMPI_IALLREDUCE_VARIABLE, str(number))
-    return os.environ.get(OPENMPI_IALLREDUCE_VARIABLE, "")
+        yield None
+        return
+    added = bool(number) and OPENMPI_IALLREDUCE_VARIABLE not in os.environ
+    if added:
+        os.environ[OPENMPI_IALLREDUCE_VARIABLE] = str(number)
+    try:
+        yield os.environ.get(OPENMPI_IALLREDUCE_VARIABLE, "")
+    finally:
+        if added:
+            os.environ.pop(OPENMPI_IALLREDUCE_VARIABLE, None)
 
 
 def check_same_iallreduce(world: Any, library: str, mine: Optional[str]) -> None:
     """Under Open MPI every rank's non-blocking allreduce must use one algorithm, else the ranks' messages do not
-    match: a clear error on every rank instead of a hang (``mine``: prefer_openmpi_iallreduce's answer)."""
+    match: a clear error on every rank instead of a hang (``mine``: what openmpi_iallreduce yielded here)."""
     if not library.startswith("Open MPI"):
         return
     seen = world.allgather(mine)

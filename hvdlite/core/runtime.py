@@ -22,8 +22,8 @@ from .engine.psets import Registry
 from .engine.requests import Kind, Request, Signature, make_signature, tensor_layout
 from .engine.timeline import Timeline
 from .errors import NotInitializedError, ShutdownError
-from .launch_check import (check_launch, check_launcher_before_init, check_same_iallreduce, launched_by_open_mpi,
-                           prefer_openmpi_iallreduce)
+from .launch_check import (OPENMPI_IALLREDUCE_VARIABLE, check_launch, check_launcher_before_init,
+                           check_same_iallreduce, launched_by_open_mpi, openmpi_iallreduce)
 from .log import logger
 from .names import Names
 from .engine.planes import PlaneTable, plane_of
@@ -213,14 +213,16 @@ def _start(comm: Any, settings: dict[str, Any]) -> State:
         require_library()
     log.set_level(config.log_level)
     log.set_timestamps(not config.log_hide_time)
-    iallreduce = prefer_openmpi_iallreduce(
-        Config.OPENMPI_IALLREDUCE_ALGORITHMS.index(config.openmpi_iallreduce_algorithm), mpi.started())
-    # Under Open MPI's launcher an MPICH library dies inside its own MPI_Init: look before starting.
-    mpi.start(check_launcher_before_init if launched_by_open_mpi() else None)
+    with openmpi_iallreduce(Config.OPENMPI_IALLREDUCE_ALGORITHMS.index(config.openmpi_iallreduce_algorithm),
+                            mpi.started()) as iallreduce:
+        # Under Open MPI's launcher an MPICH library dies inside its own MPI_Init: look before starting.
+        mpi.start(check_launcher_before_init if launched_by_open_mpi() else None)
     world = mpi.make_world(comm)
     log.set_rank(world.Get_rank())
     check_launch(mpi.world_size())  # the job as launched, not a sub-world from comm=
     check_same_iallreduce(world, mpi.library_version(), iallreduce)
+    logger.debug("MPI started with %s=%s", OPENMPI_IALLREDUCE_VARIABLE,
+                 "(started before hvd.init())" if iallreduce is None else iallreduce or "(unset)")
     # Agreement: one value per job for every setting that shapes MPI traffic (before the engine starts).
     for warning in config.adopt(world.bcast(config.agreed_values(), root=0), world.Get_rank()):
         logger.warning(warning)
