@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from test_elastic_inprocess import ROOT_ENV
 from test_faults import _kill_rank_2, killed_reports
 from cluster.fixtures import (WORKERS, NetnsHosts, SlurmCluster, assert_topology, base_env,
                               netns_hosts, run, slurm_cluster, topology)
 
 TOPOLOGY = str(WORKERS / "launch_topology.py")
 BIG = 8 * 1024 * 1024
-ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 #: Open MPI's MCA variable for its non-blocking allreduce algorithm (hvdlite's openmpi_iallreduce_algorithm)
 IALLREDUCE = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
 

@@ -312,7 +312,8 @@ def _parse(key: str, raw: str, kind: Any) -> Any:
 
 
 def environ() -> MutableMapping[str, str]:
-    """The process environment, for the launcher and the launch checks (read-only by convention)."""
+    """The process environment, for the launcher and the launch checks (read-only by convention, except that
+    launch_check.openmpi_iallreduce sets Open MPI's variable while MPI starts, then takes it out again)."""
     return os.environ
 
 

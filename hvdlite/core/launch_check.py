@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from typing import Any, Iterator, Optional
 
-from .config import getenv
+from .config import environ, getenv
 from .errors import LaunchError
 
 #: Open MPI's MCA variable for the algorithm of its non-blocking allreduce (libnbc); other libraries ignore it
@@ -163,14 +162,15 @@ def openmpi_iallreduce(number: int, mpi_started: bool) -> Iterator[Optional[str]
     if mpi_started:
         yield None
         return
-    added = bool(number) and OPENMPI_IALLREDUCE_VARIABLE not in os.environ
+    env = environ()
+    added = bool(number) and OPENMPI_IALLREDUCE_VARIABLE not in env
     if added:
-        os.environ[OPENMPI_IALLREDUCE_VARIABLE] = str(number)
+        env[OPENMPI_IALLREDUCE_VARIABLE] = str(number)
     try:
-        yield os.environ.get(OPENMPI_IALLREDUCE_VARIABLE, "")
+        yield env.get(OPENMPI_IALLREDUCE_VARIABLE, "")
     finally:
         if added:
-            os.environ.pop(OPENMPI_IALLREDUCE_VARIABLE, None)
+            env.pop(OPENMPI_IALLREDUCE_VARIABLE, None)
 
 
 def check_same_iallreduce(world: Any, library: str, mine: Optional[str]) -> None:
