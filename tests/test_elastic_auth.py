@@ -83,3 +83,36 @@ def test_a_rank_without_the_secret_is_told_why(monkeypatch: pytest.MonkeyPatch, 
     with pytest.raises(ConnectionError, match=f"{SECRET_VARIABLE} is not: only the processes hvdlite-run's "
                                               f"elastic driver starts may talk to it"):
         DriverLink().connect(rank=0, size=1)
+
+
+def test_the_stall_verdict_asks_the_driver_to_end_silent_ranks_of_other_hosts_only(
+        server: DriverServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A survivor's stall inspector can kill only its own host's silent ranks (core/fencing.py); for those of
+    other hosts it sends the driver their host, pid and start time, which the driver then ends as it ends ranks
+    the survivors declared lost (inprocess.Losses.to_fence: only while their connection is still open)."""
+    from hvdlite.core.fencing import Peer, fence_elsewhere, this_process
+    from hvdlite.run.elastic.inprocess import Losses
+
+    monkeypatch.setenv(DRIVER_VARIABLE, f"127.0.0.1:{server.port}")
+    monkeypatch.setenv(SECRET_VARIABLE, server._secret)
+    here = this_process()
+    peers = [here, Peer(here.host, 4242, 99), Peer("h-elsewhere", 77, 1234), Peer("h-other", 78, 0)]
+    links = []
+    for rank in (2, 0):  # rank 0's link, connected last, is the one fence_elsewhere uses
+        link = DriverLink()
+        link.connect(rank=rank, size=4)
+        links.append(link)
+    fence_elsewhere([0, 1, 3], peers, "answered no probes")  # this host's, or no start time: nothing sent
+    fence_elsewhere([1, 2], peers, "answered no probes for 4 s")
+    wait_until(lambda: any(r.declared_lost for r in server.snapshot()), "the driver told")
+    survivor = next(r for r in server.snapshot() if r.rank == 0)
+    assert survivor.declared_lost == (("h-elsewhere", 77, 1234),) and survivor.recovered == ()
+    assert any("rank(s) [2] (host(s) h-elsewhere) answered no probes for 4 s: asked hvdlite-run's elastic driver "
+               "to end them on their hosts" in r.getMessage() for r in caplog.records), caplog.text
+    ranks = server.snapshot()
+    silent = next(r for r in ranks if r.rank == 2)
+    silent.host, silent.pid = "h-elsewhere", 77  # (its hello came from this machine)
+    assert [(info.rank, started) for info, started in Losses(4).to_fence(ranks)] == [(2, 1234)]
+    for link in links:
+        link.close()
+    fence_elsewhere([2], peers, "answered no probes")  # no driver link left: nothing to ask, nothing raised

@@ -189,31 +189,41 @@ def test_sbatch_elastic_job_goes_on_without_a_killed_node(request: pytest.Fixtur
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("found_by", ["ulfm-detector", "stall-inspector"])
 def test_in_process_a_stopped_rank_alone_on_its_host_is_ended_by_the_driver(hosts: NetnsHosts, ompi_python: str,
-                                                                            tmp_path: Path) -> None:
+                                                                            tmp_path: Path, found_by: str) -> None:
     """In-process mode (Open MPI 5, ULFM) on h1, h2, h3, one rank each: rank 2, alone on h3, stops (SIGSTOP:
-    a hang, not a death). ULFM's detector declares it failed and the survivors on h1 and h2 recover, but no
-    survivor runs on h3 to end the process (core/fencing.py kills only on its own host), so the launcher
-    would wait for it forever. The survivors report the lost rank's pid and start time with their recovery;
-    the driver, whose rank 2 connection is still open, ends it on h3 through the launcher, and the job
-    finishes on two ranks after one reset, the survivors in their own processes with the same weights."""
+    a hang, not a death). No survivor runs on h3 to end the process (core/fencing.py kills only on its own
+    host), so the launcher would wait for it forever. ``ulfm-detector``: ULFM's detector declares it failed,
+    the survivors on h1 and h2 recover and report the lost rank's pid and start time with their recovery.
+    ``stall-inspector``: the detector is given 60 s, and the stall inspector's verdict (4 s) comes first: the
+    survivors ask the driver to end the rank (before, the second verdict ended the job with a StallError).
+    Either way the driver, whose rank 2 connection is still open, ends it on h3 through the launcher, and the
+    job finishes on two ranks after one reset, the survivors in their own processes with the same weights."""
     worker = f"{ROOT}/tests/workers/elastic_inprocess.py"
-    mpi_args = shlex.quote(f"--mca plm_rsh_agent {hosts.nsrsh}")
+    stall = found_by == "stall-inspector"
+    detector = " --mca mpi_ft_detector_timeout 60" if stall else ""
+    mpi_args = shlex.quote(f"--mca plm_rsh_agent {hosts.nsrsh}{detector}")
+    flags = "--stall-check-shutdown-time-seconds 4 " if stall else ""
     reports = tmp_path / "reports"
     command = (f". {shlex.quote(str(hosts.directory / 'mpi.env'))}; cd {shlex.quote(str(ROOT))}; "
                f"export {REPORT_DIR_VARIABLE}={shlex.quote(str(reports))}; "
                f"exec {ompi_python} -m hvdlite.run -np 3 --min-np 2 -H h1:1,h2:1,h3:1 --network-interface hvd0 "
-               f"--mpi-args={mpi_args} {ompi_python} {worker} --epochs 2 --samples 240 --die 2:stop:3")
+               f"{flags}--mpi-args={mpi_args} {ompi_python} {worker} --epochs 2 --samples 240 --die 2:stop:3")
     proc = run([hosts.nsrsh, "h1", command], timeout=300)  # (without the driver's fencing: hangs till then)
     out = proc.stdout + proc.stderr
     workers = worker_reports(reports)
     starts = {orig: entry["start"]["pid"] for orig, entry in workers.items()}
     finals = {orig: entry["final"] for orig, entry in workers.items() if "final" in entry}
     assert proc.returncode == 0 and sorted(starts) == [0, 1, 2], out
+    asked = re.compile(r"rank\(s\) \[2\] \(host\(s\) h3\) answered no probes for 4 s \(stall_shutdown_time_seconds; "
+                       r"stopped or wedged\): asked hvdlite-run's elastic driver to end them on their hosts")
+    assert (asked.search(out) is not None) == stall, out
     assert re.search(rf"rank 2 on host h3 \(pid {starts[2]}\) was declared failed by the survivors but its process "
                      r"is still there \(stopped or wedged\): ending it \(SIGKILL\)", out), out
     assert f"hvdlite-run: host h3: fencing pid {starts[2]}: killed it (SIGKILL)" in out, out
     assert "job finished on 2 ranks after 1 reset(s)" in out and out.count("starting 3 ranks") == 1, out
+    assert "StallError" not in out and "stalled for" not in out, out
     assert sorted(finals) == [0, 1], (finals, out)
     assert all(f["size"] == 2 and f["pid"] == starts[orig] for orig, f in finals.items()), (finals, out)
     assert len({f["sha"] for f in finals.values()}) == 1, (finals, out)

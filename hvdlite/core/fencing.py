@@ -6,7 +6,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 if __package__:
     from .log import logger
@@ -14,7 +14,7 @@ else:  # run by path on a rank's host, for the elastic driver (fence_command): t
     import logging
     logger = logging.getLogger("hvdlite")
 
-__all__ = ["Peer", "fence", "fence_command", "kill_if_same", "this_process"]
+__all__ = ["Peer", "fence", "fence_command", "fence_elsewhere", "kill_if_same", "this_process", "set_elsewhere"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +56,23 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str) -> l
         logger.warning("rank %d (host %s, pid %d) %s: killed it (SIGKILL), %s", rank, peer.host, peer.pid, why, then)
         killed.append(rank)
     return killed
+
+
+#: Who ends silent ranks on other hosts, (ranks, peers, why): hvdlite-run's elastic driver, through the link a
+#: rank of an elastic run keeps to it (core/elastic/link.py sets it when it connects); None without a driver.
+_elsewhere: Optional[Callable[[Sequence[int], Sequence["Peer"], str], None]] = None
+
+
+def set_elsewhere(ender: Optional[Callable[[Sequence[int], Sequence["Peer"], str], None]]) -> None:
+    global _elsewhere
+    _elsewhere = ender
+
+
+def fence_elsewhere(ranks: Sequence[int], peers: Sequence[Peer], why: str) -> None:
+    """Have the processes of ``ranks`` that run on other hosts ended there, where someone can (the stall
+    inspector's verdict reaches only this host's: a rank alone on its host has no survivor beside it)."""
+    if _elsewhere is not None:
+        _elsewhere(ranks, peers, why)
 
 
 def kill_if_same(pid: int, started: int) -> bool:

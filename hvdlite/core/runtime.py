@@ -14,7 +14,7 @@ from .affinity import core_sharing
 from .config import Config, mpi_ft_launched
 from .engine import callsite
 from .engine import mpi, polling
-from .fencing import Peer, fence, this_process
+from .fencing import Peer, fence, fence_elsewhere, this_process
 from .engine.autotune import require_library
 from .engine.handles import Handle
 from .engine.loop import Engine
@@ -75,10 +75,13 @@ class State:
                              fence=self.fence_silent if self.fault_tolerant else None)
 
     def fence_silent(self, ranks: list[int]) -> list[int]:
-        """The stall inspector's verdict in a fault-tolerant job: kill these ranks' processes on this host."""
-        return fence(ranks, self.peers, f"answered no probes for {self.config.stall_shutdown_time_seconds:g} s "
-                                        f"(stall_shutdown_time_seconds; stopped or wedged)",
-                     "so that MPI sees it as failed and the survivors recover without it")
+        """The stall inspector's verdict in a fault-tolerant job: kill these ranks' processes on this host, and
+        have those on other hosts ended there (by hvdlite-run's elastic driver, when it runs the job)."""
+        why = (f"answered no probes for {self.config.stall_shutdown_time_seconds:g} s (stall_shutdown_time_seconds; "
+               f"stopped or wedged)")
+        killed = fence(ranks, self.peers, why, "so that MPI sees it as failed and the survivors recover without it")
+        fence_elsewhere(ranks, self.peers, why)
+        return killed
 
     def abandon(self) -> None:
         """Leave this state after a lost rank: the engine has ended, its communicators are revoked (freeing

@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Any, Optional
+import threading
+from typing import Any, Optional, Sequence
 
 from ..config import getenv
 from ..elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
                             signature)
+from ..fencing import Peer, set_elsewhere
 from ..log import logger
 
 CONNECT_TIMEOUT_S = 30.0
@@ -37,6 +39,7 @@ class DriverLink:
         self._reader: Any = None
         self._nonce = ""
         self._seq = 0
+        self._sending = threading.Lock()  # the engine thread sends too (ask_to_end), besides the training thread
         self.generation = 0
 
     @property
@@ -63,6 +66,7 @@ class DriverLink:
                                   f"from this host?") from None
         self._sock.settimeout(None)
         self._seq = 0
+        set_elsewhere(self.ask_to_end)
         self.send(op="hello", rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
                   attempt=restart_count())
         # the generation the driver started this job with: a change before the ranks connected counts too
@@ -71,16 +75,33 @@ class DriverLink:
         except ValueError:
             self.generation = self.current_generation()
 
-    def send(self, **message: Any) -> None:
-        if self._sock is None:
+    def send(self, **message: Any) -> bool:
+        """Send one signed message; whether it went (False: no driver, or the connection is gone)."""
+        with self._sending:  # one sequence number per message, in the order the driver reads them
+            if self._sock is None:
+                return False
+            self._seq += 1
+            message["seq"] = self._seq
+            message["mac"] = signature(getenv(SECRET_VARIABLE) or "", self._nonce, message)
+            try:
+                self._sock.sendall((json.dumps(message) + "\n").encode())
+            except OSError as exc:
+                logger.warning("lost the connection to the elastic driver (%s)", exc)
+                return False
+            return True
+
+    def ask_to_end(self, ranks: Sequence[int], peers: Sequence[Peer], why: str) -> None:
+        """The stall inspector's verdict on ``ranks`` (fencing.fence_elsewhere: this rank can end only its own
+        host's): ask the driver to end their processes on their hosts, as it does for ranks the
+        survivors declared lost (a rank alone on its host has no survivor there to end it)."""
+        here = socket.gethostname()
+        elsewhere = [rank for rank in ranks if peers[rank].host != here and peers[rank].started]
+        if not elsewhere:
             return
-        self._seq += 1
-        message["seq"] = self._seq
-        message["mac"] = signature(getenv(SECRET_VARIABLE) or "", self._nonce, message)
-        try:
-            self._sock.sendall((json.dumps(message) + "\n").encode())
-        except OSError as exc:
-            logger.warning("lost the connection to the elastic driver (%s)", exc)
+        if self.send(op="silent", peers=[[peers[r].host, peers[r].pid, peers[r].started] for r in elsewhere]):
+            logger.warning("rank(s) %s (host(s) %s) %s: asked hvdlite-run's elastic driver to end them on their "
+                           "hosts, so that MPI sees them as failed and the survivors recover without them",
+                           elsewhere, ", ".join(sorted({peers[r].host for r in elsewhere})), why)
 
     def current_generation(self) -> int:
         """The driver's host generation: it goes up each time the usable hosts change."""
@@ -93,6 +114,7 @@ class DriverLink:
         return int(json.loads(line)["generation"])
 
     def close(self) -> None:
+        set_elsewhere(None)
         if self._sock is not None:
             try:
                 self._sock.close()

@@ -93,10 +93,11 @@ class Losses:
             self.recovered_to.update(info.recovered)
 
     def to_fence(self, ranks: list[RankInfo]) -> list[tuple[RankInfo, int]]:
-        """The ranks the survivors declared lost (ULFM's detector: stopped, wedged or cut off) whose connection
-        to the driver is still open, so their process is still there, each with its start ticks, once: the
-        driver ends them, wherever they run (a survivor ends those on its own host, but a rank alone on its
-        host has none), so that they neither hold the launcher's end nor come back."""
+        """The ranks the survivors declared lost (ULFM's detector, or before it their stall inspector's
+        verdict: stopped, wedged or cut off) whose connection to the driver is still open, so their process is
+        still there, each with its start ticks, once: the driver ends them, wherever they run (a survivor ends
+        those on its own host, but a rank alone on its host has none), so that they neither hold the job nor
+        the launcher's end, nor come back."""
         declared = {(host, pid): started for info in ranks for host, pid, started in info.declared_lost}
         found = []
         for info in ranks:

@@ -74,7 +74,8 @@ class RankInfo:
     ended: str = ""  # "", "done", "resize", "lost"
     ended_at: float = 0.0
     recovered: tuple[int, ...] = ()  # in-process mode: the job's size after each recovery this rank reported
-    declared_lost: tuple[tuple[str, int, int], ...] = ()  # and the (host, pid, start ticks) of the ranks it lost
+    #: and the (host, pid, start ticks) of the ranks it lost, or found silent (its stall inspector's verdict)
+    declared_lost: tuple[tuple[str, int, int], ...] = ()
 
 
 class DriverServer:
@@ -208,13 +209,14 @@ class DriverServer:
             if info is not None:
                 with self._lock:
                     info.ended, info.ended_at = op, time.monotonic()
-        elif op == "recovered":
+        elif op in ("recovered", "silent"):  # silent: ranks the stall inspector gave up on, on other hosts
             info = state["info"]
             if info is not None:
+                peers = msg.get("lost_peers" if op == "recovered" else "peers", ())
                 with self._lock:
-                    info.recovered = (*info.recovered, int(msg["size"]))
-                    info.declared_lost = (*info.declared_lost, *((str(h), int(p), int(t))
-                                                                 for h, p, t in msg.get("lost_peers", ())))
+                    if op == "recovered":
+                        info.recovered = (*info.recovered, int(msg["size"]))
+                    info.declared_lost = (*info.declared_lost, *((str(h), int(p), int(t)) for h, p, t in peers))
         elif op == "log":
             info = state["info"]
             if info is not None and info.attempt == self.attempt:
