@@ -96,18 +96,26 @@ def test_float32_is_scaled_by_the_factor_rounded_to_float32(factor: float) -> No
     np.testing.assert_array_equal(avg.view(np.uint32), want_avg.view(np.uint32))
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 12, 99])
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 12, 64, 99, 1024])
 def test_float_average_divides_and_with_a_user_factor_multiplies(n: int) -> None:
     """A plain Average divides by n, correctly rounded (Horovod's tests expect ``t / size`` exactly, e.g.
-    test_horovod_join_allreduce at 3 ranks); with a user's postscale f it multiplies by ``f / n`` computed in
-    double, rounded to float32 for float32 and float16 (Horovod's ScaleBuffer); subnormal and huge values
-    included."""
+    test_horovod_join_allreduce at 3 ranks; a power of two multiplies by 1/n instead, which is the same bits);
+    with a user's postscale f it multiplies by ``f / n`` computed in double, rounded to float32 for float32
+    and float16 (Horovod's ScaleBuffer); subnormal, huge and non-finite values and signed zeros included."""
     bits = np.random.default_rng(n).integers(0, 2**32, size=1 << 18, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.4e-45, -1.4e-45, 3.4e38], dtype=np.float32)
+        every = np.concatenate([x, special])
+        got = every.copy()
+        scale_inplace(got, "float32", average_scale(1.0, n))
+        np.testing.assert_array_equal(got.view(np.uint32), (every / np.float32(n)).view(np.uint32))
+        wide = np.random.default_rng(n).integers(0, 2**63, size=1 << 16, dtype=np.uint64).view(np.float64)
+        wide = np.concatenate([wide, -wide, special.astype(np.float64), [5e-324, 1.7e308]])
+        got_wide = wide.copy()
+        scale_inplace(got_wide, "float64", average_scale(1.0, n))
+        np.testing.assert_array_equal(got_wide.view(np.uint64), (wide / np.float64(n)).view(np.uint64))
     x = x[np.isfinite(x)]
-    got = x.copy()
-    scale_inplace(got, "float32", average_scale(1.0, n))
-    np.testing.assert_array_equal(got.view(np.uint32), (x / np.float32(n)).view(np.uint32))
     got = x.copy()
     scale_inplace(got, "float32", average_scale(0.7, n))
     np.testing.assert_array_equal(got.view(np.uint32), (x * np.float32(0.7 / n)).view(np.uint32))
