@@ -136,10 +136,11 @@ BENCHMARKS: tuple[Bench, ...] = (
           takes_out=False, takes_np=False, ompi=True),
     Bench("ulfm_cost", "steady-state cost of Open MPI 5's fault tolerance (in-process elastic mode's flags: ULFM, "
           "the failure detector; also over TCP) against plain mpiexec (shared memory) and TCP alone: step-time "
-          "ratios in one run", "python", "~8 min at --rounds 3 (loaded machine, 2026-11-26)",
+          "ratios in one run, and what the mode adds to each call (--latency-rounds)", "python",
+          "~8 min at --rounds 3 (loaded machine, 2026-11-26)",
           # (the smoke at one rank, after the runner's --np: each launch imports torch, ~25 s on the loaded machine)
           ("--rounds", "1", "--epochs", "1", "--samples", "24", "--width", "16", "--variants", "shm,ulfm", "--np",
-           "1"), takes_out=True, ompi=True),
+           "1", "--latency-rounds", "1", "--calls", "200"), takes_out=True, ompi=True),
     Bench("keras_reduce", "where Keras' gradient reduction time goes (ResNet-50's 214 gradients), method by "
           "method", "mpi", "~1 min (README, with --fit)", None,
           no_smoke="measured (session 7): 53 s at -n 2 for one round, 18 s with one method, 9-10 s of it "

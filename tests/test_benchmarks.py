@@ -554,7 +554,15 @@ def _ulfm_cost(records: Records, _: Path) -> None:
     assert runs[0]["flags"] == "(none)" and runs[1]["flags"].startswith("--with-ft ulfm --mca btl sm,tcp,self"), runs
     for run in runs:
         assert_positive(run, "s_per_step", "steps")
+        assert run["mpi_calls_per_step"] >= 0, run  # (one rank: the engine needs no MPI call)
+    calls = [r for r in records if r["kind"] == "latency"]
+    assert [r["variant"] for r in calls] == ["shm", "ulfm"] and all(r["calls"] == 200 for r in calls), records
+    for call in calls:
+        assert_positive(call, "raw_allreduce_us", "hvdlite_allreduce_us")
     summary = records[-1]
-    assert summary["kind"] == "summary" and len(records) == 3, records
+    assert summary["kind"] == "summary" and len(records) == 5, records
     assert summary["ulfm_over_shm"] == round(runs[1]["s_per_step"] / runs[0]["s_per_step"], 4), summary
+    assert summary["ulfm_minus_shm_raw_us"] == round(calls[1]["raw_allreduce_us"] - calls[0]["raw_allreduce_us"], 3)
+    assert summary["ulfm_over_shm_hvdlite_call"] == round(
+        calls[1]["hvdlite_allreduce_us"] / calls[0]["hvdlite_allreduce_us"], 4), summary
     assert "tcp_over_shm" not in summary and "ulfm_tcp_over_tcp" not in summary, summary  # tcp did not run

@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+import hvdlite
 import hvdlite.torch as hvd
 from report import report
 
@@ -144,12 +145,13 @@ def main():
         if len(entries) > 1 and args.dump_resume and hvd.rank() == 0:
             with open(f"{args.dump_resume}.{len(entries) - 1}", "wb") as f:
                 pickle.dump({"state": state._snapshot(), "size": hvd.size()}, f)
-        steps, started = 0, 0.0
+        steps, started, calls = 0, 0.0, 0
         for epoch in range(state.epoch, args.epochs):
             state.train_sampler.set_epoch(epoch)
             for batch_idx, (x, y) in enumerate(loader):
                 if steps == 1:
                     started = time.time()
+                    calls = hvdlite.engine_stats()["mpi_calls"]
                     if hvd.rank() == 0:  # the first step of this entry (job start, restart or recovery) is done
                         print(f"first_step entry={len(entries)} size={hvd.size()} t={started:.6f}", flush=True)
                 steps += 1
@@ -173,7 +175,8 @@ def main():
             state.train_sampler.set_epoch(epoch + 1)
             state.commit()
         if hvd.rank() == 0 and steps > 1:
-            print(f"steady entry={len(entries)} steps={steps - 1} seconds={time.time() - started:.6f}", flush=True)
+            print(f"steady entry={len(entries)} steps={steps - 1} seconds={time.time() - started:.6f} "
+                  f"mpi_calls={hvdlite.engine_stats()['mpi_calls'] - calls}", flush=True)
 
     train(state)
     final = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "steps": state.step, "entries": entries,
