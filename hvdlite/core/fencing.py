@@ -60,10 +60,11 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str) -> l
 
 #: Who ends silent ranks on other hosts, (ranks, peers, why): hvdlite-run's elastic driver, through the link a
 #: rank of an elastic run keeps to it (core/elastic/link.py sets it when it connects); None without a driver.
-_elsewhere: Optional[Callable[[Sequence[int], Sequence["Peer"], str], None]] = None
+_elsewhere: Optional[Callable[[Sequence[int], Sequence[Peer], str], None]] = None
 
 
-def set_elsewhere(ender: Optional[Callable[[Sequence[int], Sequence["Peer"], str], None]]) -> None:
+def set_elsewhere(ender: Optional[Callable[[Sequence[int], Sequence[Peer], str], None]]) -> None:
+    """Set who fence_elsewhere asks (None: no one, as after the driver link closes)."""
     global _elsewhere
     _elsewhere = ender
 
