@@ -57,17 +57,26 @@ def environment() -> dict[str, str]:
     return env
 
 
+def launch(python: str, variant: str, args: argparse.Namespace, program: list[str], pattern: str,
+           what: str) -> re.Match[str]:
+    """One job of --np ranks running ``program`` under Open MPI's mpiexec with the flags of ``variant``: the
+    match of ``pattern`` in its output (a failed job or a missing line ends the benchmark with its output)."""
+    mpiexec = str(Path(python).parent / "mpiexec")
+    cmd = [mpiexec, *ROOT_FLAGS, *VARIANTS[variant], "-n", str(args.np), "-x", "PYTHONPATH", python, *program]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=environment(), cwd=_common.ROOT)
+    match = re.search(pattern, proc.stdout, re.MULTILINE)
+    if proc.returncode != 0 or match is None:
+        raise SystemExit(f"the {variant} {what} failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+                         f"{(proc.stdout + proc.stderr)[-4000:]}")
+    return match
+
+
 def steady(python: str, variant: str, args: argparse.Namespace) -> dict[str, Any]:
     """One training job at --np ranks under Open MPI's mpiexec with the flags of ``variant``: seconds per step."""
-    mpiexec = str(Path(python).parent / "mpiexec")
-    cmd = [mpiexec, *ROOT_FLAGS, *VARIANTS[variant], "-n", str(args.np), "-x", "PYTHONPATH", python, WORKER,
-           "--epochs", str(args.epochs), "--samples", str(args.samples), "--width", str(args.width)]
     started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=environment(), cwd=_common.ROOT)
-    match = re.search(r"^steady entry=1 steps=(\d+) seconds=([\d.]+) mpi_calls=(\d+)", proc.stdout, re.MULTILINE)
-    if proc.returncode != 0 or match is None:
-        raise SystemExit(f"the {variant} run failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                         f"{(proc.stdout + proc.stderr)[-4000:]}")
+    match = launch(python, variant, args, [WORKER, "--epochs", str(args.epochs), "--samples", str(args.samples),
+                                           "--width", str(args.width)],
+                   r"^steady entry=1 steps=(\d+) seconds=([\d.]+) mpi_calls=(\d+)", "run")
     steps, seconds, calls = int(match.group(1)), float(match.group(2)), int(match.group(3))
     return {"kind": "run", "variant": variant, "flags": " ".join(VARIANTS[variant]) or "(none)", "np": args.np,
             "steps": steps, "s_per_step": round(seconds / steps, 6), "mpi_calls_per_step": round(calls / steps, 1),
@@ -78,14 +87,9 @@ def latency(python: str, variant: str, args: argparse.Namespace) -> dict[str, An
     """One job of --np ranks under the flags of ``variant`` timing single calls: a raw 8-byte MPI Allreduce,
     and a 4-float hvdlite.torch.allreduce (negotiation and data): what the mode adds to each call, resolvable
     where a whole step's time is not."""
-    mpiexec = str(Path(python).parent / "mpiexec")
-    cmd = [mpiexec, *ROOT_FLAGS, *VARIANTS[variant], "-n", str(args.np), "-x", "PYTHONPATH", python,
-           str(Path(__file__).resolve()), "--latency-worker", "--calls", str(args.calls)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=environment(), cwd=_common.ROOT)
-    match = re.search(r"^latency raw_us=([\d.]+) hvdlite_us=([\d.]+)", proc.stdout, re.MULTILINE)
-    if proc.returncode != 0 or match is None:
-        raise SystemExit(f"the {variant} latency run failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                         f"{(proc.stdout + proc.stderr)[-4000:]}")
+    match = launch(python, variant, args, [str(Path(__file__).resolve()), "--latency-worker", "--calls",
+                                           str(args.calls)],
+                   r"^latency raw_us=([\d.]+) hvdlite_us=([\d.]+)", "latency run")
     return {"kind": "latency", "variant": variant, "np": args.np, "calls": args.calls,
             "raw_allreduce_us": float(match.group(1)), "hvdlite_allreduce_us": float(match.group(2))}
 
