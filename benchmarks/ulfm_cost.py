@@ -106,16 +106,11 @@ def latency_worker(calls: int) -> None:
     one, into = np.ones(1), np.empty(1)
 
     def per_call(call: Any, n: int) -> float:
-        for _ in range(max(1, n // 10)):  # warm
-            call()
-        blocks = []
-        for _ in range(5):
-            comm.Barrier()
-            began = time.perf_counter()
-            for _ in range(n):
+        def block(count: int) -> None:
+            for _ in range(count):
                 call()
-            blocks.append((time.perf_counter() - began) / n * 1e6)
-        return statistics.median(blocks)
+        block(max(1, n // 10))  # warm
+        return statistics.median(_common.timed(comm, lambda: block(n)) / n * 1e6 for _ in range(5))
 
     raw = per_call(lambda: comm.Allreduce(one, into), calls)
     hvd.init()
