@@ -22,9 +22,14 @@ repetition starts with a barrier; its time is the slowest rank's; the figure is 
                         non-blocking collective on the flat buffer in the same chunks as (a): mpi_nb_wait_*
                         (Iallreduce + Wait per chunk), mpi_nb_test_* (Iallreduce polled by Test, as the engine
                         polls), mpi_nb_test_avg_* (the same, each chunk scaled by 1/size after it completes,
-                        Average as the engine did per chunk); hvdlite_optimizer_inflight1/2: (g) with the
-                        engine keeping 1 (each chunk waited for, then scaled: the earlier engine) or 2 chunk
-                        collectives in flight instead of the default 4.
+                        Average as the engine did per chunk), mpi_nb_pipe_* and mpi_nb_pipe_avg_* (polled,
+                        with as many chunks in flight as the engine keeps: its pipeline without hvdlite),
+                        mpi_nb_pipe_avg_end_* (the same with Average's pass over the whole buffer at the end);
+                        hvdlite_optimizer_sum: (g) with Sum (no scaling pass); hvdlite_optimizer_predivide: (g)
+                        with gradient_predivide_factor=size (Average's division before the sum, on the rank's
+                        own gradients, instead of after it); hvdlite_optimizer_inflight1/2:
+                        (g) with the engine keeping 1 (each chunk waited for, then scaled: the earlier engine)
+                        or 2 chunk collectives in flight instead of the default 4.
 Tensors are submitted in reverse order, as backpropagation produces them. hvdlite methods use Average
 (as DistributedOptimizer does) unless --op sum. One JSON object per line: a machine line, then one line per
 model and method with ms, algorithm bandwidth (bytes/s) and the ratio to (a).
@@ -125,6 +130,9 @@ class Bench:
             out[f"mpi_nb_wait_{label}"] = self._nonblocking(step, "wait", False)
             out[f"mpi_nb_test_{label}"] = self._nonblocking(step, "test", False)
             out[f"mpi_nb_test_avg_{label}"] = self._nonblocking(step, "test", True)
+            out[f"mpi_nb_pipe_{label}"] = self._nonblocking(step, "pipe", False)
+            out[f"mpi_nb_pipe_avg_{label}"] = self._nonblocking(step, "pipe", True)
+            out[f"mpi_nb_pipe_avg_end_{label}"] = self._nonblocking(step, "pipe", True, at_end=True)
         out["mpi_per_tensor"] = self._mpi_per_tensor
         out["mpi_fused_copy"] = self._fused_copy
         if not self.args.no_gloo:
@@ -139,6 +147,8 @@ class Bench:
         out["hvdlite_async"] = lambda: self._hvd_async(hvd, self.arrays, self.op, "")
         out["hvdlite_async_sum"] = lambda: self._hvd_async(hvd, self.arrays, hvd.Sum, "sum.")
         out["hvdlite_optimizer"] = self._optimizer()
+        out["hvdlite_optimizer_sum"] = self._optimizer("sum.", op=hvd.Sum)
+        out["hvdlite_optimizer_predivide"] = self._optimizer("predivide.", gradient_predivide_factor=hvd.size())
         for depth in (1, 2):  # the same sync at other chunk pipeline depths (1: each chunk waited for alone)
             out[f"hvdlite_optimizer_inflight{depth}"] = self._with_depth(out["hvdlite_optimizer"], depth)
         out["hvdlite_grouped"] = lambda: hvd.grouped_allreduce_(self.arrays, name=f"{self.model}.grouped",
@@ -173,26 +183,39 @@ class Bench:
                 comm.Allreduce(MPI.IN_PLACE, piece, op=MPI.SUM)
         return run
 
-    def _nonblocking(self, step: int, how: str, scale: bool) -> Callable[[], None]:
+    def _nonblocking(self, step: int, how: str, scale: bool, at_end: bool = False) -> Callable[[], None]:
         """The chunked in-place reduction with Iallreduce: completed by Wait, or polled by Test in a loop
-        (as the engine's polling.wait does while a user thread waits); ``scale``: each chunk is then
-        multiplied by 1/size (Average's pass) before the next starts."""
+        (as the engine's polling.wait does while a user thread waits); ``how`` "pipe": polled, with the
+        engine's chunk pipeline depth (chunks.IN_FLIGHT) outstanding, the oldest completed first; ``scale``:
+        each chunk is then multiplied by 1/size (Average's pass) as it completes, before the next starts,
+        or (``at_end``) the whole buffer in one pass once every chunk has completed."""
         from mpi4py import MPI
+        from hvdlite.core.engine import chunks
         comm, flat = self.comm, self.flat
         pieces = [flat[i:i + step] for i in range(0, flat.size, step)]
         factor = np.float32(1.0 / comm.Get_size())
+        depth = chunks.IN_FLIGHT if how == "pipe" else 1
+
+        def complete(request: Any, piece: np.ndarray) -> None:
+            if how == "wait":
+                request.Wait()
+            else:
+                test = request.Test
+                while not test():
+                    pass
+            if scale and not at_end:
+                np.multiply(piece, factor, out=piece)
 
         def run() -> None:
+            inflight: list[tuple[Any, np.ndarray]] = []
             for piece in pieces:
-                req = comm.Iallreduce(MPI.IN_PLACE, piece, op=MPI.SUM)
-                if how == "wait":
-                    req.Wait()
-                else:
-                    test = req.Test
-                    while not test():
-                        pass
-                if scale:
-                    np.multiply(piece, factor, out=piece)
+                inflight.append((comm.Iallreduce(MPI.IN_PLACE, piece, op=MPI.SUM), piece))
+                if len(inflight) >= depth:
+                    complete(*inflight.pop(0))
+            for request, piece in inflight:
+                complete(request, piece)
+            if scale and at_end:
+                np.multiply(flat, factor, out=flat)
         return run
 
     def _mpi_per_tensor(self) -> None:
@@ -215,14 +238,15 @@ class Bench:
         for a, off, n in spans:
             np.copyto(a.reshape(-1), flat[off:off + n])
 
-    def _optimizer(self) -> Callable[[], None]:
-        """DistributedOptimizer over parameters of the model's shapes (SGD, lr 0: step() changes nothing)."""
+    def _optimizer(self, prefix: str = "", **kwargs: Any) -> Callable[[], None]:
+        """DistributedOptimizer over parameters of the model's shapes (SGD, lr 0: step() changes nothing),
+        built with ``kwargs`` (op, gradient_predivide_factor) besides the parameters."""
         import torch
         import hvdlite.torch as hvd_torch
         params = [torch.nn.Parameter(torch.ones(s, dtype=torch.float32)) for s in self.shapes]
         opt = hvd_torch.DistributedOptimizer(torch.optim.SGD(params, lr=0.0),
-                                             named_parameters=[(f"{self.model}.p{i}", p)
-                                                               for i, p in enumerate(params)])
+                                             named_parameters=[(f"{prefix}{self.model}.p{i}", p)
+                                                               for i, p in enumerate(params)], **kwargs)
         ordered = [params[i] for i in self.order]
         hooks = [list(p._post_accumulate_grad_hooks.values()) for p in ordered]  # what autograd calls
 
@@ -236,7 +260,6 @@ class Bench:
             p.grad = torch.ones_like(p)
         sync()  # the first step agrees on the layout; afterwards each gradient is a view of its bucket
         self.resets.append(lambda: [p.grad.fill_(1.0) for p in params])
-        self.optimizer = opt
         return sync
 
     @staticmethod

@@ -137,3 +137,62 @@ def test_integers_with_a_user_factor_multiply_by_the_double_factor() -> None:
     got = x.copy()
     scale_inplace(got, "int64", average_scale(0.7, 3))
     np.testing.assert_array_equal(got, np.trunc(x.astype(np.float64) * (0.7 / 3)).astype(np.int64))
+
+
+def _sum_in_order(parts: list[np.ndarray], tree: bool) -> np.ndarray:
+    """The ranks' contributions added one after the other, or pairwise by recursive halving (MPI's orders)."""
+    if not tree:
+        total = parts[0].copy()
+        for part in parts[1:]:
+            total += part
+        return total
+    while len(parts) > 1:
+        parts = [parts[i] + parts[i + len(parts) // 2] for i in range(len(parts) // 2)]
+    return parts[0]
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 64])
+def test_dividing_before_the_sum_gives_averages_bits_for_a_power_of_two_size(n: int) -> None:
+    """gradient_predivide_factor=size (docs/torch.md): each rank's gradient is divided by the size before the
+    sum and nothing is scaled after it. For a power-of-two size that is Average's result bit for bit, in any
+    order of summation, unless some x / size falls below the dtype's smallest normal (it loses bits there) or
+    a sum overflows (Average's result is then inf, the predivided sum finite): both cases are shown below."""
+    from hvdlite.core.frontend import gradient_scales, resolve_op
+    scales = gradient_scales(resolve_op("average"), float(n))
+    post = average_scale(scales.postscale, n)
+    assert post == 1.0  # nothing is left to scale after the sum
+    rng = np.random.default_rng(n)
+    for dtype in (np.float32, np.float64):
+        info = np.finfo(dtype)
+        lo, hi = int(np.log2(float(info.tiny))) + int(np.log2(n)), int(np.log2(float(info.max))) - int(np.log2(n))
+        shape = (n, 8192)
+        values = (rng.choice([-1.0, 1.0], shape) * rng.uniform(1.0, 2.0, shape)
+                  * np.exp2(rng.integers(lo, hi, shape).astype(np.float64))).astype(dtype)
+        values[1, :2048] = -values[0, :2048] * dtype(1 + 4 * info.eps)  # partial sums that cancel to tiny ones
+        values[:, -16:] = 0.0
+        for tree in (False, True):
+            average = _sum_in_order(list(values), tree)
+            scale_inplace(average, np.dtype(dtype).name, average_scale(1.0, n))
+            predivided = []
+            for row in values:
+                scaled = np.empty_like(row)
+                scaled_copy(scaled, row, np.dtype(dtype).name, scales.prescale)
+                predivided.append(scaled)
+            total = _sum_in_order(predivided, tree)
+            np.testing.assert_array_equal(total.view(f"u{np.dtype(dtype).itemsize}"),
+                                          average.view(f"u{np.dtype(dtype).itemsize}"), err_msg=f"{dtype} {tree}")
+    tiny = np.float32(np.finfo(np.float32).tiny) * np.float32(1 + np.finfo(np.float32).eps)  # odd last bit
+    big = np.float32(np.finfo(np.float32).max) * np.float32(0.75)
+    for x, expect_finite in ((tiny, True), (big, False)):
+        parts = [np.full(1, x, np.float32) for _ in range(n)]
+        with np.errstate(over="ignore"):  # the big case: Average's sum overflows
+            average = _sum_in_order(parts, False)
+        scale_inplace(average, "float32", average_scale(1.0, n))
+        predivided = []
+        for part in parts:
+            scaled = np.empty_like(part)
+            scaled_copy(scaled, part, "float32", scales.prescale)
+            predivided.append(scaled)
+        total = _sum_in_order(predivided, False)
+        assert total[0] != average[0] and np.isfinite(total[0])
+        assert np.isfinite(average[0]) == expect_finite
