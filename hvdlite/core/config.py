@@ -95,12 +95,12 @@ class Config:
     mpi_cuda_aware: str = "auto"
     #: Open MPI only: the algorithm of its non-blocking allreduce (libnbc), which carries hvdlite's reductions:
     #: rabenseifner (reduce-scatter then allgather; a vector shorter than the largest power of two <= the ranks
-    #: goes round the ring instead), ring, binomial, recursive_doubling, or "default": Open MPI's own choice, a
-    #: binomial tree for every in-place reduction and every job under 4 ranks, which made a 16-core machine's
-    #: gradient sync 1.2-1.4x slower (benchmarks/README.md, "... and under Open MPI"). Applied before MPI
-    #: starts, as the MCA variable OMPI_MCA_coll_libnbc_iallreduce_algorithm unless that is set already (it
-    #: wins); no effect where MPI was started before hvd.init(). Every rank must start with the same value
-    #: (init() checks).
+    #: would go round the ring instead: the engine pads such vectors with zeros, engine/chunks.py), ring,
+    #: binomial, recursive_doubling, or "default": Open MPI's own choice, a binomial tree for every in-place
+    #: reduction and every job under 4 ranks, which made a 16-core machine's gradient sync 1.2-1.4x slower
+    #: (benchmarks/README.md, "... and under Open MPI"). Applied before MPI starts, as the MCA variable
+    #: OMPI_MCA_coll_libnbc_iallreduce_algorithm unless that is set already (it wins); no effect where MPI was
+    #: started before hvd.init(). Every rank must start with the same value (init() checks).
     openmpi_iallreduce_algorithm: str = "rabenseifner"
     #: hvdlite-run starts each rank's program under a small sentinel (hvdlite/run/sentinel.py) that names
     #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.

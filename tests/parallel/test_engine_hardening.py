@@ -120,3 +120,29 @@ def test_stall_verdict_reaches_every_rank_in_the_same_round(reinit, rank: int, s
     assert f"allreduce of 'only.rank{rank}' stalled" in str(info.value)
     assert f"ranks {others} never submitted it; ranks [{rank}] did." in str(info.value)
     np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.stall"), [float(size)])
+
+
+@pytest.mark.parametrize("fusion", [4 << 20, 0], ids=["fusion", "no-fusion"])
+def test_vectors_shorter_than_the_ranks_reduce_exactly(fusion: int, reinit, rank: int, size: int) -> None:
+    """From 4 ranks on, a vector shorter than the largest power of two <= the ranks (a scalar metric) travels
+    zero-padded (engine/chunks.shortest_fast_length; Open MPI's Rabenseifner would take it round its ring):
+    every op's result is exact, out of place and in place, alone and fused, the inputs keep their values, and
+    no padding reaches a tensor."""
+    reinit(fusion_threshold_bytes=fusion)
+    values = [float(r + 1) for r in range(size)]
+    scalar = np.array([rank + 1.0])
+    trio = np.array([rank + 1, -(rank + 1), 2], dtype=np.int32)
+    product = float(np.prod(values))
+    cases = {hvd.Sum: (sum(values), np.array([sum(values), -sum(values), 2 * size])),
+             hvd.Min: (1.0, np.array([1, -size, 2])), hvd.Max: (float(size), np.array([size, -1, 2])),
+             hvd.Product: (product, np.array([product, (-1) ** size * product, 2 ** size]))}
+    for op, (want_scalar, want_trio) in cases.items():
+        got_scalar, got_trio = hvd.grouped_allreduce([scalar, trio], op=op)
+        assert got_scalar.shape == (1,) and got_scalar[0] == want_scalar, (op, got_scalar)
+        np.testing.assert_array_equal(got_trio, want_trio.astype(np.int32))
+        np.testing.assert_array_equal(hvd.allreduce(trio, op=op), want_trio.astype(np.int32))
+    assert scalar[0] == rank + 1.0 and list(trio) == [rank + 1, -(rank + 1), 2]
+    assert hvd.allreduce(np.float64(rank + 1.0), op=hvd.Average) == sum(values) / size  # a 0-d array
+    inplace = np.array([rank + 1.0, 0.5])
+    hvd.allreduce_(inplace, name="short.inplace", op=hvd.Sum)
+    np.testing.assert_array_equal(inplace, [sum(values), 0.5 * size])

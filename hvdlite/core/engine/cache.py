@@ -6,6 +6,7 @@ from typing import Any, Optional, Sequence, cast
 
 import numpy as np
 
+from .chunks import shortest_fast_length
 from .eviction import LeastRecent
 from .requests import Response, Signature
 
@@ -24,10 +25,9 @@ class ResponseCache:
         self.capacity = capacity
         self.my_rank = my_rank
         self.words = (capacity + 63) // 64
-        #: the all-reduce vector's length, padded to at least the largest power of two <= ``ranks``: the shortest
-        #: that Open MPI's Rabenseifner iallreduce (config.openmpi_iallreduce_algorithm) takes in 2 log2(p) steps;
-        #: shorter ones go round its ring, 2(p-1) steps (from 32 ranks on, with the default capacity)
-        self.vector_words = max(1 + self.words, 1 << (max(1, ranks).bit_length() - 1))
+        #: the all-reduce vector's length, padded to the shortest that Open MPI's Rabenseifner iallreduce takes
+        #: in 2 log2(p) steps (chunks.shortest_fast_length: from 32 ranks on, with the default capacity)
+        self.vector_words = max(1 + self.words, shortest_fast_length(ranks))
         self.by_name: dict[tuple[int, Optional[str]], int] = {}
         self.names: list[Optional[str]] = [None] * capacity
         self.sigs: list[Optional[Signature]] = [None] * capacity

@@ -23,6 +23,15 @@ DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the trai
 IN_FLIGHT = 4
 
 
+def shortest_fast_length(ranks: int) -> int:
+    """The fewest elements an allreduce over ``ranks`` ranks needs for Open MPI's Rabenseifner iallreduce
+    (config.openmpi_iallreduce_algorithm) to take 2 log2(p) steps: the largest power of two <= ``ranks``; a
+    shorter vector goes round its ring, 2(p-1) steps (126 instead of 12 for a scalar at 64 ranks). 1 below 4
+    ranks, where the two take as many steps."""
+    largest = 1 << (max(1, ranks).bit_length() - 1)
+    return largest if largest >= 4 else 1
+
+
 class _Chunk(NamedTuple):
     """One outstanding chunk collective."""
 
@@ -31,6 +40,7 @@ class _Chunk(NamedTuple):
     dtype: str
     factor: float
     on_done: Optional[Callable[[], None]]  # runs after the scaling
+    writes: np.ndarray  # the memory the chunk writes by the time it completes (``piece`` unless on_done copies)
 
 
 class ChunkPipeline:
@@ -42,17 +52,18 @@ class ChunkPipeline:
         self._in_wait = False
 
     def post(self, request: Any, piece: np.ndarray, dtype: str, factor: float,
-             on_done: Optional[Callable[[], None]] = None) -> None:
+             on_done: Optional[Callable[[], None]] = None, writes: Optional[np.ndarray] = None) -> None:
         """Take a started chunk collective; ``piece`` is multiplied by ``factor`` once it completes, then
-        ``on_done`` runs. Completes the oldest chunks while ``IN_FLIGHT`` or more are outstanding."""
-        self._inflight.append(_Chunk(request, piece, dtype, factor, on_done))
+        ``on_done`` runs (``writes``: the memory it writes there, when that is not ``piece``). Completes the
+        oldest chunks while ``IN_FLIGHT`` or more are outstanding."""
+        self._inflight.append(_Chunk(request, piece, dtype, factor, on_done, piece if writes is None else writes))
         while len(self._inflight) >= max(1, IN_FLIGHT):
             self._complete_oldest()
 
     def clear(self, arrays: Iterable[Optional[np.ndarray]]) -> None:
         """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``
         (the same tensor twice in one batch), so results are those of one reduction after the other."""
-        if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.piece)
+        if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.writes)
                                   for a in arrays for chunk in self._inflight):
             self.drain()
 
@@ -86,7 +97,7 @@ class ChunkPipeline:
             self._in_wait = False
 
     def _complete_oldest(self) -> None:
-        request, piece, dtype, factor, on_done = self._inflight.popleft()
+        request, piece, dtype, factor, on_done, _ = self._inflight.popleft()
         self._in_wait = True
         self._wait(request)
         self._in_wait = False
@@ -102,4 +113,4 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
 
 
-__all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT"]
+__all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT", "shortest_fast_length"]
