@@ -159,7 +159,7 @@ class Executor:
         step = max(1, self.chunk_bytes // max(1, dst.itemsize))
         n = dst.shape[0]
         shortest = shortest_fast_length(comm.Get_size())
-        if n < shortest:  # a scalar metric at 8+ ranks: reduced in a zero-padded copy (padding never reaches dst)
+        if n < shortest:  # a scalar metric at 4+ ranks: reduced in a zero-padded copy (padding never reaches dst)
             padded = np.zeros(shortest, dst.dtype)
             padded[:n] = dst if src is None else src
 
