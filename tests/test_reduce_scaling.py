@@ -151,6 +151,22 @@ def _sum_in_order(parts: list[np.ndarray], tree: bool) -> np.ndarray:
     return parts[0]
 
 
+def _average_and_predivided(parts: list[np.ndarray], n: int, prescale: float, tree: bool
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """The same contributions averaged two ways: summed, then divided by ``n`` (Average's postscale); and each
+    scaled by ``prescale`` first, then summed with nothing after."""
+    dtype = parts[0].dtype.name
+    with np.errstate(over="ignore"):  # a sum may overflow (the case shown in the test)
+        average = _sum_in_order(list(parts), tree)
+    scale_inplace(average, dtype, average_scale(1.0, n))
+    predivided = []
+    for part in parts:
+        scaled = np.empty_like(part)
+        scaled_copy(scaled, part, dtype, prescale)
+        predivided.append(scaled)
+    return average, _sum_in_order(predivided, tree)
+
+
 @pytest.mark.parametrize("n", [2, 4, 8, 64])
 def test_dividing_before_the_sum_gives_averages_bits_for_a_power_of_two_size(n: int) -> None:
     """gradient_predivide_factor=size (docs/torch.md): each rank's gradient is divided by the size before the
@@ -171,28 +187,13 @@ def test_dividing_before_the_sum_gives_averages_bits_for_a_power_of_two_size(n: 
         values[1, :2048] = -values[0, :2048] * dtype(1 + 4 * info.eps)  # partial sums that cancel to tiny ones
         values[:, -16:] = 0.0
         for tree in (False, True):
-            average = _sum_in_order(list(values), tree)
-            scale_inplace(average, np.dtype(dtype).name, average_scale(1.0, n))
-            predivided = []
-            for row in values:
-                scaled = np.empty_like(row)
-                scaled_copy(scaled, row, np.dtype(dtype).name, scales.prescale)
-                predivided.append(scaled)
-            total = _sum_in_order(predivided, tree)
+            average, total = _average_and_predivided(list(values), n, scales.prescale, tree)
             np.testing.assert_array_equal(total.view(f"u{np.dtype(dtype).itemsize}"),
                                           average.view(f"u{np.dtype(dtype).itemsize}"), err_msg=f"{dtype} {tree}")
     tiny = np.float32(np.finfo(np.float32).tiny) * np.float32(1 + np.finfo(np.float32).eps)  # odd last bit
     big = np.float32(np.finfo(np.float32).max) * np.float32(0.75)
     for x, expect_finite in ((tiny, True), (big, False)):
-        parts = [np.full(1, x, np.float32) for _ in range(n)]
-        with np.errstate(over="ignore"):  # the big case: Average's sum overflows
-            average = _sum_in_order(parts, False)
-        scale_inplace(average, "float32", average_scale(1.0, n))
-        predivided = []
-        for part in parts:
-            scaled = np.empty_like(part)
-            scaled_copy(scaled, part, "float32", scales.prescale)
-            predivided.append(scaled)
-        total = _sum_in_order(predivided, False)
+        average, total = _average_and_predivided([np.full(1, x, np.float32) for _ in range(n)], n, scales.prescale,
+                                                 False)
         assert total[0] != average[0] and np.isfinite(total[0])
         assert np.isfinite(average[0]) == expect_finite
