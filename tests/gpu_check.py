@@ -157,6 +157,26 @@ def sparse() -> None:
     same(dev.to_dense(), cpu.to_dense(), "sparse allreduce")
 
 
+def accumulating_compression() -> None:
+    """bf16/fp16 on the wire, float32 sums (issue 35) on the device: the plane's all-to-all and all-gather (NCCL,
+    gloo or host staging) give the bits of the same op on CPU tensors over MPI, which the suite checks against
+    the float32 rank-order reference (tests/parallel/test_fp32_accumulation.py)."""
+    comps = (hvd.Compression.bf16_fp32acc, hvd.Compression.fp16_fp32acc, hvd.Compression.bf16_fp32acc_fp32gather)
+    for comp in comps:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for op, pre, post in ((hvd.Average, 1.0, 1.0), (hvd.Sum, 0.5, 3.0)):
+                gen = torch.Generator().manual_seed(11 + R)
+                x = (torch.randn(37, 3, generator=gen) * 10.0 ** torch.randint(-2, 3, (37, 3), generator=gen)
+                     ).to(dtype)  # random magnitudes: every sum is rounded
+                kw = dict(op=op, prescale_factor=pre, postscale_factor=post, compression=comp)
+                what = f"{comp.__name__} {dtype} {op}"
+                same(hvd.allreduce(x.to(DEV), **kw), hvd.allreduce(x, **kw), f"allreduce {what}")
+        xs = [inputs(R, (5,), torch.float32) / 3, inputs(R, (3, 2), torch.bfloat16), inputs(R, (4,), torch.int32)]
+        cpu = hvd.grouped_allreduce(xs, op=hvd.Average, compression=comp)
+        for d, c in zip(hvd.grouped_allreduce([x.to(DEV) for x in xs], op=hvd.Average, compression=comp), cpu):
+            same(d, c, f"grouped allreduce of mixed dtypes, {comp.__name__}")
+
+
 def optimizer_equivalence(zero: bool = False) -> None:
     """DistributedOptimizer (or ZeroRedundancyOptimizer) on the device equals one process training on every
     rank's batch."""
@@ -335,6 +355,7 @@ CHECKS = [("allreduce every dtype and op", allreduce_all), ("grouped and in plac
           ("allgather uneven", allgather_uneven), ("broadcast", broadcast_all),
           ("alltoall splits", alltoall_splits), ("reducescatter", reducescatter_all),
           ("process sets", process_sets), ("sparse", sparse),
+          ("accumulating compression", accumulating_compression),
           ("optimizer equivalence", optimizer_equivalence),
           ("zero optimizer equivalence", lambda: optimizer_equivalence(zero=True)),
           ("sync batch norm", sync_batch_norm), ("mixed devices error", mixed_devices_error),

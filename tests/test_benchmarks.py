@@ -388,6 +388,27 @@ def test_gpu_latency_says_no_cuda_device_without_one() -> None:
                                             "ranks": 1}]
 
 
+def test_the_gpu_session_script_runs_its_parts_here(tmp_path: Path) -> None:
+    """benchmarks/gpu_session.sh, the one call a session lent a GPU makes, runs its timing parts here (CPU
+    tensors, shrunken: QUICK=1) and leaves each part's file under $OUT (its checks part is
+    tests/test_gpu_check.py's script)."""
+    env = dict(os.environ, PY=sys.executable, OUT=str(tmp_path), QUICK="1")
+    proc = subprocess.run(["bash", str(BENCH / "gpu_session.sh"), "sync", "latency"], capture_output=True,
+                          text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_latency_n1.json", "gpu_latency_variants.json",
+                                                          "grad_sync_n2.json", "grad_sync_n4.json", "session.log"]
+    for n in (2, 4):
+        records = json_lines((tmp_path / f"grad_sync_n{n}.json").read_text())
+        methods = {r["method"] for r in records if "method" in r}
+        assert {"mpi_nb_pipe_1MB", "mpi_nb_pipe_avg_1MB", "hvdlite_optimizer_sum"} <= methods, methods
+        assert {r["ranks"] for r in records if "method" in r} == {n}
+    log = (tmp_path / "session.log").read_text()
+    for line in ("sync -n 2: exit 0", "sync -n 4: exit 0", "latency: exit 0",
+                 "latency HVDLITE_STRAGGLER_WINDOW_OPS=0: exit 0", "latency HOROVOD_CYCLE_TIME=0.1: exit 0"):
+        assert line in log, log
+
+
 @check("gpu_latency")
 def check_gpu_latency(records: Records, tmp_path: Path) -> None:
     """--dry-run-cpu (the smoke run) runs every measure (gloo standing in for NCCL, stage_host_copies for
