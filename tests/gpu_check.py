@@ -367,6 +367,7 @@ results["plane_of_a_device_allreduce"] = plane_of_allreduce(torch.ones(2, device
     or "mpi (host staging)" if CUDA else plane_of_allreduce(torch.ones(2)) or "mpi"
 results["planes"] = {"gloo_enabled": hvd.gloo_enabled(), "nccl_built": hvd.nccl_built(),
                      "cuda_built": hvd.cuda_built()}
-print(json.dumps(results), flush=True)
+sys.stdout.write(json.dumps(results) + "\n")  # one write: print's two (the line, then its end) interleave with
+sys.stdout.flush()  # the other ranks' under PYTHONUNBUFFERED
 hvd.shutdown()
 sys.exit(1 if results["failures"] else 0)

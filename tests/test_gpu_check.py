@@ -1,5 +1,5 @@
-"""tests/gpu_check.py, the script a GPU session runs, kept runnable: here it runs on CPU tensors (the MPI path and
-the gloo plane), and every check that needs no GPU passes on every rank."""
+"""tests/gpu_check.py, the script a GPU session runs, kept runnable: run on CPU tensors (the MPI path and the gloo
+plane; any GPU hidden), every check that needs no GPU passes on every rank."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +15,8 @@ CPU_CHECKS = ("allreduce every dtype and op", "grouped and in place", "allgather
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("plane", ["MPI", "GLOO"])
 def test_gpu_check_passes_on_cpu_tensors(nproc: int, plane: str) -> None:
-    proc = run_mpi(ROOT / "tests" / "gpu_check.py", nproc, env={"HOROVOD_CPU_OPERATIONS": plane}, timeout=120)
+    env = {"HOROVOD_CPU_OPERATIONS": plane, "CUDA_VISIBLE_DEVICES": ""}
+    proc = run_mpi(ROOT / "tests" / "gpu_check.py", nproc, env=env, timeout=120)
     reports = sorted(json_lines(proc.stdout), key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == list(range(nproc)), proc.stdout
     for report in reports:
