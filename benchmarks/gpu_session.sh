@@ -64,7 +64,7 @@ for part in $parts; do
       say "latency: exit $?"
       for variant in HVDLITE_STRAGGLER_WINDOW_OPS=0 HOROVOD_CYCLE_TIME=0.1; do
         echo "{\"variant\": \"$variant\"}" >> "$OUT/gpu_latency_variants.json"
-        env "$variant" "$PY" -m hvdlite.run -np 1 "$PY" benchmarks/gpu_latency.py "${latency_quick[@]}" \
+        (export "$variant"; run 1 benchmarks/gpu_latency.py "${latency_quick[@]}") \
           >> "$OUT/gpu_latency_variants.json" 2>> "$log"
         say "latency $variant: exit $?"
       done
