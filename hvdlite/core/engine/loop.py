@@ -16,16 +16,16 @@ import numpy as np
 from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
-from . import callsite, deterministic, mpi, polling, stalls, stragglers
-from .autotune import Autotuner
+from . import callsite, deterministic, mpi, polling, stalls
 from .completion import Completion, VerdictNames
 from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
 from .presence import Presence
-from .negotiation import (FLAG_BUSY, FLAG_EXCHANGE, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT,
+from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT,
                           JOIN_TOLERANT_PERMISSIVE, allgather_messages, decide, pending_message)
 from .cache import ResponseCache
+from .observers import CycleObserver
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .stalls import Stop, Watchdog, Wedged
@@ -84,8 +84,8 @@ class Engine:
         self._job_busy = False  # some rank had work in the last round
         self.busy_cycles = 0
         self._idle_pause = 0.0
-        self.autotune = Autotuner(config, self.rank, self.executor)
-        self.stragglers = stragglers.Stragglers(config, self.rank, self.size)
+        self.observer = CycleObserver(config, self.rank, self.size, self.executor, timeline)
+        self.autotune, self.stragglers = self.observer.autotune, self.observer.stragglers  # (their readers')
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
 
@@ -281,10 +281,7 @@ class Engine:
             flags |= FLAG_FULL
         if pending:
             flags |= FLAG_BUSY
-        if self.autotune.wants_round():  # rank 0's new settings travel in a full round
-            flags |= FLAG_FULL
-        if self._last_cycle >= self.stragglers.tick_at:  # rank 0 only: time to compare lateness
-            flags |= FLAG_EXCHANGE
+        flags |= self.observer.flags(self._last_cycle)
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
@@ -292,8 +289,7 @@ class Engine:
         all_flags, missing = cache.decode(result)
         self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
         self.busy_cycles += bool(all_flags & FLAG_BUSY)
-        if all_flags & FLAG_EXCHANGE:
-            self.stragglers.tick()  # every rank in this cycle: the next cycle with agreed ops exchanges
+        self.observer.agreed(all_flags)
 
         full = bool(all_flags & FLAG_FULL)
         if full:
@@ -302,13 +298,11 @@ class Engine:
             responses = cache.ready(missing, self.cycles)
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
             known = None if full or not self.psets.only_global() else bits.times_of(cache.ready_bits)
-            self.stragglers.record(responses, pending, time.monotonic(), self.timeline, known)
-            self.stragglers.swap(self.comm)  # a window complete, or rank 0's tick: exchange before ops complete
-            self.autotune.observe(responses)
+            self.observer.before_run(responses, pending, time.monotonic(), self.comm, known)
             self.completion.execute(responses)
             if self._join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
                 self._join_cycle = -1
-            self.stragglers.settle(self.timeline)  # rank 0: the log line and timeline of an exchange
+            self.observer.after_run()
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
@@ -324,15 +318,14 @@ class Engine:
         self.full_cycles += 1
         now = time.monotonic()
         msg = pending_message(self.completion.pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
-                              tune=self.autotune.outgoing())
+                              tune=self.observer.outgoing())
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise Stop(stalls.shutdown_message(self.rank, stopping))
-        if messages[0].tune is not None:  # every rank switches here, at the same cycle (agreement rule)
-            self.autotune.adopt(messages[0].tune, self.cycles)
+        self.observer.adopt(messages[0].tune, self.cycles)  # every rank switches here, at the same cycle
         responses, stalled = decide(messages, self.psets.members_table(), self.size, self._join_tolerant)
         self.watchdog.last_check = now
         if stalled and not self.config.stall_check_disable:

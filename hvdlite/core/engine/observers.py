@@ -1,0 +1,55 @@
+"""What watches the engine's cycle beside its work: straggler attribution and autotuning, behind one interface."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ..config import Config
+from .autotune import Autotuner
+from .negotiation import FLAG_EXCHANGE, FLAG_FULL
+from .stragglers import Stragglers
+from .timeline import Timeline
+
+
+class CycleObserver:
+    """The engine loop's one view of its bookkeeping: which flags a cycle's round raises for it, what it does
+    with the round's agreed flags, the settings a full round carries, and the agreed ops before and after they
+    run. Each call is made by every rank in the same cycle (the agreement rule), so what it decides is agreed."""
+
+    def __init__(self, config: Config, rank: int, size: int, executor: Any, timeline: Timeline) -> None:
+        self.autotune = Autotuner(config, rank, executor)
+        self.stragglers = Stragglers(config, rank, size)
+        self.timeline = timeline
+
+    def flags(self, now: float) -> int:
+        """The flags this rank raises in the cycle starting at ``now``: a full round for rank 0's new settings,
+        the exchange of straggler times when rank 0's clock says one is due."""
+        raised = FLAG_FULL if self.autotune.wants_round() else 0
+        return raised | FLAG_EXCHANGE if now >= self.stragglers.tick_at else raised
+
+    def agreed(self, all_flags: int) -> None:
+        """Every rank, after the bit-vector round: the flags the job raised."""
+        if all_flags & FLAG_EXCHANGE:
+            self.stragglers.tick()  # every rank in this cycle: the next cycle with agreed ops exchanges
+
+    def outgoing(self) -> Optional[dict[str, Any]]:
+        """What a full round carries from this rank: rank 0's proposed settings, once."""
+        return self.autotune.outgoing()
+
+    def adopt(self, proposal: Optional[dict[str, Any]], cycle: int) -> None:
+        """Rank 0's proposal from a full round, adopted by every rank at the same cycle."""
+        if proposal is not None:
+            self.autotune.adopt(proposal, cycle)
+
+    def before_run(self, responses: list[Any], pending: dict[Any, Any], now: float, comm: Any,
+                   known: Optional[np.ndarray]) -> None:
+        """The agreed ops of a round ending at ``now``, before they run (``known``: their submission times when
+        the round was a cached one of the global set alone, see Stragglers.record)."""
+        self.stragglers.record(responses, pending, now, self.timeline, known)
+        self.stragglers.swap(comm)  # a window complete, or rank 0's tick: exchange before ops complete
+        self.autotune.observe(responses)
+
+    def after_run(self) -> None:
+        """After the round's ops ran: rank 0's log line and timeline of an exchange."""
+        self.stragglers.settle(self.timeline)
