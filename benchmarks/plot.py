@@ -224,9 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tables", action="store_true", help="print Markdown tables instead of drawing")
     args = p.parse_args(argv)
     folder = Path(args.results)
+    train = load(folder / "train_throughput.json") + load(folder / "train_throughput_keras.json")
     if args.tables:
-        print(markdown_tables(load(folder / "grad_sync.json"), load(folder / "train_throughput.json"),
-                              load(folder / "small_ops.json")))
+        print(markdown_tables(load(folder / "grad_sync.json"), train, load(folder / "small_ops.json")))
         print(more_tables(load(folder / "hw_scaling.json"), load(folder / "peak_rss.json"),
                           load(folder / "synthetic_vs_horovod.json")))
         return
@@ -234,7 +234,6 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     grad = load(folder / "grad_sync.json")
-    train = load(folder / "train_throughput.json")
     small = load(folder / "small_ops.json")
     fig, axes = plt.subplots(2, 2, figsize=(15, 10))
     plot_grad_sync(axes[0][0], grad, "resnet50")

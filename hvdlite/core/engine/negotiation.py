@@ -153,7 +153,7 @@ def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any
     (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size.
     Both waits are arrival waits (``polling.wait``): they end when the slowest peer's engine gets there, and a
     peer whose training thread computes Python holds its GIL, so its engine can be tens of ms late; spinning
-    on meanwhile took a waiting rank's engine to ~30% of a core (``benchmarks/peer_wait.py``)."""
+    on meanwhile took a waiting rank's engine to ~30% of a core (``benchmarks/lab/peer_wait.py``)."""
     payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     size = comm.Get_size()
     sizes = np.empty(size, dtype=np.int64)

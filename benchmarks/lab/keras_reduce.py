@@ -1,6 +1,6 @@
 """Where Keras' gradient reduction time goes: ResNet-50's Keras gradients, each method timed interleaved.
 
-Run: mpiexec -n 2 python benchmarks/keras_reduce.py [--rounds 8] [--methods graph_old,graph,...] [--fit]
+Run: mpiexec -n 2 python benchmarks/lab/keras_reduce.py [--rounds 8] [--methods graph_old,graph,...] [--fit]
 
 Methods (Average over all ranks of the 214 gradients of keras.applications.ResNet50 at 64x64, 94 MB):
   graph_old   tf.function reduction as before issue 12's Keras work: the status op passes every tensor

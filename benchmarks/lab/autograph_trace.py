@@ -1,7 +1,7 @@
 """A Keras custom loop's first call (AutoGraph's conversion, the trace, one step) with hvdlite's wrappers and without.
 
-Run:   python benchmarks/autograph_trace.py [--rounds 5] [--out benchmarks/results/autograph_trace.json]
-Smoke: python benchmarks/autograph_trace.py --rounds 1 --steps 2
+Run:   python benchmarks/lab/autograph_trace.py [--rounds 5] [--out benchmarks/results/autograph_trace.json]
+Smoke: python benchmarks/lab/autograph_trace.py --rounds 1 --steps 2
 
 Each measurement is a fresh process (``--child METHOD``: one rank, hvd.init() on a singleton MPI), so every
 first call pays AutoGraph and tracing from cold; the methods alternate round by round. The step is a
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import _common  # noqa: E402
 

@@ -2,8 +2,8 @@
 default) on 1,000 small ops and on ResNet-50's gradient sync, the call-site check on the submit path, and
 hvd.check_replicas on ResNet-50 vs a training step.
 
-Run:   mpiexec -n 2 python benchmarks/diagnostics.py [--out benchmarks/results/diagnostics.json]
-Smoke: mpiexec -n 2 python benchmarks/diagnostics.py --reps 2 --sessions 1 --inflight 50 --scale 0.01 --batch 1 \
+Run:   mpiexec -n 2 python benchmarks/lab/diagnostics.py [--out benchmarks/results/diagnostics.json]
+Smoke: mpiexec -n 2 python benchmarks/lab/diagnostics.py --reps 2 --sessions 1 --inflight 50 --scale 0.01 --batch 1 \
            --image 64
 
 Methods (one JSON line each, after a machine line; times are the slowest rank's, medians over repetitions):
@@ -51,7 +51,7 @@ import timeit
 from typing import Any, Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -3,7 +3,7 @@ uses (the ranks commit and leave, the job starts again at the new size) against 
 ``Comm.Spawn`` + ``Intercomm.Merge`` (what Open MPI 5.0 offers; hvdlite does not use it, see docs/elastic.md,
 "Growth"), and whether a job grown by Spawn still recovers in-process when one of its first ranks dies.
 
-Run:   python benchmarks/elastic_growth.py --ompi-python VENV/bin/python [--rounds 2]
+Run:   python benchmarks/lab/elastic_growth.py --ompi-python VENV/bin/python [--rounds 2]
 
 ``--ompi-python``: a Python whose mpi4py loads pip's Open MPI 5 (the tests' ``ompi_python`` fixture makes one).
 Both paths use the model of benchmarks/elastic_recovery.py (a 3-layer MLP of hidden width --width, default 1024:
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _common  # noqa: E402
 
 WORKER = str(_common.ROOT / "tests" / "workers" / "elastic_inprocess.py")

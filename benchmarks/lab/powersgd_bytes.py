@@ -1,7 +1,7 @@
 """Bytes per step that powerSGD_hook hands to allreduce, against uncompressed averaging, for ResNet-50's gradients.
 
-    python benchmarks/powersgd_bytes.py --out benchmarks/results/powersgd_bytes.json        # ~1 min
-    mpiexec -n 2 python benchmarks/powersgd_bytes.py                                         # same bytes
+    python benchmarks/lab/powersgd_bytes.py --out benchmarks/results/powersgd_bytes.json        # ~1 min
+    mpiexec -n 2 python benchmarks/lab/powersgd_bytes.py                                         # same bytes
 
 ResNet-50's 161 gradient tensors (benchmarks/shapes.py, float32) are packed, in backward order, into buckets of
 about ``--bucket-mb`` (DDP's default 25 MB), each a flat buffer with per-parameter views (the comm-hook
@@ -14,9 +14,12 @@ time including its own compute (orthogonalization, matmuls), informative only.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from _common import Output, machine_info
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import Output, machine_info  # noqa: E402
 
 
 class ShapeBucket:

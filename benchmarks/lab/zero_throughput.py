@@ -1,6 +1,6 @@
 """Training throughput: hvd.ZeroRedundancyOptimizer vs hvd.DistributedOptimizer vs torch's ZeroRedundancyOptimizer.
 
-    mpiexec -n 2 python benchmarks/zero_throughput.py --out benchmarks/results/zero_throughput.json   # ~2 min
+    mpiexec -n 2 python benchmarks/lab/zero_throughput.py --out benchmarks/results/zero_throughput.json   # ~2 min
 
 The small BERT-style transformer of train_throughput.py (4 layers, width 256, sequence 64, batch 16 per rank)
 trained with AdamW on synthetic data three ways in one job, interleaved (one round of ``--steps`` steps of
@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from mpi4py import MPI
 
-from _common import Output, Series, init_gloo, machine_info, summarize, timed
-from shapes import small_transformer
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import Output, Series, init_gloo, machine_info, summarize, timed  # noqa: E402
+from shapes import small_transformer  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """What ranks waiting in an allreduce cost a rank that is still computing (a straggler, a tf.function tracing).
 
-Run:   mpiexec -n 2 python benchmarks/peer_wait.py [--hvd-module horovod.torch] [--out FILE]
-Smoke: mpiexec -n 2 python benchmarks/peer_wait.py --work 20000 --rounds 1
+Run:   mpiexec -n 2 python benchmarks/lab/peer_wait.py [--hvd-module horovod.torch] [--out FILE]
+Smoke: mpiexec -n 2 python benchmarks/lab/peer_wait.py --work 20000 --rounds 1
 
 Rank 0 runs --work iterations of pure Python (about 1 s by default) while the other ranks wait for it, then
 joins them. Each round measures three ways of waiting, in turn: ``sleep`` (the baseline: the others wait
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mpi4py import MPI  # noqa: E402
 

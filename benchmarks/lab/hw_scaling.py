@@ -1,7 +1,7 @@
 """The machine's own scaling limit: N ranks train independent copies at once (no communication) against one alone.
 
-Run:   mpiexec -n 2 python benchmarks/hw_scaling.py [--out benchmarks/results/hw_scaling.json]
-Smoke: mpiexec -n 2 python benchmarks/hw_scaling.py --tiny --steps 1 --rounds 1
+Run:   mpiexec -n 2 python benchmarks/lab/hw_scaling.py [--out benchmarks/results/hw_scaling.json]
+Smoke: mpiexec -n 2 python benchmarks/lab/hw_scaling.py --tiny --steps 1 --rounds 1
 
 Same models, batch and threads per rank as train_throughput.py. Rank 0 times its steps alone (the others wait),
 then every rank at once; "efficiency" = alone / together is the best scaling efficiency any data-parallel
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import _common  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Negotiation cost against job size: bytes per cycle on the full and cached paths, and cycle time.
 
-Run:  python benchmarks/negotiation_scale.py [--sizes 2,4,8,16,32,64] [--tensors 16] [--steps 40]
+Run:  python benchmarks/lab/negotiation_scale.py [--sizes 2,4,8,16,32,64] [--tensors 16] [--steps 40]
 It launches ``mpiexec -n N`` for each size (oversubscribed on a small machine: ``-bind-to none``) and prints one
 JSON object: per size, the bytes allgathered per full negotiation round (every rank's pickled message), the
 bytes of the bit-vector all-reduce per cycle (per rank), and the wall time per cycle on each path.
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def worker(tensors: int, steps: int) -> None:

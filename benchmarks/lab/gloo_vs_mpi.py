@@ -2,7 +2,7 @@
 torch.distributed's gloo plane (HOROVOD_CPU_OPERATIONS=GLOO), both through hvd.allreduce_async_ per tensor
 (reverse order, as backward produces them) and synchronize, as DistributedOptimizer does.
 
-Run:   mpiexec -n 2 python benchmarks/gloo_vs_mpi.py [--reps 10] [--rounds 3] [--scale 1.0]
+Run:   mpiexec -n 2 python benchmarks/lab/gloo_vs_mpi.py [--reps 10] [--rounds 3] [--scale 1.0]
 
 The planes alternate (hvd.init(cpu_operations=...) per phase, --rounds phases each), so load from elsewhere hits
 both alike. Each repetition starts with a barrier; its time is the slowest rank's; figures are medians.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _common  # noqa: E402
 from shapes import gradient_shapes  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Where a training step's time goes: per-phase wall time and CPU seconds per thread, hvdlite against DDP.
 
-Run: mpiexec -n 2 python benchmarks/profile_step.py [--model resnet50|transformer] [--rounds 8]
+Run: mpiexec -n 2 python benchmarks/lab/profile_step.py [--model resnet50|transformer] [--rounds 8]
 
 Methods, interleaved step by step (one model replica each, same data):
   single       one process, no communication (rank 0 alone; the other ranks wait without spinning)
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import _common  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Where one small synchronous allreduce's time goes: timestamps inside the engine, per op, median of many.
 
-Run:   mpiexec -n 2 python benchmarks/latency_breakdown.py [--out benchmarks/results/latency_breakdown.json]
-Smoke: mpiexec -n 2 python benchmarks/latency_breakdown.py --ops 20
+Run:   mpiexec -n 2 python benchmarks/lab/latency_breakdown.py [--out benchmarks/results/latency_breakdown.json]
+Smoke: mpiexec -n 2 python benchmarks/lab/latency_breakdown.py --ops 20
 
 Wraps engine methods with timers (no library change): for each ``allreduce_async`` + ``synchronize`` of
 --elems float32 it records, from the call, when submit() returned, the engine's cycle began, the
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 

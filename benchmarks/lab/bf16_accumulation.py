@@ -1,8 +1,8 @@
 """bf16 on the wire, float32 sums (Compression.bf16_fp32acc) against fp32 and bf16 allreduce: error, bytes, time,
 convergence. One run prints JSON lines (and writes them to --out); it launches its own mpiexec jobs.
 
-Run:   python benchmarks/bf16_accumulation.py [--out benchmarks/results/bf16_accumulation.json]
-Smoke: python benchmarks/bf16_accumulation.py --smoke
+Run:   python benchmarks/lab/bf16_accumulation.py [--out benchmarks/results/bf16_accumulation.json]
+Smoke: python benchmarks/lab/bf16_accumulation.py --smoke
 
 1. Error (``kind: "precision"``): each rank's gradient is shaped like ResNet-50's and the small transformer's
    (benchmarks/shapes.py's layers, plain torch; ``--elements`` elements sampled across all layers, per-layer
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import ROOT, Output  # noqa: E402
 
 ERROR_METHODS = ("fp32", "bf16", "bf16_ring", "bf16_fp32acc", "bf16_fp32acc_fp32gather", "fp16", "fp16_fp32acc")

@@ -1,7 +1,7 @@
 """Autotune from deliberately bad settings against hand-set configurations, on ResNet-50's gradient shapes.
 
-Run:   mpiexec -n 2 python benchmarks/autotune.py [--out benchmarks/results/autotune.json]
-Smoke: mpiexec -n 2 python benchmarks/autotune.py --scale 0.001 --reps 2 --rounds 1 --max-samples 3
+Run:   mpiexec -n 2 python benchmarks/lab/autotune.py [--out benchmarks/results/autotune.json]
+Smoke: mpiexec -n 2 python benchmarks/lab/autotune.py --scale 0.001 --reps 2 --rounds 1 --max-samples 3
 
 Phase 1 starts hvdlite with fusion off and 64 MiB chunks and HVDLITE_AUTOTUNE=1, then runs ResNet-50-style
 gradient synchronisation steps (allreduce_async_ of all 161 tensors in backprop order, Average, then
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
