@@ -5,12 +5,14 @@ Part of the frontend interface: a frontend writes ``from hvdlite.core.basics imp
 """
 from __future__ import annotations
 
-from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
-                          nccl_built, rocm_built)
+from typing import Any
+
+from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, gpu_available, mpi_built,
+                          mpi_enabled, nccl_built, rocm_built)
 from .engine.handles import Handle
 from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, InvalidArgumentError, LaunchError,
                      NotInitializedError, ReplicaDivergenceError, ShutdownError, StallError, TensorMismatchError)
-from .process_set_ops import add_process_set, remove_process_set
+from .process_set_ops import add_process_set, comm_process_set_id, process_set_ids_and_ranks, remove_process_set
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
@@ -25,5 +27,26 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "Handle", "HvdliteError",
     "HorovodInternalError", "NotInitializedError", "TensorMismatchError", "DuplicateNameError",
     "ShutdownError", "StallError", "LaunchError", "InvalidArgumentError", "ReplicaDivergenceError",
-    "straggler_report",
+    "straggler_report", "gpu_available",
 ]
+
+
+class HorovodBasics:
+    """What Horovod's tests reach for as ``hvd.mpi_ops._basics``: the runtime names above, and the internal
+    process-set queries of Horovod's process-set tests."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in __all__:
+            raise AttributeError(name)
+        return globals()[name]
+
+    @staticmethod
+    def _get_process_set_ids_and_ranks() -> dict[int, list[int]]:
+        return process_set_ids_and_ranks()
+
+    @staticmethod
+    def _comm_process_set_id(comm: Any) -> int:
+        return comm_process_set_id(comm)
+
+
+_basics = HorovodBasics()

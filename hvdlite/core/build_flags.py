@@ -3,11 +3,31 @@
 GPU and gloo support comes from the frontends' data planes (core/engine/planes.py), asked at run time."""
 from __future__ import annotations
 
+from typing import Callable
+
 from . import runtime
 from .engine.planes import built
 
 __all__ = ["mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-           "cuda_built", "rocm_built"]
+           "cuda_built", "rocm_built", "gpu_available", "register_gpu_probe"]
+
+#: framework name ("torch", "tensorflow") -> whether its tensors on a GPU can go through hvdlite here; each
+#: frontend registers its own when it is imported.
+_gpu_probes: dict[str, Callable[[], bool]] = {}
+
+
+def register_gpu_probe(framework: str, probe: Callable[[], bool]) -> None:
+    """A frontend's answer to ``gpu_available(framework)``."""
+    _gpu_probes[framework] = probe
+
+
+def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
+    """Horovod's ``gpu_available``: whether the ``ext_base_name`` frontend ("torch", "tensorflow") can run
+    collectives on GPU tensors here (its framework sees a CUDA device). False for a frontend this process has
+    not imported (Horovod's answer for an extension it cannot load). ``verbose`` is accepted for Horovod's
+    signature; hvdlite logs nothing here."""
+    probe = _gpu_probes.get("tensorflow" if ext_base_name == "keras" else ext_base_name)
+    return bool(probe is not None and probe())
 
 
 def mpi_enabled() -> bool:

@@ -25,6 +25,9 @@ module is private to the core.
 - ``aligned_empty(shape, dtype)``: an uninitialised array starting on a 64-byte boundary, which TensorFlow
   wraps without copying.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
+- ``register_gpu_probe(framework, probe)``: the frontend's answer to ``gpu_available(framework)``;
+  ``check_process_set(process_set, what)``: ValueError for a process set that is not registered, when an op is
+  built.
 - ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
 - ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
 - ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
@@ -49,6 +52,7 @@ from typing import Any, NamedTuple
 
 from .compression import (CastCompressor, Compressor, NoneCompressor, accumulating, accumulation_of,
                           check_sparse_compression)
+from .build_flags import register_gpu_probe
 from .config import Config
 from .replicas import check_named as check_named_replicas
 from .replicas import flatten as flatten_tensors
@@ -72,7 +76,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "Scales", 
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
            "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce", "accumulated_allreduce",
            "check_named_replicas", "flatten_tensors", "submit_prepared", "submit_unnamed", "tensor_layout",
-           "generation", "exact_divisor", "SUPPORTED_DTYPES"]
+           "generation", "exact_divisor", "SUPPORTED_DTYPES", "register_gpu_probe", "check_process_set"]
 
 
 def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,
@@ -135,6 +139,20 @@ def process_set_ranks(ps_id: int) -> list[int]:
         raise ValueError(f"process set {ps_id} is not registered on rank {st.rank}; call "
                          f"hvd.add_process_set() on every rank first")
     return list(st.psets.ranks[ps_id])
+
+
+def check_process_set(process_set: Any, what: str) -> None:
+    """ValueError unless ``process_set`` is registered here (a ProcessSet whose id was never registered, or was
+    changed by hand): for frontends that build an op before it runs (TensorFlow graphs), so the error comes
+    when the op is built, as it does eagerly."""
+    ps_id = getattr(process_set, "process_set_id", None)
+    if ps_id == 0:
+        return
+    st = state()
+    if ps_id is None or ps_id not in st.psets.ranks:
+        raise ValueError(f"{what}: {process_set!r} is not a registered process set on rank {st.rank} (registered "
+                         f"ids: {sorted(st.psets.ranks)}); pass one returned by hvd.add_process_set() or "
+                         f"registered by hvd.init(process_sets=...)")
 
 
 def setting(name: str) -> Any:

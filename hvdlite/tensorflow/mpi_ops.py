@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from hvdlite import core
 from hvdlite.core import Average, HvdliteError, ProcessSet, Sum, TensorMismatchError, global_process_set
-from hvdlite.core.frontend import Accumulation, process_set_ranks, resolve_op
+from hvdlite.core.basics import _basics  # noqa: F401 - Horovod's hvd.mpi_ops._basics
+from hvdlite.core.frontend import Accumulation, check_process_set, register_gpu_probe, resolve_op
 from hvdlite.tensorflow import status_op
 from hvdlite.tensorflow.buffers import ReusableOutputs
 from hvdlite.tensorflow.errors import as_list, as_tensor, as_tensors, as_tf_error
@@ -28,6 +29,8 @@ class XLANotSupportedError(HvdliteError, NotImplementedError):
 
     __init__ = Exception.__init__  # lets tf.function's AutoGraph re-raise it as this type, not StagingError
 
+
+register_gpu_probe("tensorflow", lambda: bool(tf.config.list_physical_devices("GPU")))
 
 _last_collective: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
@@ -149,6 +152,7 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
                        accumulation: Optional[Accumulation] = None) -> list[tf.Tensor]:
     """Reduce several dense tensors as one unit (one op, one fused request); ``accumulation``: an
     accumulating compression's (bf16/fp16 on the wire, float32 sums)."""
+    check_process_set(process_set, "allreduce")
     reduce_op = resolve_op(op)
     xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
     if not xs:
@@ -191,6 +195,7 @@ def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool =
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """Allgather several tensors as one unit."""
+    check_process_set(process_set, "allgather")
     xs = as_tensors(tensors, "grouped_allgather")
     if not xs:
         return []
@@ -229,6 +234,7 @@ def _allgather_grad(xs: list[tf.Tensor], dys: list[tf.Tensor], process_set: Proc
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Copy ``tensor`` from ``root_rank`` (a rank of the whole job, as in Horovod) to every member."""
+    check_process_set(process_set, "broadcast")
     root = int(root_rank)
 
     def bcast(array: np.ndarray) -> list[np.ndarray]:
@@ -255,6 +261,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
 def broadcast_group(tensors: Sequence[Any], root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, what: str = "broadcast_group") -> list[tf.Tensor]:
     """Broadcast several tensors in one op (no gradient): the values of ``root_rank``."""
+    check_process_set(process_set, what)
     xs = as_tensors(tensors, what)
     if not xs:
         return []
@@ -288,6 +295,7 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = N
 def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set) -> Any:
     """Send ``splits[i]`` rows to rank i; returns the received rows, plus the received splits if given."""
+    check_process_set(process_set, "alltoall")
     given = splits is not None
     split_t = tf.cast(tf.convert_to_tensor(splits), tf.int32) if given else tf.zeros([0], tf.int32)
 
@@ -322,6 +330,7 @@ def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, o
                            ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set,
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """Reduce, then keep this rank's share of the first dimension (earlier ranks take the remainder)."""
+    check_process_set(process_set, "reducescatter")
     reduce_op = resolve_op(op)
     xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
     if not xs:
@@ -359,38 +368,6 @@ def join() -> tf.Tensor:
 
 def barrier(process_set: ProcessSet = global_process_set) -> Optional[tf.Operation]:
     """Wait until every rank of ``process_set`` reaches this point (in a graph: returns the op)."""
+    check_process_set(process_set, "barrier")
     out = run_collective("barrier", lambda: [np.int32(core.barrier(process_set) or 0)], [], [tf.int32])
     return None if tf.executing_eagerly() else out[0].op
-
-
-def _value_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
-    """An int32 scalar computed when the graph runs (a constant under XLA or eagerly)."""
-    if tf.executing_eagerly() or _in_xla_context():
-        return tf.constant(value(), dtype=tf.int32, name=name)
-    out = tf.numpy_function(lambda: np.int32(value()), [], tf.int32, stateful=True, name=name)
-    out.set_shape([])
-    return out
-
-
-def _set_ranks(process_set_id: int) -> list:
-    return process_set_ranks(int(process_set_id))
-
-
-def rank_op(name: Optional[str] = None) -> tf.Tensor:
-    return _value_op(core.rank, name)
-
-
-def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
-    return _value_op(core.local_rank, name)
-
-
-def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    return _value_op(lambda: len(_set_ranks(process_set_id)), name)
-
-
-def local_size_op(name: Optional[str] = None) -> tf.Tensor:
-    return _value_op(core.local_size, name)
-
-
-def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    return _value_op(lambda: int(core.rank() in _set_ranks(process_set_id)), name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hvdlite.core import basics
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
+from hvdlite.core.basics import _basics  # noqa: F401 - Horovod's hvd.mpi_ops._basics
 
 from . import async_ops
 from .async_ops import *  # noqa: F401,F403

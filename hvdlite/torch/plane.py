@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from hvdlite.core import ReduceOp
 from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, accumulated_allreduce, in_rank_order,
-                                   mpi_cuda_aware, rank_order_allreduce, register_factory)
+                                   mpi_cuda_aware, rank_order_allreduce, register_factory, register_gpu_probe)
 
 from . import mpi_plane
 from .plane_bytes import as_bytes, row_bytes, scale_in_place
@@ -378,5 +378,6 @@ class TorchPlanes(PlaneFactory):
 
 FACTORY = TorchPlanes()
 register_factory(FACTORY)
+register_gpu_probe("torch", torch.cuda.is_available)
 
 __all__ = ["TorchPlane", "TorchPlanes", "FACTORY", "BACKEND_DTYPES", "TORCH_DTYPES"]
