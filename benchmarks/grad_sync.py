@@ -27,9 +27,7 @@ repetition starts with a barrier; its time is the slowest rank's; the figure is 
                         mpi_nb_pipe_avg_end_* (the same with Average's pass over the whole buffer at the end);
                         hvdlite_optimizer_sum: (g) with Sum (no scaling pass); hvdlite_optimizer_predivide: (g)
                         with gradient_predivide_factor=size (Average's division before the sum, on the rank's
-                        own gradients, instead of after it); hvdlite_optimizer_inflight1/2:
-                        (g) with the engine keeping 1 (each chunk waited for, then scaled: the earlier engine)
-                        or 2 chunk collectives in flight instead of the default 4.
+                        own gradients, instead of after it).
 Tensors are submitted in reverse order, as backpropagation produces them. hvdlite methods use Average
 (as DistributedOptimizer does) unless --op sum. One JSON object per line: a machine line, then one line per
 model and method with ms, algorithm bandwidth (bytes/s) and the ratio to (a).
@@ -50,6 +48,7 @@ import numpy as np  # noqa: E402
 import _common  # noqa: E402
 import hvdlite as hvd  # noqa: E402
 
+PIPE_DEPTH = 4  # chunk collectives the engine keeps in flight (hvdlite/core/engine/chunks.py)
 DIAG_PREFIXES = ("mpi_nb_", "hvdlite_optimizer_")  # probes and variants: diagnostics, never the limit
 GROUPS = {"mpi_flat_out_of_place": "a", "mpi_flat_in_place": "a", "mpi_per_tensor": "b",
           "gloo_per_tensor": "c", "gloo_flat": "c", "hvdlite_async": "d", "hvdlite_grouped": "e",
@@ -149,8 +148,6 @@ class Bench:
         out["hvdlite_optimizer"] = self._optimizer()
         out["hvdlite_optimizer_sum"] = self._optimizer("sum.", op=hvd.Sum)
         out["hvdlite_optimizer_predivide"] = self._optimizer("predivide.", gradient_predivide_factor=hvd.size())
-        for depth in (1, 2):  # the same sync at other chunk pipeline depths (1: each chunk waited for alone)
-            out[f"hvdlite_optimizer_inflight{depth}"] = self._with_depth(out["hvdlite_optimizer"], depth)
         out["hvdlite_grouped"] = lambda: hvd.grouped_allreduce_(self.arrays, name=f"{self.model}.grouped",
                                                                 op=self.op)
         if self.args.hvd_module:
@@ -186,15 +183,14 @@ class Bench:
     def _nonblocking(self, step: int, how: str, scale: bool, at_end: bool = False) -> Callable[[], None]:
         """The chunked in-place reduction with Iallreduce: completed by Wait, or polled by Test in a loop
         (as the engine's polling.wait does while a user thread waits); ``how`` "pipe": polled, with the
-        engine's chunk pipeline depth (chunks.IN_FLIGHT) outstanding, the oldest completed first; ``scale``:
+        engine's chunk pipeline depth (PIPE_DEPTH) outstanding, the oldest completed first; ``scale``:
         each chunk is then multiplied by 1/size (Average's pass) as it completes, before the next starts,
         or (``at_end``) the whole buffer in one pass once every chunk has completed."""
         from mpi4py import MPI
-        from hvdlite.core.engine import chunks
         comm, flat = self.comm, self.flat
         pieces = [flat[i:i + step] for i in range(0, flat.size, step)]
         factor = np.float32(1.0 / comm.Get_size())
-        depth = chunks.IN_FLIGHT if how == "pipe" else 1
+        depth = PIPE_DEPTH if how == "pipe" else 1
 
         def complete(request: Any, piece: np.ndarray) -> None:
             if how == "wait":
@@ -262,20 +258,6 @@ class Bench:
         self.resets.append(lambda: [p.grad.fill_(1.0) for p in params])
         return sync
 
-    @staticmethod
-    def _with_depth(fn: Callable[[], None], depth: int) -> Callable[[], None]:
-        """``fn`` with the engine's chunk pipeline at ``depth`` (hvdlite/core/engine/chunks.py's IN_FLIGHT;
-        read when each chunk starts, and the engine is idle between repetitions)."""
-        from hvdlite.core.engine import chunks
-
-        def run() -> None:
-            saved, chunks.IN_FLIGHT = chunks.IN_FLIGHT, depth
-            try:
-                fn()
-            finally:
-                chunks.IN_FLIGHT = saved
-        return run
-
     def _hvd_async(self, module: Any, inputs: list[Any], op: Any, prefix: str) -> None:
         handles = [module.allreduce_async_(x, name=prefix + n, op=op) for x, n in zip(inputs, self.names)]
         for h in handles:
@@ -331,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_gloo:
         _common.init_gloo(comm)
     output = _common.Output(comm.Get_rank(), args.out)
-    st = hvd.core.runtime.state().config
+    st = hvd.core.Config.from_env(**_common.parse_settings(args.hvd_setting))  # what init() was given
     output.emit(_common.machine_info("grad_sync", comm.Get_size(), reps=args.reps, warmup=args.warmup,
                                      scale=args.scale, op=args.op, cycle_time_ms=st.cycle_time_ms,
                                      fusion_threshold_bytes=st.fusion_threshold_bytes,

@@ -5,7 +5,9 @@
   (``hvdlite.core.frontend`` for the frontends, ``hvdlite.core.launch`` for the launcher);
 - no layer imports a framework it does not serve (``MUST_NOT_IMPORT``), and exactly one module imports mpi4py;
 - no import cycle among hvdlite modules (imports inside functions count: see CYCLES_COUNT_LAZY_IMPORTS);
-- every module is under 400 lines.
+- every module is under 400 lines;
+- the benchmarks outside benchmarks/lab/ use hvdlite as a user does: no import of (or reach into) the engine
+  or the runtime, so no patching of either.
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from pathlib import Path
 from typing import Iterator
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hvdlite"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+#: What only benchmarks/lab/ may use: the engine and the runtime that drives it.
+LAB_ONLY = ("hvdlite.core.engine", "hvdlite.core.runtime")
 #: The only module allowed to import mpi4py.
 MPI_MODULE = "hvdlite.core.engine.mpi"
 #: The layers, most specific first: a module belongs to the first whose name prefixes its own.
@@ -283,3 +288,28 @@ def test_the_checks_see_the_package() -> None:
     assert "hvdlite.core" in graph["hvdlite"] and sum(map(len, graph.values())) > 50
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [(["a", "b", "c", "a"], ["a", "b", "c"])]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _private_uses(path: Path) -> list[str]:
+    """``line: name`` of each import or attribute chain of ``path`` that reaches LAB_ONLY (``hvd.core.runtime``
+    counts as much as ``import hvdlite.core.runtime``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Attribute):
+            names = [ast.unparse(node).replace("hvd.", "hvdlite.", 1)]
+        found += [f"{node.lineno}: {name}" for name in names
+                  if any(name == p or name.startswith(p + ".") or f".{p[8:]}." in f".{name}." for p in LAB_ONLY)]
+    return sorted(set(found))
+
+
+def test_benchmarks_outside_the_lab_use_no_engine_internals() -> None:
+    """The tool's benchmarks measure what a user gets; what needs the engine's inside is a lab script."""
+    scripts = sorted(BENCHMARKS.glob("*.py"))
+    assert len(scripts) > 5 and _private_uses(BENCHMARKS / "lab" / "latency_breakdown.py")  # the check sees
+    offending = {p.name: uses for p in scripts if (uses := _private_uses(p))}
+    assert not offending, f"benchmarks/ scripts reaching into the engine or runtime (move them to lab/): {offending}"
