@@ -98,7 +98,7 @@ class Config:
     #: would go round the ring instead: the engine pads such vectors with zeros, engine/chunks.py), ring,
     #: binomial, recursive_doubling, or "default": Open MPI's own choice, a binomial tree for every in-place
     #: reduction and every job under 4 ranks, which made a 16-core machine's gradient sync 1.2-1.4x slower
-    #: (benchmarks/README.md, "... and under Open MPI"). Applied before MPI starts, as the MCA variable
+    #: (benchmarks/HISTORY.md, "... and under Open MPI"). Applied before MPI starts, as the MCA variable
     #: OMPI_MCA_coll_libnbc_iallreduce_algorithm unless that is set already (it wins); no effect where MPI was
     #: started before hvd.init(). Every rank must start with the same value (init() checks).
     openmpi_iallreduce_algorithm: str = "rabenseifner"

@@ -244,7 +244,7 @@ def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> 
             np.copyto(dst, src.astype(np.float32) / np.float32(divide_by), casting="unsafe")
         elif divide_by & (divide_by - 1) == 0:
             # n a power of two: x * (1/n) is x / n bit for bit (1/n is exact, each is rounded once), and numpy's
-            # multiply takes 0.57x its divide (1 MiB of float32: 16 against 29 us; benchmarks/README.md)
+            # multiply takes 0.57x its divide (1 MiB of float32: 16 against 29 us; benchmarks/HISTORY.md)
             np.multiply(src, dst.dtype.type(1.0 / divide_by), out=dst)
         else:
             np.divide(src, dst.dtype.type(divide_by), out=dst)

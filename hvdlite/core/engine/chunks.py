@@ -18,7 +18,7 @@ from ..reduce_ops import scale_inplace
 
 DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the training thread computes
 #: Chunk collectives outstanding at once (IN_FLIGHT x allreduce_chunk_bytes of MPI's buffers in use).
-#: While the oldest is polled, MPI progresses the later ones too. benchmarks/README.md has the measurements
+#: While the oldest is polled, MPI progresses the later ones too. benchmarks/HISTORY.md has the measurements
 #: (grad_sync.py's hvdlite_optimizer_inflight* diagnostics run the same sync at other depths).
 IN_FLIGHT = 4
 
