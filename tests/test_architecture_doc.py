@@ -1,4 +1,5 @@
-"""docs/ARCHITECTURE.md names every module of the package (its "Every module" list), and no module that is gone."""
+"""docs/ARCHITECTURE.md names every module of the package (its "Every module" list), and no module that is gone;
+no document a user reads tells its story by work session."""
 from __future__ import annotations
 
 import re
@@ -19,3 +20,14 @@ def test_every_module_is_named_in_the_architecture_doc() -> None:
     gone = sorted(set(listed) - set(modules))
     assert not gone, f"docs/ARCHITECTURE.md lists modules that no longer exist: {gone}"
     assert len(listed) == len(set(listed)), "a module is listed twice"
+
+
+def test_what_a_user_reads_is_by_topic_with_no_session_narrative() -> None:
+    """README, docs/ and the benchmarks' READMEs say what is true now; how it came about (work session by work
+    session) belongs in HISTORY.md and benchmarks/HISTORY.md."""
+    read = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "lab" / "README.md",
+            *sorted((ROOT / "docs").glob("*.md"))]
+    assert len(read) > 5 and all(path.exists() for path in read)
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in read
+             for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\b[Ss]essions? \d", line)]
+    assert not found, "move these to HISTORY.md or benchmarks/HISTORY.md:\n" + "\n".join(found)
