@@ -10,8 +10,9 @@ from .engine.handles import Handle
 from .engine.requests import Kind
 from .engine.planes import PlaneBuffer
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import Accumulation, check_accumulation, check_reduction, dtype_name, resolve_op, storage_dtype
+from .reduce_ops import Accumulation, dtype_name, resolve_op, storage_dtype
 from .runtime import state
+from .submission import layout_of, submit
 
 
 def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
@@ -70,9 +71,13 @@ def _prepare_all(arrays: Sequence[Any], hints: Optional[Sequence[Optional[str]]]
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
-def _submit(kind: Kind, name: str, ps_id: int, inputs: Sequence[np.ndarray], dtypes: Sequence[str],
-            **options: Any) -> Handle:
-    return state().submit(kind, name, ps_id, inputs, dtypes, **options)
+def _submit(kind: Kind, given: Optional[str], name: str, ps_id: int, inputs: Sequence[Any], dtypes: Sequence[str],
+            outputs: Optional[Sequence[Any]] = None, rows: bool = False, **options: Any) -> Handle:
+    """The one submit (core/submission.py) for a call whose name is ``name`` (generated unless ``given``);
+    ``rows``: the first dimension may differ per rank (allgather, alltoall)."""
+    return submit(state(), kind, name, ps_id, inputs, dtypes, layout_of(inputs, dtypes, rows),
+                  outputs if outputs is not None else (None,) * len(inputs), generated=type(given) is not str,
+                  **options)
 
 
 def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray]) -> Callable[[Any], Any]:
@@ -125,11 +130,7 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
         reduce_op = resolve_op(op, average)
         ps_id = _pset_id(process_set, "allreduce", name)
         inputs, dtypes = _prepare_all(arrays, dtype_hints)
-        if accumulation is not None:  # first: its reason (Adasum is no sum) before Adasum's own conditions
-            check_accumulation("allreduce", name, reduce_op, dtypes, accumulation, state().rank)
-        check_reduction("allreduce", name, reduce_op, dtypes, scaled=(prescale_factor, postscale_factor) != (1, 1),
-                        set_size=state().psets.size(ps_id))
-        finalize = None
+        finalize = None  # (the reduction's checks: the one submit's, once per name)
         if outputs is not None and not inplace:
             if len(outputs) != len(inputs) or any(np.shape(o) != a.shape for o, a in zip(outputs, inputs)):
                 raise TypeError(f"allreduce {name!r}: outputs must be one array per input with the input's shape; "
@@ -142,7 +143,7 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
                 originals = [np.asarray(a) for a in arrays]
                 if any(p is not o for p, o in zip(inputs, originals)):
                     finalize = _write_back(originals, inputs)
-        return _submit(Kind.ALLREDUCE, name, ps_id, inputs, dtypes, outputs=outputs, op=reduce_op,
+        return _submit(Kind.ALLREDUCE, given, name, ps_id, inputs, dtypes, outputs=outputs, op=reduce_op,
                        prescale=prescale_factor, postscale=postscale_factor, finalize=finalize,
                        extra=accumulation)
     except BaseException:
@@ -222,8 +223,8 @@ def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
         prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
         inputs = [p[0].reshape(1) if p[0].ndim == 0 else p[0] for p in prepared]
         direct, finalize = _into("allgather", name, outputs, hints, [p[1] for p in prepared])
-        return _submit(Kind.ALLGATHER, name, ps_id, inputs, [p[1] for p in prepared],
-                       shape_of=lambda a: tuple(a.shape[1:]), outputs=direct, finalize=finalize)
+        return _submit(Kind.ALLGATHER, given, name, ps_id, inputs, [p[1] for p in prepared], outputs=direct,
+                       rows=True, finalize=finalize)
     except BaseException:
         _give_back(given, name, process_set)
         raise
@@ -260,7 +261,7 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
         finalize = None
         if inplace and type(a) is not PlaneBuffer and a is not np.asarray(array):
             finalize = _write_back([np.asarray(array)], [a])
-        handle = _submit(Kind.BROADCAST, name, ps_id, [a], [dtype], outputs=outputs, root=root,
+        handle = _submit(Kind.BROADCAST, given, name, ps_id, [a], [dtype], outputs=outputs, root=root,
                          finalize=finalize)
         return handle.first()
     except BaseException:
@@ -305,8 +306,7 @@ def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
             if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != a.shape[0]:
                 raise ValueError(f"alltoall {name!r}: splits {split_arr.tolist()} must have one non-negative "
                                  f"entry per rank ({n}) summing to the first dimension ({a.shape[0]})")
-        return _submit(Kind.ALLTOALL, name, ps_id, [a], [dtype], splits=split_arr,
-                       shape_of=lambda x: tuple(x.shape[1:]))
+        return _submit(Kind.ALLTOALL, given, name, ps_id, [a], [dtype], splits=split_arr, rows=True)
     except BaseException:
         _give_back(given, name, process_set)
         raise
@@ -332,15 +332,13 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
         ps_id = _pset_id(process_set, "reducescatter", name)
         hints = list(dtype_hints or [None] * len(arrays))
         prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
-        check_reduction("reducescatter", name, reduce_op, [p[1] for p in prepared],
-                        scaled=(prescale_factor, postscale_factor) != (1, 1))
         for a, _ in prepared:
             if a.ndim == 0:
                 raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
         if len({d for _, d in prepared}) > 1:
             raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
         direct, finalize = _into("reducescatter", name, outputs, hints, [p[1] for p in prepared])
-        return _submit(Kind.REDUCESCATTER, name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
+        return _submit(Kind.REDUCESCATTER, given, name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
                        op=reduce_op, prescale=prescale_factor, postscale=postscale_factor, outputs=direct,
                        finalize=finalize)
     except BaseException:
@@ -372,7 +370,7 @@ def grouped_reducescatter(arrays: Sequence[Any], name: Optional[str] = None, op:
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     name = _auto_name("barrier", None, process_set)
     ps_id = _pset_id(process_set, "barrier", name)
-    _submit(Kind.BARRIER, name, ps_id, [], []).wait()
+    _submit(Kind.BARRIER, None, name, ps_id, [], []).wait()
 
 
 def join(device: int = -1) -> int:
@@ -382,7 +380,7 @@ def join(device: int = -1) -> int:
     """
     name = _auto_name("join", None)
     _pset_id(None, "join", name)
-    return int(_submit(Kind.JOIN, name, 0, [], []).wait())
+    return int(_submit(Kind.JOIN, None, name, 0, [], []).wait())
 
 
 def poll(handle: Handle) -> bool:

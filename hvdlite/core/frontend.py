@@ -37,18 +37,17 @@ module is private to the core.
   that was found. ``in_rank_order`` / ``rank_order_allreduce``: deterministic=True on a plane (the core's
   rank-order reduction over the plane's moves); ``accumulated_allreduce``: an accumulating compression on a
   plane (bf16/fp16 over the plane's all-to-all, float32 sums, its all-gather).
-- ``submit_prepared(name, inputs, dtypes, layout, op, prescale, postscale, value)`` / ``tensor_layout(dtype,
-  shape)`` / ``generation()``: the per-gradient in-place allreduce on the global set, for arrays a frontend
-  prepared and caches per tensor (valid within one ``generation()``, which changes with every init());
-  ``submit_unnamed(inputs, dtypes, layout, op, prescale, postscale, outputs, value, held)``: the same for an
-  unnamed out-of-place allreduce (a generated name per call) whose handle keeps ``held`` (the input) alive.
+- ``submit_allreduce(name, inputs, dtypes, layout, outputs, op, prescale, postscale, value, held)`` /
+  ``tensor_layout(dtype, shape)`` / ``generation()``: an allreduce on the global set through the one submit
+  (core/submission.py), for arrays a frontend prepared and caches per tensor (valid within one ``generation()``,
+  which changes with every init()); ``name`` None for a generated one, ``outputs`` the inputs for in place.
 - ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
   on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from .compression import (CastCompressor, Compressor, NoneCompressor, accumulating, accumulation_of,
                           check_sparse_compression)
@@ -63,8 +62,10 @@ from .engine.mpi import cuda_aware as mpi_cuda_aware
 from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, accumulated_allreduce, in_rank_order,
                             rank_order_allreduce, register_factory)
 from .reduce_ops import SUPPORTED_DTYPES, Accumulation, ReduceOp, check_reduction, exact_divisor, resolve_op
-from .engine.requests import tensor_layout
-from .runtime import generation, is_initialized, stage_host_copies, state, submit_prepared, submit_unnamed
+from .engine.handles import UNSET, Handle
+from .engine.requests import Kind, tensor_layout
+from .runtime import generation, is_initialized, stage_host_copies, state
+from .submission import submit
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
@@ -75,7 +76,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "Scales", 
            "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
            "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce", "accumulated_allreduce",
-           "check_named_replicas", "flatten_tensors", "submit_prepared", "submit_unnamed", "tensor_layout",
+           "check_named_replicas", "flatten_tensors", "submit_allreduce", "tensor_layout",
            "generation", "exact_divisor", "SUPPORTED_DTYPES", "register_gpu_probe", "check_process_set"]
 
 
@@ -169,3 +170,14 @@ def plane_lacking(name: str) -> list[int]:
     """The ranks of the running job that cannot run data plane ``name`` ([] where it is agreed or before init())."""
     return state().planes.lacking(name) if is_initialized() else []
 
+
+
+def submit_allreduce(name: Optional[str], inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
+                     outputs: tuple[Any, ...], op: ReduceOp, prescale: float, postscale: float, value: Any = UNSET,
+                     held: Any = None) -> Handle:
+    """An allreduce on the global set of arrays a frontend prepared (C-contiguous, storage dtype; ``layout`` from
+    tensor_layout) into ``outputs`` (``inputs`` for in place; None entries made by the engine), whose handle
+    returns ``value`` and keeps ``held`` alive (the tensor ``inputs`` view): the one submit, whose memo makes a
+    warm name (or the next unnamed op of the same layout) a tuple comparison and one object."""
+    return submit(state(), Kind.ALLREDUCE, name, 0, inputs, dtypes, layout, outputs, op, prescale, postscale, 0, None,
+                  value, held)

@@ -10,6 +10,7 @@ from .engine.requests import Kind
 from .process_sets import ProcessSet
 from .reduce_ops import ReduceOp
 from .runtime import state
+from .submission import layout_of, submit
 
 __all__ = ["local_overlap_verdict", "gradient_overlap"]
 
@@ -42,6 +43,7 @@ def gradient_overlap(compute_threads: Optional[int], process_set: Optional[Proce
     ps = process_set if process_set is not None else current.psets.sets[0]
     ps_id = ps.process_set_id or 0
     name = current.names.name("gradient_overlap.agreement", None, ps_id)
-    handle = current.submit(Kind.ALLREDUCE, name, ps_id, [np.array([int(verdict)], dtype=np.int32)],
-                            ["int32"], op=ReduceOp.MIN)
+    vote = (np.array([int(verdict)], dtype=np.int32),)
+    handle = submit(current, Kind.ALLREDUCE, name, ps_id, vote, ("int32",), layout_of(vote, ("int32",)), (None,),
+                    op=ReduceOp.MIN, generated=True)
     return bool(handle.wait()[0][0])

@@ -4,9 +4,8 @@ from __future__ import annotations
 import atexit
 import itertools
 import threading
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-import numpy as np
 
 from . import log
 from .abort import install_excepthook
@@ -16,19 +15,18 @@ from .engine import callsite
 from .engine import mpi, polling
 from .fencing import Peer, fence, fence_elsewhere, this_process
 from .engine.autotune import require_library
-from .engine.handles import Handle
 from .engine.loop import Engine
 from .engine.psets import Registry
-from .engine.requests import Kind, Request, Signature, make_signature, tensor_layout
+from .engine.requests import Kind
 from .engine.timeline import Timeline
 from .errors import NotInitializedError, ShutdownError
 from .launch_check import (OPENMPI_IALLREDUCE_VARIABLE, check_launch, check_launcher_before_init,
                            check_same_iallreduce, launched_by_open_mpi, openmpi_iallreduce)
 from .log import logger
 from .names import Names
-from .engine.planes import PlaneTable, plane_of
+from .engine.planes import PlaneTable
 from .process_sets import ProcessSet, normalize_ranks
-from .reduce_ops import ReduceOp, check_reduction
+from .submission import submit
 
 
 class State:
@@ -62,7 +60,7 @@ class State:
         #: The process sets init(process_sets=...) registered; None while that list failed (then the next
         #: init() registers its own list, as Horovod asks for "a valid list of process sets to proceed").
         self.init_sets: Optional[list[ProcessSet]] = []
-        self.prepared: dict[str, Prepared] = {}  # name -> what submit_prepared worked out for it
+        self.memo: dict[Any, Any] = {}  # what submission.submit worked out per name (or per unnamed kind)
         self.generation = next(_GENERATIONS)  # frontends' per-tensor caches are valid for one generation
         callsite.forget_all()
         self.timeline = Timeline()
@@ -103,22 +101,6 @@ class State:
             for comm in (self.presence_comm, self.engine_comm, self.cross_comm, self.local_comm, self.world):
                 comm.Free()
 
-    def submit(self, kind: Kind, name: str, ps_id: int, inputs: Sequence[np.ndarray], dtypes: Sequence[str],
-               outputs: Optional[list[Optional[np.ndarray]]] = None, op: Optional[ReduceOp] = None,
-               prescale: float = 1.0, postscale: float = 1.0, root: int = 0, splits: Any = None,
-               extra: Any = None, shape_of: Callable[[np.ndarray], tuple[Any, ...]] = lambda a: tuple(a.shape),
-               finalize: Optional[Callable[[Any], Any]] = None) -> Handle:
-        """Hand one named request to the engine; the handle completes when every member has run it
-        (the per-gradient in-place allreduce has its own shorter way in: submit_prepared)."""
-        shapes = tensor_layout(dtypes[0], shape_of(inputs[0])) if len(inputs) == 1 else \
-            tuple([(d, shape_of(a)) for a, d in zip(inputs, dtypes)])
-        sig = make_signature(kind, ps_id, op, prescale, postscale, root, shapes, extra,
-                             plane_of(inputs, kind, name))
-        req = Request(name, sig, inputs, outputs if outputs is not None else (None,) * len(inputs), splits=splits,
-                      finalize=finalize)
-        self.engine.submit(req)
-        return req
-
     def add_process_set(self, process_set: Any) -> ProcessSet:
         """Register a process set on every rank (all ranks call this, in the same order)."""
         ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
@@ -130,8 +112,7 @@ class State:
             raise ValueError(f"add_process_set: ranks {bad} do not exist in a job of {self.size} ranks")
         if self.psets.find(ranks) is not None:
             raise ValueError(f"add_process_set: a process set with ranks {ranks} is already registered")
-        name = self.names.name("add_process_set", None)
-        ps_id = self.submit(Kind.ADD_PROCESS_SET, name, 0, [], [], extra=tuple(ranks)).wait()
+        ps_id = submit(self, Kind.ADD_PROCESS_SET, None, 0, (), (), (), (), extra=tuple(ranks)).wait()
         return self.psets.register(ps, int(ps_id))
 
     def _agreed_comm_ranks(self, ps: ProcessSet) -> list[int]:
@@ -152,25 +133,11 @@ class State:
         ps_id = process_set.process_set_id
         if ps_id is None or ps_id == 0 or ps_id not in self.psets.ranks:
             return False
-        name = self.names.name("remove_process_set", None)
-        self.submit(Kind.REMOVE_PROCESS_SET, name, 0, [], [], extra=int(ps_id)).wait()
+        submit(self, Kind.REMOVE_PROCESS_SET, None, 0, (), (), (), (), extra=int(ps_id)).wait()
         return True
 
 
-class Prepared(NamedTuple):
-    """What submit_prepared worked out for one name, valid while the name comes back with the same layout, op
-    and factors."""
-
-    layout: tuple[Any, ...]
-    op: ReduceOp
-    prescale: float
-    postscale: float
-    sig: Signature
-    key: tuple[int, str]  # the engine's tables' key: (process set, name)
-
-
 _state: Optional[State] = None
-_PREPARED_LIMIT = 1 << 16  # names remembered by submit_prepared; past it the table starts again
 _GENERATIONS = itertools.count(1)
 _lock = threading.RLock()
 _atexit_registered = False
@@ -271,67 +238,6 @@ def _shutdown_at_exit() -> None:
         shutdown()
     except Exception:  # noqa: BLE001 - never mask the interpreter's own exit status
         logger.debug("shutdown at exit failed", exc_info=True)
-
-
-def submit_prepared(name: str, inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
-                    op: ReduceOp, prescale: float, postscale: float, value: Any) -> Handle:
-    """An in-place allreduce on the global set of arrays a frontend prepared (C-contiguous, storage dtype;
-    ``layout`` from tensor_layout) whose handle returns ``value``: the per-gradient path. What the checks
-    and the signature work out for a name is kept and reused while the name comes back with the same
-    layout, op and factors (the next training step), so a steady-state submission builds one object.
-    A module function (not a State method reached through state()): one Python call per op less, ~0.45 us per op
-    in an in-process A/B (benchmarks/HISTORY.md, the small-ops section)."""
-    st = _state
-    if st is None:
-        st = state()  # raises: not initialized
-    memo = st.prepared.get(name)
-    if memo is None or memo.layout is not layout or memo.op is not op or memo.prescale != prescale \
-            or memo.postscale != postscale:
-        memo = _prepare(st, name, name, dtypes, layout, op, prescale, postscale)
-    req = Request(name, memo.sig, inputs, inputs, memo.key, value)  # in place: its inputs are its outputs
-    st.engine.submit(req)
-    return req
-
-
-def submit_unnamed(inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...], op: ReduceOp,
-                   prescale: float, postscale: float, outputs: tuple[Any, ...], value: Any, held: Any) -> Handle:
-    """An unnamed out-of-place allreduce on the global set of arrays a frontend prepared (as for submit_prepared)
-    into ``outputs``, whose handle returns ``value`` and keeps ``held`` (the object whose memory ``inputs`` view,
-    e.g. the input tensor: a view prepared() caches does not hold it) alive: one generated name per call (like
-    the general path's, and given back if the call fails here), the checks and signature of the last unnamed call
-    reused while the layout, op and factors stay. A burst of 1,000 unnamed ops then costs the submitting thread a
-    third of the general path's CPU (benchmarks/README.md, "Many small ops in flight")."""
-    st = _state
-    if st is None:
-        st = state()  # raises: not initialized
-    name = st.names.name("allreduce", None, 0)
-    try:
-        memo = st.prepared.get(_UNNAMED)
-        if memo is None or memo.layout is not layout or memo.op is not op or memo.prescale != prescale \
-                or memo.postscale != postscale:
-            memo = _prepare(st, _UNNAMED, name, dtypes, layout, op, prescale, postscale)
-        req = Request(name, memo.sig, inputs, outputs, None, value)  # (each call's own name: no cache key)
-        req.held = held
-        st.engine.submit(req)
-    except BaseException:
-        st.names.give_back(name, 0)  # a refused call consumes no generated name (core/names.py)
-        raise
-    return req
-
-
-_UNNAMED = ""  # submit_unnamed's entry in State.prepared (no generated name is empty)
-
-
-def _prepare(st: State, key: str, name: str, dtypes: tuple[str, ...], layout: tuple[Any, ...], op: ReduceOp,
-             prescale: float, postscale: float) -> Prepared:
-    """What submit_prepared and submit_unnamed keep under ``key`` in ``st.prepared``: the reduction's checks
-    (errors name ``name``), done once, and its signature."""
-    check_reduction("allreduce", name, op, dtypes, scaled=(prescale, postscale) != (1, 1), set_size=st.size)
-    sig = make_signature(Kind.ALLREDUCE, 0, op, prescale, postscale, 0, layout)
-    if len(st.prepared) >= _PREPARED_LIMIT:
-        st.prepared.clear()
-    memo = st.prepared[key] = Prepared(layout, op, prescale, postscale, sig, (0, key))
-    return memo
 
 
 def stage_host_copies() -> bool:

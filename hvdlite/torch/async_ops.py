@@ -10,8 +10,7 @@ import hvdlite.core as core
 from hvdlite.core import basics
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
 from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set  # noqa: F401 - Sum for the others
-from hvdlite.core.frontend import (Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_prepared,
-                                   submit_unnamed)
+from hvdlite.core.frontend import Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_allreduce
 
 from .tensors import (check_dtype, check_one_device, check_tensors, dtype_hint, from_host, hints, on_plane,
                       prepared, splits_array, to_host, write_into)
@@ -61,24 +60,9 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> Handle:
-    """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor. An unnamed op of
-    the global set on a tensor hvdlite reads in its own memory takes the core's submit_unnamed (its result
-    tensor made here, the engine writing into it; the input read through the view prepared() caches, the handle
-    holding the tensor: 1.4 us against 3.5 for a view of its own); any other goes through the grouped path."""
+    """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor."""
     check_dtype(tensor, "allreduce_async")
-    if name is None and process_set is global_process_set:
-        host = prepared(tensor)
-        if host is not None:
-            reduce_op = resolve_op(op, average)
-            inputs, dtypes, layout = host
-            output = np.empty_like(inputs[0])
-            result = torch.from_numpy(output)
-            if result.dtype != tensor.dtype:  # bfloat16 (its bits travel as uint16)
-                result = from_host(output, tensor)
-            return submit_unnamed(inputs, dtypes, layout, reduce_op, prescale_factor, postscale_factor, (output,),
-                                  result, tensor)
-    return grouped_allreduce_async([tensor], average, name, op, prescale_factor, postscale_factor,
-                                   process_set).first()
+    return _allreduce(tensor, name, resolve_op(op, average), prescale_factor, postscale_factor, process_set, False)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -86,23 +70,33 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      process_set: ProcessSet = global_process_set, *,
                      accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    reduce_op = resolve_op(op, average)  # (the argument's check is _allreduce_in_place's, off its fast path)
-    return _allreduce_in_place(tensor, name, reduce_op, prescale_factor, postscale_factor, process_set, accumulation)
+    reduce_op = resolve_op(op, average)  # (the argument's check is _allreduce's, off its fast path)
+    return _allreduce(tensor, name, reduce_op, prescale_factor, postscale_factor, process_set, True, accumulation)
 
 
-def _allreduce_in_place(tensor: torch.Tensor, name: Optional[str], op: ReduceOp, prescale: float,
-                        postscale: float, process_set: ProcessSet,
-                        accumulation: Optional[Accumulation] = None) -> Handle:
-    """allreduce_async_ with its op resolved: the entry of the gradient hooks (torch/comm_hooks.py). A named
-    tensor of the global set that hvdlite reduces in its own memory takes the per-gradient path
-    (tensors.prepared, then the core's submit_prepared: what a name needs is worked out once, not per step);
-    any other goes through to_host and the core's general path. Both end in the engine's one submit()."""
-    if name is not None and process_set is global_process_set and accumulation is None:
+def _allreduce(tensor: torch.Tensor, name: Optional[str], op: ReduceOp, prescale: float, postscale: float,
+               process_set: ProcessSet, inplace: bool, accumulation: Optional[Accumulation] = None) -> Handle:
+    """allreduce_async(_) with its op resolved, also the entry of the gradient hooks (torch/comm_hooks.py). A
+    tensor of the global set that hvdlite reduces in its own memory is read through the view tensors.prepared
+    keeps for it (out of place, into a result tensor made here); any other goes through to_host and the
+    core's general path. Both end in the core's one submit, which works out what a name needs once."""
+    if process_set is global_process_set and accumulation is None:
         host = prepared(tensor)
         if host is not None:
-            return submit_prepared("allreduce." + name, *host, op, prescale, postscale, tensor)
+            inputs, dtypes, layout = host
+            if inplace:
+                return submit_allreduce(_name("allreduce", name), inputs, dtypes, layout, inputs, op, prescale,
+                                        postscale, tensor)
+            output = np.empty_like(inputs[0])
+            result = torch.from_numpy(output)
+            if result.dtype != tensor.dtype:  # bfloat16 (its bits travel as uint16)
+                result = from_host(output, tensor)
+            return submit_allreduce(_name("allreduce", name), inputs, dtypes, layout, (output,), op, prescale,
+                                    postscale, result, tensor)
+    if not inplace:
+        return grouped_allreduce_async([tensor], None, name, op, prescale, postscale, process_set).first()
     # Checked here, not on entry: a tensor prepared() knows was checked when it was first seen, and the check
-    # costs 0.58 us, 3% of a warm 1,000-op burst's 17.8 ms (small_ops.py, quiet machine, session 10).
+    # costs 0.58 us, 3% of a warm 1,000-op burst's 17.8 ms (small_ops.py, quiet machine).
     check_dtype(tensor, "allreduce_async_")
     host, shared = to_host(tensor, _what("allreduce_", op))
     handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), op, prescale, postscale,

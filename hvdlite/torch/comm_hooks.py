@@ -12,7 +12,7 @@ import torch
 from hvdlite.core import ProcessSet
 from hvdlite.core.frontend import accumulation_of, resolve_op
 
-from .async_ops import Average, _allreduce_in_place, grouped_allreduce_async_, grouped_reducescatter_async
+from .async_ops import Average, _allreduce, grouped_allreduce_async_, grouped_reducescatter_async
 from .compression import Compression
 from .zero_layout import Bucket
 
@@ -58,7 +58,7 @@ class GradBucket:
 
 def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
     """Average the bucket over its process set, in place (the default)."""
-    return _allreduce_in_place(bucket.buffer(), bucket.name, Average, 1.0, 1.0, bucket.process_set)
+    return _allreduce(bucket.buffer(), bucket.name, Average, 1.0, 1.0, bucket.process_set, True)
 
 
 class Reduction:
@@ -124,8 +124,8 @@ def compression_hook(compression: Any, op: Any, prescale: float, postscale: floa
     def reduce(state: Any, bucket: GradBucket) -> Any:
         buffer = bucket.buffer()
         if compression is Compression.none or accumulation is not None:
-            return _allreduce_in_place(buffer, bucket.name, reduce_op, prescale, postscale, bucket.process_set,
-                                       accumulation)
+            return _allreduce(buffer, bucket.name, reduce_op, prescale, postscale, bucket.process_set, True,
+                              accumulation)
         whole = compression in (Compression.fp16, Compression.bf16)
         grads = [buffer] if whole else bucket.gradients()
         started = start_reduction(grads, compression, bucket.name, op, prescale, postscale, bucket.process_set)

@@ -122,11 +122,11 @@ _NUMPY_DTYPES = {d: np.dtype(str(d).replace("torch.", "")) for d in SUPPORTED_DT
 
 
 def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
-    """``(inputs, dtypes, layout)`` for the core's submit_prepared when hvdlite's MPI path reduces ``tensor``
+    """``(inputs, dtypes, layout)`` for the core's submit_allreduce when hvdlite's MPI path reduces ``tensor``
     in its own memory (a contiguous CPU tensor, not staged, on no data plane), else None (to_host's path).
     Remembered in the tensor's entry per job (generation) and rebuilt when its memory, layout or dtype changed:
     a gradient reduced every step costs a lookup and no new object. The view does not hold the tensor: the
-    caller's handle must (submit_prepared's ``value``)."""
+    caller's handle must (submit_allreduce's ``value`` or ``held``)."""
     entry = _ENTRIES.get(id(tensor))
     if entry is not None and entry.generation == generation() and entry.describes(tensor):
         return entry.host

@@ -91,7 +91,7 @@ class Engine:
 
     # -- user threads -----------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        """The one way into the engine, for every request (State.submit's and submit_prepared's alike)."""
+        """The one way into the engine, for every request (each built by core/submission.submit)."""
         if callsite.known.get(req.name) is not req.sig:  # a new name or signature: steady state skips the capture
             req.site = callsite.note(req.name, req.sig, key=req.key)
         key, inflight = req.key, self.completion.inflight

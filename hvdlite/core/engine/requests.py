@@ -156,9 +156,9 @@ class Request(Handle, _SignatureFields):
 
     __slots__ = ("sig", "key", "inputs", "outputs", "splits", "submitted", "cache_bit", "cache_version", "results",
                  "remaining", "site", "held")
-    held: Any  # runtime.submit_unnamed's only: what its inputs' memory belongs to, kept alive with the handle
+    held: Any  # set by core/submission.submit when asked: what the inputs view, kept alive with the handle
 
-    # Positional up to ``value``, so the per-gradient path (runtime.submit_prepared) calls it without keywords:
+    # Positional up to ``value``, so the one submit (core/submission.py) calls it without keywords on its memo's path:
     # calling a class with keywords packs them into a dict, +0.4-0.9 us per Request in timeit on the loaded
     # 2-core machine (a keyword-only version: 1.1-1.7 against 0.45-0.5 us), and small_ops.py's warm in-flight
     # run showed the submitting thread's CPU per op up by a median 1.13x with it. Handle.__init__'s call costs
