@@ -169,7 +169,7 @@ def test_allreduce_async_and_grouped(staging: str) -> None:
 
 
 def test_unnamed_allreduce_async_of_every_dtype_and_path(staging: str) -> None:
-    """Unnamed allreduce_async: a contiguous CPU tensor takes the core's submit_unnamed, any other the grouped
+    """Unnamed allreduce_async: a contiguous CPU tensor takes the core's submit_allreduce, any other the grouped
     path; both generate the same names, so ranks taking different paths agree, and a refused call uses none."""
     for dtype in INTS + FLOATS + [torch.bool]:
         mine = (MINE > 2) if dtype is torch.bool else MINE.to(dtype)
