@@ -254,3 +254,29 @@ def test_the_restart_path_under_mpich_gives_the_same_weights(ompi_python: str, t
     assert {f["sha"] for f in inproc_finals.values()} == {f["sha"] for f in restart_finals.values()}, \
         (inproc.stdout, out)
     assert {f["steps"] for f in inproc_finals.values()} == {f["steps"] for f in restart_finals.values()}
+
+
+@pytest.mark.timeout(400)
+def test_ranks_lost_before_elastic_run_are_lost_ranks_not_a_finished_job(ompi_python: str, tmp_path: Path) -> None:
+    """In-process mode, -np 2 --min-np 2: rank 1 dies in training (one survivor, below --min-np: the job starts
+    again); in that job both ranks are killed after hvd.init, before hvd.elastic.run. Under ULFM the launcher
+    then exits 0 though every rank was killed: the driver once took that for a program that does not use
+    hvd.elastic.run and reported the job finished, at its second start, without a trained model. A rank lost
+    before hvd.elastic.run is a lost rank: the job starts a third time and trains to its end."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    proc = run([ompi_python, "-m", "hvdlite.run", "-np", "2", "--min-np", "2", "--max-np", "2",
+                "--blacklist-cooldown-range", "1", "1", ompi_python, str(WORKERS / WORKER), *TRAINING,
+                "--die", "1:idle:3", "--die", "0:start:1", "--die", "1:start:1"],
+               timeout=360, env={**base_env(), REPORT_DIR_VARIABLE: str(reports)})
+    out = proc.stdout + proc.stderr
+    assert len(re.findall(r"^dying orig=[01] where=start", out, re.MULTILINE)) == 2, out
+    assert "no rank used hvd.elastic.run" not in out, out
+    assert re.search(r"reset 2: none of the 2 ranks reached hvd.elastic.run \(lost before it: killed, or failed at "
+                     r"start-up; the launcher exited 0\), while this run's earlier ranks did; starting again", out), out
+    assert proc.returncode == 0 and "job finished on 2 ranks after 2 reset(s)" in out, out
+    assert len(re.findall(r"starting 2 ranks on", out)) == 3, out
+    finals = _reports(reports, "final")
+    assert sorted(finals) == [0, 1] and len({f["sha"] for f in finals.values()}) == 1, out
+    assert [f["size"] for f in finals.values()] == [2, 2] and len({f["steps"] for f in finals.values()}) == 1, \
+        (finals, out)

@@ -6,8 +6,9 @@ ORIG_RANK at the start kill itself with SIGKILL at global step STEP: WHERE is ``
 after its other gradients' allreduces were submitted, so the survivors are inside allreduces), ``commit``
 (inside State.commit(), while its snapshot is taken), ``gloo`` (inside a collective of the torch gloo plane, just
 after issuing it: run with HOROVOD_CPU_OPERATIONS=gloo), ``idle`` (between steps), ``stop`` (between steps, with
-SIGSTOP instead: the rank hangs, it does not die) or ``reset`` (inside the reset callback of recovery number
-STEP, i.e. while the job recovers from an earlier loss). Every rank prints
+SIGSTOP instead: the rank hangs, it does not die), ``reset`` (inside the reset callback of recovery number
+STEP, i.e. while the job recovers from an earlier loss) or ``start`` (after hvd.init, before hvd.elastic.run, in
+the job hvdlite-run started for its reset STEP); the others only in the first job hvdlite-run starts. Every rank prints
 ``start orig=R pid=P`` first and ``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the
 model's parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 writes the state it resumed
 from (and the size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
@@ -93,10 +94,13 @@ def main():
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
     plan = set()
+    restart = int(os.environ.get("HVDLITE_ELASTIC_RESTART", "0"))  # (hvdlite-run's restarts of the job)
     for item in args.die:
         who, where, step = item.split(":")
-        if int(who) == orig:
+        if int(who) == orig and (restart == 0 or where == "start"):  # a restarted job does not die again
             plan.add((where, int(step)))
+    if ("start", restart) in plan:
+        die("start", orig)
     train_set = dataset(args.samples)
     sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=1)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)

@@ -155,7 +155,7 @@ class ElasticDriver:
         if self.server is None or self.server.address != address:
             server = DriverServer(lambda text: logger.info("%s", text), self.secret, bind=address)
             if self.server is not None:
-                server.generation = self.server.generation
+                server.generation, server.joined_any = self.server.generation, self.server.joined_any
                 self.server.close()
             self.server = server
             logger.info("listening for the ranks on %s:%d", address, server.port)
@@ -192,8 +192,10 @@ class ElasticDriver:
             if outcome == "signal":
                 return 128 + self.stop_signal
             if outcome == "fatal":
-                logger.error("stopping: the job exited %d before any rank reached hvd.elastic.run (the program "
-                             "fails at start-up, or it does not use hvd.elastic.run); not restarting it", code)
+                ulfm = (" (under ULFM the launcher exits 0 even when ranks were killed, so that 0 says nothing of "
+                        "how they ended)" if self.in_process and not code else "")
+                logger.error("stopping: the job exited %d before any rank reached hvd.elastic.run%s (the program "
+                             "fails at start-up, or it does not use hvd.elastic.run); not restarting it", code, ulfm)
                 return code or 1
             self.resets += 1
             limit = self.args.reset_limit
@@ -273,13 +275,12 @@ class ElasticDriver:
         kill_group(proc.pid)
         ranks = server.snapshot()
         self.finished_on = losses.alive
+        if not ranks:
+            return code, self._none_joined(code, size, server.joined_any)
         if self.in_process and inprocess.finished(ranks, size):
             return 0, "done"  # (the launcher's code counts the lost ranks)
-        if not self.in_process and ranks and len(ranks) == size and all(r.ended == "done" for r in ranks):
+        if not self.in_process and len(ranks) == size and all(r.ended == "done" for r in ranks):
             return code, "done"
-        if not ranks and code == 0:
-            logger.warning("no rank used hvd.elastic.run; the job exited 0: done")
-            return 0, "done"
         lost = server.first_lost()
         if lost is not None:
             # ranks fill the hosts in order: the host as the driver names it (the rank reports its hostname)
@@ -292,11 +293,21 @@ class ElasticDriver:
             span = "for good" if seconds == float("inf") else f"for {seconds:.0f} s"
             return code, (f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed; {what} {host} "
                           f"blacklisted {span}")
-        if not ranks:
-            return code, "fatal"
         if any(r.ended == "resize" for r in ranks):
             return code, "hosts changed: the ranks committed and left to resize"
         return code, f"the job ended with exit code {code} and no rank reported why"
+
+    def _none_joined(self, code: int, size: int, joined_before: bool) -> str:
+        """The outcome of a job none of whose ``size`` ranks reached hvd.elastic.run: "done" (a program that does
+        not use it, exit code 0, where that code can be believed), "fatal" (it fails at start-up), or a reset:
+        once a rank of this run reached it, ranks that end before it were lost, like any other."""
+        if joined_before:
+            return (f"none of the {size} ranks reached hvd.elastic.run (lost before it: killed, or failed at start-up; "
+                    f"the launcher exited {code}), while this run's earlier ranks did")
+        if code == 0 and not self.in_process:
+            logger.warning("no rank used hvd.elastic.run; the job exited 0: done")
+            return "done"
+        return "fatal"
 
     def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool,
                        placed: list[Host], size: int) -> str:

@@ -95,6 +95,7 @@ class DriverServer:
         self.generation = 0
         self.attempt = 0
         self.ranks: dict[int, RankInfo] = {}
+        self.joined_any = False  # a rank of some attempt said hello: the program uses hvd.elastic.run
         self._conns: dict[socket.socket, dict[str, Any]] = {}
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._sock, selectors.EVENT_READ)
@@ -196,6 +197,7 @@ class DriverServer:
                 current = info.attempt == self.attempt
                 if current:
                     self.ranks[info.rank] = info
+                self.joined_any = True
             if current:
                 self._log(f"rank {info.rank} of {msg.get('size')} joined from host {info.host} (pid {info.pid})")
         elif op == "generation":
