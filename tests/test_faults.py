@@ -225,3 +225,23 @@ def test_sigstop_of_one_rank_gives_the_others_a_stall_error_naming_it(mode: str,
     for r, (after, text) in results.items():
         assert after < 15, (r, after, text)
         assert text.startswith("StallError: ") and "rank(s) [2] answer no messages" in text, (r, text)
+
+
+def test_a_stalled_job_waits_without_burning_a_core(nproc: int) -> None:
+    """The last rank does one step fewer, then every rank averages a metric: a wait that never ends without the
+    stall shutdown setting. From 5 s into it each rank's process takes under 1% of a core (its rounds back off
+    while the absent ops do not come: every 1 ms before, 20-78% of a core), and rank 0's stall warning (every
+    2 s here) names the missing rank and the setting that ends such a wait."""
+    job = Job([mpiexec_path(), "-n", str(nproc), sys.executable, WORKER, "hang"],
+              _env({"HANG_SETTLE_S": "5", "HANG_MEASURE_S": "3", "HVDLITE_STALL_CHECK_TIME_SECONDS": "2"}))
+    try:
+        found = job.wait_for(r"HANGCPU rank=(\d) share=([\d.]+)", nproc, 90)
+    finally:
+        job.kill()
+    shares = {int(m.group(1)): float(m.group(2)) for m in found}
+    assert sorted(shares) == list(range(nproc)) and max(shares.values()) < 0.01, (shares, job.text)
+    assert "UNREACHABLE" not in job.text, job.text
+    assert re.search(rf"grad19 \(allreduce\): submitted by ranks \[{', '.join(map(str, range(nproc - 1)))}\], "
+                     rf"missing ranks \[{nproc - 1}\]", job.text), job.text
+    assert ("without HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S (hvdlite-run --stall-check-shutdown-time-seconds S) "
+            "these ranks wait forever") in job.text, job.text

@@ -3,10 +3,13 @@
 Modes: ``loop`` (large allreduces until killed; each rank prints its pid first), ``env`` (fusion- and
 chunk-sensitive collectives with exact checks, under per-rank environments), ``stall`` (small allreduces until
 one rank is stopped; the others report what they got and when), ``stall_torch`` (the same with 16 MB torch
-tensors: under HOROVOD_CPU_OPERATIONS=GLOO the others wait inside the gloo data plane).
+tensors: under HOROVOD_CPU_OPERATIONS=GLOO the others wait inside the gloo data plane), ``hang`` (the last rank
+does one step fewer, then every rank averages a metric: a wait that never ends; each rank reports the share of a
+core its process used from HANG_SETTLE_S to HANG_SETTLE_S + HANG_MEASURE_S after its first step, and exits).
 """
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -77,3 +80,19 @@ elif mode in ("stall", "stall_torch"):
         # job and ends the others): wait, so every survivor reports first; the test ends the job once they have.
         time.sleep(10)
         os._exit(0)
+elif mode == "hang":
+    settle, measure = float(os.environ["HANG_SETTLE_S"]), float(os.environ["HANG_MEASURE_S"])
+
+    def cpu_share() -> None:
+        time.sleep(settle)
+        cpu, wall = time.process_time(), time.monotonic()  # every thread of this process: the engine's too
+        time.sleep(measure)
+        say(f"HANGCPU rank={r} share={(time.process_time() - cpu) / (time.monotonic() - wall):.5f}")
+        time.sleep(4)  # the first rank to exit ends the job: every rank reports first
+        os._exit(0)  # the wait never ends: the measurement ends the rank
+
+    threading.Thread(target=cpu_share, daemon=True).start()  # the other ranks never get past the last step
+    for step in range(20 - (r == n - 1)):
+        hvd.allreduce(np.ones(1000), name=f"grad{step}")
+    hvd.allreduce(np.ones(1), op=hvd.Average, name="metric")
+    say(f"UNREACHABLE rank={r}")

@@ -84,6 +84,8 @@ class Engine:
         self._job_busy = False  # some rank had work in the last round
         self.busy_cycles = 0
         self._idle_pause = 0.0
+        # the last round that agreed ops (or this rank's first op after none pending); the last round's end
+        self._agreed_at = self._round_end = time.monotonic()
         self.observer = CycleObserver(config, self.rank, self.size, self.executor, timeline)
         self.autotune, self.stragglers = self.observer.autotune, self.observer.stragglers  # (their readers')
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
@@ -212,11 +214,14 @@ class Engine:
         rank's own submission anyway, so an idle rank waits for its own (no empty round after each op): it
         backs off, doubling its pause from the cycle time up to IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S while others
         are busy (up to ``idle_heartbeat_seconds`` while none is); a local submission ends the pause at once.
+        With ops of its own pending and no round agreeing any for a while (peers absent), it backs off
+        (polling.stalled_pause of the time since the last agreement, or since its first op after none pending).
         """
         cycle_s = self.config.cycle_time_ms / 1000.0
         with self._cv:
             if self.completion.pending:  # left over: pace cycles so waiting for peers does not spin
-                delay = self._last_cycle + cycle_s - time.monotonic()
+                delay = max(self._last_cycle + cycle_s, self._round_end + polling.stalled_pause(
+                    self._round_end - self._agreed_at)) - time.monotonic()
                 if delay > 0:
                     self._sleep(delay)
                 return True
@@ -264,6 +269,8 @@ class Engine:
         pending, bits = self.completion.pending, self.completion.bits
         if new:
             self._idle_pause = 0.0  # this rank's own work: its next idle pause starts at the cycle time again
+            if not pending:  # its waits for peers count from here, not from the last op before an idle spell
+                self._agreed_at = self._last_cycle
         for req in new:
             pending[req.key] = req
             if req.sig.kind is Kind.JOIN:
@@ -286,6 +293,7 @@ class Engine:
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
         self._allreduce_or(vec, result, busy=bool(pending) or self._job_busy)
+        self._round_end = time.monotonic()
         all_flags, missing = cache.decode(result)
         self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
         self.busy_cycles += bool(all_flags & FLAG_BUSY)
@@ -298,7 +306,8 @@ class Engine:
             responses = cache.ready(missing, self.cycles)
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
             known = None if full or not self.psets.only_global() else bits.times_of(cache.ready_bits)
-            self.observer.before_run(responses, pending, time.monotonic(), self.comm, known)
+            self._agreed_at = time.monotonic()
+            self.observer.before_run(responses, pending, self._agreed_at, self.comm, known)
             self.completion.execute(responses)
             if self._join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
                 self._join_cycle = -1

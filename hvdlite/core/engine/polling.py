@@ -26,6 +26,16 @@ ARRIVAL_SPIN_S = 0.002
 #: was ~10% of a core).
 _arrivals_prompt = True
 
+#: A wait for absent peers backs off with its age: it looks again (polls, or in the engine loop starts a round) at
+#: most every LONG_WAIT_RATE * waited**2 seconds, up to LONG_WAIT_CAP_S: under the cycle time for waits of a few
+#: hundred milliseconds (peers computing), seconds apart for peers that have not come for seconds (a stall: a rank
+#: one step short, the others in a metric allreduce; each of its rounds is a full one, ~2.5 ms of CPU: re-checked
+#: every millisecond, its engine threads took 54-78% of a core). A peer that comes after t seconds is seen at most
+#: LONG_WAIT_RATE * t seconds late (2% of a 1 s absence).
+LONG_WAIT_RATE = 0.02
+#: The longest pause between two looks while peers are absent (well within presence.GRACE_S).
+LONG_WAIT_CAP_S = 0.5
+
 #: Runs between the polls of every wait with the seconds waited so far; returns True to restart that count.
 #: The engine answers presence probes there and gives up on a wait that a vanished peer holds.
 _watch: Optional[Callable[[float], bool]] = None
@@ -68,6 +78,11 @@ def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
     _watch = watch
 
 
+def stalled_pause(waited: float) -> float:
+    """How long to wait before looking again for peers that have been absent ``waited`` seconds."""
+    return min(LONG_WAIT_CAP_S, LONG_WAIT_RATE * waited * waited)
+
+
 def wait(request: Any, cap: float, arrival: bool = False) -> None:
     """Complete ``request``. While a user thread is blocked on a handle its core is idle, so poll
     continuously (on a crowded node only SPIN_POLLS times: the other ranks need the core); otherwise sleep
@@ -79,7 +94,7 @@ def wait(request: Any, cap: float, arrival: bool = False) -> None:
     computing ~1.3 s of Python while the other waited: the waiting rank's CPU 95-100% of the wait before. (Backing
     off after SPIN_POLLS alone, tens of microseconds, made a warm burst of 1,000 small ops 1.15x slower: its
     rounds' peers arrive within a millisecond.) It spins that long only when the last arrival wait ended within
-    it: behind a peer still computing, every wait is long.
+    it: behind a peer still computing, every wait is long. A long arrival wait backs off further (stalled_pause).
     The engine's watch runs before each sleep (see set_watch)."""
     global _arrivals_prompt
     test = request.Test
@@ -102,7 +117,8 @@ def wait(request: Any, cap: float, arrival: bool = False) -> None:
                 not arrival or time.monotonic() - began < spin_for):
             spins, every, delay = SPIN_POLLS, YIELD_EVERY, 0.0
             continue
-        delay = min(cap, max(2e-5, delay * 2))
+        longest = max(cap, stalled_pause(time.monotonic() - began)) if arrival else cap
+        delay = min(longest, max(2e-5, delay * 2))
         time.sleep(delay)
     if arrival:
         _arrivals_prompt = time.monotonic() - began < ARRIVAL_SPIN_S
