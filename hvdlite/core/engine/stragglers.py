@@ -15,6 +15,10 @@ view). Every rank counts the same agreed ops in the same cycles, so all exchange
 same cycle, and each keeps the same last ``straggler_window_ops`` ops of every rank. ``report()`` computes
 from those, so it is the same dict on every rank read at the same point of the program (an op completes only
 after the exchange of its cycle), and a few dozen training steps already give every rank's lateness.
+Start-up is not straggling: an op a rank submitted before its first agreed round (a rank that imported torch more
+slowly joins the initial broadcast seconds late) counts for no one (NaN, as for a joined rank). The report covers
+every other op from the first steps; the log line judges only steady-state ops, those agreed STEADY_AFTER_S after
+the ranks first met, and only once there are STEADY_OPS of them (never one or two samples).
 Steady state pays no Python work per op: a cached round's submission times come as one array (kept at the
 requests' cache bits when they were counted), appended to a flat array of doubles; an exchange is a few numpy
 calls (the analysis only on rank 0, for its log line and timeline), and the report is computed when asked for.
@@ -36,6 +40,10 @@ from .timeline import Timeline
 
 _KEY = attrgetter("key")
 POLL_CAP_S = 1e-4  # every rank starts the exchange in the same cycle: it ends within microseconds
+#: The log line judges only ops agreed this long after the ranks first met (the first steps' lazy set-up aside)...
+STEADY_AFTER_S = 0.5
+#: ... and only once it has this many of them.
+STEADY_OPS = 10
 
 
 class Held(NamedTuple):
@@ -70,6 +78,7 @@ class Stragglers:
         self._named: Optional[int] = None  # the rank last named in the log
         self._named_at = -1  # the ops exchanged when it was named (-1: never)
         self._due = False  # rank 0 asked for an exchange: the next cycle with agreed ops makes one
+        self._met = math.inf  # when this rank's first round agreed ops (the ranks first met), on its clock
         self.windows = 0
         # rank 0's clock: when it raises FLAG_EXCHANGE (inf: never; the loop compares it once per cycle)
         self.tick_at = math.inf
@@ -84,6 +93,7 @@ class Stragglers:
         kept at each request's cache bit, engine/cache.py's PendingBits); else one Python pass."""
         if self.config.straggler_window_ops <= 0:
             return
+        self._met = min(self._met, now)
         submitted = self._submitted
         if known is not None:
             submitted.frombytes(known.tobytes())
@@ -115,6 +125,7 @@ class Stragglers:
         mine = np.empty((2, count), dtype=np.float64)
         mine[0] = np.frombuffer(self._submitted, dtype=np.float64, count=count)  # copies: the arrays shrink
         mine[1] = np.frombuffer(self._agreed, dtype=np.float64, count=count)
+        mine[0][mine[0] < self._met] = math.nan  # submitted before the ranks first met: start-up, not lateness
         del self._submitted[:count], self._agreed[:count]
         stamps, self._stamps = self._stamps[:count], self._stamps[count:]
         everyone = np.empty((self.size, 2, count), dtype=np.float64)
@@ -146,22 +157,25 @@ class Stragglers:
             return
         self._fresh = None
         count, stamps = fresh
-        result = analyse(held.times, self.config.straggler_threshold_ms)
-        straggler = result.straggler
+        steady = analyse(held.times[:, :, held.times[0, 1] >= self._met + STEADY_AFTER_S],
+                         self.config.straggler_threshold_ms)  # rank 0's agreement times, on its clock
+        straggler = steady.straggler
         window = self.config.straggler_window_ops
-        if straggler is None:
+        ops = steady.lateness.shape[1]
+        if straggler is None and ops >= STEADY_OPS:
             self._named = None
-        elif straggler != self._named and (self._named_at < 0 or held.ops - self._named_at >= window):
+        elif straggler is not None and ops >= STEADY_OPS and straggler != self._named and (
+                self._named_at < 0 or held.ops - self._named_at >= window):
             # a new straggler, at most one line per window of ops (time ticks may exchange a few ops at a time)
-            ops = result.lateness.shape[1]
             logger.warning("rank %d is the straggler: it submitted last in %.0f%% of the last %d ops, "
                            "%.1f ms after the first rank on average (p95 %.1f ms; straggler_threshold_ms=%g). "
                            "hvd.straggler_report() has every rank's figures.", straggler,
-                           result.last[straggler] * 100 / ops, ops, result.means[straggler] * 1e3,
-                           np.percentile(result.lateness[straggler], 95) * 1e3, self.config.straggler_threshold_ms)
+                           steady.last[straggler] * 100 / ops, ops, steady.means[straggler] * 1e3,
+                           np.percentile(steady.lateness[straggler], 95) * 1e3, self.config.straggler_threshold_ms)
             self._named, self._named_at = straggler, held.ops
         new = held.times[:, :, held.times.shape[2] - count:] if count else held.times[:, :, :0]
         if timeline.enabled and stamps and len(stamps) == new.shape[2] and not np.isnan(new).any():
+            result = analyse(held.times, self.config.straggler_threshold_ms)
             lateness = result.lateness[:, result.lateness.shape[1] - len(stamps):]
             for i, ts in enumerate(stamps):
                 timeline.counter("LATENESS_MS", ts, {f"rank {r}": round(float(lateness[r, i]) * 1e3, 3)
