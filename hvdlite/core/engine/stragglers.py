@@ -44,6 +44,9 @@ POLL_CAP_S = 1e-4  # every rank starts the exchange in the same cycle: it ends w
 STEADY_AFTER_S = 0.5
 #: ... and only once it has this many of them.
 STEADY_OPS = 10
+#: A rank other than the one named is named after at least this many more ops (or a window, if shorter): time
+#: ticks exchange a few ops at a time, and a loaded machine's noise may name a rank before the real straggler.
+RENAME_OPS = 100
 
 
 class Held(NamedTuple):
@@ -165,8 +168,7 @@ class Stragglers:
         if straggler is None and ops >= STEADY_OPS:
             self._named = None
         elif straggler is not None and ops >= STEADY_OPS and straggler != self._named and (
-                self._named_at < 0 or held.ops - self._named_at >= window):
-            # a new straggler, at most one line per window of ops (time ticks may exchange a few ops at a time)
+                self._named_at < 0 or held.ops - self._named_at >= min(window, RENAME_OPS)):
             logger.warning("rank %d is the straggler: it submitted last in %.0f%% of the last %d ops, "
                            "%.1f ms after the first rank on average (p95 %.1f ms; straggler_threshold_ms=%g). "
                            "hvd.straggler_report() has every rank's figures.", straggler,
