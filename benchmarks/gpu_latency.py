@@ -6,8 +6,8 @@ one process, rounds alternating (issue 34 item 4: one op <= 2x NCCL direct, 1,00
 
 Without a CUDA device it prints one JSON line ``{"bench": "gpu_latency", "kind": "skipped", "reason": "no CUDA
 device"}`` and exits 0 (a smoke test runs it). ``--dry-run-cpu`` runs every measure on CPU tensors instead (gloo
-for the plane and the direct group, ``stage_host_copies`` for staging): it checks the script, its figures mean
-nothing for a GPU.
+for the plane and the direct group, ``hvdlite.torch.tensors.STAGE_HOST_COPIES`` for staging): it checks the
+script, its figures mean nothing for a GPU.
 
 Methods (one JSON line each, after a machine line; times are the slowest rank's per round, medians over rounds):
   latency_hvdlite          blocking ``hvd.allreduce_(t, name=...)`` of a --elems float32 CUDA tensor (Average,
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(local)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     plane = {"gpu_operations": "nccl"} if cuda else {"cpu_operations": "gloo"}
-    staged = {"gpu_operations": "mpi", "mpi_cuda_aware": "off"} if cuda else {"stage_host_copies": True}
+    staged = {"gpu_operations": "mpi", "mpi_cuda_aware": "off"} if cuda else {}
     output.emit(_common.machine_info("gpu_latency", size, elems=args.elems, iters=args.iters,
                                      inflight=args.inflight, rounds=args.rounds, dry_run_cpu=not cuda,
                                      gpu=torch.cuda.get_device_name() if cuda else None,
@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     measure({"inflight_cold_hvdlite": inflight_cold, "inflight_direct": inflight_direct})
     hvd.shutdown()
     # host staging through hvdlite's MPI path, alternating with NCCL direct again
+    from hvdlite.torch import tensors  # (without CUDA: CPU tensors through the host-staging path)
+    tensors.STAGE_HOST_COPIES = not cuda
     hvd.init(**staged)
     measure({"latency_staged": latency_hvd, "latency_direct": latency_direct,
              "inflight_staged": inflight_hvd, "inflight_direct": inflight_direct})

@@ -381,7 +381,7 @@ def test_gpu_latency_says_no_cuda_device_without_one() -> None:
 
 @check("gpu_latency")
 def check_gpu_latency(records: Records, tmp_path: Path) -> None:
-    """--dry-run-cpu (the smoke run) runs every measure (gloo standing in for NCCL, stage_host_copies for
+    """--dry-run-cpu (the smoke run) runs every measure (gloo standing in for NCCL, STAGE_HOST_COPIES for
     staging) to the summary line."""
     assert records[-1]["kind"] == "done"
     methods = by_method(records, bench="gpu_latency")

@@ -75,9 +75,8 @@ def test_config_rejects_bad_values_and_unknown_keywords() -> None:
     assert Config.from_env({"HOROVOD_OPENMPI_IALLREDUCE_ALGORITHM": " Ring"}).openmpi_iallreduce_algorithm == "ring"
     assert Config.from_env({}, openmpi_iallreduce_algorithm="").openmpi_iallreduce_algorithm == "default"
     with pytest.raises(ValueError, match="openmpi_iallreduce_algorithm .HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM. must "
-                                         "be one of default, ring, binomial, rabenseifner, recursive_doubling, got "
-                                         "'tree'"):
-        Config.from_env({"HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM": "tree"})
+                                         "be one of default, ring, rabenseifner, got 'binomial'"):
+        Config.from_env({"HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM": "binomial"})  # not measured: not offered
 
 
 def test_gradient_overlap_setting_and_auto_decision() -> None:
@@ -100,17 +99,20 @@ def test_gradient_overlap_setting_and_auto_decision() -> None:
             hvd.shutdown()
 
 
-def test_stage_host_copies_setting() -> None:
-    from hvdlite.core.runtime import stage_host_copies
-    assert Config().stage_host_copies is False and stage_host_copies() is False  # before init(): off
-    assert Config.from_env({"HVDLITE_STAGE_HOST_COPIES": "1"}).stage_host_copies is True
-    assert Config.from_env({"HOROVOD_STAGE_HOST_COPIES": "yes"}).stage_host_copies is True
-    for setting in (True, False):
-        hvd.init(stage_host_copies=setting)
-        try:
-            assert stage_host_copies() is setting
-        finally:
-            hvd.shutdown()
+def test_removed_settings_raise_as_keywords_and_warn_as_variables(caplog: pytest.LogCaptureFixture) -> None:
+    """The per-collective GPU planes and the staging test switch are no settings any more: an init() keyword
+    raises TypeError saying what replaced it; a variable (HOROVOD_GPU_ALLREDUCE is Horovod's build-time choice,
+    often left set) is ignored with a warning naming it."""
+    for keyword, says in (("gpu_allreduce", "gpu_operations"), ("stage_host_copies", "STAGE_HOST_COPIES")):
+        with pytest.raises(TypeError, match=f"init\\(\\) setting '{keyword}' was removed: .*{says}"):
+            Config.from_env({}, **{keyword: "nccl"})
+    assert "gpu_allreduce" not in Config.field_names() and len(Config.field_names()) == 32
+    with caplog.at_level("WARNING", logger="hvdlite"):
+        config = Config.from_env({"HOROVOD_GPU_ALLREDUCE": "NCCL", "HVDLITE_STAGE_HOST_COPIES": "1"})
+    assert config.gpu_operations == ""
+    text = caplog.text
+    assert "HOROVOD_GPU_ALLREDUCE is ignored: per-collective GPU planes are gone" in text, text
+    assert "HVDLITE_STAGE_HOST_COPIES is ignored: it was a test switch" in text and "unknown setting" not in text
 
 
 def test_unknown_hvdlite_variable_warns(capfd) -> None:

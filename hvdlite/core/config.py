@@ -21,9 +21,15 @@ _INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY", "HVDLITE_E
 
 #: Log levels Horovod accepts (any case); TRACE and FATAL map to hvdlite's TRACE and Python's CRITICAL.
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
-#: The GPU data-plane settings: gpu_operations, then one override per collective.
-GPU_OPERATION_FIELDS = ("gpu_operations", "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall",
-                        "gpu_reducescatter")
+#: Former settings, and what a user who sets one is told: an init() keyword raises TypeError with it, a
+#: variable is ignored with a warning (HOROVOD_GPU_<OP> is Horovod's build-time choice; it is often left set).
+REMOVED = {
+    **{f"gpu_{op}": f"per-collective GPU planes are gone: every collective of a CUDA tensor takes "
+                    f"gpu_operations' plane (HOROVOD_GPU_OPERATIONS); HOROVOD_GPU_{op.upper()} is read by "
+                    f"Horovod only when it is built"
+       for op in ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")},
+    "stage_host_copies": "it was a test switch, now hvdlite.torch.tensors.STAGE_HOST_COPIES (tests only)",
+}
 #: Value of HOROVOD_TIMELINE meaning "no file at init; hvd.start_timeline() starts one later".
 DYNAMIC_TIMELINE = "DYNAMIC"
 
@@ -73,19 +79,10 @@ class Config:
     #: lets the job end so hvdlite-run starts it again, "auto" (default) recovers in-process where the MPI
     #: allows it. hvdlite-run's ``--elastic-mode`` sets it for the ranks. docs/elastic.md.
     elastic_mode: str = "auto"
-    #: Testing/debug switch: frontends stage CPU tensors through a host copy too, as they do device (CUDA)
-    #: tensors, so that the staging path runs on machines without a GPU. Off in use.
-    stage_host_copies: bool = False
     #: Data plane of GPU tensors (Horovod's HOROVOD_GPU_OPERATIONS): "nccl" (torch.distributed's NCCL), "mpi"
     #: (CUDA-aware MPI where the MPI library reports CUDA support, else host staging), or "" (auto: NCCL when
     #: every rank has it, else host staging through MPI). docs/torch.md, "Data planes".
     gpu_operations: str = ""
-    #: Per-collective overrides of gpu_operations (Horovod's HOROVOD_GPU_ALLREDUCE and siblings).
-    gpu_allreduce: str = ""
-    gpu_allgather: str = ""
-    gpu_broadcast: str = ""
-    gpu_alltoall: str = ""
-    gpu_reducescatter: str = ""
     #: Data plane of CPU tensors (HOROVOD_CPU_OPERATIONS): "mpi" (hvdlite's engine on host buffers) or "gloo"
     #: (torch.distributed's gloo, torch tensors only; TensorFlow stays on MPI).
     cpu_operations: str = "mpi"
@@ -95,8 +92,8 @@ class Config:
     mpi_cuda_aware: str = "auto"
     #: Open MPI only: the algorithm of its non-blocking allreduce (libnbc), which carries hvdlite's reductions:
     #: rabenseifner (reduce-scatter then allgather; a vector shorter than the largest power of two <= the ranks
-    #: would go round the ring instead: the engine pads such vectors with zeros, engine/chunks.py), ring,
-    #: binomial, recursive_doubling, or "default": Open MPI's own choice, a binomial tree for every in-place
+    #: would go round the ring instead: the engine pads such vectors with zeros, engine/chunks.py), ring, or
+    #: "default": Open MPI's own choice, a binomial tree for every in-place
     #: reduction and every job under 4 ranks, which made a 16-core machine's gradient sync 1.2-1.4x slower
     #: (benchmarks/HISTORY.md, "... and under Open MPI"). Applied before MPI starts, as the MCA variable
     #: OMPI_MCA_coll_libnbc_iallreduce_algorithm unless that is set already (it wins); no effect where MPI was
@@ -144,11 +141,11 @@ class Config:
     AGREED = ("cycle_time_ms", "cache_capacity", "fusion_threshold_bytes", "allreduce_chunk_bytes",
               "stall_check_time_seconds", "stall_shutdown_time_seconds", "stall_check_disable",
               "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune", "gpu_operations",
-              "gpu_allreduce", "gpu_allgather", "gpu_broadcast", "gpu_alltoall", "gpu_reducescatter",
               "cpu_operations", "straggler_window_ops", "straggler_window_seconds", "straggler_threshold_ms",
               "deterministic", "join_allows_allgather_broadcast", "elastic_mode")
-    #: openmpi_iallreduce_algorithm's names, at the numbers of Open MPI's coll_libnbc_iallreduce_algorithm
-    OPENMPI_IALLREDUCE_ALGORITHMS = ("default", "ring", "binomial", "rabenseifner", "recursive_doubling")
+    #: openmpi_iallreduce_algorithm's names and their numbers in Open MPI's coll_libnbc_iallreduce_algorithm: the
+    #: ones measured (benchmarks/HISTORY.md, "... and under Open MPI")
+    OPENMPI_IALLREDUCE_ALGORITHMS = {"default": 0, "ring": 1, "rabenseifner": 3}
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
     #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals: Horovod's
@@ -215,12 +212,19 @@ class Config:
                     break
         known = {cls.env_keys(n)[0] for n in cls.field_names()} | _INTERNAL_VARIABLES
         known |= {key for keys in cls.ALIASES.values() for key in keys if key.startswith("HVDLITE_")}
+        for name, why in REMOVED.items():
+            for key in cls.env_keys(name):
+                if key in env:
+                    logger.warning("%s is ignored: %s", key, why)
+                    known.add(key)
         for key in sorted(env):
             if key.startswith("HVDLITE_") and key not in known:
                 logger.warning("unknown setting %s is ignored; known settings: %s", key,
                                ", ".join(sorted(known - _INTERNAL_VARIABLES)))
         for keyword, value in overrides.items():
             name = cls.field_for(keyword)
+            if name in REMOVED:
+                raise TypeError(f"init() setting {name!r} was removed: {REMOVED[name]}")
             if name not in types:
                 raise TypeError(f"init() got an unknown keyword {name!r}; known settings: "
                                 f"{', '.join(cls.field_names())}")
@@ -251,13 +255,12 @@ class Config:
         if overlap not in ("auto", "on", "off"):
             raise ValueError(f"gradient_overlap must be auto, on or off, got {self.gradient_overlap!r}")
         self.gradient_overlap = overlap
-        for name in GPU_OPERATION_FIELDS:
-            value = str(getattr(self, name)).strip().lower()
-            if value not in ("", "nccl", "mpi", "gloo"):
-                raise ValueError(f"{name} (HOROVOD_{name.upper()}) must be NCCL or MPI (hvdlite also takes GLOO: "
-                                 f"allreduce and broadcast of CUDA tensors through gloo), or unset for automatic; "
-                                 f"got {getattr(self, name)!r}")
-            setattr(self, name, value)
+        gpu = str(self.gpu_operations).strip().lower()
+        if gpu not in ("", "nccl", "mpi", "gloo"):
+            raise ValueError(f"gpu_operations (HOROVOD_GPU_OPERATIONS) must be NCCL or MPI (hvdlite also takes GLOO: "
+                             f"allreduce and broadcast of CUDA tensors through gloo), or unset for automatic; got "
+                             f"{self.gpu_operations!r}")
+        self.gpu_operations = gpu
         cpu = str(self.cpu_operations).strip().lower() or "mpi"
         if cpu not in ("mpi", "gloo"):
             raise ValueError(f"cpu_operations (HOROVOD_CPU_OPERATIONS) must be MPI or GLOO, got "

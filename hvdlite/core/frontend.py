@@ -9,7 +9,7 @@ module is private to the core.
 - ``check_gradient_options(op, gradient_predivide_factor, backward_passes_per_step)``: the rules every
   distributed optimizer and tape applies to its arguments (Horovod's), written once;
   ``gradient_scales(op, gradient_predivide_factor)``: the prescale and postscale their gradient reductions
-  pass (a ``Scales``), derived once for torch and TensorFlow.
+  pass (prescale, postscale), derived once for torch and TensorFlow.
 - ``mixin_class(mixin, base)``: the class a wrapper turns a user's optimizer or tape into (a subclass of
   both, named like ``base``), built once per pair.
 - ``Compressor`` / ``NoneCompressor`` / ``CastCompressor``: gradient compression's one algorithm; a frontend
@@ -21,7 +21,6 @@ module is private to the core.
   ``gradient_overlap`` setting; see Config).
 - ``process_set_ranks(ps_id)``: the members of a registered process set, by id.
 - ``setting(name)``: the value of one setting of the running job (Config field).
-- ``stage_host_copies()``: whether CPU tensors take the device tensors' host-staging path (a test switch).
 - ``aligned_empty(shape, dtype)``: an uninitialised array starting on a 64-byte boundary, which TensorFlow
   wraps without copying.
 - ``logger``: the rank-prefixed ``hvdlite`` logger.
@@ -64,16 +63,16 @@ from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, acc
 from .reduce_ops import SUPPORTED_DTYPES, Accumulation, ReduceOp, check_reduction, exact_divisor, resolve_op
 from .engine.handles import UNSET, Handle
 from .engine.requests import Kind, tensor_layout
-from .runtime import generation, is_initialized, stage_host_copies, state
+from .runtime import generation, is_initialized, state
 from .submission import submit
 from .sparse import check_sparse, sparse_allgather_async
 from .sync_bn import sync_moments
 
-__all__ = ["resolve_op", "check_reduction", "check_gradient_options", "Scales", "gradient_scales", "mixin_class",
+__all__ = ["resolve_op", "check_reduction", "check_gradient_options", "gradient_scales", "mixin_class",
            "Compressor", "NoneCompressor", "CastCompressor", "Accumulation", "accumulating", "accumulation_of",
            "check_sparse_compression", "gradient_overlap",
            "process_set_ranks", "setting", "logger",
-           "check_sparse", "sparse_allgather_async", "sync_moments", "stage_host_copies", "aligned_empty",
+           "check_sparse", "sparse_allgather_async", "sync_moments", "aligned_empty",
            "PlaneBuffer", "DataPlane", "PlaneFactory", "Bootstrap", "register_factory", "plane_agreed",
            "plane_lacking", "mpi_cuda_aware", "in_rank_order", "rank_order_allreduce", "accumulated_allreduce",
            "check_named_replicas", "flatten_tensors", "submit_allreduce", "tensor_layout",

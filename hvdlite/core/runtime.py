@@ -183,7 +183,7 @@ def _start(comm: Any, settings: dict[str, Any]) -> State:
         require_library()
     log.set_level(config.log_level)
     log.set_timestamps(not config.log_hide_time)
-    with openmpi_iallreduce(Config.OPENMPI_IALLREDUCE_ALGORITHMS.index(config.openmpi_iallreduce_algorithm),
+    with openmpi_iallreduce(Config.OPENMPI_IALLREDUCE_ALGORITHMS[config.openmpi_iallreduce_algorithm],
                             mpi.started()) as iallreduce:
         # Under Open MPI's launcher an MPICH library dies inside its own MPI_Init: look before starting.
         mpi.start(check_launcher_before_init if launched_by_open_mpi() else None)
@@ -238,13 +238,6 @@ def _shutdown_at_exit() -> None:
         shutdown()
     except Exception:  # noqa: BLE001 - never mask the interpreter's own exit status
         logger.debug("shutdown at exit failed", exc_info=True)
-
-
-def stage_host_copies() -> bool:
-    """Whether frontends stage CPU tensors through a host copy like device tensors (a testing switch, see
-    Config.stage_host_copies); False before init()."""
-    current = _state
-    return current is not None and current.config.stage_host_copies
 
 
 def generation() -> int:

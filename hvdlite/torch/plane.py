@@ -327,8 +327,7 @@ class TorchPlanes(PlaneFactory):
 
     def available(self, settings: Any) -> list[str]:
         names = []
-        gpu = {settings.gpu_operations, settings.gpu_allreduce, settings.gpu_allgather, settings.gpu_broadcast,
-               settings.gpu_alltoall, settings.gpu_reducescatter}
+        gpu = {settings.gpu_operations}
         if self.built("gloo") and (settings.cpu_operations == "gloo" or "gloo" in gpu):
             names.append("gloo")
         if self.built("nccl") and torch.cuda.is_available() and gpu & {"", "nccl"}:

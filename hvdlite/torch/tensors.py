@@ -8,10 +8,14 @@ import numpy as np
 import torch
 
 from hvdlite.core.frontend import (PlaneBuffer, generation, logger, plane_agreed, plane_lacking, setting,
-                                   stage_host_copies, tensor_layout)
+                                   tensor_layout)
 
 from . import mpi_plane
 from .plane import BACKEND_DTYPES, FACTORY
+
+#: A test switch: CPU tensors take the host-staging path of device tensors, so that it runs without a GPU (set it
+#: before hvd.init(): what a tensor takes is remembered per job).
+STAGE_HOST_COPIES = False
 
 #: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits).
 SUPPORTED_DTYPES = tuple(d for d in (
@@ -131,7 +135,7 @@ def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
     if entry is not None and entry.generation == generation() and entry.describes(tensor):
         return entry.host
     if not isinstance(tensor, torch.Tensor) or tensor.dtype not in SUPPORTED_DTYPES or tensor.layout != torch.strided \
-            or not tensor.is_cpu or stage_host_copies() or plane_for(tensor, "allreduce") \
+            or not tensor.is_cpu or STAGE_HOST_COPIES or plane_for(tensor, "allreduce") \
             or not tensor.is_contiguous() or tensor.is_neg() or tensor.is_conj() or tensor.numel() == 0:
         return None
     bf16 = tensor.dtype == torch.bfloat16
@@ -146,8 +150,8 @@ def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
 
 
 def _staged(tensor: torch.Tensor) -> bool:
-    """Device tensors go through a host copy; CPU ones too under the stage_host_copies setting (tests)."""
-    return not tensor.is_cpu or stage_host_copies()
+    """Device tensors go through a host copy; CPU ones too under STAGE_HOST_COPIES (tests)."""
+    return not tensor.is_cpu or STAGE_HOST_COPIES
 
 
 def _kind(what: str) -> str:
@@ -184,10 +188,10 @@ def plane_for(tensor: torch.Tensor, kind: str) -> str:
 
 
 def gpu_plane(kind: str, dtype: str, device: str = "cuda") -> str:
-    """The data plane of a CUDA tensor of ``dtype`` in collective ``kind``: the setting's choice (gpu_<kind>,
-    else gpu_operations) where the job has it, else CUDA-aware MPI where every rank has it, else "" (host
+    """The data plane of a CUDA tensor of ``dtype`` in collective ``kind``: gpu_operations' choice where the job
+    has it, else CUDA-aware MPI where every rank has it, else "" (host
     staging through MPI, with one debug line saying why). NCCL asked for by name and missing is an error."""
-    choice = (setting(f"gpu_{kind}") if kind in GPU_KINDS else "") or setting("gpu_operations")
+    choice = setting("gpu_operations")
     if choice == "gloo":
         return "gloo" if kind in ("allreduce", "broadcast") and plane_agreed("gloo") else ""
     if choice != "mpi":
@@ -195,7 +199,7 @@ def gpu_plane(kind: str, dtype: str, device: str = "cuda") -> str:
             return "nccl"
         if not plane_agreed("nccl") and choice == "nccl":
             raise RuntimeError(
-                f"{kind} of a {device} tensor: HOROVOD_GPU_OPERATIONS (or HOROVOD_GPU_{kind.upper()}) asks for "
+                f"{kind} of a {device} tensor: HOROVOD_GPU_OPERATIONS asks for "
                 f"NCCL, but NCCL is not available on every rank (torch.distributed.is_nccl_available() and "
                 f"torch.cuda.is_available() must hold everywhere). Unset it (NCCL where available, else "
                 f"CUDA-aware MPI, else host staging), set it to MPI (CUDA-aware MPI where every rank's MPI "

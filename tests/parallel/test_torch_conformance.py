@@ -262,10 +262,11 @@ def test_ranks_disagreeing_on_cuda_aware_mpi_all_stage(rank: int, size: int, rei
 def test_nccl_asked_for_and_missing_is_an_error_naming_the_fix(reinit: Any) -> None:
     if state().planes.has("nccl"):
         pytest.skip("NCCL is available here: tests/gpu_check.py covers the GPU cases")
-    reinit(gpu_allreduce="NCCL")
-    with pytest.raises(RuntimeError, match="asks for NCCL, but NCCL is not available on every rank.*set it to MPI"):
-        tensors.gpu_plane("allreduce", "float32")
-    assert tensors.gpu_plane("broadcast", "float32") in ("", "mpi_cuda")  # only allreduce asked for NCCL
+    reinit(gpu_operations="NCCL")
+    for kind in ("allreduce", "broadcast"):
+        with pytest.raises(RuntimeError, match=f"{kind} of a cuda tensor: HOROVOD_GPU_OPERATIONS asks for NCCL, but "
+                                               f"NCCL is not available on every rank.*set it to MPI"):
+            tensors.gpu_plane(kind, "float32")
 
 
 def test_cuda_aware_mpi_plane_on_cpu_tensors(rank: int, size: int, reinit: Any) -> None:

@@ -1,6 +1,6 @@
 """hvdlite.torch: every collective, dtype, handle, gradient, process set and helper, checked exactly; each
 test runs twice: on CPU tensors directly, and with every tensor staged through a host copy (the path CUDA
-tensors take, forced by the stage_host_copies setting so that it runs without a GPU)."""
+tensors take, forced by hvdlite.torch.tensors.STAGE_HOST_COPIES so that it runs without a GPU)."""
 from __future__ import annotations
 
 import os
@@ -8,13 +8,14 @@ import runpy
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 import torch
 
 import hvdlite.core as core
 import hvdlite.torch as hvd
+from hvdlite.torch import tensors
 from hvdlite.torch.tensors import to_host
 from torch_check import R, N, base, check, same, up, ups
 
@@ -33,10 +34,12 @@ HOROVOD_STYLE = Path(__file__).resolve().parent.parent / "workers" / "torch_horo
 
 
 @pytest.fixture(params=["direct"] if GLOO else ["direct", "staged"])
-def staging(request: pytest.FixtureRequest, reinit: Callable[..., None]) -> str:
+def staging(request: pytest.FixtureRequest, reinit: Callable[..., None]) -> Iterator[str]:
     if request.param == "staged":
-        reinit(stage_host_copies=True)
-    return request.param
+        tensors.STAGE_HOST_COPIES = True
+        reinit()
+    yield request.param
+    tensors.STAGE_HOST_COPIES = False
 
 
 def test_staging_setting_reaches_the_frontend(staging: str) -> None:

@@ -1,28 +1,29 @@
 """hvdlite.torch.DistributedOptimizer equals single-process training on the concatenated batch, with
 identical weights on every rank; misuse errors, unused/toggled/sparse parameters, SyncBatchNorm, the
 broadcast helpers and join. Every test runs three times: gradient_overlap on (allreduces started from
-backward), off (all started at step()), and with every tensor staged through a host copy (stage_host_copies).
+backward), off (all started at step()), and with every tensor staged through a host copy (STAGE_HOST_COPIES).
 Every rank also computes the single-process reference itself, on the concatenation of all ranks' batches."""
 from __future__ import annotations
 
 import os
 
 import warnings
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
 import torch.nn as nn
 
 import hvdlite.torch as hvd
+from hvdlite.torch import tensors
 
 MPI_SIZES = (2, 3)
 SPAWN_TIMEOUT = 420
 VARIANTS = ("", "HOROVOD_CPU_OPERATIONS=GLOO")  # again on the torch.distributed (gloo) data plane
 R, N = hvd.rank(), hvd.size()
 B, STEPS = 4, 3
-MODES = {"overlap-on": {"gradient_overlap": "on"}, "overlap-off": {"gradient_overlap": "off"},
-         "staged": {"stage_host_copies": True}}
+MODES: dict[str, dict[str, Any]] = {"overlap-on": {"gradient_overlap": "on"},
+                                    "overlap-off": {"gradient_overlap": "off"}, "staged": {}}
 if os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo":  # the gloo plane ignores host staging
     del MODES["staged"]
 loss_fn = nn.MSELoss()
@@ -30,10 +31,12 @@ loss_fn = nn.MSELoss()
 
 @pytest.fixture(params=list(MODES))
 def mode(request: pytest.FixtureRequest, reinit: Callable[..., None]) -> Iterator[str]:
+    tensors.STAGE_HOST_COPIES = request.param == "staged"  # every tensor through a host copy
     reinit(**MODES[request.param])
     torch.set_default_dtype(torch.float64)
     yield request.param
     torch.set_default_dtype(torch.float32)
+    tensors.STAGE_HOST_COPIES = False
 
 
 def close(a: torch.Tensor, b: torch.Tensor, what: str, tol: float = 1e-10) -> None:
