@@ -172,13 +172,22 @@ def summary_table(s: dict[str, Any]) -> str:
         return "" if value is None else f"{value:.2f}x"
 
     rows = [f"**small_ops, hvdlite.torch vs {module}** ({s['ranks']} ranks, {s['elems']} floats):\n",
-            f"| measure | hvdlite.torch | {module} | raw mpi4py | hvdlite.torch / module | hvdlite.torch / raw | "
-            "module / raw |", "|---|---:|---:|---:|---:|---:|---:|"]
+            f"| measure (median; best) | hvdlite.torch | {module} | raw mpi4py | hvdlite.torch / module | "
+            "hvdlite.torch / raw | module / raw |", "|---|---:|---:|---:|---:|---:|---:|"]
+    n = s["count"]
     for measure, label, unit in (("latency", "one allreduce_, synchronous", "us"),
-                                 ("inflight", f"{s['count']} allreduce_async_ in flight, then synchronize", "ms")):
-        rows.append(f"| {label} | {fig(s[f'{measure}_hvdlite_torch_{unit}'], unit)} | "
-                    f"{fig(s[f'{measure}_module_{unit}'], unit)} | {fig(s[f'{measure}_mpi4py_{unit}'], unit)} | "
-                    f"{ratio(s[f'{measure}_hvdlite_torch_over_module'])} | "
+                                 ("inflight_named", f"{n} allreduce_async(t, name=...), warm", "ms"),
+                                 ("inflight_warm", f"{n} allreduce_async_(t, name=...), warm", "ms"),
+                                 ("inflight", f"{n} unnamed allreduce_async(t)", "ms")):
+        if f"{measure}_hvdlite_torch_{unit}" not in s:
+            continue
+        best = s.get(f"{measure}_best_hvdlite_torch_over_module")
+        rows.append(f"| {label} | {fig(s[f'{measure}_hvdlite_torch_{unit}'], unit)}; "
+                    f"{fig(s.get(f'{measure}_best_hvdlite_torch_{unit}'), unit)} | "
+                    f"{fig(s[f'{measure}_module_{unit}'], unit)}; "
+                    f"{fig(s.get(f'{measure}_best_module_{unit}'), unit)} | "
+                    f"{fig(s[f'{measure}_mpi4py_{unit}'], unit)} | "
+                    f"{ratio(s[f'{measure}_hvdlite_torch_over_module'])}; {ratio(best)} | "
                     f"{ratio(s[f'{measure}_hvdlite_torch_over_mpi4py'])} | "
                     f"{ratio(s[f'{measure}_module_over_mpi4py'])} |")
     return "\n".join(rows) + "\n"

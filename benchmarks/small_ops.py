@@ -21,6 +21,10 @@ Methods (one JSON line each, after a machine line):
                            get fresh generated names in every burst, so each burst is negotiated from scratch
                            (full rounds), as a program's first burst is whatever its names. ``ratio_to_module``.
   inflight_cold_module     the same through --hvd-module NAME (Horovod also generates a fresh name per op).
+  inflight_named_hvdlite_torch  warm names, out of place: --inflight ``allreduce_async(t, name=f"a.{i}")``
+                           (Average), then ``synchronize`` each handle, the same names every round (a warm-up
+                           round first): what a user writes who names ops but does not reduce in place.
+  inflight_named_module    the same through --hvd-module NAME.
   inflight_hvdlite_torch   warm names: --inflight *named* in-place ``allreduce_async_`` (Average), then
                            ``synchronize`` each handle, the same names every round after a warm-up round, so every
                            op is agreed from the response cache (one bit-vector round): the steady state of a
@@ -32,16 +36,19 @@ Methods (one JSON line each, after a machine line):
   idle_cpu_hvdlite         the same with hvdlite's engine running and idle (right after init, after numpy work,
                            after torch-frontend work), the worst rank; the engine must not spin.
   idle_cpu_module          the same for --hvd-module's background thread (after init, after work).
-A final ``kind: summary`` line holds the issue's table: per measure hvdlite.torch, the module, raw mpi4py and
-the ratios hvdlite.torch / module, hvdlite.torch / mpi4py, module / mpi4py; ``inflight`` is the cold (user's)
-figure, ``inflight_warm`` the warm-name one (before session 8 the summary's ``inflight`` was the warm one).
+A final ``kind: summary`` line holds the table of benchmarks/README.md: per measure (``latency``: one blocking op;
+``inflight``: unnamed out of place; ``inflight_named``: named out of place, warm; ``inflight_warm``: named in
+place, warm) hvdlite.torch's, the module's and raw mpi4py's median and best (``_best_``) and the ratios
+hvdlite.torch / module (median and best), hvdlite.torch / mpi4py, module / mpi4py.
 
-Method: each session initialises one engine, runs its measures interleaved round by round with the raw mpi4py
-latency loop, and shuts it down; sessions go hvdlite (fused), hvdlite (fusion off), module, repeated
---sessions times, so every engine sees the same machine state and only one engine thread runs at a time.
-MPI is initialised by mpi4py first (``MPI_THREAD_MULTIPLE``); Horovod 0.28.1 then uses that MPI and can be
-initialised and shut down repeatedly in one process (checked with horovod.torch and MPICH 5). Latencies and
-in-flight rounds are medians over all rounds (the slowest rank's time per round).
+Method (alternating runs): each session initialises one engine, runs its measures interleaved round by round
+with the raw mpi4py latency loop, and shuts it down; sessions go hvdlite (fused), hvdlite (fusion off), module,
+repeated --sessions times, so every engine sees the same machine state and only one engine thread runs at a
+time. MPI is initialised by mpi4py first (``MPI_THREAD_MULTIPLE``); Horovod 0.28.1 then uses that MPI and can be
+initialised and shut down repeatedly in one process (checked with horovod.torch and MPICH 5): run this script
+with the Horovod venv's python and mpiexec (``python -m benchmarks --horovod-venv VENV`` does), hvdlite from the
+source tree. Latencies and in-flight rounds are medians (and bests) over all rounds, each round the slowest
+rank's time; a burst is one round of --inflight ops after a barrier, a warm-up round first.
 """
 from __future__ import annotations
 
@@ -59,12 +66,13 @@ import hvdlite as hvd  # noqa: E402
 
 LATENCY = ("latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite", "latency_hvdlite_torch", "latency_module")
 INFLIGHT = ("inflight_fused", "inflight_unfused", "inflight_hvdlite_torch", "inflight_module",
+            "inflight_named_hvdlite_torch", "inflight_named_module",
             "inflight_cold_hvdlite_torch", "inflight_cold_module", "inflight_mpi_loop", "inflight_mpi_one")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--elems", type=int, default=4, help="float32 elements per small allreduce")
+    p.add_argument("--elems", type=int, default=16, help="float32 elements per small allreduce")
     p.add_argument("--iters", type=int, default=300, help="latency: calls per round")
     p.add_argument("--reps", type=int, default=11, help="rounds per measurement and session (median reported)")
     p.add_argument("--inflight", type=int, default=1000, help="allreduces in flight together")
@@ -204,6 +212,13 @@ def main(argv: list[str] | None = None) -> None:
                 mod.synchronize(h)
         return run
 
+    def inflight_named(mod: Any) -> Callable[[], None]:
+        def run() -> None:  # warm names, out of place
+            handles = [mod.allreduce_async(t, name=f"small.named.{i}") for i, t in enumerate(tensors)]
+            for h in handles:
+                mod.synchronize(h)
+        return run
+
     def inflight_cold(mod: Any) -> Callable[[], None]:
         def run() -> None:  # unnamed: a fresh generated name per op in every burst
             handles = [mod.allreduce_async(t) for t in tensors]
@@ -222,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
 
     times: dict[str, list[float]] = {k: [] for k in LATENCY + INFLIGHT}
     counters = {"inflight_fused": Counter(), "inflight_unfused": Counter(), "inflight_hvdlite_torch": Counter(),
-                "inflight_cold_hvdlite_torch": Counter()}
+                "inflight_named_hvdlite_torch": Counter(), "inflight_cold_hvdlite_torch": Counter()}
     idle_records: list[dict[str, Any]] = []
     module: Any = None
     for session in range(args.sessions):
@@ -241,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
                                  **idle_cpu(comm, args.idle_seconds)})
         times["inflight_hvdlite_torch"] += counters["inflight_hvdlite_torch"].measure(
             lambda: per_round(comm, inflight_torch(hvd_torch), args.reps), args.reps + 1)
+        times["inflight_named_hvdlite_torch"] += counters["inflight_named_hvdlite_torch"].measure(
+            lambda: per_round(comm, inflight_named(hvd_torch), args.reps), args.reps + 1)
         if session == 0:
             idle_records.append({"method": "idle_cpu_hvdlite", "when": "after_torch_work",
                                  **idle_cpu(comm, args.idle_seconds)})
@@ -266,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
                                      **idle_cpu(comm, args.idle_seconds, engine=False)})
             interleaved(comm, {"latency_mpi4py": mpi_loop, "latency_module": torch_loop(module)}, args.reps, times)
             times["inflight_module"] += per_round(comm, inflight_torch(module), args.reps)
+            times["inflight_named_module"] += per_round(comm, inflight_named(module), args.reps)
             times["inflight_cold_module"] += per_round(comm, inflight_cold(module), args.reps)
             if session == 0:
                 idle_records.append({"method": "idle_cpu_module", "module": args.hvd_module, "when": "after_work",
@@ -301,7 +319,7 @@ def emit_results(comm: Any, output: _common.Output, base: dict[str, Any], args: 
                   "ops_per_s": args.inflight / (res["us"] / 1e6),
                   "speedup_vs_unfused": inflight["inflight_unfused"]["us"] / res["us"],
                   "ratio_to_mpi_loop": res["us"] / inflight["inflight_mpi_loop"]["us"]}
-        if key in ("inflight_module", "inflight_cold_module"):
+        if key.endswith("_module"):
             record["module"] = args.hvd_module
         peer = key.replace("hvdlite_torch", "module")
         if key.endswith("hvdlite_torch") and peer in inflight:
@@ -317,18 +335,23 @@ def emit_results(comm: Any, output: _common.Output, base: dict[str, Any], args: 
         output.emit(record)
     summary: dict[str, Any] = {"bench": "small_ops", "kind": "summary", "ranks": base["ranks"],
                                "elems": args.elems, "count": args.inflight, "module": args.hvd_module or None}
-    for measure, mine, theirs, raw, unit in (
-            ("latency", lat["latency_hvdlite_torch"]["us"], lat.get("latency_module"), raw_us, "us"),
-            ("inflight", inflight["inflight_cold_hvdlite_torch"]["us"] / 1e3, inflight.get("inflight_cold_module"),
-             inflight["inflight_mpi_loop"]["us"] / 1e3, "ms"),
-            ("inflight_warm", inflight["inflight_hvdlite_torch"]["us"] / 1e3, inflight.get("inflight_module"),
-             inflight["inflight_mpi_loop"]["us"] / 1e3, "ms")):
-        other = None if theirs is None else theirs["us"] / (1e3 if unit == "ms" else 1.0)
-        summary[f"{measure}_hvdlite_torch_{unit}"] = mine
-        summary[f"{measure}_module_{unit}"] = other
+    ours = {"latency": lat["latency_hvdlite_torch"], "inflight": inflight["inflight_cold_hvdlite_torch"],
+            "inflight_named": inflight["inflight_named_hvdlite_torch"],
+            "inflight_warm": inflight["inflight_hvdlite_torch"]}
+    peers = {"latency": lat.get("latency_module"), "inflight": inflight.get("inflight_cold_module"),
+             "inflight_named": inflight.get("inflight_named_module"), "inflight_warm": inflight.get("inflight_module")}
+    for measure, mine in ours.items():
+        unit, scale = ("us", 1.0) if measure == "latency" else ("ms", 1e3)
+        raw = (lat["latency_mpi4py"] if measure == "latency" else inflight["inflight_mpi_loop"])["us"] / scale
+        theirs = peers[measure]
+        for stat, field in (("", "us"), ("_best", "us_min")):
+            value, other = mine[field] / scale, None if theirs is None else theirs[field] / scale
+            summary[f"{measure}{stat}_hvdlite_torch_{unit}"] = value
+            summary[f"{measure}{stat}_module_{unit}"] = other
+            summary[f"{measure}{stat}_hvdlite_torch_over_module"] = None if other is None else value / other
         summary[f"{measure}_mpi4py_{unit}"] = raw
-        summary[f"{measure}_hvdlite_torch_over_module"] = None if other is None else mine / other
-        summary[f"{measure}_hvdlite_torch_over_mpi4py"] = mine / raw
+        summary[f"{measure}_hvdlite_torch_over_mpi4py"] = summary[f"{measure}_hvdlite_torch_{unit}"] / raw
+        other = summary[f"{measure}_module_{unit}"]
         summary[f"{measure}_module_over_mpi4py"] = None if other is None else other / raw
     output.emit(summary)
 

@@ -199,6 +199,7 @@ def check_grad_sync(records: Records, tmp_path: Path) -> None:
 
 LATENCY_KEYS = ("latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite", "latency_hvdlite_torch")
 INFLIGHT_KEYS = ("inflight_fused", "inflight_unfused", "inflight_hvdlite_torch", "inflight_cold_hvdlite_torch",
+                 "inflight_named_hvdlite_torch",
                  "inflight_mpi_loop", "inflight_mpi_one")
 
 
@@ -230,7 +231,9 @@ def check_small_ops(records: Records, tmp_path: Path) -> None:
     assert s["inflight_hvdlite_torch_ms"] == methods["inflight_cold_hvdlite_torch"]["ms"]  # what a user waits for
     assert s["inflight_warm_hvdlite_torch_ms"] == methods["inflight_hvdlite_torch"]["ms"]  # warm names
     assert s["inflight_mpi4py_ms"] == s["inflight_warm_mpi4py_ms"] == methods["inflight_mpi_loop"]["ms"]
-    for measure in ("latency", "inflight", "inflight_warm"):
+    assert s["inflight_named_hvdlite_torch_ms"] == methods["inflight_named_hvdlite_torch"]["ms"]  # named, out of place
+    assert s["inflight_named_best_hvdlite_torch_ms"] == methods["inflight_named_hvdlite_torch"]["ms_min"]
+    for measure in ("latency", "inflight", "inflight_named", "inflight_warm"):
         assert s[f"{measure}_module_{'us' if measure == 'latency' else 'ms'}"] is None
         assert s[f"{measure}_hvdlite_torch_over_module"] is None and s[f"{measure}_module_over_mpi4py"] is None
         assert_positive(s, f"{measure}_hvdlite_torch_over_mpi4py")
@@ -247,7 +250,7 @@ def test_small_ops_with_module_smoke(tmp_path: Path) -> None:
     assert records[0]["module"] == "hvdlite.torch"
     methods = by_method(records)
     assert set(methods) == {*LATENCY_KEYS, *INFLIGHT_KEYS, "latency_module", "inflight_module", "inflight_cold_module",
-                            "idle_cpu_baseline", "idle_cpu_hvdlite", "idle_cpu_module"}
+                            "inflight_named_module", "idle_cpu_baseline", "idle_cpu_hvdlite", "idle_cpu_module"}
     assert methods["latency_module"]["module"] == methods["inflight_module"]["module"] == "hvdlite.torch"
     # Two sessions of 2 rounds each; the raw latency also runs in both module sessions.
     assert methods["latency_hvdlite_torch"]["reps"] == methods["latency_module"]["reps"] == 4
@@ -268,6 +271,11 @@ def test_small_ops_with_module_smoke(tmp_path: Path) -> None:
     assert s["latency_hvdlite_torch_over_module"] == pytest.approx(lat["ratio_to_module"])
     assert s["inflight_hvdlite_torch_over_module"] == pytest.approx(cold["ratio_to_module"])
     assert s["inflight_warm_hvdlite_torch_over_module"] == pytest.approx(fl["ratio_to_module"])
+    named = methods["inflight_named_hvdlite_torch"]
+    assert s["inflight_named_hvdlite_torch_over_module"] == pytest.approx(
+        named["ms"] / methods["inflight_named_module"]["ms"])
+    assert s["inflight_named_best_hvdlite_torch_over_module"] == pytest.approx(
+        named["ms_min"] / methods["inflight_named_module"]["ms_min"])
     assert s["latency_module_over_mpi4py"] == pytest.approx(methods["latency_module"]["ratio_to_mpi4py"])
     assert s["inflight_module_over_mpi4py"] == pytest.approx(methods["inflight_cold_module"]["ratio_to_mpi_loop"])
     assert s["inflight_warm_module_over_mpi4py"] == pytest.approx(methods["inflight_module"]["ratio_to_mpi_loop"])
