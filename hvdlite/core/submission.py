@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from .engine import callsite
 from .engine.handles import UNSET
 from .engine.planes import PlaneBuffer, plane_of
 from .engine.requests import Kind, Request, Signature, make_signature, tensor_layout
@@ -47,10 +48,17 @@ def submit(st: State, kind: Kind, name: Optional[str], ps_id: int, inputs: Seque
         if memo is None or memo[0] != (kind, ps_id, op, prescale, postscale, root, layout, extra, plane):
             memo = _remember(st, kind if generated else name, name, inputs, dtypes, layout, kind, ps_id, op, prescale,
                              postscale, root, extra, plane)
-        req = Request(name, memo[0], inputs, outputs, None if generated else memo[1], value, splits=splits,
-                      finalize=finalize)
+        if splits is None and finalize is None:  # positional: a class called with keywords packs them into a dict
+            req = Request(name, memo[0], inputs, outputs, None if generated else memo[1], value)
+        else:
+            req = Request(name, memo[0], inputs, outputs, None if generated else memo[1], value, splits=splits,
+                          finalize=finalize)
         if held is not None:
             req.held = held
+        if generated:  # a name used once: its site travels with the request only (engine/callsite.py)
+            req.site = callsite.capture()
+        elif callsite.known.get(name) is not memo[0]:  # a new name or signature: steady state skips the capture
+            req.site = callsite.note(name, memo[0], key=req.key)
         st.engine.submit(req)
     except BaseException:
         if generated:

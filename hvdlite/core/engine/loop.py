@@ -16,7 +16,7 @@ import numpy as np
 from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
-from . import callsite, deterministic, mpi, polling, stalls
+from . import deterministic, mpi, polling, stalls
 from .completion import Completion, VerdictNames
 from .execution import Executor
 from .plane_exec import PlaneExecutor
@@ -93,9 +93,8 @@ class Engine:
 
     # -- user threads -----------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        """The one way into the engine, for every request (each built by core/submission.submit)."""
-        if callsite.known.get(req.name) is not req.sig:  # a new name or signature: steady state skips the capture
-            req.site = callsite.note(req.name, req.sig, key=req.key)
+        """The one way into the engine, for every request (each built by core/submission.submit, which notes
+        its call site)."""
         key, inflight = req.key, self.completion.inflight
         with self._lock:
             if self.error is not None:
