@@ -5,7 +5,8 @@
   (``hvdlite.core.frontend`` for the frontends, ``hvdlite.core.launch`` for the launcher);
 - no layer imports a framework it does not serve (``MUST_NOT_IMPORT``), and exactly one module imports mpi4py;
 - no import cycle among hvdlite modules (imports inside functions count: see CYCLES_COUNT_LAZY_IMPORTS);
-- every module is under 400 lines;
+- every module is under 390 lines, the package and the top-level benchmarks under their line budgets (budgets
+  that only go down);
 - the benchmarks outside benchmarks/lab/ use hvdlite as a user does: no import of (or reach into) the engine
   or the runtime, so no patching of either.
 """
@@ -63,7 +64,15 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
     "hvdlite.run": ("torch", "tensorflow", "keras", "tf_keras"),
     "hvdlite.run.elastic": ("torch", "tensorflow", "keras", "tf_keras"),
 }
-MAX_LINES = 400
+#: A module has fewer lines than this (a module at the cap wants a simplification, not a split made to fit it).
+MAX_LINES = 390
+#: Modules still at or over the cap, at most the lines given: the list only shrinks (a module that drops under
+#: the cap leaves it, one that grows fails).
+OVER_CAP: dict[str, int] = {"hvdlite/core/api.py": 397, "hvdlite/run/elastic/driver.py": 398}
+#: Lines of the whole package (hvdlite/**/*.py) and of the top-level benchmarks (benchmarks/*.py, the tool; the
+#: lab's one-question scripts are not counted). Lower them as code goes; never raise them to fit.
+PACKAGE_BUDGET = 18_500
+BENCHMARKS_BUDGET = 3_100
 #: Whether an import inside a function counts as an edge of the import graph for the cycle check. A lazy
 #: import that closes a loop (runtime -> api -> runtime) hides a cycle from Python, not from the reader.
 CYCLES_COUNT_LAZY_IMPORTS = True
@@ -269,10 +278,25 @@ def test_no_import_cycles() -> None:
         f"{' -> '.join(path)} (modules in this loop: {', '.join(members)})" for path, members in cycles)
 
 
-def test_every_module_is_under_400_lines() -> None:
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in MODULES.values()
-            if (n := len(p.read_text().splitlines())) >= MAX_LINES}
-    assert not long, f"modules of {MAX_LINES} lines or more (split them): {long}"
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_every_module_is_under_the_line_cap() -> None:
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in MODULES.values() if (n := _lines(p)) >= MAX_LINES}
+    over = {m: n for m, n in long.items() if n > OVER_CAP.get(m, MAX_LINES - 1)}
+    assert not over, f"modules of {MAX_LINES} lines or more (simplify them): {over}"
+    fixed = sorted(set(OVER_CAP) - set(long))
+    assert not fixed, f"{fixed} are under {MAX_LINES} lines now: take them out of OVER_CAP"
+
+
+def test_the_package_and_the_benchmarks_stay_within_their_line_budgets() -> None:
+    package = sum(_lines(p) for p in MODULES.values())
+    benchmarks = sum(_lines(p) for p in BENCHMARKS.glob("*.py"))
+    assert package > 10_000 and benchmarks > 1_000  # the counts see the trees
+    assert package <= PACKAGE_BUDGET, f"hvdlite/ has {package} lines, over its budget of {PACKAGE_BUDGET}: subtract"
+    assert benchmarks <= BENCHMARKS_BUDGET, \
+        f"benchmarks/*.py have {benchmarks} lines, over their budget of {BENCHMARKS_BUDGET} (lab/ aside): subtract"
 
 
 def test_only_the_mpi_module_imports_mpi4py() -> None:

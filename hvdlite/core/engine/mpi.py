@@ -102,19 +102,23 @@ def make_world(comm: Any) -> Any:
 def communicator_world_ranks(comm: Any, world: Any) -> Optional[list[int]]:
     """The ranks of ``world`` that make up the mpi4py communicator ``comm`` (None where this rank holds
     COMM_NULL, i.e. is not a member)."""
-    MPI = _MPI
-    if comm == MPI.COMM_NULL:
+    if comm == _MPI.COMM_NULL:
         return None
-    group, world_group = comm.Get_group(), world.Get_group()
-    try:
-        ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
-    finally:
-        group.Free()
-        world_group.Free()
-    if any(r == MPI.UNDEFINED for r in ranks):
+    ranks = _translate(comm.Get_group(), world)
+    if _MPI.UNDEFINED in ranks:
         raise ValueError("ProcessSet(comm): the communicator holds processes outside hvdlite's world "
                          "(init(comm=...)); build it from that world")
-    return sorted(int(r) for r in ranks)
+    return sorted(ranks)
+
+
+def _translate(group: Any, comm: Any) -> list[int]:
+    """The rank in ``comm`` of each member of ``group`` (MPI.UNDEFINED for one outside it); frees ``group``."""
+    other = comm.Get_group()
+    try:
+        return [int(r) for r in _MPI.Group.Translate_ranks(group, list(range(group.Get_size())), other)]
+    finally:
+        group.Free()
+        other.Free()
 
 
 def split_shared(comm: Any, key: int) -> Any:
@@ -145,12 +149,11 @@ def finalize() -> None:
     Called through ctypes, which lets other Python threads run meanwhile (mpi4py's Finalize holds the GIL)."""
     if _MPI is None or not _MPI.Is_initialized() or _MPI.Is_finalized():
         return
-    c_finalize = _mpi_symbol("MPI_Finalize")
+    c_finalize = _mpi_symbol("MPI_Finalize")  # (ctypes' default result type, int, is MPI's)
     if c_finalize is None:
         _MPI.Finalize()
-        return
-    c_finalize.restype = ctypes.c_int
-    c_finalize()
+    else:
+        c_finalize()
 
 
 # -- datatypes and ops ---------------------------------------------------------------------------------
@@ -238,8 +241,7 @@ def cuda_aware(override: str = "auto") -> tuple[bool, str]:
     if query is None:
         return False, (f"{library}: mpi_memory_alloc_kinds is {kinds!r} (no cuda kind) and the library has no "
                        f"MPIX_Query_cuda_support(); set HVDLITE_MPI_CUDA_AWARE=on if it is CUDA-aware")
-    query.restype, query.argtypes = ctypes.c_int, []
-    answer = int(query())
+    answer = int(query())  # int MPIX_Query_cuda_support(void): ctypes' defaults
     return answer == 1, f"{library}: MPIX_Query_cuda_support() returned {answer}"
 
 
@@ -333,10 +335,9 @@ def errors_return(comm: Any) -> None:
 
 def is_process_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is MPI's report of a lost peer: MPI_ERR_PROC_FAILED(_PENDING) or MPI_ERR_REVOKED."""
-    MPI = _MPI
-    if MPI is None or not isinstance(exc, MPI.Exception):
+    if _MPI is None or not isinstance(exc, _MPI.Exception):
         return False
-    return exc.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
+    return exc.Get_error_class() in (_MPI.ERR_PROC_FAILED, _MPI.ERR_PROC_FAILED_PENDING, _MPI.ERR_REVOKED)
 
 
 def revoke(comm: Any) -> None:
@@ -365,18 +366,12 @@ def failed_ranks(comm: Any) -> list[int]:
         group = comm.Get_failed()
     except (_MPI.Exception, NotImplementedError, AttributeError):
         return []
-    mine = comm.Get_group()
-    try:
-        return sorted(int(r) for r in _MPI.Group.Translate_ranks(group, list(range(group.Get_size())), mine))
-    finally:
-        group.Free()
-        mine.Free()
+    return sorted(_translate(group, comm))
 
 
 def shrink(comm: Any) -> tuple[Any, list[int]]:
     """The survivors of ``comm`` (revoked first): a new communicator of the live ranks, agreed by all of them
     (Shrink, then Agree, again while ranks keep failing), and which ranks of ``comm`` each new rank was."""
-    MPI = _MPI
     revoke(comm)
     current = comm
     while True:
@@ -385,15 +380,9 @@ def shrink(comm: Any) -> tuple[Any, list[int]]:
         try:
             survivors.Agree(1)  # fails where a member died since the shrink: shrink again
             break
-        except MPI.Exception as exc:
+        except _MPI.Exception as exc:
             if not is_process_failure(exc):
                 raise
             revoke(survivors)
             current = survivors
-    new_group, old_group = survivors.Get_group(), comm.Get_group()
-    try:
-        old_ranks = MPI.Group.Translate_ranks(new_group, list(range(new_group.Get_size())), old_group)
-    finally:
-        new_group.Free()
-        old_group.Free()
-    return survivors, [int(r) for r in old_ranks]
+    return survivors, _translate(survivors.Get_group(), comm)
