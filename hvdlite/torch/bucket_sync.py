@@ -2,15 +2,17 @@
 makes it ready, each bucket reduced by its optimizer's collective once its last gradient is ready.
 
 ``BucketSync(collective, ...)`` does the layout, the counting and the submission; the collective is what
-differs: ``HookAllreduce`` (DistributedOptimizer: an in-place allreduce of the bucket through its comm hook)
-or ``ShardReducescatter`` (ZeroRedundancyOptimizer: a reducescatter of the bucket into this rank's shard).
-Both compress through ``comm_hooks.start_reduction``, the one reduction path.
+differs: ``HookAllreduce`` (DistributedOptimizer: an in-place allreduce of the bucket through its comm hook),
+``AdasumDeltas`` (DistributedOptimizer(op=hvd.Adasum): a local step of the bucket's parameters, their deltas
+combined with Adasum) or ``ShardReducescatter`` (ZeroRedundancyOptimizer: a reducescatter of the bucket into
+this rank's shard). All compress through ``comm_hooks.start_reduction``, the one reduction path.
 
 Layouts: ZeroRedundancyOptimizer's buckets are planned when it is built (``extend``, one row per rank).
 DistributedOptimizer's follow the order in which the first backward pass produced the gradients on the set's
 first rank (agreed with one small collective at the first synchronize, ``agree``; DDP rebuilds its buckets
-the same way), and are re-planned from that agreed order, without communication, when parameters are
-frozen, unfrozen, added, or change dtype, device or shape (``model.to()`` after wrapping).
+the same way), ``groups=`` units being explicit bucket boundaries. When parameters are frozen, unfrozen,
+added, or change dtype, device or shape (``model.to()`` after wrapping), the buckets that changed are planned
+afresh before they are submitted (``refit``), and the whole layout after that step, without communication.
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ import torch
 
 from hvdlite.core import ProcessSet
 
-from .async_ops import Average, Sum, allreduce_
+from .async_ops import Adasum, Average, Sum, allreduce_
+from .buckets import Bucket, plan_buckets
 from .comm_hooks import CommHook, GradBucket, Reduction, decompressed, start_reduction, write_back
-from .zero_layout import Bucket, plan_buckets
 
-__all__ = ["BucketSync", "BucketCollective", "HookAllreduce", "ShardReducescatter", "FIRST_BUCKET_BYTES"]
+__all__ = ["BucketSync", "BucketCollective", "HookAllreduce", "AdasumDeltas", "ShardReducescatter",
+           "FIRST_BUCKET_BYTES"]
 
 #: The first bucket (the gradients backward produces first) is kept small so that its reduction starts early
 #: (DDP uses 1 MiB too); the others are capped by the fusion_threshold_bytes setting.
@@ -43,9 +46,13 @@ class BucketCollective(Protocol):
 
     def start(self, buckets: list[Bucket], ks: list[int]) -> Any: ...
 
-    def finish(self, buckets: list[Bucket], ks: list[int], started: Any) -> None: ...
+    def finish(self, chosen: list[Bucket], started: Any) -> None: ...
 
     def wait(self, started: Any) -> None: ...
+
+
+def _request_name(chosen: list[Bucket]) -> str:
+    return chosen[0].name + (f".x{len(chosen)}" if len(chosen) > 1 else "")
 
 
 class _HookCall(NamedTuple):
@@ -68,12 +75,12 @@ class HookAllreduce:
         assert self.hook is not None
         return _HookCall(self.hook(self.state, view), view)
 
-    def finish(self, buckets: list[Bucket], ks: list[int], started: _HookCall) -> None:
+    def finish(self, chosen: list[Bucket], started: _HookCall) -> None:
         """The result goes into the buffer and each gradient is a view of it."""
         result, buffer = started.future.wait(), started.view.buffer()
         with torch.no_grad():
             write_back(buffer, result)
-        bucket = buckets[ks[0]]
+        bucket = chosen[0]
         for p, grad in zip(bucket.params, bucket.grad_views()):
             current = p.grad
             if current is grad or (current is None and not p.requires_grad):
@@ -83,6 +90,47 @@ class HookAllreduce:
 
     def wait(self, started: _HookCall) -> None:
         started.future.wait()
+
+
+class _Deltas(NamedTuple):
+    params: list[torch.Tensor]
+    starts: list[torch.Tensor]  # each parameter's value before the local step
+    reduction: Reduction
+
+
+class AdasumDeltas:
+    """Horovod's Adasum delta scheme per bucket: the wrapped optimizer steps the bucket's parameters locally
+    (``local_step``), their deltas are combined with Adasum (each parameter its own vector, one grouped
+    allreduce), and each parameter becomes its start plus the combined delta. Gradients stay where autograd
+    put them (the optimizer's BucketSync is not ``flat``)."""
+
+    groups = True  # without overlap: one local step and one request for every bucket
+
+    def __init__(self, process_set: ProcessSet, compression: Any,
+                 local_step: Callable[[list[torch.Tensor]], None]) -> None:
+        self.process_set, self.compression, self.local_step = process_set, compression, local_step
+
+    def start(self, buckets: list[Bucket], ks: list[int]) -> _Deltas:
+        chosen = [buckets[k] for k in ks]
+        params = [p for b in chosen for p in b.params if p.requires_grad]
+        with torch.no_grad():
+            for p in params:
+                if p.grad is None:  # no gradient this step: it still takes part, with zeros (peers may have one)
+                    p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+            starts = [p.detach().clone() for p in params]
+            self.local_step(params)
+            deltas = [(p.detach() - s).contiguous() for p, s in zip(params, starts)]
+        return _Deltas(params, starts, start_reduction(deltas, self.compression, _request_name(chosen), Adasum,
+                                                       1.0, 1.0, self.process_set))
+
+    def finish(self, chosen: list[Bucket], started: _Deltas) -> None:
+        started.reduction.handle.wait()
+        with torch.no_grad():
+            for p, start, delta in zip(started.params, started.starts, decompressed(started.reduction)):
+                p.copy_(start + delta.to(start.dtype))
+
+    def wait(self, started: _Deltas) -> None:
+        started.reduction.handle.wait()
 
 
 class ShardReducescatter:
@@ -95,17 +143,15 @@ class ShardReducescatter:
         self.process_set, self.compression = process_set, compression
 
     def start(self, buckets: list[Bucket], ks: list[int]) -> Reduction:
-        wholes = [buckets[k].grads.view(buckets[k].rows, buckets[k].row) for k in ks]  # type: ignore[union-attr]
-        name = buckets[ks[0]].name + (f".x{len(ks)}" if len(ks) > 1 else "")
-        return start_reduction(wholes, self.compression, name, Average, 1.0, 1.0, self.process_set,
-                               scatter_into=[buckets[k].averaged().view(1, -1) for k in ks])
+        chosen = [buckets[k] for k in ks]
+        wholes = [b.grads.view(b.rows, b.row) for b in chosen]  # type: ignore[union-attr]
+        return start_reduction(wholes, self.compression, _request_name(chosen), Average, 1.0, 1.0,
+                               self.process_set, scatter_into=[b.averaged().view(1, -1) for b in chosen])
 
-    def finish(self, buckets: list[Bucket], ks: list[int], started: Reduction) -> None:
+    def finish(self, chosen: list[Bucket], started: Reduction) -> None:
         started.handle.wait()
-        for k, row in zip(ks, decompressed(started)):
-            bucket = buckets[k]
+        for bucket, row in zip(chosen, decompressed(started)):
             write_back(bucket.averaged(), row)
-            assert bucket.shard is not None
             bucket.shard.grad = bucket.averaged()
 
     def wait(self, started: Reduction) -> None:
@@ -113,33 +159,36 @@ class ShardReducescatter:
 
 
 class _Started(NamedTuple):
-    ks: list[int]  # the buckets of one request
+    chosen: list[Bucket]  # the buckets of one request
     started: Any  # what the collective's start returned
 
 
 class BucketSync:
     """The buckets of one optimizer: layout, readiness counts, submission through the collective, finishing."""
 
-    def __init__(self, collective: BucketCollective, process_set: ProcessSet, kind: str, cap_bytes: int,
-                 eligible: Callable[[torch.Tensor], bool] = lambda p: True, agreed: bool = False) -> None:
+    def __init__(self, collective: BucketCollective, process_set: ProcessSet, kind: str, cap_bytes: int, *,
+                 agreed: bool = False, flat: bool = True, unit: Optional[Callable[[torch.Tensor], int]] = None
+                 ) -> None:
         self.collective = collective
         self.process_set = process_set
         self.cap = int(cap_bytes)  # 0 (fusion off): one bucket per parameter
-        self.eligible = eligible  # DistributedOptimizer: dense, not in a groups= unit
+        #: gradients move into the flat buffers (sparse ones are left to the optimizer); False (Adasum): the
+        #: buckets only group the parameters, gradients of any layout stay where autograd put them
+        self.flat = flat
+        self.unit = unit  # groups=: each parameter's unit, the explicit bucket boundaries
         ps_id = process_set.process_set_id or 0
         self.uid = f"{kind}.ps{ps_id}.{next(_instances.setdefault((kind, ps_id), itertools.count()))}"
         self.seen: dict[int, int] = {}  # id(param) -> position in the first backward's order (this rank)
         self.sparse_seen: set[int] = set()
         #: agreed order of every parameter (None: not agreed yet; [] for a layout fixed when built)
         self.order: Optional[list[torch.Tensor]] = [] if agreed else None
-        self.sparse: set[int] = set()  # ids of parameters some rank saw a sparse gradient for
+        self.sparse: set[int] = set()  # ids of parameters some rank saw a sparse gradient for (flat only)
         self.buckets: list[Bucket] = []
         self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
         self.kinds: list[tuple[torch.dtype, torch.device]] = []  # each bucket's dtype and device as planned
         self.ready: list[int] = []  # per bucket: how many of its gradients are complete this step
         self.inflight: dict[int, _Started] = {}  # bucket -> its started request
         self.signature: tuple = ()
-        self.invalid: set[int] = set()  # buckets whose parameters changed dtype, device or size
         self.generation = 0
 
     # -- layout -------------------------------------------------------------------------------------
@@ -155,22 +204,45 @@ class BucketSync:
 
     def plan(self, params: list[torch.Tensor], signature: tuple) -> None:
         """(Re)build the buckets from the agreed order (parameters added since go last, in reverse order)."""
+        self._place(self._cut(params))
+        self.signature = signature
+
+    def refit(self, params: list[torch.Tensor], signature: tuple) -> None:
+        """At synchronize, when ``params`` changed since the plan: the buckets that no longer fit their
+        parameters, and trainable parameters without a place, are planned afresh (after the others, which
+        may be in flight) before anything of theirs is submitted. Each rank decides from its own parameters,
+        changed alike on every rank as the model is."""
+        if signature == self.signature:
+            return
+        keep = [b for k, b in enumerate(self.buckets)
+                if k in self.inflight or all(self.fits(k, i, p) for i, p in enumerate(b.params))]
+        placed = {id(p) for b in keep for p in b.params}
+        at = {id(b): k for k, b in enumerate(keep)}
+        self.inflight = {at[id(self.buckets[k])]: started for k, started in self.inflight.items()}
+        self._place(keep + self._cut([p for p in params if id(p) not in placed]))
+
+    def _cut(self, params: list[torch.Tensor]) -> list[Bucket]:
+        """New buckets for ``params`` in the agreed order: ``groups=`` units whole, in the order of their first
+        member; else cut by size, the first bucket small."""
         assert self.order is not None
         known = {id(p) for p in self.order}
         self.order += [p for p in reversed(params) if id(p) not in known]
         members = {id(p) for p in params}
-        chosen = [p for p in self.order if id(p) in members and id(p) not in self.sparse and self.eligible(p)]
+        chosen = [p for p in self.order if id(p) in members and id(p) not in self.sparse]
+        if self.unit is not None:
+            first: dict[int, int] = {}
+            for i, p in enumerate(chosen):
+                first.setdefault(self.unit(p), i)
+            chosen.sort(key=lambda p: first[self.unit(p)])  # type: ignore[misc]
         self.generation += 1
-        self._place(plan_buckets([(0, chosen)], 1, self.cap, f"{self.uid}.v{self.generation}", in_order=True,
-                                 first_cap_bytes=min(FIRST_BUCKET_BYTES, self.cap)))
-        self.signature = signature
+        return plan_buckets([(0, chosen)], 1, self.cap, f"{self.uid}.v{self.generation}", in_order=True,
+                            first_cap_bytes=min(FIRST_BUCKET_BYTES, self.cap), unit=self.unit)
 
     def _place(self, buckets: list[Bucket]) -> None:
         self.buckets = buckets
         self.kinds = [(b.dtype, b.params[0].device) for b in buckets]
         self.where = {id(p): (k, i) for k, b in enumerate(buckets) for i, p in enumerate(b.params)}
         self.ready = [0] * len(buckets)
-        self.invalid = set()
 
     def agree(self, params: list[torch.Tensor]) -> None:
         """One collective: the first rank's order of readiness, and which parameters have sparse gradients
@@ -188,29 +260,20 @@ class BucketSync:
         ranked = sorted((pos, i) for i, pos in enumerate(position) if pos > 0)
         rest = [i for i in reversed(range(n)) if position[i] == 0]
         self.order = [params[i] for _, i in ranked] + [params[i] for i in rest]
-        self.sparse = {id(params[i]) for i in range(n) if votes[n + i] > 0}
+        if self.flat:
+            self.sparse = {id(params[i]) for i in range(n) if votes[n + i] > 0}
 
     def fits(self, k: int, i: int, p: torch.Tensor) -> bool:
         """Whether ``p`` still fits its place (same dtype, device and size as when planned)."""
         dtype, device = self.kinds[k]
         return p.dtype == dtype and p.device == device and p.numel() == self.buckets[k].numels[i]
 
-    def check(self, signature: tuple) -> None:
-        """At synchronize: which buckets still fit their parameters (all, unless the signature changed)."""
-        self.invalid = set() if signature == self.signature else \
-            {k for k, b in enumerate(self.buckets) if not all(self.fits(k, i, p) for i, p in enumerate(b.params))}
-
-    def covers(self, p: torch.Tensor) -> bool:
-        """Whether ``p``'s gradient is reduced by a bucket this step (else by the optimizer's own path)."""
-        where = self.where.get(id(p))
-        return where is not None and where[0] not in self.invalid
-
     # -- during backward ----------------------------------------------------------------------------
     def take(self, p: torch.Tensor, complete: bool, overlap: bool) -> bool:
         """``p``'s gradient after a counted backward pass (the optimizer's gradient-ready hook): it moves into
         its bucket, and when ``complete`` makes the bucket complete, the bucket's reduction starts (if
-        ``overlap``). Before the layout is agreed everything waits for it (True); False: ``p`` has no bucket
-        place, the optimizer's own path reduces it."""
+        ``overlap``). Before the layout is agreed everything waits for it (True); False: ``p`` has no place
+        that fits (a sparse gradient, or a change that synchronize's ``refit`` plans for)."""
         if self.order is None:
             self._record(p)
             return True
@@ -237,29 +300,33 @@ class BucketSync:
             self.sparse_seen.add(id(p))
 
     def _collect(self, p: torch.Tensor) -> bool:
-        """Make ``p.grad`` a view of its bucket (copying it in once); False if ``p`` has no valid place."""
+        """Make ``p.grad`` a view of its bucket (copying it in once); False if ``p`` has no place that fits."""
         where = self.where.get(id(p))
-        if where is None or p.grad is None or p.grad.is_sparse or not self.fits(*where, p):
+        if where is None or p.grad is None or not self.flat:
+            return where is not None
+        if p.grad.is_sparse or not self.fits(*where, p):
             return False
         with torch.no_grad():
             self.buckets[where[0]].collect(where[1])
         return True
 
     def submit(self, ks: list[int]) -> None:
-        """Start the reduction of buckets ``ks`` as one request; a parameter without a gradient takes part with
-        zeros (peers may have one)."""
-        with torch.no_grad():
-            for k in ks:
-                self.buckets[k].collect()
-        started = _Started(ks, self.collective.start(self.buckets, ks))
+        """Start the reduction of buckets ``ks`` as one request (their gradients are in place)."""
+        started = _Started([self.buckets[k] for k in ks], self.collective.start(self.buckets, ks))
         for k in ks:
             self.inflight[k] = started
 
     # -- at step / synchronize ----------------------------------------------------------------------
     def submit_waiting(self, overlap: bool) -> None:
-        """Start every (valid) bucket backward has not started: one request each when overlapping (the names
-        do not depend on what backward started) or when the collective takes one bucket, else one for all."""
-        waiting = [k for k in range(len(self.buckets)) if k not in self.inflight and k not in self.invalid]
+        """Start every bucket backward has not started: one request each when overlapping (the names do not
+        depend on what backward started) or when the collective takes one bucket, else one for all. Their
+        gradients are collected first: one replaced since backward is copied in, a missing one counts as
+        zeros (peers may have one)."""
+        waiting = [k for k in range(len(self.buckets)) if k not in self.inflight]
+        if self.flat:
+            with torch.no_grad():
+                for k in waiting:
+                    self.buckets[k].collect()
         if overlap or not self.collective.groups:
             for k in waiting:
                 self.submit([k])
@@ -270,7 +337,7 @@ class BucketSync:
         """Wait for every started request and let the collective put its results in place."""
         try:
             for started in self._requests():
-                self.collective.finish(self.buckets, started.ks, started.started)
+                self.collective.finish(started.chosen, started.started)
         finally:
             self.reset()
 

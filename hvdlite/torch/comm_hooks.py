@@ -13,8 +13,8 @@ from hvdlite.core import ProcessSet
 from hvdlite.core.frontend import accumulation_of, resolve_op
 
 from .async_ops import Average, _allreduce, grouped_allreduce_async_, grouped_reducescatter_async
+from .buckets import Bucket
 from .compression import Compression
-from .zero_layout import Bucket
 
 __all__ = ["GradBucket", "allreduce_hook", "fp16_compress_hook", "bf16_compress_hook", "bf16_fp32acc_compress_hook",
            "fp16_fp32acc_compress_hook", "compression_hook",
@@ -78,7 +78,7 @@ def start_reduction(tensors: list[torch.Tensor], compression: Any, name: str, op
                     scatter_into: Optional[list[torch.Tensor]] = None) -> Reduction:
     """Compress each tensor and start one grouped reduction of what goes on the wire: Horovod's reduction
     (``op``, ``prescale`` before it and ``postscale`` after it). The one reduction path of the torch
-    optimizers: DistributedOptimizer's buckets (cast compressions), per-unit gradients and Adasum deltas reduce
+    optimizers: DistributedOptimizer's buckets (cast compressions), densified sparse gradients and Adasum deltas reduce
     in place with one allreduce named ``allreduce.<name>``; ZeroRedundancyOptimizer's buckets
     (``scatter_into``: one output row per tensor, written directly when nothing is cast) with one
     reducescatter named ``reducescatter.<name>``."""

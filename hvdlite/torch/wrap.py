@@ -53,7 +53,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     if adasum:  # Horovod's delta scheme: local steps, parameter deltas combined with Adasum
         mixin = DistributedAdasumOptimizer
     cls = mixin_class(mixin, type(optimizer))
-    opt = cls.__new__(cls)
+    opt: _DistributedOptimizer = object.__new__(cls)
     attrs = dict(optimizer.__dict__)
     attrs.pop("step", None)  # an LR scheduler's per-instance step wrapper is bound to the old object
     opt.__dict__.update(attrs)

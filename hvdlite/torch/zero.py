@@ -1,6 +1,6 @@
 """ZeroRedundancyOptimizer: ZeRO stage 1, each rank keeps and steps the optimizer state of 1/N of the model.
 
-Gradients are averaged with one reducescatter per flat bucket (laid out by zero_layout, counted and submitted
+Gradients are averaged with one reducescatter per flat bucket (laid out by buckets.py, counted and submitted
 by bucket_sync's machine, the one DistributedOptimizer uses too), so each rank receives only the rows it
 owns; the wrapped ``optimizer_class`` steps those rows; an allgather of the updated rows puts the new
 parameters on every rank. Parameters and gradients are views of each bucket's flat buffers, and both
@@ -18,9 +18,9 @@ from hvdlite.core.frontend import accumulation_of, setting
 
 from .async_ops import Sum, allreduce_async_, grouped_allgather_async, synchronize
 from .bucket_sync import BucketSync, ShardReducescatter
+from .buckets import Bucket
 from .compression import Compression
 from .grad_ready import ZERO_GRAD_RACE_ZERO, Readiness, ReadinessOwner, check_passes
-from .zero_layout import Bucket, is_elementwise, shard_state
 
 #: Optimizers whose per-element rows cannot stand for whole parameters (their updates couple elements).
 _NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor", "Muon")
@@ -137,7 +137,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
             bucket.adopt(self._rank)
         present = self._presence()
         self._reduce()
-        held = self._hold(present.wait() if present is not None else None)
+        held = self._hold(present())
         self._sync_groups(self.param_groups, self.optim.param_groups)
         self.optim.step()  # updates this rank's rows of the parameters in place
         self._sync_groups(self.optim.param_groups, self.param_groups)
@@ -154,14 +154,14 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
             bucket.shard.grad = None
         return loss
 
-    def _presence(self) -> Any:
+    def _presence(self) -> Callable[[], Optional[torch.Tensor]]:
         """Start counting, over the set, the ranks that have a gradient for each parameter (one small
-        allreduce, waited for after the gradients' own reductions)."""
+        allreduce, waited for, by calling the result, after the gradients' own reductions)."""
         flags = torch.tensor([int(p.grad is not None) for b in self._buckets.buckets for p in b.params],
                              dtype=torch.int32)
         if not self._enabled or flags.numel() == 0:
-            return None if self._enabled else _Done(flags)
-        return allreduce_async_(flags, name=f"{self._uid}.present", op=Sum, process_set=self.process_set)
+            return lambda: flags if not self._enabled else None
+        return allreduce_async_(flags, name=f"{self._uid}.present", op=Sum, process_set=self.process_set).wait
 
     def _per_element(self, bucket: Bucket) -> list[torch.Tensor]:
         state = self.optim.state.get(bucket.shard, {})
@@ -177,7 +177,6 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         flags = iter(present.tolist())
         for bucket in self._buckets.buckets:
             lo, hi = bucket.span(self._rank)
-            assert bucket.shard is not None
             fresh = not self.optim.state.get(bucket.shard)  # its state is created by this step: from zeros
             for off, n in zip(bucket.offsets, bucket.numels):
                 a, b = max(lo, off) - lo, min(hi, off + n) - lo
@@ -269,11 +268,35 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
                 f"{len(self._buckets.buckets)} buckets)")
 
 
-class _Done:
-    """A finished 'handle' for a set of one rank."""
+def is_elementwise(key: str, value: Any, shard: torch.Tensor) -> bool:
+    """Whether a local optimizer's state entry holds one value per shard element (else it is a scalar)."""
+    return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == shard.numel()
 
-    def __init__(self, value: torch.Tensor) -> None:
-        self.value = value
 
-    def wait(self) -> torch.Tensor:
-        return self.value
+def shard_state(bucket: Bucket, states: list[Optional[dict]], rank: int) -> dict[str, Any]:
+    """This rank's local optimizer state for ``bucket`` from the per-parameter states of a consolidated dict."""
+    present = [s is not None and len(s) > 0 for s in states]
+    if not any(present):
+        return {}
+    if not all(present):
+        missing = [i for i, ok in enumerate(present) if not ok]
+        raise ValueError(f"load_state_dict: the state dict has optimizer state for some parameters of bucket "
+                         f"{bucket.name} but not for parameters at bucket positions {missing}; the sharded "
+                         f"optimizer steps a bucket as one, so load a dict written by consolidate_state_dict()")
+    full = [s for s in states if s]
+    out: dict[str, Any] = {}
+    for key in full[0]:
+        values = [s[key] for s in full]
+        per_element = all(isinstance(v, torch.Tensor) and v.shape == p.shape and (v.dim() > 0 or key != "step")
+                          for v, p in zip(values, bucket.params))
+        if per_element:
+            out[key] = bucket.own(values, rank, dtype=values[0].dtype)
+            continue
+        first = values[0]
+        same = all((torch.equal(v, first) if isinstance(v, torch.Tensor) and isinstance(first, torch.Tensor)
+                    else v == first) for v in values[1:])
+        if not same:
+            raise ValueError(f"load_state_dict: state {key!r} differs between parameters of bucket {bucket.name} "
+                             f"but is neither per-element nor shared; the sharded optimizer cannot hold it")
+        out[key] = first.clone() if isinstance(first, torch.Tensor) else first
+    return out

@@ -107,6 +107,28 @@ def test_gradients_are_views_of_agreed_buckets(overlap: str, reinit: Callable[..
             assert p.grad.data_ptr() == view.data_ptr(), f"{bucket.name}: gradient is not a view of its bucket"
 
 
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_groups_are_bucket_boundaries(overlap: str, reinit: Callable[..., None]) -> None:
+    """groups=: each unit is one bucket whatever the fusion cap, a parameter outside every group one of its
+    own; training equals single-process training (with a comm hook too, overlapping)."""
+    reinit(gradient_overlap=overlap, fusion_threshold_bytes=600)  # w1 alone is 2048 bytes
+    batches = data(3, seed=5)
+    ref = reference(sgd, batches)
+    model = model_of()
+    w0, b0, w1, b1, w2, b2 = model.parameters()
+    units = ([w0, b2], [w1, b1])
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(), groups=units)
+    if overlap == "on":
+        opt.register_comm_hook(None, comm_hooks.allreduce_hook)
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(mine(x, 0)), mine(y, 0)).backward()
+        opt.step()
+    check(model, ref, f"groups= (overlap {overlap})")
+    got = {frozenset(map(id, b.params)) for b in opt._buckets.buckets}
+    assert got == {frozenset(map(id, u)) for u in units + ([b0], [w2])}, [b.name for b in opt._buckets.buckets]
+
+
 def test_replaced_grad_data_swap_frozen_and_model_to() -> None:
     """A replaced p.grad, a .data swap, a parameter frozen then unfrozen, and model.to(float32) after
     wrapping: every step still equals single-process training."""
@@ -286,7 +308,7 @@ def test_process_set_buckets() -> None:
 @pytest.mark.parametrize("groups", [None, 2], ids=["buckets", "groups=2"])
 def test_custom_compressor_gets_each_gradient_shaped(groups: Any) -> None:
     """compression= with a Horovod-style compressor: it sees each gradient with its parameter's shape (not the
-    flat bucket), and training equals single-process training; in buckets and on the per-unit path (groups=)."""
+    flat bucket), and training equals single-process training; with and without groups=."""
     shapes: set[tuple] = set()
 
     class Halve(hvd.Compressor):  # sends half the value, restores it: exact in binary floating point

@@ -184,7 +184,7 @@ def test_misuse_errors(mode: str) -> None:
         assert rewrapped.gradients_pending and not opt.gradients_pending
         rewrapped.step()
         assert not rewrapped.gradients_pending
-    assert not opt._handles
+    assert not opt._buckets.inflight and not opt._sparse
     assert_identical_everywhere(model, "re-wrapped model")
     if N & (N - 1):  # DistributedOptimizer(op=Adasum) itself: test_torch_adasum.py
         with pytest.raises(ValueError, match="power-of-two"):

@@ -1,5 +1,5 @@
-"""Flat gradient buckets (ZeroRedundancyOptimizer's and DistributedOptimizer's): which elements each rank owns,
-and moving tensors in and out of them.
+"""The flat buckets of both torch optimizers (DistributedOptimizer's and ZeroRedundancyOptimizer's): how they
+are cut, which elements each rank owns, and moving tensors in and out of them.
 
 A bucket is a run of parameters of one param group and dtype, laid end to end and padded to a multiple of
 the set size N; rank r owns the r-th of its N equal rows. A reducescatter of the bucket's gradients viewed
@@ -9,7 +9,7 @@ DistributedOptimizer plans its buckets with N = 1 (one row, no padding) and allr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -26,8 +26,10 @@ class Bucket:
     numels: list[int]
     rows: int
     row: int
-    shard: Optional[torch.Tensor] = None  # this rank's row of ``values``, stepped by the local optimizer
-    values: Optional[torch.Tensor] = None  # the flat bucket the parameters are views of
+    #: ZeroRedundancyOptimizer's (empty until ``adopt``): the flat bucket the parameters are views of, and this
+    #: rank's row of it, stepped by the local optimizer
+    values: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))
+    shard: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0))
     grads: Optional[torch.Tensor] = None  # the flat bucket the gradients are views of (None after set_to_none)
     shard_grad: Optional[torch.Tensor] = None  # this rank's averaged row of ``grads``, kept across steps
     _views: tuple = (None, [])  # (the ``grads`` they were cut from, per-parameter views of it)
@@ -47,7 +49,7 @@ class Bucket:
         """Move the parameters into one flat buffer (each becomes a view of it) and take row ``rank`` as the
         shard: the local optimizer then updates this rank's parameters in place, and an allgather into the
         buffer updates the rest. Parameters whose data was replaced since are moved back in."""
-        if self.values is None:
+        if self.values.numel() == 0:
             self.values = torch.zeros(self.padded, dtype=self.dtype, device=self.params[0].device)
             self.shard = self.values.view(self.rows, self.row)[rank]
         for p, view in zip(self.params, self.split(self.values)):
@@ -109,12 +111,14 @@ class Bucket:
 
 def plan_buckets(groups: Iterable[tuple[int, list[torch.Tensor]]], size: int, cap_bytes: int,
                  uid: str, start: int = 0, *, in_order: bool = False,
-                 first_cap_bytes: Optional[int] = None) -> list[Bucket]:
+                 first_cap_bytes: Optional[int] = None, unit: Optional[Callable[[torch.Tensor], int]] = None
+                 ) -> list[Bucket]:
     """Cut each group's trainable parameters into buckets of at most ``cap_bytes`` (a parameter larger than
     that gets a bucket of its own; 0: one bucket per parameter), one dtype and device per bucket, the first
-    bucket capped at ``first_cap_bytes`` (default ``cap_bytes``). Parameters are taken in reverse order (the
-    order backward produces gradients), or as given with ``in_order``. Depends only on the parameters' shapes,
-    dtypes and order, so every rank of the set computes the same plan from the same (agreed) order."""
+    bucket capped at ``first_cap_bytes`` (default ``cap_bytes``); or, given ``unit``, exactly where the
+    parameters' unit changes (DistributedOptimizer's ``groups=``). Parameters are taken in reverse order (the
+    order backward produces gradients), or as given with ``in_order``. Depends only on the parameters'
+    shapes, dtypes and order, so every rank of the set computes the same plan from the same (agreed) order."""
     buckets: list[Bucket] = []
     for gi, params in groups:
         current: list[torch.Tensor] = []
@@ -132,44 +136,12 @@ def plan_buckets(groups: Iterable[tuple[int, list[torch.Tensor]]], size: int, ca
         trainable = [p for p in params if p.requires_grad]
         for p in trainable if in_order else reversed(trainable):
             cap = first_cap_bytes if first_cap_bytes is not None and not buckets else cap_bytes
-            if current and (p.dtype != current[0].dtype or p.device != current[0].device
-                            or nbytes + p.numel() * p.element_size() > cap):
+            full = unit(p) != unit(current[0]) if unit is not None and current else \
+                nbytes + p.numel() * p.element_size() > cap
+            if current and (p.dtype != current[0].dtype or p.device != current[0].device or full):
                 close()
                 nbytes = 0
             current.append(p)
             nbytes += p.numel() * p.element_size()
         close()
     return buckets
-
-
-def is_elementwise(key: str, value: Any, shard: torch.Tensor) -> bool:
-    """Whether a local optimizer's state entry holds one value per shard element (else it is a scalar)."""
-    return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == shard.numel()
-
-
-def shard_state(bucket: Bucket, states: list[Optional[dict]], rank: int) -> dict[str, Any]:
-    """This rank's local optimizer state for ``bucket`` from the per-parameter states of a consolidated dict."""
-    present = [s is not None and len(s) > 0 for s in states]
-    if not any(present):
-        return {}
-    if not all(present):
-        missing = [i for i, ok in enumerate(present) if not ok]
-        raise ValueError(f"load_state_dict: the state dict has optimizer state for some parameters of bucket "
-                         f"{bucket.name} but not for parameters at bucket positions {missing}; the sharded "
-                         f"optimizer steps a bucket as one, so load a dict written by consolidate_state_dict()")
-    out: dict[str, Any] = {}
-    for key in states[0]:
-        values = [s[key] for s in states]
-        per_element = all(isinstance(v, torch.Tensor) and v.shape == p.shape and (v.dim() > 0 or key != "step")
-                          for v, p in zip(values, bucket.params))
-        if per_element:
-            out[key] = bucket.own(values, rank, dtype=values[0].dtype)
-            continue
-        first = values[0]
-        same = all((torch.equal(v, first) if isinstance(v, torch.Tensor) and isinstance(first, torch.Tensor)
-                    else v == first) for v in values[1:])
-        if not same:
-            raise ValueError(f"load_state_dict: state {key!r} differs between parameters of bucket {bucket.name} "
-                             f"but is neither per-element nor shared; the sharded optimizer cannot hold it")
-        out[key] = first.clone() if isinstance(first, torch.Tensor) else first
-    return out
