@@ -32,13 +32,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def git_commit() -> str:
+def git_commit(root: Path = ROOT) -> str:
+    """The checkout's commit, "+dirty" where its hvdlite/ has changes ("unknown" outside git)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hvdlite"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "")
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hvdlite"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

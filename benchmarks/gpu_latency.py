@@ -21,7 +21,7 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's 
   inflight_cold_hvdlite    --inflight unnamed ``allreduce_async`` (fresh names per burst, negotiated from scratch).
 A ``kind: summary`` line gives hvdlite / direct for both (goals 2.0 and 1.3) and staged / direct.
 
-Single-GPU training overhead (goal <= 1%) is benchmarks/gpu_overhead.py's figure (ResNet-50 step at -n 1 against
+Single-GPU training overhead (goal <= 1%) is benchmarks/lab/gpu_overhead.py's figure (ResNet-50 step at -n 1 against
 plain torch); run it in the same GPU session (benchmarks/README.md, "GPU session").
 """
 from __future__ import annotations
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                  "inflight_cold_hvdlite_over_direct": result["inflight_cold_hvdlite"] / result["inflight_direct"],
                  "inflight_staged_over_direct": result["inflight_staged"] / result["inflight_direct"],
                  "goals": {"latency_hvdlite_over_direct": 2.0, "inflight_hvdlite_over_direct": 1.3},
-                 "overhead": "benchmarks/gpu_overhead.py (single-GPU training step, goal <= 1%)"})
+                 "overhead": "benchmarks/lab/gpu_overhead.py (single-GPU training step, goal <= 1%)"})
     output.emit({"bench": "gpu_latency", "kind": "done"})
     output.close()
     shutdown = getattr(group, "shutdown", None)

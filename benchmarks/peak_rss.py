@@ -25,7 +25,6 @@ import inspect
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -120,23 +119,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # -- driver ---------------------------------------------------------------------------------------------
-def _git_commit(path: Path) -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--", "hvdlite"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _mpiexec_beside(python: str) -> str:
     beside = Path(python).parent / "mpiexec"
     if beside.is_file() and os.access(beside, os.X_OK):
@@ -172,17 +154,18 @@ def _configurations(args: argparse.Namespace, py: str, common: list[str]) -> lis
     if not args.no_ddp:
         out.append({"name": "ddp", "ranks": args.np, "cmd": [_mpiexec_beside(py), "-n", str(args.np), py, str(HERE),
                                                              "--worker", "ddp", *common], "pythonpath": ""})
+    from _common import git_commit  # (the driver put benchmarks/ on the path)
     labels: set[str] = set()
     for item in args.hvdlite_path or [str(ROOT)]:
         label, sep, directory = item.partition("=")
         path = Path(directory if sep else label).resolve()
         if not (path / "hvdlite" / "__init__.py").is_file():
             raise SystemExit(f"peak_rss.py: --hvdlite-path {item!r}: {path} has no hvdlite package")
-        label = label if sep else _git_commit(path)
+        label = label if sep else git_commit(path)
         if label in labels:
             label = f"{label}@{path}"
         labels.add(label)
-        out.append({"name": f"hvdlite:{label}", "ranks": args.np, "path": str(path), "commit": _git_commit(path),
+        out.append({"name": f"hvdlite:{label}", "ranks": args.np, "path": str(path), "commit": git_commit(path),
                     "cmd": [_mpiexec_beside(py), "-n", str(args.np), py, str(HERE), "--worker", "module",
                             "--module", "hvdlite.torch", *common], "pythonpath": str(path)})
     if args.horovod_venv:
@@ -196,9 +179,10 @@ def _configurations(args: argparse.Namespace, py: str, common: list[str]) -> lis
 
 
 def run_one(config: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    from _common import free_port
     cmd = list(config["cmd"])
     if "ddp" in cmd:
-        cmd += ["--port", str(_free_port())]
+        cmd += ["--port", str(free_port())]
     env = dict(os.environ, PYTHONPATH=config["pythonpath"])  # exactly that checkout's hvdlite, or none
     if not config["pythonpath"]:
         del env["PYTHONPATH"]

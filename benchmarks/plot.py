@@ -2,8 +2,8 @@
 
 Run: python benchmarks/plot.py [--results benchmarks/results] [--out benchmarks/results/benchmarks.png]
      python benchmarks/plot.py --tables      # print the README's Markdown tables instead
-Reads grad_sync.json, train_throughput.json and small_ops.json from --results (any may be missing); the tables
-also hw_scaling.json, peak_rss.json and synthetic_vs_horovod.json.
+Reads grad_sync.json, train_throughput(_keras).json and small_ops.json from --results (any may be missing); the
+tables also peak_rss.json and synthetic_vs_horovod.json.
 """
 from __future__ import annotations
 
@@ -193,15 +193,9 @@ def summary_table(s: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def more_tables(hw: list[dict[str, Any]], rss: list[dict[str, Any]], synth: list[dict[str, Any]]) -> str:
-    """hw_scaling's machine limit, peak_rss's and synthetic_vs_horovod's summaries as Markdown tables."""
+def more_tables(rss: list[dict[str, Any]], synth: list[dict[str, Any]]) -> str:
+    """peak_rss's and synthetic_vs_horovod's summaries as Markdown tables."""
     out: list[str] = []
-    rows = [r for r in hw if "efficiency" in r]
-    if rows:
-        out += ["**hw_scaling** (independent trainings, no communication):\n", "| model | ranks | alone ms | "
-                "together ms | efficiency |", "|---|---:|---:|---:|---:|"]
-        out += [f"| {r['model']} | {r['ranks']} | {r['alone_ms']:.0f} | {r['together_ms']:.0f} | "
-                f"{r['efficiency']:.2f} |" for r in rows] + [""]
     machine = next((r for r in rss if r.get("kind") == "machine"), {})
     for summary in [r for r in rss if r.get("kind") == "summary"]:
         out += [f"**peak_rss**, zero_grad {summary.get('zero_grad', 'none')} ({machine.get('model')}, batch "
@@ -236,8 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     train = load(folder / "train_throughput.json") + load(folder / "train_throughput_keras.json")
     if args.tables:
         print(markdown_tables(load(folder / "grad_sync.json"), train, load(folder / "small_ops.json")))
-        print(more_tables(load(folder / "hw_scaling.json"), load(folder / "peak_rss.json"),
-                          load(folder / "synthetic_vs_horovod.json")))
+        print(more_tables(load(folder / "peak_rss.json"), load(folder / "synthetic_vs_horovod.json")))
         return
     import matplotlib
     matplotlib.use("Agg")

@@ -89,8 +89,6 @@ BENCHMARKS: tuple[Bench, ...] = (
           script="benchmarks/gpu_latency.py", env=("HVDLITE_STRAGGLER_WINDOW_OPS=0",)),
     Bench("gpu_latency_fast_cycle", "the same with a 0.1 ms cycle", suite="gpu", ranks=1,
           script="benchmarks/gpu_latency.py", env=("HOROVOD_CYCLE_TIME=0.1",)),
-    Bench("gpu_overhead", "one GPU: a ResNet-50 step with DistributedOptimizer at -n 1 against plain torch",
-          smoke=("--rounds", "1"), suite="gpu", ranks=1),
     Bench("grad_sync_n2", "gradient sync taken apart on CPU tensors: raw non-blocking loops against "
           "DistributedOptimizer", _SYNC, _SYNC_SMOKE, suite="gpu", ranks=2, script="benchmarks/grad_sync.py"),
     Bench("grad_sync_n4", "the same at 4 ranks", _SYNC, _SYNC_SMOKE, suite="gpu", ranks=4,

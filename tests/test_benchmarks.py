@@ -38,6 +38,7 @@ LAB_SMOKE: dict[str, tuple[Any, tuple[str, ...]]] = {
     "negotiation_scale": (None, ("--sizes", "2", "--tensors", "2", "--steps", "3")),
     "profile_step": (2, ("--model", "transformer", "--batch", "2", "--rounds", "1")),
     "hw_scaling": (2, ("--tiny", "--steps", "1", "--rounds", "1")),
+    "gpu_overhead": (1, ("--rounds", "1")),
 }
 
 

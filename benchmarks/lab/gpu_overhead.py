@@ -3,7 +3,7 @@ hvd.DistributedOptimizer at -n 1 against the same step with plain torch, alterna
 At -n 1 DistributedOptimizer reduces nothing (as Horovod's); "hvdlite_forced" adds what a multi-GPU step pays
 on top: every gradient through hvd.grouped_allreduce_ (Average) on the device data plane before step().
 
-    mpiexec -n 1 python benchmarks/gpu_overhead.py [--batch 64] [--image-size 224] [--rounds 5] [--steps 20]
+    mpiexec -n 1 python benchmarks/lab/gpu_overhead.py [--batch 64] [--image-size 224] [--rounds 5] [--steps 20]
 
 Prints one JSON line: median step times and hvdlite's overhead in percent (goal <= 2 %). Without CUDA it
 runs a tiny ResNet on CPU (a smoke test of the script, not a figure).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from shapes import ResNet  # noqa: E402
 
 import hvdlite.torch as hvd  # noqa: E402
