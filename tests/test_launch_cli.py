@@ -69,11 +69,18 @@ def test_command_for_each_launcher() -> None:
     assert build_command(ompi, plan, env) == [
         "/bin/mpirun", "--allow-run-as-root", "-np", "4", "-H", "h1:2,h2:2", "--bind-to", "none",
         "--map-by", "slot", "--mca", "btl_tcp_if_include", "eth1", "--mca", "oob_tcp_if_include", "eth1",
-        "-x", "FOO", "-x", "HVDLITE_CYCLE_TIME", "-x", "HVDLITE_LAUNCHED_BY", "-x", "PATH", "-v",
+        "--noprefix", "-x", "FOO", "-x", "HVDLITE_CYCLE_TIME", "-x", "HVDLITE_LAUNCHED_BY", "-x", "PATH", "-v",
         "python", "t.py"]
     local = Plan(num_proc=3, command=["p"], is_root=False)
     assert build_command(ompi, local, {})[:4] == ["/bin/mpirun", "-np", "3", "-H"]
     assert "localhost:3" in build_command(ompi, local, {})
+    # --noprefix: the ranks' PATH is the user's (Open MPI 4 by its absolute path would put its bin/ first), except
+    # for a multi-host job of an Open MPI outside the system's bin/ (its orted is found through the prefix) or a
+    # user's own --prefix/--noprefix
+    module = Launcher(OPENMPI, "/opt/openmpi-4.1/bin/mpirun", "Open MPI 4.1.6")
+    assert "--noprefix" in build_command(module, local, {}) and "--noprefix" not in build_command(module, plan, {})
+    own = Plan(num_proc=3, command=["p"], mpi_args=["--prefix", "/opt/o"])
+    assert "--noprefix" not in build_command(ompi, own, {})
     srun = Launcher(SRUN, "/usr/bin/srun", "slurm 22.05")
     assert build_command(srun, Plan(num_proc=2, command=["p"], srun_mpi="pmix", in_slurm=True), {}) == [
         "/usr/bin/srun", "-n", "2", "--mpi=pmix", "--kill-on-bad-exit=1", "--export=ALL", "p"]
@@ -354,7 +361,8 @@ def test_network_interfaces_ssh_and_binding_reach_each_launcher() -> None:
     assert build_command(ompi, plan, {}) == [
         "/bin/mpirun", "-np", "4", "-H", "h1:2,h2:2", "--bind-to", "core",
         "--mca", "btl_tcp_if_include", "eth0,ib0,eth2", "--mca", "oob_tcp_if_include", "eth0,ib0,eth2",
-        "--mca", "plm_rsh_args", "-p 2222 -i /k/id -o ConnectTimeout=40", "-x", "HVDLITE_LAUNCHED_BY", "p"]
+        "--mca", "plm_rsh_args", "-p 2222 -i /k/id -o ConnectTimeout=40", "--noprefix", "-x", "HVDLITE_LAUNCHED_BY",
+        "p"]
 
 
 def test_ssh_flags_on_a_local_run() -> None:

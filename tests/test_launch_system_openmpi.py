@@ -128,6 +128,33 @@ def test_every_rank_runs_the_python_the_user_named(sysompi: Path, system_openmpi
     assert [r["executable"] for r in ranks] == [str(sysompi / "python3")] * nproc, ranks
 
 
+SHEBANG_SCRIPT = """#!/usr/bin/env python3
+import os, subprocess, sys
+import hvdlite as hvd
+hvd.init()
+child = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
+                       check=True).stdout.strip()
+sys.stdout.write(f"RANK {hvd.rank()} {sys.executable} {child} {os.environ['PATH']}\\n")  # one write: ranks interleave
+"""
+
+
+def test_a_shebang_script_and_its_subprocesses_run_the_venvs_python(sysompi: Path, tmp_path: Path,
+                                                                     nproc: int) -> None:
+    """`hvdlite-run -np N ./train.py` (`#!/usr/bin/env python3`) from the venv: every rank's PATH is the user's
+    shell's, so the script and a `python3` it starts in a subprocess are the venv's (Open MPI's mpirun, started
+    by its absolute path, put /usr/bin first: `No module named 'hvdlite'`, or the system's python3)."""
+    script = tmp_path / "train.py"
+    script.write_text(SHEBANG_SCRIPT)
+    script.chmod(0o755)
+    env = _env(sysompi)
+    proc = run([str(sysompi / "python3"), "-m", "hvdlite.run", "-np", str(nproc), "./train.py"], env=env,
+               timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = sorted(line.split(" ", 4)[1:] for line in proc.stdout.splitlines() if line.startswith("RANK "))
+    venv = str(sysompi / "python3")
+    assert ranks == [[str(r), venv, venv, env["PATH"]] for r in range(nproc)], proc.stdout + proc.stderr
+
+
 def test_signals_and_kill_9_under_open_mpi(sysompi: Path, tmp_path: Path) -> None:
     """The same exit codes as under MPICH (Open MPI's mpirun itself says 1): Ctrl-C 130, SIGTERM 143, and kill -9
     of hvdlite-run leaves no mpirun, sentinel or rank behind."""

@@ -139,7 +139,8 @@ def mpich_command(path: str, plan: Plan) -> list[str]:
 
 
 def openmpi_command(path: str, plan: Plan, env: Mapping[str, str]) -> list[str]:
-    """Open MPI: ``mpirun [--allow-run-as-root] -np N -H h:s,... --bind-to none --map-by slot -x ... PROGRAM``.
+    """Open MPI: ``mpirun [--allow-run-as-root] -np N -H h:s,... --bind-to none --map-by slot [--noprefix] -x ...
+    PROGRAM``.
 
     mpirun refuses to run as root without --allow-run-as-root (and the OMPI_ALLOW_RUN_AS_ROOT* variables,
     set in the environment), binds every rank to one core by default (wrong for a rank that drives a GPU
@@ -159,11 +160,29 @@ def openmpi_command(path: str, plan: Plan, env: Mapping[str, str]) -> list[str]:
         cmd += ["--mca", "btl_tcp_if_include", nics, "--mca", "oob_tcp_if_include", nics]
     if plan.ssh_args:
         cmd += ["--mca", "plm_rsh_args", " ".join(plan.ssh_args)]
+    if keeps_user_path(path, plan):
+        cmd.append("--noprefix")
     names = set(plan.extra_env) | {LAUNCHED_BY}
     names |= {name for name in env if name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_BY_DEFAULT}
     for name in sorted(names):
         cmd += ["-x", name]
     return cmd + list(plan.mpi_args) + list(plan.command)
+
+
+#: Where a system's Open MPI lives: its orted is on every host's default PATH, no --prefix needed to find it.
+SYSTEM_BIN = ("/usr/bin", "/bin", "/usr/local/bin")
+
+
+def keeps_user_path(path: str, plan: Plan) -> bool:
+    """Whether Open MPI's mpirun gets --noprefix, so the ranks' PATH is the user's. Started by its absolute path
+    (as hvdlite-run starts it), Open MPI 4 behaves as if given ``--prefix`` of its directory and puts that bin/
+    first on every rank's PATH: ``/usr/bin`` for the distribution's, so ``#!/usr/bin/env python3`` scripts and a
+    rank's own ``python3`` subprocesses ran the system's python, not the virtualenv's. The prefix only matters for
+    finding orted on other hosts: kept for a multi-host job of an Open MPI outside the system's directories (its
+    bin/ holds MPI's tools alone), and left to the user who gives --prefix or --noprefix in --mpi-args."""
+    if any(arg in ("--prefix", "-prefix", "--noprefix", "-noprefix") for arg in plan.mpi_args):
+        return False
+    return os.path.dirname(path) in SYSTEM_BIN or not (plan.hosts or plan.in_slurm)
 
 
 def srun_command(path: str, plan: Plan) -> list[str]:
