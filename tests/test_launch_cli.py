@@ -256,14 +256,26 @@ def test_real_launch_with_mpi_flag() -> None:
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--gloo"], "hvdlite-run: error: --gloo: hvdlite has no Gloo controller; it runs on MPI (mpi4py) only. "
-                 "Drop --gloo (or give --mpi): hvdlite-run starts the ranks with mpiexec, mpirun or srun"),
+    (["--gloo"], "hvdlite-run: error: --gloo: hvdlite-run starts the ranks with MPI only (mpiexec, mpirun or srun); "
+                 "Gloo in hvdlite (--check-build's \"Gloo\") is torch.distributed's gloo, which carries "
+                 "hvdlite.torch's CPU tensors inside that MPI job (HOROVOD_CPU_OPERATIONS=gloo), not a launcher. "
+                 "Drop --gloo (or give --mpi)"),
 ])
 def test_refused_flags_say_why(flags: list, message: str) -> None:
+    """One line, the reason (no usage before it), consistent with --check-build's "[X] Gloo"."""
     proc = run([*RUN, "-np", "2", *flags, PYTHON, TOPOLOGY], timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == message
+    assert proc.stderr == message + "\n"
     assert proc.stdout == ""
+
+
+def test_every_accepted_flag_is_in_help() -> None:
+    """Each horovodrun flag hvdlite-run accepts (HOROVODRUN_FLAGS, --gloo refused) is listed by --help."""
+    proc = run([*RUN, "--help"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    flags = [values[0].split("=")[0] for values in HOROVODRUN_FLAGS if values[0] != "--gloo"]
+    missing = [flag for flag in flags if not re.search(rf"(^|[\s,\[|]){re.escape(flag)}(?![\w-])", proc.stdout)]
+    assert missing == [], missing
 
 
 def test_horovod_settings_flags() -> None:

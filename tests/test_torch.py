@@ -339,3 +339,16 @@ def test_an_abandoned_nccl_plane_aborts_its_communicator_and_never_waits_past_ab
     assert [r.getMessage() for r in records] == [
         "rank 5: aborting the NCCL communicator of process set 3 took over 0.3 s; going on without it (its GPU "
         "resources stay until the process exits)"]
+
+
+def test_ctrl_c_line_names_the_users_frame() -> None:
+    """The one line a rank prints on Ctrl-C names the user's own line, not the torch frame it was in (there the
+    innermost frame outside hvdlite was torch/nn/modules/linear.py's)."""
+    from hvdlite.core.abort import users_line
+    try:
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        torch.nn.Linear(2, 2)(torch.ones(3))
+    except RuntimeError as exc:
+        tb = exc.__traceback__
+    assert "torch" in [*inspect.getinnerframes(tb)][-1].filename  # the innermost Python frame is torch's
+    assert users_line(tb) == f"{__file__}:{line}"

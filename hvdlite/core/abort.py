@@ -9,7 +9,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from .engine import mpi
+from .engine import callsite, mpi
 from .engine.loop import LOST_RANKS_WAIT_S
 from .errors import ProcessFailedError
 
@@ -103,6 +103,14 @@ def _on_sigint(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def users_line(tb: Any) -> str:
+    """``file:line`` of the innermost frame of ``tb`` that is the user's own (callsite.is_users: not hvdlite's,
+    torch's or the standard library's), else of the innermost frame."""
+    every = list(traceback.extract_tb(tb))
+    frame = next((f for f in reversed(every) if callsite.is_users(f.filename)), every[-1])
+    return f"{frame.filename}:{frame.lineno}"
+
+
 def interrupted(state: Any, tb: Any) -> None:
     """Ctrl-C (SIGINT) stopped this rank: say so in one line and end the process by SIGINT, as Python does
     for an uncaught KeyboardInterrupt (exit status 130), without a traceback per rank.
@@ -112,10 +120,7 @@ def interrupted(state: Any, tb: Any) -> None:
     interrupts the exit ("Error in sys.excepthook"). hvdlite's shutdown is skipped: every rank is stopping.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    every = list(traceback.extract_tb(tb))
-    frames = [f for f in every if not f.filename.startswith(package)] or every  # the caller's line, if any
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    where = f" at {users_line(tb)}" if tb is not None else ""
     try:
         sys.stdout.flush()
         sys.stderr.write(f"[hvdlite rank {state.rank if state else '?'}] interrupted (KeyboardInterrupt{where}); "

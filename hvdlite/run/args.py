@@ -36,6 +36,10 @@ AUTOTUNE_FLAGS = ("autotune", "autotune_log_file", "autotune_warmup_samples", "a
 AUTOTUNE_REFUSAL = ("{flag}: autotune is not available in hvdlite yet; drop the autotune flags and set "
                     "--fusion-threshold-mb / --cycle-time-ms yourself")
 
+#: What Gloo is in hvdlite (hvdlite-run --check-build's "[X] Gloo"), for the horovodrun flags of Gloo's launcher.
+GLOO_ROLE = ("hvdlite-run starts the ranks with MPI only (mpiexec, mpirun or srun); Gloo in hvdlite "
+             "(--check-build's \"Gloo\") is torch.distributed's gloo, which carries hvdlite.torch's CPU tensors "
+             "inside that MPI job (HOROVOD_CPU_OPERATIONS=gloo), not a launcher")
 #: horovodrun flags hvdlite accepts but that change nothing here, and why (a warning says so).
 NO_EFFECT_FLAGS: dict[str, str] = {
     "hierarchical_allreduce": "hvdlite's allreduce is MPI's own (MPI picks the algorithm)",
@@ -45,7 +49,7 @@ NO_EFFECT_FLAGS: dict[str, str] = {
     "num_nccl_streams": "hvdlite does not use NCCL",
     "tcp_flag": "hvdlite does not use NCCL; choose MPI's transport with --mpi-args or --network-interfaces",
     "mpi_threads_disable": "hvdlite needs MPI_THREAD_MULTIPLE for its engine thread",
-    "gloo_timeout_seconds": "hvdlite has no Gloo controller",
+    "gloo_timeout_seconds": GLOO_ROLE,
     "ccl_bgt_affinity": "hvdlite does not use oneCCL",
 }
 
@@ -107,14 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     stamps.add_argument("--log-without-timestamp", "--log-hide-timestamp", dest="log_hide_time",
                         action="store_true", default=None, help="leave the time out of hvdlite's log lines")
     stamps.add_argument("--no-log-hide-timestamp", dest="log_hide_time", action="store_false", default=None,
-                        help=argparse.SUPPRESS)  # horovodrun's deprecated --log-with-timestamp
+                        help="the same as --log-with-timestamp (horovodrun's name for it)")
     tuning.add_argument("--stall-check-warning-time-seconds", type=float, metavar="S",
                         help="warn when a tensor waits this long for other ranks")
     tuning.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="S",
                         help="fail when a tensor waits this long for other ranks (0: never)")
     tuning.add_argument("--no-stall-check", action="store_true", default=None, help="turn stall checks off")
     tuning.add_argument("--stall-check", dest="no_stall_check", action="store_false", default=None,
-                        help=argparse.SUPPRESS)
+                        help="turn stall checks on (the default)")
     add_horovodrun_flags(parser)
     add_elastic_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
@@ -165,7 +169,7 @@ def add_horovodrun_flags(parser: argparse.ArgumentParser) -> None:
         dest = flag.replace("-", "_")
         switch = group.add_mutually_exclusive_group()
         switch.add_argument(f"--{flag}", dest=dest, action="store_true", default=None, help="no effect in hvdlite")
-        switch.add_argument(f"--no-{flag}", dest=dest, action="store_false", default=None, help=argparse.SUPPRESS)
+        switch.add_argument(f"--no-{flag}", dest=dest, action="store_false", default=None, help="no effect in hvdlite")
     group.add_argument("--thread-affinity", dest="thread_affinity", type=int, help="no effect in hvdlite")
     group.add_argument("--num-nccl-streams", dest="num_nccl_streams", type=int, help="no effect in hvdlite")
     group.add_argument("--gloo-timeout-seconds", dest="gloo_timeout_seconds", type=int, help="no effect in hvdlite")
@@ -174,7 +178,8 @@ def add_horovodrun_flags(parser: argparse.ArgumentParser) -> None:
                                      "runs; needs pip install 'hvdlite[autotune]')")
     tune.add_argument("--autotune", dest="autotune", action="store_true", default=None,
                       help="tune --fusion-threshold-mb, --cycle-time-ms and the chunk size while training runs")
-    tune.add_argument("--no-autotune", dest="autotune", action="store_false", default=None, help=argparse.SUPPRESS)
+    tune.add_argument("--no-autotune", dest="autotune", action="store_false", default=None,
+                      help="do not tune (the default)")
     tune.add_argument("--autotune-log-file", dest="autotune_log_file", metavar="FILE",
                       help="CSV log (rank 0): one line per sample and the final choice")
     tune.add_argument("--autotune-warmup-samples", dest="autotune_warmup_samples", type=int, metavar="N",
@@ -201,8 +206,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         except ConfigFileError as exc:
             parser.error(str(exc))
     problem = refusal(args)
-    if problem:
-        parser.error(problem)
+    if problem:  # one line: the usage is not what went wrong
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
     if not (args.check_build or args.version) and not args.command:
         parser.error("give the program to run, e.g.: hvdlite-run -np 2 python train.py")
     return args
@@ -211,8 +216,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def refusal(args: argparse.Namespace) -> str:
     """Why these flags cannot run here ("" when they can)."""
     if getattr(args, "use_gloo", False):
-        return ("--gloo: hvdlite has no Gloo controller; it runs on MPI (mpi4py) only. Drop --gloo (or give "
-                "--mpi): hvdlite-run starts the ranks with mpiexec, mpirun or srun")
+        return f"--gloo: {GLOO_ROLE}. Drop --gloo (or give --mpi)"
     if not AUTOTUNE_AVAILABLE:
         for name in AUTOTUNE_FLAGS:
             value = getattr(args, name, None)

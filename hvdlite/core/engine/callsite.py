@@ -50,6 +50,11 @@ def _is_internal(filename: str) -> bool:
     return path.startswith(_STDLIB) and "-packages" + os.sep not in path
 
 
+def is_users(filename: str) -> bool:
+    """Whether a frame of this file is the user's own (not hvdlite's, a framework's or the standard library's)."""
+    return not _is_internal(filename)
+
+
 def capture(depth: int = 2) -> Optional[Site]:
     """(file, line) of the innermost frame outside hvdlite, the frameworks and the standard library, from
     ``depth`` frames above this call; None when every frame is internal (e.g. a graph-mode kernel's thread)."""
