@@ -7,7 +7,7 @@ import threading
 from typing import Any, Optional, Sequence
 
 
-from . import log
+from . import log, pset_plans
 from .abort import install_excepthook
 from .affinity import core_sharing
 from .config import Config, mpi_ft_launched
@@ -25,7 +25,7 @@ from .launch_check import (OPENMPI_IALLREDUCE_VARIABLE, check_launch, check_laun
 from .log import logger
 from .names import Names
 from .engine.planes import PlaneTable
-from .process_sets import ProcessSet, normalize_ranks
+from .process_sets import ProcessSet
 from .submission import submit
 
 
@@ -102,31 +102,29 @@ class State:
                 comm.Free()
 
     def add_process_set(self, process_set: Any) -> ProcessSet:
-        """Register a process set on every rank (all ranks call this, in the same order)."""
+        """Register a process set on every rank (all ranks call this, in the same order); ``ProcessSet(comm)``
+        registers every rank's piece of the communicator (see pset_plans) and returns this rank's."""
         ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-        if ps.mpi_comm is not None and ps.ranks is None:
-            ps.ranks = self._agreed_comm_ranks(ps)
-        ranks = normalize_ranks(ps)
-        bad = [r for r in ranks if not 0 <= r < self.size]
-        if bad:
-            raise ValueError(f"add_process_set: ranks {bad} do not exist in a job of {self.size} ranks")
-        if self.psets.find(ranks) is not None:
-            raise ValueError(f"add_process_set: a process set with ranks {ranks} is already registered")
-        ps_id = submit(self, Kind.ADD_PROCESS_SET, None, 0, (), (), (), (), extra=tuple(ranks)).wait()
-        return self.psets.register(ps, int(ps_id))
+        return self.register_sets([ps], set(self.psets.ranks), ps.mpi_comm is not None)[0]
 
-    def _agreed_comm_ranks(self, ps: ProcessSet) -> list[int]:
-        """The ranks of a communicator-built set, as its members see them (non-members hold COMM_NULL).
-        Exchanged on the world communicator (not the engine's), like the other set-up at registration."""
-        views = self.world.allgather(mpi.communicator_world_ranks(ps.mpi_comm, self.world))
-        members = {tuple(v) for v in views if v is not None}
-        if len(members) != 1:
-            detail = "no rank is a member" if not members else \
-                "; ".join(f"rank {r}: {v}" for r, v in enumerate(views) if v is not None)
-            raise ValueError(f"add_process_set(ProcessSet(comm)): the communicators disagree ({detail}); every "
-                             f"member must pass the same communicator (non-members MPI.COMM_NULL), one "
-                             f"ProcessSet per communicator")
-        return list(members.pop())
+    def register_sets(self, sets: Sequence[ProcessSet], known_before: set[int], gather: bool) -> list[ProcessSet]:
+        """Register what ``sets`` stand for on every rank (collective; see pset_plans), then give each entry its
+        id; an entry this rank refuses (a duplicate) gets none, and this rank raises ValueError."""
+        plan = pset_plans.plan(sets, self.world, self.rank, self.size, gather)
+        for ranks in plan.lists:
+            if self.psets.find(ranks) is None:
+                submit(self, Kind.ADD_PROCESS_SET, None, 0, (), (), (), (), extra=tuple(ranks)).wait()
+        ids = [None if ranks is None else self.psets.find(ranks) for ranks in plan.mine]
+        refused = pset_plans.refusals(sets, plan.mine, ids, known_before, self.rank)
+        for ps, ps_id, why in zip(sets, ids, refused):
+            if why is None and ps_id is not None:
+                self.psets.register(ps, ps_id)
+            elif ps.process_set_id is not None and self.psets.sets.get(ps.process_set_id) is not ps:
+                ps.process_set_id = None
+        problems = [why for why in refused if why is not None]
+        if problems:
+            raise ValueError(f"process sets refused on rank {self.rank}: {'; '.join(problems)}")
+        return list(sets)
 
     def remove_process_set(self, process_set: ProcessSet) -> bool:
         """Unregister a process set on every rank (all ranks call this). True if it was registered."""
@@ -150,8 +148,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
     registers ProcessSets at once; other keywords override settings (see ``Config``).
     Calling init() again while initialized does nothing, unless the engine has ended with an error (a
     job-wide error ends it on every rank): then every rank's init() starts a fresh engine; or unless the
-    last init()'s ``process_sets`` were refused (ValueError; none of them stays registered): then this
-    call registers its own list, and raises again if that one is invalid too (as Horovod does).
+    last init()'s ``process_sets`` were refused on this rank, or this call passes ``process_sets``: then
+    this call registers its list (collective: every rank calls it; see _register_init_sets).
     """
     global _state
     if isinstance(process_sets, str):
@@ -162,9 +160,9 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
     with _lock:
         state = _state
         if state is not None and state.engine.error is None:
-            if state.init_sets is not None:
+            if state.init_sets is not None and not process_sets:
                 return
-            # the last init()'s process sets were refused: hvdlite stays up; register this call's list
+            # hvdlite stays up; register this call's list (the last one's was refused, or this one has sets)
         else:
             if state is not None:
                 # The engine ended with a job-wide error (shutdown, a wedged peer, an engine failure), which
@@ -209,19 +207,12 @@ def _start(comm: Any, settings: dict[str, Any]) -> State:
 
 
 def _register_init_sets(state: State, process_sets: Optional[Sequence[ProcessSet]]) -> None:
-    """Register init()'s process sets on every rank, all or none: when one is refused (a duplicate, a rank
-    out of range), the ones registered before it are removed again and the error is raised; hvdlite stays
-    initialized, and the next init() registers its own list (Horovod's behaviour)."""
-    added: list[ProcessSet] = []
+    """Register init()'s process sets as Horovod does (collective on every rank): each entry gets its id, and
+    a rank with a duplicate entry raises ValueError, the others registered; hvdlite stays initialized, and
+    the next init() with a list registers that list (on every rank, as this one)."""
     state.init_sets = None
-    try:
-        for ps in process_sets or ():
-            added.append(state.add_process_set(ps))
-    except BaseException:
-        for ps in reversed(added):
-            state.remove_process_set(ps)
-        raise
-    state.init_sets = added
+    sets = list(process_sets or ())
+    state.init_sets = state.register_sets(sets, set(), True) if sets else []
 
 
 def shutdown() -> None:

@@ -14,7 +14,7 @@ import hvdlite as hvd
 from exact import same
 
 MPI_SIZES = (2, 3)
-SPAWN_TIMEOUT = 240
+SPAWN_TIMEOUT = 300
 R, N = hvd.rank(), hvd.size()
 LAST = N - 1
 SETTINGS = dict(stall_check_time_seconds=0.2, stall_shutdown_time_seconds=1.0, idle_heartbeat_seconds=0.05)
@@ -143,6 +143,42 @@ def test_a_late_failed_rank_keeps_generated_names_in_step(reinit: Callable[..., 
         check_in_step(episode.__name__)
 
 
+FIRST_SETTINGS = dict(stall_shutdown_time_seconds=3.0)
+#: the last rank's failure in place of the others' unnamed collective: (its error, the call, the others' error)
+FAILURES = {"root_rank out of range": (hvd.InvalidArgumentError, lambda: hvd.broadcast(np.ones(3), N + 1),
+                                       hvd.InvalidArgumentError),
+            "root_rank of a wrong type": (TypeError, lambda: hvd.broadcast(np.ones(3), 0.5), hvd.StallError),
+            "wrong argument type": (TypeError, lambda: hvd.allreduce("not a tensor"), hvd.StallError),
+            "exception in user code": (RuntimeError, lambda: (_ for _ in ()).throw(RuntimeError("user code")),
+                                       hvd.StallError)}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_a_rank_that_fails_first_and_comes_back_after_the_verdict_keeps_names_in_step(
+        failure: str, reinit: Callable[..., None]) -> None:
+    """Issue 52's scenario: the last rank fails at once in place of the unnamed collective the others submit
+    (a broadcast, or an allreduce with the default op), catches the error and sleeps past the others' stall
+    verdict (3 s); then every rank calls init() (a no-op) and 30 rounds of unnamed collectives pair up. A
+    root_rank out of range reaches negotiation, which refuses the broadcast on every rank at once (no
+    verdict to sleep past); a root of a wrong type is refused on that rank before it is submitted."""
+    reinit(**FIRST_SETTINGS)
+    check_in_step("before")  # the counters are well past 0
+    error, fail, others_error = FAILURES[failure]
+    if R == LAST:
+        with pytest.raises(error):
+            fail()
+        if others_error is hvd.StallError:
+            time.sleep(3.0 + 2.0)
+    else:
+        with pytest.raises(others_error):
+            if "root_rank" in failure:
+                hvd.broadcast(np.ones(3), 0)
+            else:
+                hvd.allreduce(np.ones(3))
+    hvd.init()
+    check_in_step(failure)
+
+
 def test_generated_names_start_again_after_an_engine_ending_error(reinit: Callable[..., None]) -> None:
     """A job-wide error that ends the engine (here: one rank shuts down while the others wait) ends it on
     every rank; the next init() on every rank starts a fresh engine whose generated names start again."""
@@ -178,7 +214,7 @@ def test_communicator_sets_are_resolved_when_registered_and_duplicates_refused(r
         with pytest.raises(ValueError, match=re.escape(f"a process set with ranks {ranks} is already registered")):
             hvd.init(comm=world, process_sets=sets)
     # Horovod stays initialized after refusing the list; each next init() must bring a valid list, and
-    # raises again until it does (test_process_sets_multi_comm.py); none of a refused list stays registered
+    # raises again until it does (test_process_sets_multi_comm.py); what a refused list registered stays
     with pytest.raises(ValueError, match=re.escape(f"a process set with ranks {list(range(N))} is already")):
         hvd.init(comm=world, process_sets=[hvd.ProcessSet(members), hvd.ProcessSet(list(range(N)))])
     assert hvd.is_initialized()
@@ -186,7 +222,10 @@ def test_communicator_sets_are_resolved_when_registered_and_duplicates_refused(r
         hvd.init(comm=world, process_sets=[hvd.ProcessSet([N])])
     ps = hvd.ProcessSet(sub)
     hvd.init(comm=world, process_sets=[ps])  # the same engine: no shutdown between
-    hvd.init(comm=world, process_sets=[hvd.ProcessSet([N])])  # initialized with valid sets: init() is a no-op
+    hvd.init(comm=world)  # initialized with valid sets: init() without sets is a no-op
+    again = hvd.ProcessSet(sub)
+    hvd.init(comm=world, process_sets=[again])  # with sets, every rank's init() looks them up (as Horovod)
+    assert again.process_set_id == ps.process_set_id
     assert ps.ranks == members and ps.size() == N - 1 and ps.included() == (R in members)
     if R in members:
         same(hvd.broadcast(np.full(2, float(R)), N - 1, process_set=ps), np.full(2, float(N - 1)), "comm set")
