@@ -69,9 +69,6 @@ BENCHMARKS: tuple[Bench, ...] = (
           "and another checkout", ("--np", "{np}", "--hvdlite-path", "{root}", "--zero-grad", "none,zeros"),
           ("--np", "{np}", "--hvdlite-path", "{root}", "--model", "tiny", "--steps", "1", "--repeats", "1"),
           ranks=None, peer="venv"),
-    Bench("zero_memory", "optimizer-state bytes and peak RSS per rank: ZeroRedundancyOptimizer against "
-          "DistributedOptimizer at 1, 2, 4 ranks", (),
-          ("--ranks", "1,2", "--scale", "0.001", "--steps", "1", "--timeout", "240"), ranks=None),
     Bench("elastic_recovery", "time from a rank's kill -9 to the next completed step: in-process recovery (ULFM, "
           "Open MPI 5) against the restart path (MPICH)", ("--ompi-python", "{ompi_python}"), ranks=None),
     # (tests/gpu_check.py's runs on CPU are tests/test_gpu_check.py's)

@@ -25,7 +25,7 @@ from benchmarks.registry import BENCHMARKS, BY_NAME, SUITES  # noqa: E402
 
 BENCH = ROOT / "benchmarks"
 LAB = BENCH / "lab"
-Records = Any  # list[dict] of JSON lines, or one JSON object (negotiation_scale)
+Records = Any  # list[dict] of JSON lines, or one JSON object (negotiation_scale's)
 #: files of benchmarks/ that are no benchmark of the registry themselves (helpers, the plot, the runner)
 HELPERS = frozenset({"__init__", "__main__", "_common", "registry", "shapes", "plot", "train_keras"})
 #: the lab scripts smoked here (the cheap ones): ranks of mpiexec (None: the script starts its own jobs), arguments
@@ -39,6 +39,7 @@ LAB_SMOKE: dict[str, tuple[Any, tuple[str, ...]]] = {
     "profile_step": (2, ("--model", "transformer", "--batch", "2", "--rounds", "1")),
     "hw_scaling": (2, ("--tiny", "--steps", "1", "--rounds", "1")),
     "gpu_overhead": (1, ("--rounds", "1")),
+    "zero_memory": (None, ("--ranks", "1,2", "--scale", "0.001", "--steps", "1", "--timeout", "240")),
 }
 
 
@@ -79,7 +80,7 @@ def lab_smoke(name: str) -> Records:
         proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        return json.loads(proc.stdout)
+        return json_lines(proc.stdout) if name != "negotiation_scale" else json.loads(proc.stdout)  # one object
     return json_lines(run_mpi(script, ranks, args, timeout=300).stdout)
 
 

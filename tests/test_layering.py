@@ -72,7 +72,7 @@ OVER_CAP: dict[str, int] = {"hvdlite/core/api.py": 397, "hvdlite/run/elastic/dri
 #: Lines of the whole package (hvdlite/**/*.py) and of the top-level benchmarks (benchmarks/*.py, the tool; the
 #: lab's one-question scripts are not counted). Lower them as code goes; never raise them to fit.
 PACKAGE_BUDGET = 18_500
-BENCHMARKS_BUDGET = 3_000
+BENCHMARKS_BUDGET = 2_800
 #: Whether an import inside a function counts as an edge of the import graph for the cycle check. A lazy
 #: import that closes a loop (runtime -> api -> runtime) hides a cycle from Python, not from the reader.
 CYCLES_COUNT_LAZY_IMPORTS = True

@@ -1,6 +1,6 @@
 """Optimizer-state bytes and peak RSS per rank: hvd.ZeroRedundancyOptimizer against hvd.DistributedOptimizer.
 
-    python benchmarks/zero_memory.py --ranks 1,2,4 --out benchmarks/results/zero_memory.json   # ~3 min
+    python benchmarks/lab/zero_memory.py --ranks 1,2,4 --out benchmarks/results/zero_memory.json   # ~3 min
 
 The driver launches ``mpiexec -n N`` of this script (``--worker``) once per optimizer and rank count. Each
 worker holds the parameters of BERT-base (199 tensors, 109.5M float32; ``--model``, ``--scale`` for smoke
@@ -16,8 +16,10 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from _common import ROOT, machine_info
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import ROOT, machine_info  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> None:
