@@ -30,12 +30,15 @@ repetition starts with a barrier; its time is the slowest rank's; the figure is 
                         own gradients, instead of after it).
 Tensors are submitted in reverse order, as backpropagation produces them. hvdlite methods use Average
 (as DistributedOptimizer does) unless --op sum. One JSON object per line: a machine line, then one line per
-model and method with ms, algorithm bandwidth (bytes/s) and the ratio to (a).
+model and method with ms, algorithm bandwidth (bytes/s) and the ratio to (a); per model a ``kind: summary`` line
+with the sync figures of record as paired ratios (round by round, see PAIRS): Average over Sum in
+DistributedOptimizer, and Sum (and Average) over the raw 1 MiB-chunked allreduce.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -301,6 +304,28 @@ def run_model(args: argparse.Namespace, comm: Any, model: str, output: _common.O
         if name == "hvd_module_async":
             record["module"] = args.hvd_module
         output.emit(record)
+    summary: dict[str, Any] = {"bench": "grad_sync", "kind": "summary", "model": model}
+    for label, num, den in PAIRS:
+        if num in series and den in series:
+            summary[label] = paired_ratio(comm, series[num].times, series[den].times)
+    output.emit(summary)
+
+
+#: The sync figures of record, each a ratio of two methods measured in the same rounds.
+PAIRS = (("optimizer_average_over_sum", "hvdlite_optimizer", "hvdlite_optimizer_sum"),
+         ("optimizer_sum_over_chunked_1MB", "hvdlite_optimizer_sum", "mpi_flat_chunked_1MB"),
+         ("optimizer_average_over_chunked_1MB", "hvdlite_optimizer", "mpi_flat_chunked_1MB"))
+
+
+def paired_ratio(comm: Any, num: list[float], den: list[float]) -> dict[str, float]:
+    """The ratio of two methods round by round (each round's slowest rank; the two ran one after the other in
+    that round, so load from elsewhere hits both alike): its median and the range, and the ratio of the bests."""
+    from mpi4py import MPI
+    worst = np.empty((2, len(num)), dtype=np.float64)
+    comm.Allreduce(np.array([num, den], dtype=np.float64), worst, op=MPI.MAX)
+    ratios = sorted(float(r) for r in worst[0] / worst[1])
+    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1],
+            "best_over_best": float(worst[0].min() / worst[1].min()), "rounds": len(ratios)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -197,6 +197,12 @@ def check_grad_sync(records: Records, tmp_path: Path) -> None:
         assert methods["hvd_module_async"]["module"] == "hvdlite.torch"
         assert methods["hvdlite_grouped"]["engine_cycles_per_rep"] >= 1
         assert methods["hvdlite_optimizer"]["mpi_calls_per_rep"] >= 1  # the optimizer's buckets were reduced
+        (summary,) = [r for r in records if r.get("kind") == "summary" and r["model"] == model]
+        for label in ("optimizer_average_over_sum", "optimizer_sum_over_chunked_1MB",
+                      "optimizer_average_over_chunked_1MB"):
+            ratio = summary[label]
+            assert ratio["rounds"] == 2 and 0 < ratio["min"] <= ratio["median"] <= ratio["max"], (label, ratio)
+            assert_positive(ratio, "best_over_best")
 
 
 LATENCY_KEYS = ("latency_mpi4py", "latency_mpi4py_pickle", "latency_hvdlite", "latency_hvdlite_torch")
