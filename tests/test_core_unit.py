@@ -12,8 +12,9 @@ import pytest
 
 import hvdlite as hvd
 from hvdlite.core.config import Config
-from hvdlite.core.engine.cache import ResponseCache
-from hvdlite.core.engine.negotiation import JOIN_TOLERANT_PERMISSIVE, RankMessage, decide
+from hvdlite.core.engine.cache import PendingBits, ResponseCache
+from hvdlite.core.engine.messages import RankMessage
+from hvdlite.core.engine.negotiation import JOIN_TOLERANT_PERMISSIVE, decide
 from hvdlite.core.engine.requests import Kind, make_signature
 from hvdlite.core.reduce_ops import bf16_to_f32, f32_to_bf16
 
@@ -392,6 +393,39 @@ def test_response_cache_bits_and_eviction() -> None:
     ready = cache.ready(bitset(2), 12)
     assert [r.name for r in ready] == ["a", "d"]
     assert ready[0] is cache.ready(bitset(2), 13)[0]  # the same response object every time the bit is ready
+
+
+def test_response_cache_agrees_generated_names_by_position() -> None:
+    """One bit per stream of generated names stands for the stream's next name with its last signature; it moves
+    on each time it is ready, and a pending request under the next name takes it (PendingBits)."""
+    cache = ResponseCache(capacity=2, my_rank=0)
+    cache.put("a", sig(), [0, 1], 0)
+    cache.put_stream("allreduce.noname.7", sig(), [0, 1], 1)
+    assert cache.lookup("allreduce.noname.8", sig()) == 1
+    assert cache.lookup("allreduce.noname.9", sig()) == -1  # not the next name
+    assert cache.lookup("allreduce.noname.8", sig((4,))) == -1  # another signature: a vote
+    assert cache.lookup("allgather.noname.8", sig()) == -1  # another stream
+    cache.put_stream("allreduce.noname.5", sig(), [0, 1], 2)  # agreed late, out of order: the stream stays at 8
+    assert cache.lookup("allreduce.noname.8", sig()) == 1
+
+    class Req:
+        def __init__(self, name: str) -> None:
+            self.name, self.sig, self.key, self.submitted = name, sig(), (0, name), 0.0
+
+    pending = {req.key: req for req in (Req("allreduce.noname.8"), Req("allreduce.noname.9"))}
+    bits = PendingBits(cache)
+    mine = bits.add(list(pending.values()), pending)
+    assert np.flatnonzero(mine).tolist() == [1] and bits.uncached == 1  # .9 waits for .8 to run
+    ready = cache.ready(cache.bits(), 3)  # no rank is missing anything: "a" and the stream's .8
+    assert [r.name for r in ready] == ["a", "allreduce.noname.8"]
+    bits.remove(pending.pop((0, "allreduce.noname.8")))
+    bits.add([], pending)  # the stream moved on: .9, pending already, now has the bit
+    assert np.flatnonzero(bits.mine).tolist() == [1] and bits.uncached == 0
+    assert [r.name for r in cache.ready(cache.bits(), 4)] == ["a", "allreduce.noname.9"]
+    cache.put("b", sig(), [0, 1], 5)  # full: evicts the least recently used, "a" (the lower bit at tick 4)
+    assert cache.lookup("a", sig()) == -1 and cache.lookup("allreduce.noname.10", sig()) == 1
+    cache.put("c", sig(), [0, 1], 6)  # then the stream's bit: its next name is a vote again
+    assert cache.lookup("allreduce.noname.10", sig()) == -1 and cache.streams == {} and cache.lookup("c", sig()) == 1
 
 
 def test_response_cache_bit_vector_spans_several_words() -> None:

@@ -1,4 +1,4 @@
-"""The response cache: names agreed before, one bit each, and the bits of this rank's pending requests."""
+"""The response cache: names agreed before, one bit each (unnamed ops: one per stream), and this rank's pending bits."""
 from __future__ import annotations
 
 import heapq
@@ -17,6 +17,12 @@ class ResponseCache:
     """Names agreed before, each holding one bit. Identical on every rank by construction: it is
     only changed from decisions that every rank reached the same way, in the same order.
 
+    Generated names (``<kind>[.ps<id>].noname.<n>``, core/names.py) are made in call order on every rank, so an
+    unnamed op of a steady loop is agreed by position: one bit per (process set, kind) stream stands for its
+    *next* name with the signature last agreed, and moves on to the name after it each time it runs (``ready``).
+    A rank sets it only when it has exactly that name pending with that signature, so the response every rank
+    runs is one name, as on the named path; any other generated name takes a vote as a new name does.
+
     Bit sets are numpy bool arrays of ``64 * words`` entries (``bits()``), packed into uint64 words only
     for the all-reduce, so per-cycle work is a few whole-array operations whatever the number of names.
     """
@@ -29,6 +35,9 @@ class ResponseCache:
         #: in 2 log2(p) steps (chunks.shortest_fast_length: from 32 ranks on, with the default capacity)
         self.vector_words = max(1 + self.words, shortest_fast_length(ranks))
         self.by_name: dict[tuple[int, Optional[str]], int] = {}
+        self.streams: dict[tuple[int, str], int] = {}  # (process set, "<kind>[.ps<id>]") -> the bit of its next name
+        self.stream_of: dict[int, tuple[int, str]] = {}  # the stream bits, and their stream
+        self.advanced: list[int] = []  # stream bits moved on to their next name since PendingBits last looked
         self.names: list[Optional[str]] = [None] * capacity
         self.sigs: list[Optional[Signature]] = [None] * capacity
         self.responses: list[Optional[Response]] = [None] * capacity  # reused each time the bit is ready
@@ -47,6 +56,11 @@ class ResponseCache:
     def lookup(self, name: str, sig: Signature, key: Optional[tuple[int, str]] = None) -> int:
         """The bit of ``name`` if it was agreed with signature ``sig`` (``key``: its (process set, name), if made)."""
         bit = self.by_name.get((sig.ps_id, name) if key is None else key, -1)
+        if bit < 0 and self.streams:
+            stream, number = _generated(name)
+            bit = self.streams.get((sig.ps_id, stream), -1) if number >= 0 else -1
+            if bit >= 0 and self.names[bit] != name:
+                return -1
         if bit >= 0 and (self.sigs[bit] is sig or self.sigs[bit] == sig):
             return bit
         return -1
@@ -60,17 +74,48 @@ class ResponseCache:
         key = response.key if response is not None else (sig.ps_id, name)
         bit = self.by_name.get(key, -1)
         if bit < 0:
-            if self._free:
-                bit = heapq.heappop(self._free)
-            else:
-                bit = self._lru.victim()  # the least (last_used, bit)
-                old = self.sigs[bit]
-                assert old is not None  # the cache is full: every bit holds an entry
-                del self.by_name[(old.ps_id, self.names[bit])]
+            bit = self._take()
             self.by_name[key] = bit
             self.names[bit] = name
+        self._set(bit, sig, response if response is not None else Response(name, sig), members, tick)
+
+    def put_stream(self, name: str, sig: Signature, members: Sequence[int], tick: int) -> None:
+        """A generated ``name`` was agreed with ``sig``: its stream's bit now stands for the name after it
+        (unless a later one was agreed before it: names of one stream may be agreed out of order)."""
+        stream, number = _generated(name)
+        if self.capacity == 0 or not sig.kind.cacheable or number < 0:
+            return
+        key = (sig.ps_id, stream)
+        bit = self.streams.get(key, -1)
+        if bit < 0:
+            bit = self._take()
+            self.streams[key] = bit
+            self.stream_of[bit] = key
+        elif _generated(self.names[bit] or "")[1] > number + 1:
+            return
+        self.names[bit] = following = f"{stream}.noname.{number + 1}"
+        self._set(bit, sig, Response(following, sig), members, tick)
+
+    def _take(self) -> int:
+        """A bit for a new entry: the lowest free one, else the least recently used one's (evicted)."""
+        if self._free:
+            return heapq.heappop(self._free)
+        bit = self._lru.victim()  # the least (last_used, bit)
+        self._forget(bit)
+        return bit
+
+    def _forget(self, bit: int) -> None:
+        old = self.sigs[bit]
+        assert old is not None  # an entry in use
+        stream = self.stream_of.pop(bit, None)
+        if stream is not None:
+            del self.streams[stream]
+        else:
+            del self.by_name[(old.ps_id, self.names[bit])]
+
+    def _set(self, bit: int, sig: Signature, response: Response, members: Sequence[int], tick: int) -> None:
         self.sigs[bit] = sig
-        self.responses[bit] = response if response is not None else Response(name, sig)
+        self.responses[bit] = response
         self.last_used[bit] = tick
         self._lru.touched(tick, bit)
         self.version += 1
@@ -80,7 +125,7 @@ class ResponseCache:
     def remove_process_set(self, ps_id: int) -> None:
         for bit, sig in enumerate(self.sigs):
             if sig is not None and sig.ps_id == ps_id:
-                del self.by_name[(ps_id, self.names[bit])]
+                self._forget(bit)
                 self.names[bit] = None
                 self.sigs[bit] = None
                 self.responses[bit] = None
@@ -110,7 +155,28 @@ class ResponseCache:
         for bit in self.ready_bits.tolist():
             last_used[bit] = tick
             out.append(responses[bit])
+        if self.stream_of:
+            self._advance()
         return cast(list[Response], out)  # valid bits hold a response
+
+    def _advance(self) -> None:
+        """Move each ready stream bit on to its stream's next name (every rank alike: the bits were agreed)."""
+        for bit in self.ready_bits.tolist():
+            stream = self.stream_of.get(bit)
+            if stream is not None:
+                sig = self.sigs[bit]
+                assert sig is not None
+                self.names[bit] = following = f"{stream[1]}.noname.{_generated(self.names[bit] or '')[1] + 1}"
+                self.responses[bit] = Response(following, sig)
+                self.advanced.append(bit)
+
+
+def _generated(name: str) -> tuple[str, int]:
+    """A generated name's stream ("<kind>[.ps<id>]") and number, or ("", -1) for any other name."""
+    stream, marker, number = name.rpartition(".noname.")
+    if marker and stream and number.isascii() and number.isdigit():
+        return stream, int(number)
+    return "", -1
 
 
 class PendingBits:
@@ -133,6 +199,9 @@ class PendingBits:
             self.mine[:] = False
             self.uncached = 0
             new = list(pending.values())
+        elif cache.advanced:
+            self._advanced(pending)
+        cache.advanced.clear()
         lookup, version, bits, times = cache.lookup, self.version, [], []
         keep = self.submitted is not None
         for req in new:
@@ -148,6 +217,20 @@ class PendingBits:
         if self.submitted is not None:
             self.submitted[bits] = times
         return self.mine
+
+    def _advanced(self, pending: dict[Any, Any]) -> None:
+        """Stream bits moved on: a request pending here under a stream's next name now has its bit."""
+        cache = self.cache
+        for bit in cache.advanced:
+            sig = cache.sigs[bit]
+            req = pending.get((sig.ps_id, cache.names[bit])) if sig is not None else None
+            if req is not None and req.cache_bit < 0 and req.cache_version == self.version and \
+                    cache.lookup(req.name, req.sig, req.key) == bit:
+                req.cache_bit = bit
+                self.uncached -= 1
+                self.mine[bit] = True
+                if self.submitted is not None:
+                    self.submitted[bit] = req.submitted
 
     def times_of(self, bits: np.ndarray) -> Optional[np.ndarray]:
         """The submission times of the pending requests at ``bits`` (in that order), or None when not kept or

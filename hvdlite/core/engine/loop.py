@@ -22,8 +22,10 @@ from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
 from .presence import Presence
-from .negotiation import (FLAG_BUSY, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT,
-                          JOIN_TOLERANT_PERMISSIVE, allgather_messages, decide, pending_message)
+from .messages import pending_message
+from .negotiation import (FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SET_SHIFT, FLAG_SHUTDOWN,
+                          JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE, allgather_messages, decide)
+from .vote import uncached_flags, vote
 from .cache import ResponseCache
 from .observers import CycleObserver
 from .psets import Registry
@@ -73,9 +75,11 @@ class Engine:
         self._sleeping = False  # the engine waits on _cv: a submission must notify it
         self.error: Optional[BaseException] = None
         self.cycles = 0
-        self.full_cycles = 0
+        self.full_cycles = 0        # rounds that agreed more than cache bits: votes and explaining rounds
+        self.explain_cycles = 0     # explaining rounds: every rank's message allgathered (negotiation.decide)
         self.bitvector_bytes = 0    # bytes each rank contributed to the per-cycle bit-vector all-reduces
-        self.full_path_bytes = 0    # bytes allgathered (every rank's message) on full negotiation rounds
+        self.vote_bytes = 0         # bytes this rank received in votes (proposal sizes, proposals, the vote)
+        self.full_path_bytes = 0    # bytes allgathered (every rank's message) on explaining rounds
         self._join_cycle = -1
         self._join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
         self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names, fence)
@@ -126,7 +130,8 @@ class Engine:
     def stats(self) -> dict[str, int]:
         return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls,
                 "busy_cycles": self.busy_cycles, "bitvector_bytes": self.bitvector_bytes,
-                "full_path_bytes": self.full_path_bytes}
+                "full_path_bytes": self.full_path_bytes, "explain_cycles": self.explain_cycles,
+                "vote_bytes": self.vote_bytes}
 
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -278,13 +283,13 @@ class Engine:
                 self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)
         self.timeline.cycle(self.cycles)
 
-        flags = FLAG_SHUTDOWN | FLAG_FULL if shutdown else 0
+        flags = FLAG_SHUTDOWN | FLAG_EXPLAIN if shutdown else 0
         cache = self.cache
         mine = bits.add(new, pending)
         if bits.uncached:
-            flags |= FLAG_FULL
-        if self.watchdog.check_due(pending.values()):
-            flags |= FLAG_FULL
+            flags |= uncached_flags(pending, self.psets.slot)
+        if self.watchdog.check_due(pending.values()) or self._join_cycle >= 0:
+            flags |= FLAG_EXPLAIN
         if pending:
             flags |= FLAG_BUSY
         flags |= self.observer.flags(self._last_cycle)
@@ -294,15 +299,17 @@ class Engine:
         self._allreduce_or(vec, result, busy=bool(pending) or self._job_busy)
         self._round_end = time.monotonic()
         all_flags, missing = cache.decode(result)
-        self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL))
+        self._job_busy = bool(all_flags & (FLAG_BUSY | FLAG_FULL | FLAG_EXPLAIN))
         self.busy_cycles += bool(all_flags & FLAG_BUSY)
         self.observer.agreed(all_flags)
 
-        full = bool(all_flags & FLAG_FULL)
-        if full:
+        full = bool(all_flags & (FLAG_FULL | FLAG_EXPLAIN))
+        if all_flags & FLAG_EXPLAIN:
             responses = self._full_round(shutdown)
         else:
             responses = cache.ready(missing, self.cycles)
+            if full:
+                responses = self._vote_round(responses, all_flags, shutdown)
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
             known = None if full or not self.psets.only_global() else bits.times_of(cache.ready_bits)
             self._agreed_at = time.monotonic()
@@ -322,8 +329,23 @@ class Engine:
             queued = [req.name for req in self._queue]
         return sorted({name for _, name in self.completion.pending} | set(queued))
 
+    def _vote_round(self, cached: list[Response], all_flags: int, shutdown: bool) -> list[Response]:
+        """The cached responses, then the names voted through (engine/vote.py); the explaining round's
+        responses instead when the vote found something to explain."""
+        self.full_cycles += 1
+        sets = self.psets.of_slots(all_flags >> FLAG_SET_SHIFT)
+        voted = vote(self.comm, self.mpi_ops, self.rank, sets, self.psets.members_table(), self.completion.pending,
+                     {resp.key for resp in cached})
+        self.vote_bytes += voted.received_bytes
+        if voted.responses is None:
+            self.full_cycles -= 1  # counted once, as the explaining round
+            return self._full_round(shutdown)
+        self._remember(voted.responses)
+        return cached + voted.responses
+
     def _full_round(self, shutdown: bool) -> list[Response]:
         self.full_cycles += 1
+        self.explain_cycles += 1
         now = time.monotonic()
         msg = pending_message(self.completion.pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
                               tune=self.observer.outgoing())
@@ -338,16 +360,25 @@ class Engine:
         self.watchdog.last_check = now
         if stalled and not self.config.stall_check_disable:
             responses.extend(self.watchdog.handle(stalled))
-        put, members = self.cache.put, self.psets.members_table()
+        self._remember(responses)
+        return responses
+
+    def _remember(self, responses: list[Response]) -> None:
+        """Keep the agreed names in the response cache: a name as itself, a generated one as its stream's next."""
+        cache, members = self.cache, self.psets.members_table()
         single_use = self.names.single_use if self.names is not None else None
         for resp in responses:
+            if resp.error is not None:
+                continue
+            ranks = members.get(resp.ps_id, [])
             # a generated name is never submitted again: keeping it would only evict a name that comes back, and
-            # its kept Response brought full garbage collections to bursts of unnamed ops (benchmarks/README.md)
-            if resp.error is None and (single_use is None or not single_use(resp.name)):
-                # a plain agreement (no stand-ins) is what the cache would make: it keeps it
+            # its kept Response brought full garbage collections to bursts of unnamed ops (benchmarks/README.md);
+            # its stream's one bit stands for the next one instead
+            if single_use is not None and single_use(resp.name):
+                cache.put_stream(resp.name, resp.sig, ranks, self.cycles)
+            else:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
                 plain = resp if not resp.joined and resp.last_joined < 0 else None
-                put(resp.name, resp.sig, members.get(resp.ps_id, []), self.cycles, plain)
-        return responses
+                cache.put(resp.name, resp.sig, ranks, self.cycles, plain)
 
 
 __all__ = ["Engine"]

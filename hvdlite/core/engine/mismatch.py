@@ -2,13 +2,11 @@
 and where a stalled name's ranks were instead."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from . import callsite
+from .messages import RankMessage
 from .requests import FIELD_LABELS, Kind, Signature
-
-if TYPE_CHECKING:
-    from .negotiation import RankMessage
 
 __all__ = ["describe_mismatch", "invalid_argument", "submitted_at", "used_elsewhere", "waiting_instead"]
 
@@ -80,12 +78,12 @@ def _ranks(ranks: Iterable[int]) -> str:
 
 
 # -- stall text (engine/negotiation.py's Stalled reads it only when a warning or verdict needs it) --------------
-def submitted_at(messages: Sequence["RankMessage"], key: tuple[int, str], ranks: Iterable[int]) -> str:
+def submitted_at(messages: Sequence[RankMessage], key: tuple[int, str], ranks: Iterable[int]) -> str:
     """Where each of ``ranks`` submitted ``key`` in the user's code (from their messages)."""
     return callsite.describe({r: messages[r].site(key) for r in ranks})
 
 
-def waiting_instead(messages: Sequence["RankMessage"], missing: list[int], most: int = 3) -> str:
+def waiting_instead(messages: Sequence[RankMessage], missing: list[int], most: int = 3) -> str:
     """What each missing rank had pending instead of a stalled name, with its lines."""
     parts = []
     for rank in missing:

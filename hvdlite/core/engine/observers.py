@@ -7,7 +7,7 @@ import numpy as np
 
 from ..config import Config
 from .autotune import Autotuner
-from .negotiation import FLAG_EXCHANGE, FLAG_FULL
+from .negotiation import FLAG_EXCHANGE, FLAG_EXPLAIN
 from .stragglers import Stragglers
 from .timeline import Timeline
 
@@ -23,9 +23,9 @@ class CycleObserver:
         self.timeline = timeline
 
     def flags(self, now: float) -> int:
-        """The flags this rank raises in the cycle starting at ``now``: a full round for rank 0's new settings,
-        the exchange of straggler times when rank 0's clock says one is due."""
-        raised = FLAG_FULL if self.autotune.wants_round() else 0
+        """The flags this rank raises in the cycle starting at ``now``: an explaining round (every rank's message
+        gathered) for rank 0's new settings, the exchange of straggler times when rank 0's clock says one is due."""
+        raised = FLAG_EXPLAIN if self.autotune.wants_round() else 0
         return raised | FLAG_EXCHANGE if now >= self.stragglers.tick_at else raised
 
     def agreed(self, all_flags: int) -> None:

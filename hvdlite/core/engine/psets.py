@@ -27,6 +27,18 @@ class Registry:
     def members(self, ps_id: int) -> list[int]:
         return self.ranks.get(ps_id, [])
 
+    def slot(self, ps_id: int) -> int:
+        """The set's position among the registered ones (the same on every rank: sets change by agreed ops), or
+        -1 if it is not registered here."""
+        for slot, registered in enumerate(self.ranks):
+            if registered == ps_id:
+                return slot
+        return -1
+
+    def of_slots(self, mask: int) -> list[int]:
+        """The registered sets whose positions are the bits of ``mask``, in order."""
+        return [ps_id for slot, ps_id in enumerate(self.ranks) if mask >> slot & 1]
+
     def has_partial_sets(self) -> bool:
         """True when some registered set leaves out some rank (its ops need non-members in every round)."""
         return any(len(ranks) < self.world_size for ranks in self.ranks.values())

@@ -1,0 +1,94 @@
+"""Negotiation whose bytes per rank do not grow with the job: new names are voted through (no rank's table is
+gathered), unnamed ops of a loop are agreed by position, and only a mismatch or a stall takes the explaining
+round, whose errors are exact and the same on every rank."""
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import hvdlite as hvd
+from exact import same
+
+MPI_SIZES = (2, 3, 4)
+SPAWN_TIMEOUT = 240
+R, N = hvd.rank(), hvd.size()
+TRI = sum(range(N))
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {key: after[key] - before[key] for key in after}
+
+
+def test_new_names_in_any_order_are_voted_through_without_gathering_any_table(reinit: Callable[..., None]) -> None:
+    reinit(cache_capacity=1024)
+    names = [f"vote.{i}" for i in range(60)]
+    random.Random(R).shuffle(names)
+    before = hvd.engine_stats()
+    handles = {name: hvd.allreduce_async(np.full(3, R + int(name[5:]), np.float32), op=hvd.Sum, name=name)
+               for name in names}
+    for name in sorted(names):
+        same(hvd.synchronize(handles[name]), np.full(3, N * int(name[5:]) + TRI, np.float32), name)
+    delta = _delta(before, hvd.engine_stats())
+    assert delta["explain_cycles"] == 0 and delta["full_path_bytes"] == 0, delta
+    assert delta["full_cycles"] > 0 and delta["vote_bytes"] > 0, delta
+
+
+def test_unnamed_ops_of_a_loop_are_agreed_by_position(reinit: Callable[..., None]) -> None:
+    """A loop that averages its loss unnamed: after the first, each step's op is agreed on the bit-vector alone."""
+    reinit()
+    for step in range(3):
+        same(hvd.allreduce(np.array([R + step], np.float64), op=hvd.Sum), np.array([N * step + TRI], np.float64))
+    before = hvd.engine_stats()
+    for step in range(40):
+        same(hvd.allreduce(np.array([R + step], np.float64), op=hvd.Sum), np.array([N * step + TRI], np.float64))
+    delta = _delta(before, hvd.engine_stats())
+    assert delta["full_cycles"] == 0 and delta["vote_bytes"] == 0, delta
+
+
+def test_unnamed_ops_of_two_shapes_alternating_stay_exact(reinit: Callable[..., None]) -> None:
+    """One stream, two signatures in turn: each op misses the stream's bit and is voted through, exactly."""
+    reinit()
+    for step in range(10):
+        shape = (2,) if step % 2 else (3, 1)
+        same(hvd.allreduce(np.full(shape, R + step, np.int64), op=hvd.Sum), np.full(shape, N * step + TRI, np.int64))
+
+
+def test_a_mismatch_found_by_the_vote_is_explained_on_every_rank(reinit: Callable[..., None]) -> None:
+    reinit()
+    hvd.allreduce(np.ones(2, np.float32), name="agreed.first")
+    shape = (3,) if R == N - 1 else (2,)
+    with pytest.raises(hvd.TensorMismatchError) as info:
+        hvd.allreduce(np.ones(shape, np.float32), name="voted.mismatch")
+    others = "rank 0" if N == 2 else "ranks " + ", ".join(map(str, range(N - 1)))
+    text = str(info.value).split(": ", 1)[1]  # the rest is identical everywhere
+    assert text.startswith(f"Mismatched allreduce for tensor 'voted.mismatch': the shape differs across ranks "
+                           f"({others}: (2,); rank {N - 1}: (3,)). Every rank must submit"), text
+    assert len(set(hvd.allgather_object(text))) == 1
+    # a cached name whose signature changes on one rank only: the vote finds it too
+    with pytest.raises(hvd.TensorMismatchError, match=r"the dtype differs across ranks"):
+        hvd.allreduce(np.ones(2, np.float64 if R == 0 else np.float32), name="agreed.first")
+    same(hvd.allreduce(np.full(2, R, np.float32), op=hvd.Sum, name="agreed.first"), np.full(2, TRI, np.float32))
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_set_without_rank_0_is_proposed_by_its_lowest_member(reinit: Callable[..., None]) -> None:
+    reinit()
+    members = list(range(1, N))
+    ps = hvd.add_process_set(members)
+    try:
+        if R in members:
+            names = [f"set.{i}" for i in range(20)]
+            random.Random(R).shuffle(names)
+            handles = {name: hvd.allreduce_async(np.full(2, R, np.float32), op=hvd.Sum, name=name, process_set=ps)
+                       for name in names}
+            for name, handle in handles.items():
+                same(hvd.synchronize(handle), np.full(2, sum(members), np.float32), name)
+            for step in range(5):  # unnamed, by position in the set's own stream
+                same(hvd.allreduce(np.array([R + step], np.int64), op=hvd.Sum, process_set=ps),
+                     np.array([sum(members) + step * len(members)], np.int64))
+        same(hvd.allreduce(np.array([R], np.int64), op=hvd.Sum, name="after.set"), np.array([TRI], np.int64))
+    finally:
+        hvd.remove_process_set(ps)
