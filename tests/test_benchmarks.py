@@ -490,15 +490,16 @@ def check_zero_throughput(records: Records, tmp_path: Path) -> None:
 
 @check("negotiation_scale")
 def check_negotiation_scale(report: Records, tmp_path: Path) -> None:
-    """One job of 2 ranks: the cached round's bit vector is 8 + cache_capacity / 8 bytes per rank, and the full
-    round's bytes are both ranks' messages."""
+    """One job of 2 ranks: a cached step is the bit vector alone (8 + cache_capacity / 8 bytes a cycle), a first
+    step a vote (no rank's table gathered), an unnamed op of a loop the bit vector alone (agreed by position)."""
     assert report["benchmark"] == "negotiation_scale"
     (result,) = report["results"]
     assert result["ranks"] == 2 and result["tensors_per_step"] == 2
-    assert result["bitvector_bytes_per_cycle_per_rank"] == 8 + 1024 / 8
-    assert result["cached_full_rounds"] == 0  # the steady names, agreed once, travel as cache bits only
-    assert result["full_path_bytes_per_round"] == 2 * result["full_path_bytes_per_rank_message"] > 0
-    assert_positive(result, "cached_cycle_ms", "full_cycle_ms", "cached_step_ms", "full_step_ms")
+    cached, first, unnamed = (result["per_rank_mean"][path] for path in ("cached", "first", "unnamed"))
+    assert cached["full_cycles"] == 0 and cached["bitvector_bytes"] == (8 + 1024 / 8) * cached["cycles"]
+    assert first["explain_cycles"] == 0 and first["full_path_bytes"] == 0 and first["vote_bytes"] > 0
+    assert unnamed["full_cycles"] == 0 and unnamed["vote_bytes"] == 0
+    assert cached["negotiation_calls"] == cached["cycles"] > 0 and first["negotiation_calls"] > first["cycles"]
 
 
 @check("profile_step")

@@ -1,25 +1,40 @@
-"""Negotiation cost against job size: bytes per cycle on the full and cached paths, and cycle time.
+"""Negotiation cost against job size: bytes and MPI calls per step per rank (first step, cached step, unnamed op).
 
-Run:  python benchmarks/lab/negotiation_scale.py [--sizes 2,4,8,16,32,64] [--tensors 16] [--steps 40]
-It launches ``mpiexec -n N`` for each size (oversubscribed on a small machine: ``-bind-to none``) and prints one
-JSON object: per size, the bytes allgathered per full negotiation round (every rank's pickled message), the
-bytes of the bit-vector all-reduce per cycle (per rank), and the wall time per cycle on each path.
+Run:  python benchmarks/lab/negotiation_scale.py [--sizes 2,4,...,128] [--tensors 16] [--steps 40] [--launcher CMD]
+It launches ``mpiexec -n N`` for each size (oversubscribed: ``-bind-to none``; numpy core only) and prints one JSON
+object: per size, what each rank's engine counted per round (the bytes it sent in the bit-vector all-reduce and
+received in votes and explaining allgathers; the negotiation's MPI calls) for a first step of ``--tensors`` new
+names, a cached step of the same names and one unnamed allreduce of a loop; and what the kernel counted
+(``/proc/self/io``'s rchar + wchar: socket bytes under a TCP transport, e.g. ``--launcher "/work/venvs/ompi5/bin/
+mpiexec --oversubscribe --mca btl tcp,self --mca pml ob1"``; ~0 over shared memory), beside a raw MPI all-reduce of
+one float measured the same way.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
+COUNTED = ("cycles", "full_cycles", "explain_cycles", "bitvector_bytes", "vote_bytes", "full_path_bytes",
+           "negotiation_calls")
+
+
+def io_bytes() -> int:
+    """This process's bytes through read/write system calls so far (sockets included)."""
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(fields["rchar"]) + int(fields["wchar"])
 
 
 def worker(tensors: int, steps: int) -> None:
     import numpy as np
+    from mpi4py import MPI
 
     import hvdlite as hvd
     from hvdlite.core import runtime
@@ -32,59 +47,70 @@ def worker(tensors: int, steps: int) -> None:
         for h in handles:
             hvd.synchronize(h)
 
-    def measure(step_names: list[list[str]]) -> dict:
+    def measure(body: Callable[[], None], rounds: int) -> dict[str, Any]:
+        """Per round (``rounds`` of them), what the engine counted and the kernel's bytes, on this rank."""
         hvd.barrier()
-        before = dict(engine.stats())
-        start = time.perf_counter()
-        for names in step_names:
-            run(names)
-        elapsed = time.perf_counter() - start
-        after = engine.stats()
-        d = {k: after[k] - before[k] for k in after}
-        return {"seconds": elapsed, **d}
+        before, io0, start = dict(engine.stats()), io_bytes(), time.perf_counter()
+        body()
+        seconds, io1, after = time.perf_counter() - start, io_bytes(), engine.stats()
+        d = {k: (after[k] - before[k]) / rounds for k in COUNTED}
+        d["engine_bytes"] = d["bitvector_bytes"] + d["vote_bytes"] + d["full_path_bytes"]
+        d["kernel_bytes"] = (io1 - io0) / rounds
+        d["ms"] = 1000 * seconds / rounds
+        return d
 
     steady = [f"steady.{i}" for i in range(tensors)]
-    run(steady)  # agree on the steady names once (full path), then they hit the cache
-    cached = measure([steady] * steps)
-    full = measure([[f"new.{s}.{i}" for i in range(tensors)] for s in range(max(1, steps // 4))])
+    run(steady)  # agreed once; then they hit the cache
+    cached = measure(lambda: [run(steady) for _ in range(steps)], steps)
+    first_steps = max(1, steps // 4)
+    first = measure(lambda: [run([f"new.{s}.{i}" for i in range(tensors)]) for s in range(first_steps)], first_steps)
+    hvd.allreduce(np.ones(1), op=hvd.Sum)  # the unnamed stream's first op: a vote
+    unnamed = measure(lambda: [hvd.allreduce(np.ones(1), op=hvd.Sum) for _ in range(steps)], steps)
+    comm, one, out = MPI.COMM_WORLD, np.ones(1), np.empty(1)
+    comm.Barrier()
+    io0 = io_bytes()
+    for _ in range(steps):
+        comm.Allreduce(one, out)
+    raw = (io_bytes() - io0) / steps
+    rows = hvd.allgather_object({"first": first, "cached": cached, "unnamed": unnamed, "raw_mpi_kernel_bytes": raw})
     if hvd.rank() == 0:
+        mean = {path: {k: sum(r[path][k] for r in rows) / len(rows) for k in rows[0][path]}
+                for path in ("first", "cached", "unnamed")}
         print("RESULT " + json.dumps({
-            "ranks": hvd.size(), "tensors_per_step": tensors,
-            "full_path_bytes_per_round": full["full_path_bytes"] / max(1, full["full_cycles"]),
-            "full_path_bytes_per_rank_message": full["full_path_bytes"] / max(1, full["full_cycles"]) / hvd.size(),
-            "bitvector_bytes_per_cycle_per_rank": cached["bitvector_bytes"] / max(1, cached["cycles"]),
-            "cached_cycle_ms": 1000 * cached["seconds"] / max(1, cached["cycles"]),
-            "cached_step_ms": 1000 * cached["seconds"] / steps,
-            "cached_full_rounds": cached["full_cycles"],
-            "full_cycle_ms": 1000 * full["seconds"] / max(1, full["cycles"]),
-            "full_step_ms": 1000 * full["seconds"] / max(1, steps // 4),
+            "ranks": hvd.size(), "tensors_per_step": tensors, "per_rank_mean": mean,
+            "per_rank_max_engine_bytes": {p: max(r[p]["engine_bytes"] for r in rows) for p in mean},
+            "raw_mpi_allreduce_kernel_bytes": sum(r["raw_mpi_kernel_bytes"] for r in rows) / len(rows),
         }), flush=True)
     hvd.shutdown()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="2,4,8,16,32,64")
+    parser.add_argument("--sizes", default="2,4,8,16,32,64,128")
     parser.add_argument("--tensors", type=int, default=16)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--launcher", default="mpiexec -bind-to none", help="mpiexec and its flags")
+    parser.add_argument("--python", default=sys.executable, help="the ranks' interpreter")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.tensors, args.steps)
         return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", HVDLITE_CYCLE_TIME=os.environ.get("HVDLITE_CYCLE_TIME", "5"))
     results = []
     for n in [int(s) for s in args.sizes.split(",")]:
-        cmd = ["mpiexec", "-n", str(n), "-bind-to", "none", sys.executable, __file__, "--worker",
+        cmd = [*shlex.split(args.launcher), "-n", str(n), args.python, __file__, "--worker",
                "--tensors", str(args.tensors), "--steps", str(args.steps)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
             sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         results.append(json.loads(lines[0][7:]))
-    print(json.dumps({"benchmark": "negotiation_scale", "cpus": os.cpu_count(), "results": results}, indent=1))
+        print(f"# {n} ranks done", file=sys.stderr, flush=True)
+    print(json.dumps({"benchmark": "negotiation_scale", "cpus": os.cpu_count(), "launcher": args.launcher,
+                      "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ class Engine:
         self.bitvector_bytes = 0    # bytes each rank contributed to the per-cycle bit-vector all-reduces
         self.vote_bytes = 0         # bytes this rank received in votes (proposal sizes, proposals, the vote)
         self.full_path_bytes = 0    # bytes allgathered (every rank's message) on explaining rounds
+        self.negotiation_calls = 0  # MPI collectives the rounds made (the data's are executor.mpi_calls)
         self._join_cycle = -1
         self._join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
         self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names, fence)
@@ -131,7 +132,7 @@ class Engine:
         return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls,
                 "busy_cycles": self.busy_cycles, "bitvector_bytes": self.bitvector_bytes,
                 "full_path_bytes": self.full_path_bytes, "explain_cycles": self.explain_cycles,
-                "vote_bytes": self.vote_bytes}
+                "vote_bytes": self.vote_bytes, "negotiation_calls": self.negotiation_calls}
 
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -296,6 +297,7 @@ class Engine:
         vec = cache.encode(flags, cache.member & ~mine)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
+        self.negotiation_calls += 1
         self._allreduce_or(vec, result, busy=bool(pending) or self._job_busy)
         self._round_end = time.monotonic()
         all_flags, missing = cache.decode(result)
@@ -337,6 +339,7 @@ class Engine:
         voted = vote(self.comm, self.mpi_ops, self.rank, sets, self.psets.members_table(), self.completion.pending,
                      {resp.key for resp in cached})
         self.vote_bytes += voted.received_bytes
+        self.negotiation_calls += voted.calls
         if voted.responses is None:
             self.full_cycles -= 1  # counted once, as the explaining round
             return self._full_round(shutdown)
@@ -352,6 +355,7 @@ class Engine:
         sizes: list[int] = []
         messages = allgather_messages(self.comm, msg, sizes)
         self.full_path_bytes += sum(sizes) + 8 * len(sizes)
+        self.negotiation_calls += 2
         stopping = [r for r, m in enumerate(messages) if m.shutdown]
         if stopping:
             raise Stop(stalls.shutdown_message(self.rank, stopping))

@@ -30,10 +30,11 @@ POLL_CAP = 0.001  # seconds between polls (as negotiation's exchanges)
 
 class Voted(NamedTuple):
     """A vote's outcome: the responses to run now (None: something to explain, take the explaining round),
-    and the bytes this rank received (the proposals' sizes, the proposals, the vote)."""
+    the bytes this rank received (the proposals' sizes, the proposals, the vote) and its MPI calls."""
 
     responses: Optional[list[Response]]
     received_bytes: int
+    calls: int
 
 
 def uncached_flags(pending: dict[tuple[int, str], Request], slot: Callable[[int], int]) -> int:
@@ -95,8 +96,9 @@ def vote(comm: Any, mpi: Any, rank: int, sets: list[int], members_of: dict[int, 
         names, index, sigs = pickle.loads(buf.tobytes())
         sigs = [shared(sig) for sig in sigs]  # equal signatures are one object: ``is`` decides the usual case
         proposed.extend((name, sigs[j]) for name, j in zip(names, index))
+    calls = 1 + len(requests)
     if not proposed:
-        return Voted([], received)
+        return Voted([], received, calls)
     missing = np.zeros(len(proposed), dtype=bool)
     differs = np.zeros(len(proposed), dtype=bool)
     for j, (name, sig) in enumerate(proposed):
@@ -117,12 +119,12 @@ def vote(comm: Any, mpi: Any, rank: int, sets: list[int], members_of: dict[int, 
     received += result.nbytes
     bits = np.unpackbits(result.view(np.uint8), bitorder="little").view(bool)
     if bits[64 * words:64 * words + len(proposed)].any():
-        return Voted(None, received)  # some member has another signature: the explaining round says which
+        return Voted(None, received, calls + 1)  # another signature somewhere: the explaining round says which
     responses = []
     for j in np.flatnonzero(~bits[:len(proposed)]).tolist():
         name, sig = proposed[j]
         if sig.kind is Kind.BROADCAST and invalid_argument(name, {0: sig}, members_of.get(sig.ps_id, [])):
-            return Voted(None, received)  # an argument no member can use: explained with the members' lines
+            return Voted(None, received, calls + 1)  # an argument no member can use: explained with their lines
         responses.append(Response(name, sig))
-    return Voted(responses, received)
+    return Voted(responses, received, calls + 1)
 
