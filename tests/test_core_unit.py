@@ -773,7 +773,7 @@ def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypat
     for name in ("YIELD_EVERY", "EAGER_POLLS", "_FINE_SLACK", "_SPIN_WHILE_WAITED", "ARRIVAL_SPIN_S",
                  "_arrivals_prompt"):
         monkeypatch.setattr(polling, name, getattr(polling, name))  # restored after the test
-    monkeypatch.setattr(polling, "_watch", None)
+    polling.set_watch(None)  # (this thread's; the test runs in no engine thread)
     monkeypatch.setattr(handles, "_blocked", 1)  # a user thread is blocked on a handle
     polling.share_cores(3, 2)
     crowded = _SlowRequest(0.05)

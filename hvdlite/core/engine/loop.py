@@ -6,6 +6,7 @@ groups them into batches -> ``execution`` runs each batch's MPI calls -> handles
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 import traceback
@@ -16,20 +17,18 @@ import numpy as np
 from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
-from . import deterministic, mpi, polling, stalls
+from . import deterministic, mpi, polling, rounds
 from .completion import Completion, VerdictNames
 from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
 from .presence import Presence
-from .messages import pending_message
-from .negotiation import (FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SET_SHIFT, FLAG_SHUTDOWN,
-                          JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE, allgather_messages, decide)
-from .vote import uncached_flags, vote
+from .negotiation import FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE
+from .vote import uncached_flags
 from .cache import ResponseCache
 from .observers import CycleObserver
-from .psets import Registry
-from .requests import Kind, Request, Response
+from .psets import Registry, Scope
+from .requests import Kind, Request
 from .stalls import Stop, Watchdog, Wedged
 from .timeline import Timeline, negotiate_activity
 
@@ -50,11 +49,15 @@ class Engine:
                  process_sets: Registry, presence_comm: Any,
                  names: Optional[VerdictNames] = None, planes: Any = None,
                  hosts: Optional[list[str]] = None,
-                 fence: Optional[Callable[[list[int]], list[int]]] = None) -> None:
+                 fence: Optional[Callable[[list[int]], list[int]]] = None, scope: Optional[int] = None,
+                 parent: Optional[Engine] = None) -> None:
         self.comm = comm
         self.hosts = hosts or []  # each rank's host, to name a lost rank's
-        self.rank = comm.Get_rank()
+        self.rank = process_sets.world_rank  # the job's rank (also in a partial set's own engine)
         self.size = comm.Get_size()
+        self.scope = Scope(process_sets, scope)  # the whole job, or one partial set's members (see _set_changed)
+        if scope is not None:  # straggler windows and autotune's agreement are the whole job's
+            config = dataclasses.replace(config, straggler_window_ops=0, autotune=False)
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
@@ -81,9 +84,9 @@ class Engine:
         self.vote_bytes = 0         # bytes this rank received in votes (proposal sizes, proposals, the vote)
         self.full_path_bytes = 0    # bytes allgathered (every rank's message) on explaining rounds
         self.negotiation_calls = 0  # MPI collectives the rounds made (the data's are executor.mpi_calls)
-        self._join_cycle = -1
-        self._join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
-        self.watchdog = Watchdog(config, self.rank, self.size, self.presence, self._waiting_names, fence)
+        self.join_cycle = -1
+        self.join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
+        self.watchdog = Watchdog(config, comm.Get_rank(), self.size, self.presence, self._waiting_names, fence)
         self.fault_tolerant = fence is not None  # (a fence is given exactly to fault-tolerant jobs: ULFM on)
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
@@ -93,6 +96,11 @@ class Engine:
         self._agreed_at = self._round_end = time.monotonic()
         self.observer = CycleObserver(config, self.rank, self.size, self.executor, timeline)
         self.autotune, self.stragglers = self.observer.autotune, self.observer.stragglers  # (their readers')
+        self.set_engines: dict[int, Engine] = {}  # this rank's partial sets' own engines, by set
+        self.parent = parent  # a partial set's engine: the whole job's
+        self._planes = planes
+        if scope is None:
+            process_sets.on_change = self._set_changed
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
 
@@ -100,6 +108,8 @@ class Engine:
     def submit(self, req: Request) -> None:
         """The one way into the engine, for every request (each built by core/submission.submit, which notes
         its call site)."""
+        if self.set_engines and req.key[0] in self.set_engines:  # a partial set's: its members' engine
+            return self.set_engines[req.key[0]].submit(req)
         key, inflight = req.key, self.completion.inflight
         with self._lock:
             if self.error is not None:
@@ -114,8 +124,18 @@ class Engine:
                 self._sleeping = False  # one wake-up is enough: later submissions before it runs need none
                 self._cv.notify()
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """Ask every rank's engine to stop (collectively) and wait for this one to finish."""
+    def in_flight(self) -> list[tuple[int, str]]:
+        """The (set, name)s submitted here and not ended (another of this rank's engines reads them)."""
+        with self._lock:
+            return list(self.completion.inflight)
+
+    def stop(self, timeout: float = 60.0, drain: bool = False) -> None:
+        """Ask every rank's engine to stop (collectively) and wait for this one to finish; ``drain``: once every
+        op in flight here has ended."""
+        for engine in list(self.set_engines.values()):
+            engine.stop(timeout)
+        while drain and self.completion.inflight and self.error is None and self._thread.is_alive():
+            time.sleep(0.001)
         with self._cv:
             self._shutdown_requested = True
             self._cv.notify()
@@ -234,12 +254,21 @@ class Engine:
                 return True
             cap = self.config.idle_heartbeat_seconds
             if self._job_busy:
-                if self.psets.has_partial_sets():
-                    return True
                 cap = min(cap, IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S)
             self._idle_pause = min(cap, max(cycle_s, 1e-4, self._idle_pause * 2))
             self._sleep(self._idle_pause)
         return True
+
+    def _set_changed(self, kind: Kind, ps_id: int) -> None:
+        """A partial set was added (its members start its own engine, so its ops never wait for the others'
+        engines) or is being removed (its members stop theirs: collectively, as every member runs the removal)."""
+        psets = self.psets
+        if kind is Kind.ADD_PROCESS_SET and psets.partial(ps_id) and psets.is_member(ps_id):
+            self.set_engines[ps_id] = Engine(psets.comms[ps_id], self.mpi_ops, self.config, self.timeline, psets,
+                                              psets.presence_comms[ps_id], self.names, self._planes, self.hosts,
+                                              scope=ps_id, parent=self)
+        elif kind is Kind.REMOVE_PROCESS_SET and ps_id in self.set_engines:
+            self.set_engines.pop(ps_id).stop(drain=True)  # the set's ops submitted before its removal run first
 
     def _move_names(self, names: VerdictNames, new: list[Request]) -> None:
         """Rename the submissions that took a generated name before this rank read a stall verdict that
@@ -279,7 +308,7 @@ class Engine:
         for req in new:
             pending[req.key] = req
             if req.sig.kind is Kind.JOIN:
-                self._join_cycle = self.cycles
+                self.join_cycle = self.cycles
             if tracing:
                 self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)
         self.timeline.cycle(self.cycles)
@@ -288,8 +317,8 @@ class Engine:
         cache = self.cache
         mine = bits.add(new, pending)
         if bits.uncached:
-            flags |= uncached_flags(pending, self.psets.slot)
-        if self.watchdog.check_due(pending.values()) or self._join_cycle >= 0:
+            flags |= uncached_flags(pending, self.scope.slot)
+        if self.watchdog.check_due(pending.values()) or self.join_cycle >= 0:
             flags |= FLAG_EXPLAIN
         if pending:
             flags |= FLAG_BUSY
@@ -307,18 +336,18 @@ class Engine:
 
         full = bool(all_flags & (FLAG_FULL | FLAG_EXPLAIN))
         if all_flags & FLAG_EXPLAIN:
-            responses = self._full_round(shutdown)
+            responses = rounds.explaining_round(self, shutdown)
         else:
             responses = cache.ready(missing, self.cycles)
             if full:
-                responses = self._vote_round(responses, all_flags, shutdown)
+                responses = rounds.vote_round(self, responses, all_flags)
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
             known = None if full or not self.psets.only_global() else bits.times_of(cache.ready_bits)
             self._agreed_at = time.monotonic()
             self.observer.before_run(responses, pending, self._agreed_at, self.comm, known)
             self.completion.execute(responses)
-            if self._join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
-                self._join_cycle = -1
+            if self.join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
+                self.join_cycle = -1
             self.observer.after_run()
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
@@ -330,59 +359,6 @@ class Engine:
         with self._cv:
             queued = [req.name for req in self._queue]
         return sorted({name for _, name in self.completion.pending} | set(queued))
-
-    def _vote_round(self, cached: list[Response], all_flags: int, shutdown: bool) -> list[Response]:
-        """The cached responses, then the names voted through (engine/vote.py); the explaining round's
-        responses instead when the vote found something to explain."""
-        self.full_cycles += 1
-        sets = self.psets.of_slots(all_flags >> FLAG_SET_SHIFT)
-        voted = vote(self.comm, self.mpi_ops, self.rank, sets, self.psets.members_table(), self.completion.pending,
-                     {resp.key for resp in cached})
-        self.vote_bytes += voted.received_bytes
-        self.negotiation_calls += voted.calls
-        if voted.responses is None:
-            self.full_cycles -= 1  # counted once, as the explaining round
-            return self._full_round(shutdown)
-        self._remember(voted.responses)
-        return cached + voted.responses
-
-    def _full_round(self, shutdown: bool) -> list[Response]:
-        self.full_cycles += 1
-        self.explain_cycles += 1
-        now = time.monotonic()
-        msg = pending_message(self.completion.pending.values(), now, shutdown=shutdown, join_cycle=self._join_cycle,
-                              tune=self.observer.outgoing())
-        sizes: list[int] = []
-        messages = allgather_messages(self.comm, msg, sizes)
-        self.full_path_bytes += sum(sizes) + 8 * len(sizes)
-        self.negotiation_calls += 2
-        stopping = [r for r, m in enumerate(messages) if m.shutdown]
-        if stopping:
-            raise Stop(stalls.shutdown_message(self.rank, stopping))
-        self.observer.adopt(messages[0].tune, self.cycles)  # every rank switches here, at the same cycle
-        responses, stalled = decide(messages, self.psets.members_table(), self.size, self._join_tolerant)
-        self.watchdog.last_check = now
-        if stalled and not self.config.stall_check_disable:
-            responses.extend(self.watchdog.handle(stalled))
-        self._remember(responses)
-        return responses
-
-    def _remember(self, responses: list[Response]) -> None:
-        """Keep the agreed names in the response cache: a name as itself, a generated one as its stream's next."""
-        cache, members = self.cache, self.psets.members_table()
-        single_use = self.names.single_use if self.names is not None else None
-        for resp in responses:
-            if resp.error is not None:
-                continue
-            ranks = members.get(resp.ps_id, [])
-            # a generated name is never submitted again: keeping it would only evict a name that comes back, and
-            # its kept Response brought full garbage collections to bursts of unnamed ops (benchmarks/README.md);
-            # its stream's one bit stands for the next one instead
-            if single_use is not None and single_use(resp.name):
-                cache.put_stream(resp.name, resp.sig, ranks, self.cycles)
-            else:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
-                plain = resp if not resp.joined and resp.last_joined < 0 else None
-                cache.put(resp.name, resp.sig, ranks, self.cycles, plain)
 
 
 __all__ = ["Engine"]

@@ -19,11 +19,12 @@ class RankMessage:
     1,000 strings, a few numbers each and one signature, not 1,000 tuples and signatures (see ``decide``)."""
 
     __slots__ = ("names", "sig_index", "sigs", "ages", "site_index", "site_texts", "shutdown", "join_cycle", "tune",
-                 "_by_key")
+                 "elsewhere", "_by_key")
 
     def __init__(self, reqs: Sequence[tuple[str, Signature, float]] = (), shutdown: bool = False,
                  join_cycle: int = -1, tune: Optional[dict[Any, Any]] = None,
-                 sites: Optional[dict[tuple[int, str], str]] = None) -> None:
+                 sites: Optional[dict[tuple[int, str], str]] = None,
+                 elsewhere: Sequence[tuple[int, str]] = ()) -> None:
         """From (name, signature, age) triples and a (process set, name) -> "file:line" table (tests, tools);
         the engine builds its messages with ``pending_message``."""
         sigs: list[Signature] = []
@@ -39,15 +40,16 @@ class RankMessage:
         self.shutdown = shutdown
         self.join_cycle = join_cycle  # cycle at which this rank joined, -1 if it has not
         self.tune = tune  # rank 0 only: autotune settings every rank adopts after this round
+        self.elsewhere = list(elsewhere)  # (set, name) pending in this rank's other engines (a stall's note)
         self._by_key: Optional[dict[tuple[int, str], int]] = None  # made on the receiving side when an error reads it
 
     def __getstate__(self) -> tuple[Any, ...]:
         return (self.names, self.sig_index, self.sigs, self.ages, self.site_index, self.site_texts, self.shutdown,
-                self.join_cycle, self.tune)
+                self.join_cycle, self.tune, self.elsewhere)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         (self.names, self.sig_index, sigs, self.ages, self.site_index, self.site_texts, self.shutdown,
-         self.join_cycle, self.tune) = state
+         self.join_cycle, self.tune, self.elsewhere) = state
         self.sigs = [shared(sig) for sig in sigs]  # equal signatures of every rank are one object: ``is`` agrees
         self._by_key = None
 

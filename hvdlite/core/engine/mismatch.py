@@ -97,13 +97,18 @@ def waiting_instead(messages: Sequence[RankMessage], missing: list[int], most: i
     return "".join(parts)
 
 
-def used_elsewhere(table: dict[tuple[int, str], dict[int, int]], ps_id: int, name: str, missing: list[int]) -> str:
+def used_elsewhere(table: dict[tuple[int, str], dict[int, int]], messages: Sequence[RankMessage], ps_id: int,
+                   name: str, missing: list[int]) -> str:
     """For a stalled name: which missing ranks have the same name pending under another process set (a
-    disagreement on the set, shown in the stall report rather than refused: order differs legally)."""
-    notes = []
+    disagreement on the set, shown in the stall report rather than refused: order differs legally), in this
+    round's table or in their other engines (a partial set's own, the whole job's: ``RankMessage.elsewhere``)."""
+    used: dict[int, set[int]] = {}
     for (other_ps, other_name), entries in table.items():
         if other_name == name and other_ps != ps_id:
-            used = sorted(r for r in entries if r in missing)
-            if used:
-                notes.append(f"rank(s) {used} submitted it for process set {other_ps} instead")
-    return "; ".join(notes)
+            used.setdefault(other_ps, set()).update(r for r in entries if r in missing)
+    for rank in missing:
+        for other_ps, other_name in messages[rank].elsewhere:
+            if other_name == name and other_ps != ps_id:
+                used.setdefault(other_ps, set()).add(rank)
+    return "; ".join(f"rank(s) {sorted(ranks)} submitted it for process set {other_ps} instead"
+                     for other_ps, ranks in sorted(used.items()) if ranks)

@@ -53,7 +53,7 @@ class Stalled:
             table, messages = self._context
             self._context = None
             key = (self.sig.ps_id if self.sig is not None else 0, self.name)
-            self._note = used_elsewhere(table, key[0], self.name, self.missing_ranks)
+            self._note = used_elsewhere(table, messages, key[0], self.name, self.missing_ranks)
             self._where = submitted_at(messages, key, self.ready_ranks) + waiting_instead(messages, self.missing_ranks)
 
     @property

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -36,9 +37,10 @@ LONG_WAIT_RATE = 0.02
 #: The longest pause between two looks while peers are absent (well within presence.GRACE_S).
 LONG_WAIT_CAP_S = 0.5
 
-#: Runs between the polls of every wait with the seconds waited so far; returns True to restart that count.
-#: The engine answers presence probes there and gives up on a wait that a vanished peer holds.
-_watch: Optional[Callable[[float], bool]] = None
+#: Per engine thread (a partial process set's members run its own engine): what runs between the polls of every
+#: wait with the seconds waited so far, returning True to restart that count. The engine answers presence
+#: probes there and gives up on a wait that a vanished peer holds.
+_watches = threading.local()
 
 
 def share_cores(ranks: int, cores: int) -> None:
@@ -74,8 +76,8 @@ _SPIN_WHILE_WAITED = True
 
 
 def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
-    global _watch
-    _watch = watch
+    """The calling thread's watch (see _watches)."""
+    _watches.watch = watch
 
 
 def stalled_pause(waited: float) -> float:
@@ -98,7 +100,7 @@ def wait(request: Any, cap: float, arrival: bool = False) -> None:
     The engine's watch runs before each sleep (see set_watch)."""
     global _arrivals_prompt
     test = request.Test
-    watch = _watch
+    watch = getattr(_watches, "watch", None)
     started = began = time.monotonic()
     spin_for = ARRIVAL_SPIN_S if _arrivals_prompt else 0.0
     # spinning: continuously while a user thread waits; otherwise a few polls first, each yielding the

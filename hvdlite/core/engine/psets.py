@@ -1,7 +1,7 @@
-"""The engine's table of process sets: members and the communicator of each, changed only by agreed ops."""
+"""The engine's table of process sets (members, communicators; changed only by agreed ops) and an engine's scope."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..process_sets import ProcessSet, global_process_set
 from . import mpi
@@ -18,6 +18,9 @@ class Registry:
         self.comms: dict[int, Any] = {0: world_comm}
         self.ranks: dict[int, list[int]] = {0: list(range(world_size))}
         self.next_id = 1
+        self.presence_comms: dict[int, Any] = {}  # each partial set's members' own, for their engine's probes
+        #: told (kind, set id) when a set was added (after its communicators exist) or is about to be removed
+        self.on_change: Optional[Callable[[Kind, int], None]] = None
         global_process_set.ranks = list(range(world_size))
         global_process_set._my_rank = world_rank
 
@@ -39,9 +42,9 @@ class Registry:
         """The registered sets whose positions are the bits of ``mask``, in order."""
         return [ps_id for slot, ps_id in enumerate(self.ranks) if mask >> slot & 1]
 
-    def has_partial_sets(self) -> bool:
-        """True when some registered set leaves out some rank (its ops need non-members in every round)."""
-        return any(len(ranks) < self.world_size for ranks in self.ranks.values())
+    def partial(self, ps_id: int) -> bool:
+        """Whether the set leaves out some rank (its members' own engine agrees its ops)."""
+        return ps_id in self.presence_comms
 
     def only_global(self) -> bool:
         """True while the global set is the only one registered (every op is the global set's)."""
@@ -69,12 +72,20 @@ class Registry:
             ps_id = self.next_id
             self.next_id += 1
             self.ranks[ps_id] = ranks
-            self.comms[ps_id] = mpi.split_member(world_comm, self.world_rank in ranks, self.world_rank)
+            member = self.world_rank in ranks
+            self.comms[ps_id] = mpi.split_member(world_comm, member, self.world_rank)
+            if len(ranks) < self.world_size:  # its members negotiate its ops among themselves (engine/loop.py)
+                self.presence_comms[ps_id] = mpi.split_member(world_comm, member, self.world_rank)
+            if self.on_change is not None:
+                self.on_change(kind, ps_id)
             return ps_id
         ps_id = int(extra)
-        comm = self.comms.pop(ps_id, None)
-        if comm is not None:
-            comm.Free()
+        if self.on_change is not None:
+            self.on_change(kind, ps_id)
+        for comms in (self.comms, self.presence_comms):
+            comm = comms.pop(ps_id, None)
+            if comm is not None:
+                comm.Free()
         self.ranks.pop(ps_id, None)
         ps = self.sets.pop(ps_id, None)
         if ps is not None:
@@ -89,9 +100,46 @@ class Registry:
         return ps
 
     def free(self) -> None:
-        for ps_id, comm in list(self.comms.items()):
+        for ps_id, comm in [*self.comms.items(), *self.presence_comms.items()]:
             if ps_id != 0 and comm is not None:
                 comm.Free()
         for ps_id, ps in self.sets.items():
             if ps_id != 0:
                 ps.process_set_id = None
+
+
+class Scope:
+    """The ranks one engine negotiates among: the whole job (``ps_id`` None: the world engine, which agrees the
+    global set's ops, full sets' and the set changes) or one partial set's members (that set's own engine).
+    Ranks are the job's everywhere; ``local`` gives a member's rank on the set's communicator."""
+
+    def __init__(self, registry: Registry, ps_id: Optional[int] = None) -> None:
+        self.registry = registry
+        self.ps_id = ps_id
+        self.members = registry.ranks[ps_id] if ps_id is not None else []
+        self._local = {rank: i for i, rank in enumerate(self.members)}
+
+    def slot(self, ps_id: int) -> int:
+        """The set's bit position in the round's flags (engine/vote.py), -1 if this engine does not agree it."""
+        if self.ps_id is None:
+            return self.registry.slot(ps_id) if not self.registry.partial(ps_id) else -1
+        return 0 if ps_id == self.ps_id else -1
+
+    def sets(self, mask: int) -> list[int]:
+        """The sets whose bits are set in ``mask``, in order."""
+        if self.ps_id is None:
+            return self.registry.of_slots(mask)
+        return [self.ps_id] if mask & 1 else []
+
+    def local(self, rank: int) -> int:
+        return rank if self.ps_id is None else self._local[rank]
+
+    def job_ranks(self, by_local: list[Any], empty: Callable[[], Any]) -> list[Any]:
+        """``by_local`` (one item per rank of this engine's communicator) as one item per rank of the job
+        (``empty()`` for a non-member): what negotiation.decide reads."""
+        if self.ps_id is None:
+            return by_local
+        out = [empty() for _ in range(self.registry.world_size)]
+        for item, rank in zip(by_local, self.members):
+            out[rank] = item
+        return out

@@ -2,8 +2,9 @@
 
 A round with requests that have no cache bit (engine/cache.py) does not gather every rank's pending table. For
 each process set with such requests somewhere (the round's flags say which), its lowest member proposes what it
-has pending in that set (every name that can run now is pending on every member, that one included); every rank
-receives the proposals (their sizes in one all-reduce, then one broadcast per set) and votes with two bits per
+has pending in that set, in its submission order (every name that can run now is pending on every member, that
+one included); every rank receives the proposals (their sizes in one all-reduce, then one broadcast a proposer:
+one, rank 0, in the whole job's engine; the set's lowest member in a partial set's own) and votes with two bits per
 proposed name in one all-reduce: missing here, or here with a different signature. A name no member is missing,
 with one signature everywhere, runs now, in proposal order; a name some member is missing waits (the stall
 inspector's explaining round names the missing ranks when it is due). A different signature, or an argument no
@@ -48,15 +49,16 @@ def uncached_flags(pending: dict[tuple[int, str], Request], slot: Callable[[int]
     return flags
 
 
-def _proposal(pending: dict[tuple[int, str], Request], ps_id: int, skip: set[tuple[int, str]]) -> bytes:
-    """This rank's pending requests of set ``ps_id`` (but ``skip``'s, agreed already this round), pickled as
-    names, an index into the distinct signatures, the signatures (1,000 names of one signature: one signature)."""
+def _proposal(pending: dict[tuple[int, str], Request], sets: set[int], skip: set[tuple[int, str]]) -> bytes:
+    """This rank's pending requests of ``sets`` in the order it submitted them (a set's removal after the ops
+    submitted before it), but ``skip``'s (agreed already this round), pickled as names, an index into the
+    distinct signatures, the signatures (1,000 names of one signature: one signature)."""
     names: list[str] = []
     index: list[int] = []
     sigs: list[Signature] = []
     index_of: dict[int, int] = {}
     for key, req in pending.items():
-        if key[0] != ps_id or key in skip or req.sig.kind is Kind.JOIN:
+        if key[0] not in sets or key in skip or req.sig.kind is Kind.JOIN:
             continue
         i = index_of.get(id(req.sig))
         if i is None:
@@ -68,16 +70,18 @@ def _proposal(pending: dict[tuple[int, str], Request], ps_id: int, skip: set[tup
 
 
 def vote(comm: Any, mpi: Any, rank: int, sets: list[int], members_of: dict[int, list[int]],
-         pending: dict[tuple[int, str], Request], skip: set[tuple[int, str]]) -> Voted:
+         pending: dict[tuple[int, str], Request], skip: set[tuple[int, str]], local: Callable[[int], int]) -> Voted:
     """Agree which of the proposed names of ``sets`` (the sets with uncached requests somewhere, in the same
-    order on every rank) run now. Every rank calls it in the same round with the same ``sets`` and ``skip``."""
-    proposers = [min(members_of[ps_id]) for ps_id in sets]
-    sizes = np.zeros(len(sets), dtype=np.int64)
+    order on every rank) run now. Every rank of ``comm`` calls it in the same round with the same ``sets`` and
+    ``skip``; ranks are the job's, ``local`` gives one's rank on ``comm``."""
+    proposer_of = {ps_id: min(members_of[ps_id]) for ps_id in sets}
+    proposers = sorted(set(proposer_of.values()))  # the whole job's engine: rank 0 alone; a set's: its lowest
+    sizes = np.zeros(len(proposers), dtype=np.int64)
     mine: dict[int, bytes] = {}
-    for i, (ps_id, proposer) in enumerate(zip(sets, proposers)):
-        if proposer == rank:
-            mine[i] = _proposal(pending, ps_id, skip)
-            sizes[i] = len(mine[i])
+    if rank in proposers:
+        i = proposers.index(rank)
+        mine[i] = _proposal(pending, {ps_id for ps_id, p in proposer_of.items() if p == rank}, skip)
+        sizes[i] = len(mine[i])
     total = np.empty_like(sizes)
     polling.wait(comm.Iallreduce(sizes, total, op=mpi.MPI.SUM), POLL_CAP, arrival=True)
     received = total.nbytes
@@ -86,7 +90,7 @@ def vote(comm: Any, mpi: Any, rank: int, sets: list[int], members_of: dict[int, 
     for i, size in enumerate(total.tolist()):
         if size:
             buf = np.frombuffer(mine[i], dtype=np.uint8).copy() if i in mine else np.empty(size, dtype=np.uint8)
-            requests.append(comm.Ibcast(buf, root=proposers[i]))
+            requests.append(comm.Ibcast(buf, root=local(proposers[i])))
             buffers.append((i, buf))
             received += size
     for request in requests:

@@ -1,0 +1,85 @@
+"""The rounds beyond the bit vector: the vote on new names and the explaining round, run on the engine's behalf."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from . import stalls
+from .messages import RankMessage, pending_message
+from .negotiation import FLAG_SET_SHIFT, allgather_messages, decide
+from .requests import Response
+from .stalls import Stop
+from .vote import vote
+
+if TYPE_CHECKING:
+    from .loop import Engine
+
+__all__ = ["explaining_round", "remember", "vote_round"]
+
+
+def vote_round(engine: Engine, cached: list[Response], all_flags: int) -> list[Response]:
+    """The cached responses, then the names voted through (engine/vote.py); the explaining round's responses
+    instead when the vote found something to explain."""
+    voted = vote(engine.comm, engine.mpi_ops, engine.rank, engine.scope.sets(all_flags >> FLAG_SET_SHIFT),
+                 engine.psets.members_table(), engine.completion.pending, {resp.key for resp in cached},
+                 engine.scope.local)
+    engine.vote_bytes += voted.received_bytes
+    engine.negotiation_calls += voted.calls
+    if voted.responses is None:
+        return explaining_round(engine, False)
+    engine.full_cycles += 1
+    remember(engine, voted.responses)
+    return cached + voted.responses
+
+
+def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
+    """Every rank's whole message gathered (its engine's members' only, placed at their ranks) and decided from:
+    mismatches and stalls in words, join, shutdown, autotune's switch."""
+    engine.full_cycles += 1
+    engine.explain_cycles += 1
+    now = time.monotonic()
+    msg = pending_message(engine.completion.pending.values(), now, shutdown=shutdown, join_cycle=engine.join_cycle,
+                          tune=engine.observer.outgoing(), elsewhere=_elsewhere(engine))
+    sizes: list[int] = []
+    messages = engine.scope.job_ranks(allgather_messages(engine.comm, msg, sizes), RankMessage)
+    engine.full_path_bytes += sum(sizes) + 8 * len(sizes)
+    engine.negotiation_calls += 2
+    stopping = [r for r, m in enumerate(messages) if m.shutdown]
+    if stopping:
+        raise Stop(stalls.shutdown_message(engine.rank, stopping))
+    engine.observer.adopt(messages[0].tune, engine.cycles)  # every rank switches here, at the same cycle
+    responses, stalled = decide(messages, engine.psets.members_table(), len(messages), engine.join_tolerant)
+    engine.watchdog.last_check = now
+    if stalled and not engine.config.stall_check_disable:
+        responses.extend(engine.watchdog.handle(stalled))
+    remember(engine, responses)
+    return responses
+
+
+def remember(engine: Engine, responses: list[Response]) -> None:
+    """Keep the agreed names in the response cache: a name as itself, a generated one as its stream's next."""
+    cache, members, names = engine.cache, engine.psets.members_table(), engine.names
+    single_use = names.single_use if names is not None else None
+    for resp in responses:
+        if resp.error is not None:
+            continue
+        ranks = members.get(resp.ps_id, [])
+        # a generated name is never submitted again: keeping it would only evict a name that comes back, and
+        # its kept Response brought full garbage collections to bursts of unnamed ops (benchmarks/README.md);
+        # its stream's one bit stands for the next one instead
+        if single_use is not None and single_use(resp.name):
+            cache.put_stream(resp.name, resp.sig, ranks, engine.cycles)
+        else:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
+            plain = resp if not resp.joined and resp.last_joined < 0 else None
+            cache.put(resp.name, resp.sig, ranks, engine.cycles, plain)
+
+
+def _elsewhere(engine: Engine) -> list[tuple[int, str]]:
+    """The (set, name)s in flight in this rank's other engines (a partial set's own, the whole job's): a stalled
+    name's note says which set a missing rank used it in."""
+    world = engine.parent or engine
+    keys: list[tuple[int, str]] = []
+    for other in [world, *world.set_engines.values()]:
+        if other is not engine:
+            keys.extend(other.in_flight())
+    return keys
