@@ -98,6 +98,7 @@ class Engine:
         self.autotune, self.stragglers = self.observer.autotune, self.observer.stragglers  # (their readers')
         self.set_engines: dict[int, Engine] = {}  # this rank's partial sets' own engines, by set
         self.parent = parent  # a partial set's engine: the whole job's
+        self.recent_stalls: list[tuple[float, tuple[int, str]]] = []  # (when, key) this engine's last verdict failed
         self._planes = planes
         if scope is None:
             process_sets.on_change = self._set_changed

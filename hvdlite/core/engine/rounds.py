@@ -51,7 +51,10 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
     responses, stalled = decide(messages, engine.psets.members_table(), len(messages), engine.join_tolerant)
     engine.watchdog.last_check = now
     if stalled and not engine.config.stall_check_disable:
-        responses.extend(engine.watchdog.handle(stalled))
+        failed = engine.watchdog.handle(stalled)
+        responses.extend(failed)
+        if failed and _family(engine):  # another of this rank's engines may explain its own stall with them
+            engine.recent_stalls = [(now, r.key) for r in failed if r.key in engine.completion.pending]
     remember(engine, responses)
     return responses
 
@@ -74,12 +77,19 @@ def remember(engine: Engine, responses: list[Response]) -> None:
             cache.put(resp.name, resp.sig, ranks, engine.cycles, plain)
 
 
-def _elsewhere(engine: Engine) -> list[tuple[int, str]]:
-    """The (set, name)s in flight in this rank's other engines (a partial set's own, the whole job's): a stalled
-    name's note says which set a missing rank used it in."""
+def _family(engine: Engine) -> list[Engine]:
+    """This rank's other engines (a partial set's own, the whole job's)."""
     world = engine.parent or engine
+    return [other for other in [world, *world.set_engines.values()] if other is not engine]
+
+
+def _elsewhere(engine: Engine) -> list[tuple[int, str]]:
+    """The (set, name)s in flight in this rank's other engines, or failed there by a stall verdict within the
+    stall shutdown time (the engines' verdicts come apart): a stalled name's note says which set a missing rank
+    used it in."""
     keys: list[tuple[int, str]] = []
-    for other in [world, *world.set_engines.values()]:
-        if other is not engine:
-            keys.extend(other.in_flight())
+    since = time.monotonic() - max(engine.config.stall_shutdown_time_seconds, engine.config.stall_check_time_seconds)
+    for other in _family(engine):
+        keys.extend(other.in_flight())
+        keys.extend(key for when, key in other.recent_stalls if when >= since)
     return keys
