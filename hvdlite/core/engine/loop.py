@@ -234,12 +234,11 @@ class Engine:
     def _wait_for_work(self) -> bool:
         """Sleep while there is nothing to do; return when a cycle should run.
 
-        Every cycle is a world-wide round, so while some process set leaves ranks out, a rank with nothing
-        of its own still takes part at once while any rank is busy (the BUSY flag of the last round says
-        so): a set's ops never wait for idle non-members. With only sets of every rank, each op needs every
-        rank's own submission anyway, so an idle rank waits for its own (no empty round after each op): it
-        backs off, doubling its pause from the cycle time up to IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S while others
-        are busy (up to ``idle_heartbeat_seconds`` while none is); a local submission ends the pause at once.
+        Every cycle is a round of this engine's ranks (the whole job's, or a partial set's members in its own
+        engine), and each op needs every one's own submission, so an idle rank waits for its own (no empty
+        round after each op): it backs off, doubling its pause from the cycle time up to
+        IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S while others are busy (up to ``idle_heartbeat_seconds`` while none is);
+        a local submission ends the pause at once.
         With ops of its own pending and no round agreeing any for a while (peers absent), it backs off
         (polling.stalled_pause of the time since the last agreement, or since its first op after none pending).
         """
