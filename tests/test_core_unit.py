@@ -274,13 +274,11 @@ def test_decide_ready_stalled_and_mismatch() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_decides_a_burst_of_like_ops_as_the_general_path_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """decide's fast path (one signature of the global set on every rank: a burst of unnamed allreduces) gives
-    the same responses in the same order, and the same stalled names, as the name-by-name path: ranks that sent
-    the same names in the same order, in other orders, or some not yet."""
+def test_decides_a_burst_of_like_ops_in_rank_zeros_order(seed: int) -> None:
+    """A burst of unnamed allreduces in an explaining round: the names every rank sent run in rank 0's order, the
+    others stall; ranks that sent the same names in the same order, in other orders, or some not yet."""
     import pickle
     import random
-    from hvdlite.core.engine import negotiation
     rng = random.Random(seed)
     ranks = 2 + seed % 3
     names = [f"allreduce.noname.{i}" for i in range(200)]
@@ -291,37 +289,11 @@ def test_decides_a_burst_of_like_ops_as_the_general_path_does(seed: int, monkeyp
             rng.shuffle(mine)
         sent = RankMessage([(n, sig(), rng.random()) for n in mine])
         msgs.append(pickle.loads(pickle.dumps(sent)))  # received: the signatures are the shared one
-    members = {0: list(range(ranks))}
-    assert negotiation._one_signature_everywhere(msgs, members, ranks) is sig()
-
-    def outcome() -> tuple[list, list]:
-        responses, stalled = decide(msgs, members, ranks)
-        return ([(r.name, r.sig, r.error, r.joined, r.last_joined) for r in responses],
-                [(s.name, s.ready_ranks, s.missing_ranks, s.age, s.where) for s in stalled])
-    fast = outcome()
-    monkeypatch.setattr(negotiation, "_one_signature_everywhere", lambda *args: None)
-    assert fast == outcome()
+    responses, stalled = decide(msgs, {0: list(range(ranks))}, ranks)
     everywhere = set(names).intersection(*(m.names for m in msgs))
-    assert [name for name, *_ in fast[0]] == [n for n in msgs[0].names if n in everywhere]
-    assert (seed < 2) == (not fast[1])
-
-
-def test_decides_name_by_name_unless_every_rank_sent_one_signature_of_the_global_set() -> None:
-    import pickle
-    from hvdlite.core.engine.negotiation import _one_signature_everywhere
-    other = make_signature(Kind.ALLREDUCE, 0, hvd.Sum, 1.0, 1.0, 0, (("float32", (9,)),))
-    bcast = make_signature(Kind.BROADCAST, 0, None, 1.0, 1.0, 1, (("float32", (4,)),))
-    in_set = make_signature(Kind.ALLREDUCE, 1, hvd.Sum, 1.0, 1.0, 0, (("float32", (4,)),))
-
-    def received(*per_rank: list) -> list[RankMessage]:
-        return [pickle.loads(pickle.dumps(RankMessage([(f"n{i}", s, 0.0) for i, s in enumerate(sigs)])))
-                for sigs in per_rank]
-    world = {0: [0, 1]}
-    assert _one_signature_everywhere(received([sig(), sig()], [sig()]), world, 2) is sig()
-    for msgs in (received([sig(), other], [sig()]), received([sig()], [other]), received([], [sig()]),
-                 received([bcast], [bcast]), received([in_set], [in_set])):
-        assert _one_signature_everywhere(msgs, world, 2) is None
-    assert _one_signature_everywhere(received([sig()], [sig()]), {0: [0, 1]}, 3) is None  # not every rank
+    assert [(r.name, r.sig, r.error) for r in responses] == [(n, sig(), None) for n in msgs[0].names if n in everywhere]
+    assert sorted(s.name for s in stalled) == sorted(set().union(*(m.names for m in msgs)) - everywhere)
+    assert (seed < 2) == (not stalled)
 
 
 def test_only_generated_names_are_single_use() -> None:
@@ -345,7 +317,7 @@ def test_rank_message_sends_each_signature_once_and_shares_it_on_receipt() -> No
     got = pickle.loads(pickle.dumps(msg))
     equal = Kind.ALLREDUCE, 0, hvd.Sum, 1.0, 1.0, 0, (("float32", (7,)),)
     assert got.sigs[0] is make_signature(*equal)  # the receiver's shared one: decide compares with ``is``
-    assert got.reqs == reqs and got.join_cycle == 3 and got.shutdown is False and got.tune is None
+    assert list(zip(got.names, got.signatures(), got.ages)) == reqs and got.join_cycle == 3 and got.shutdown is False and got.tune is None
     assert [got.site((0, n)) for n in ("n1", "n4", "n0")] == ["train.py:5", "train.py:9", None]
 
 

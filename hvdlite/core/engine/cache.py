@@ -14,14 +14,10 @@ __all__ = ["PendingBits", "ResponseCache"]
 
 
 class ResponseCache:
-    """Names agreed before, each holding one bit. Identical on every rank by construction: it is
-    only changed from decisions that every rank reached the same way, in the same order.
-
-    Generated names (``<kind>[.ps<id>].noname.<n>``, core/names.py) are made in call order on every rank, so an
-    unnamed op of a steady loop is agreed by position: one bit per (process set, kind) stream stands for its
-    *next* name with the signature last agreed, and moves on to the name after it each time it runs (``ready``).
-    A rank sets it only when it has exactly that name pending with that signature, so the response every rank
-    runs is one name, as on the named path; any other generated name takes a vote as a new name does.
+    """Names agreed before, each holding one bit; identical on every rank (changed only by agreed decisions).
+    Generated names (``<kind>[.ps<id>].noname.<n>``) are made in call order on every rank, so unnamed ops of a
+    loop are agreed by position: one bit per (set, kind) stream stands for its next name with the signature last
+    agreed, set by a rank holding exactly that, and moves on each time it runs; any other takes a vote.
 
     Bit sets are numpy bool arrays of ``64 * words`` entries (``bits()``), packed into uint64 words only
     for the all-reduce, so per-cycle work is a few whole-array operations whatever the number of names.
@@ -31,13 +27,11 @@ class ResponseCache:
         self.capacity = capacity
         self.my_rank = my_rank
         self.words = (capacity + 63) // 64
-        #: the all-reduce vector's length, padded to the shortest that Open MPI's Rabenseifner iallreduce takes
-        #: in 2 log2(p) steps (chunks.shortest_fast_length: from 32 ranks on, with the default capacity)
+        #: padded to the shortest Open MPI's Rabenseifner iallreduce takes in 2 log2(p) steps (chunks.py): 8p bytes
         self.vector_words = max(1 + self.words, shortest_fast_length(ranks))
         self.by_name: dict[tuple[int, Optional[str]], int] = {}
         self.streams: dict[tuple[int, str], int] = {}  # (process set, "<kind>[.ps<id>]") -> the bit of its next name
         self.stream_of: dict[int, tuple[int, str]] = {}  # the stream bits, and their stream
-        self.advanced: list[int] = []  # stream bits moved on to their next name since PendingBits last looked
         self.names: list[Optional[str]] = [None] * capacity
         self.sigs: list[Optional[Signature]] = [None] * capacity
         self.responses: list[Optional[Response]] = [None] * capacity  # reused each time the bit is ready
@@ -80,8 +74,7 @@ class ResponseCache:
         self._set(bit, sig, response if response is not None else Response(name, sig), members, tick)
 
     def put_stream(self, name: str, sig: Signature, members: Sequence[int], tick: int) -> None:
-        """A generated ``name`` was agreed with ``sig``: its stream's bit now stands for the name after it
-        (unless a later one was agreed before it: names of one stream may be agreed out of order)."""
+        """A generated ``name`` was agreed with ``sig``: its stream's bit stands for the next (or a later one's)."""
         stream, number = _generated(name)
         if self.capacity == 0 or not sig.kind.cacheable or number < 0:
             return
@@ -160,15 +153,13 @@ class ResponseCache:
         return cast(list[Response], out)  # valid bits hold a response
 
     def _advance(self) -> None:
-        """Move each ready stream bit on to its stream's next name (every rank alike: the bits were agreed)."""
+        """Move each ready stream bit on to its next name (agreed bits: every rank alike); PendingBits looks again."""
         for bit in self.ready_bits.tolist():
-            stream = self.stream_of.get(bit)
-            if stream is not None:
-                sig = self.sigs[bit]
-                assert sig is not None
+            stream, sig = self.stream_of.get(bit), self.sigs[bit]
+            if stream is not None and sig is not None:
                 self.names[bit] = following = f"{stream[1]}.noname.{_generated(self.names[bit] or '')[1] + 1}"
                 self.responses[bit] = Response(following, sig)
-                self.advanced.append(bit)
+                self.version += 1
 
 
 def _generated(name: str) -> tuple[str, int]:
@@ -199,9 +190,6 @@ class PendingBits:
             self.mine[:] = False
             self.uncached = 0
             new = list(pending.values())
-        elif cache.advanced:
-            self._advanced(pending)
-        cache.advanced.clear()
         lookup, version, bits, times = cache.lookup, self.version, [], []
         keep = self.submitted is not None
         for req in new:
@@ -217,20 +205,6 @@ class PendingBits:
         if self.submitted is not None:
             self.submitted[bits] = times
         return self.mine
-
-    def _advanced(self, pending: dict[Any, Any]) -> None:
-        """Stream bits moved on: a request pending here under a stream's next name now has its bit."""
-        cache = self.cache
-        for bit in cache.advanced:
-            sig = cache.sigs[bit]
-            req = pending.get((sig.ps_id, cache.names[bit])) if sig is not None else None
-            if req is not None and req.cache_bit < 0 and req.cache_version == self.version and \
-                    cache.lookup(req.name, req.sig, req.key) == bit:
-                req.cache_bit = bit
-                self.uncached -= 1
-                self.mine[bit] = True
-                if self.submitted is not None:
-                    self.submitted[bit] = req.submitted
 
     def times_of(self, bits: np.ndarray) -> Optional[np.ndarray]:
         """The submission times of the pending requests at ``bits`` (in that order), or None when not kept or

@@ -35,9 +35,8 @@ from .timeline import Timeline, negotiate_activity
 
 #: Seconds a survivor waits for its failure detector to name the lost ranks before it fails the handles.
 LOST_RANKS_WAIT_S = 2.0
-#: The longest pause of an idle rank's engine while other ranks wait for ops (only sets of every rank): it
-#: backs off to this instead of joining a round every 2 cycle times. Its own submission ends the pause at once,
-#: so the ops waited for complete as soon as it submits; the waiting ranks sit in the open round meanwhile.
+#: The longest pause of an idle rank's engine while other ranks wait for ops: its own submission ends the pause
+#: at once, so the ops waited for complete as soon as it submits; the waiting ranks sit in the open round.
 IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S = 0.1
 
 
@@ -99,9 +98,7 @@ class Engine:
         self.set_engines: dict[int, Engine] = {}  # this rank's partial sets' own engines, by set
         self.parent = parent  # a partial set's engine: the whole job's
         self.recent_stalls: list[tuple[float, tuple[int, str]]] = []  # (when, key) this engine's last verdict failed
-        self._planes = planes
-        if scope is None:
-            process_sets.on_change = self._set_changed
+        process_sets.on_change = self._set_changed if scope is None else process_sets.on_change
         self._thread = threading.Thread(target=self._main, name="hvdlite-engine", daemon=True)
         self._thread.start()
 
@@ -125,14 +122,8 @@ class Engine:
                 self._sleeping = False  # one wake-up is enough: later submissions before it runs need none
                 self._cv.notify()
 
-    def in_flight(self) -> list[tuple[int, str]]:
-        """The (set, name)s submitted here and not ended (another of this rank's engines reads them)."""
-        with self._lock:
-            return list(self.completion.inflight)
-
     def stop(self, timeout: float = 60.0, drain: bool = False) -> None:
-        """Ask every rank's engine to stop (collectively) and wait for this one to finish; ``drain``: once every
-        op in flight here has ended."""
+        """Ask every rank's engine to stop (collectively; ``drain``: after its ops in flight) and wait for it."""
         for engine in list(self.set_engines.values()):
             engine.stop(timeout)
         while drain and self.completion.inflight and self.error is None and self._thread.is_alive():
@@ -150,10 +141,9 @@ class Engine:
         return self._thread.is_alive()
 
     def stats(self) -> dict[str, int]:
-        return {"cycles": self.cycles, "full_cycles": self.full_cycles, "mpi_calls": self.executor.mpi_calls,
-                "busy_cycles": self.busy_cycles, "bitvector_bytes": self.bitvector_bytes,
-                "full_path_bytes": self.full_path_bytes, "explain_cycles": self.explain_cycles,
-                "vote_bytes": self.vote_bytes, "negotiation_calls": self.negotiation_calls}
+        names = ("cycles", "full_cycles", "busy_cycles", "bitvector_bytes", "full_path_bytes", "explain_cycles",
+                 "vote_bytes", "negotiation_calls")
+        return {"mpi_calls": self.executor.mpi_calls, **{name: getattr(self, name) for name in names}}
 
     # -- engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -260,13 +250,12 @@ class Engine:
         return True
 
     def _set_changed(self, kind: Kind, ps_id: int) -> None:
-        """A partial set was added (its members start its own engine, so its ops never wait for the others'
-        engines) or is being removed (its members stop theirs: collectively, as every member runs the removal)."""
+        """A partial set's members start its own engine when it is added and stop it, after its ops, when removed."""
         psets = self.psets
         if kind is Kind.ADD_PROCESS_SET and psets.partial(ps_id) and psets.is_member(ps_id):
             self.set_engines[ps_id] = Engine(psets.comms[ps_id], self.mpi_ops, self.config, self.timeline, psets,
-                                              psets.presence_comms[ps_id], self.names, self._planes, self.hosts,
-                                              scope=ps_id, parent=self)
+                                              psets.comms[ps_id], self.names, self.planes.table, self.hosts,
+                                              scope=ps_id, parent=self)  # (its comm's probes: its thread's only)
         elif kind is Kind.REMOVE_PROCESS_SET and ps_id in self.set_engines:
             self.set_engines.pop(ps_id).stop(drain=True)  # the set's ops submitted before its removal run first
 
@@ -317,7 +306,7 @@ class Engine:
         cache = self.cache
         mine = bits.add(new, pending)
         if bits.uncached:
-            flags |= uncached_flags(pending, self.scope.slot)
+            flags |= uncached_flags(pending, self.scope.agrees)
         if self.watchdog.check_due(pending.values()) or self.join_cycle >= 0:
             flags |= FLAG_EXPLAIN
         if pending:
@@ -340,7 +329,7 @@ class Engine:
         else:
             responses = cache.ready(missing, self.cycles)
             if full:
-                responses = rounds.vote_round(self, responses, all_flags)
+                responses = rounds.vote_round(self, responses)
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
             known = None if full or not self.psets.only_global() else bits.times_of(cache.ready_bits)
             self._agreed_at = time.monotonic()

@@ -1,22 +1,18 @@
-"""The full round's message: one rank's pending requests (names, signatures, ages, call sites) and round fields.
-
-Its own module so that negotiation.py (which sends and decides from it) and mismatch.py (which explains from it)
-both import it without importing each other."""
+"""The full round's message: one rank's pending requests (names, signatures, ages, call sites) and round fields."""
 from __future__ import annotations
 
-from typing import Any, Collection, Optional, Sequence
+from typing import Any, Collection, Iterable, Optional, Sequence
 
 from . import callsite
 from .requests import Signature, shared
 
-__all__ = ["RankMessage", "pending_message"]
+__all__ = ["RankMessage", "name_table", "pending_message"]
 
 
 class RankMessage:
-    """What one rank sends on the full path: its pending requests as parallel lists (names; for each an index
-    into the message's distinct signatures, its age in seconds, an index into its distinct call-site texts or
-    -1), then the round's own fields. A round of 1,000 new names from one line with one signature thus pickles
-    1,000 strings, a few numbers each and one signature, not 1,000 tuples and signatures (see ``decide``)."""
+    """One rank's pending requests as parallel lists (names; each one's index into the distinct signatures, age,
+    index into the distinct call-site texts or -1), then the round's fields: 1,000 names of one line and one
+    signature pickle as 1,000 strings, a few numbers each and one signature."""
 
     __slots__ = ("names", "sig_index", "sigs", "ages", "site_index", "site_texts", "shutdown", "join_cycle", "tune",
                  "elsewhere", "_by_key")
@@ -25,13 +21,8 @@ class RankMessage:
                  join_cycle: int = -1, tune: Optional[dict[Any, Any]] = None,
                  sites: Optional[dict[tuple[int, str], str]] = None,
                  elsewhere: Sequence[tuple[int, str]] = ()) -> None:
-        """From (name, signature, age) triples and a (process set, name) -> "file:line" table (tests, tools);
-        the engine builds its messages with ``pending_message``."""
-        sigs: list[Signature] = []
-        index_of: dict[int, int] = {}
-        self.names = [name for name, _, _ in reqs]
-        self.sig_index = [_index(index_of, sigs, sig) for _, sig, _ in reqs]
-        self.sigs = sigs
+        """From (name, signature, age) triples and a (set, name) -> "file:line" table; see ``pending_message``."""
+        self.names, self.sig_index, self.sigs = name_table((name, sig) for name, sig, _ in reqs)
         self.ages = [age for _, _, age in reqs]
         texts = list(dict.fromkeys((sites or {}).values()))
         text_index = {text: i for i, text in enumerate(texts)}
@@ -58,11 +49,6 @@ class RankMessage:
         sigs = self.sigs
         return [sigs[i] for i in self.sig_index]
 
-    @property
-    def reqs(self) -> list[tuple[str, Signature, float]]:
-        """(name, signature, age) of each request, in order (error text)."""
-        return list(zip(self.names, self.signatures(), self.ages))
-
     def site(self, key: tuple[int, str]) -> Optional[str]:
         """The "file:line" where this rank submitted ``key`` (process set, name), if known (error text)."""
         if self._by_key is None:
@@ -72,30 +58,26 @@ class RankMessage:
         return self.site_texts[text_index] if text_index >= 0 else None
 
 
-def _index(index_of: dict[int, int], sigs: list[Signature], sig: Signature) -> int:
-    """``sig``'s position in ``sigs``, appended when new (by identity: equal local signatures are mostly shared)."""
-    index = index_of.get(id(sig))
-    if index is None:
-        index = index_of[id(sig)] = len(sigs)
-        sigs.append(sig)
-    return index
+def name_table(pairs: Iterable[tuple[str, Signature]]) -> tuple[list[str], list[int], list[Signature]]:
+    """The names, each one's index into the distinct signatures, and those (by identity: equal ones are shared)."""
+    names: list[str] = []
+    index: list[int] = []
+    sigs: list[Signature] = []
+    index_of: dict[int, int] = {}
+    for name, sig in pairs:
+        i = index_of.get(id(sig))
+        if i is None:
+            i = index_of[id(sig)] = len(sigs)
+            sigs.append(sig)
+        names.append(name)
+        index.append(i)
+    return names, index, sigs
 
 
 def pending_message(pending: Collection[Any], now: float, **fields: Any) -> RankMessage:
     """This rank's message of a full round: its pending requests (names, signatures, ages, call sites), ``fields``."""
     msg = RankMessage(**fields)
-    sigs: list[Signature] = []
-    index_of: dict[int, int] = {}  # id(signature) -> its index (one loop, no call per request: 1,000 per round)
-    sig_index = []
-    for req in pending:
-        index = index_of.get(id(req.sig))
-        if index is None:
-            index = index_of[id(req.sig)] = len(sigs)
-            sigs.append(req.sig)
-        sig_index.append(index)
-    msg.names = [req.name for req in pending]
-    msg.sig_index = sig_index
-    msg.sigs = sigs
+    msg.names, msg.sig_index, msg.sigs = name_table((req.name, req.sig) for req in pending)
     msg.ages = [now - req.submitted for req in pending]
     msg.site_index, msg.site_texts = callsite.site_table(pending)
     return msg

@@ -89,7 +89,7 @@ def waiting_instead(messages: Sequence[RankMessage], missing: list[int], most: i
     for rank in missing:
         msg = messages[rank]
         pending = [f"{name!r} at {msg.site((sig.ps_id, name)) or 'an unknown line'}"
-                   for name, sig, _ in msg.reqs[:most]]
+                   for name, sig in list(zip(msg.names, msg.signatures()))[:most]]
         more = len(msg.names) - most
         listed = ", ".join(pending) + (f" and {more} more" if more > 0 else "")
         parts.append(f" Rank {rank} was waiting on {listed} instead." if pending
@@ -99,16 +99,12 @@ def waiting_instead(messages: Sequence[RankMessage], missing: list[int], most: i
 
 def used_elsewhere(table: dict[tuple[int, str], dict[int, int]], messages: Sequence[RankMessage], ps_id: int,
                    name: str, missing: list[int]) -> str:
-    """For a stalled name: which missing ranks have the same name pending under another process set (a
-    disagreement on the set, shown in the stall report rather than refused: order differs legally), in this
-    round's table or in their other engines (a partial set's own, the whole job's: ``RankMessage.elsewhere``)."""
+    """For a stalled name: which missing ranks have it pending under another process set (legal order, so shown,
+    not refused), in this round's table or in their other engines (``RankMessage.elsewhere``)."""
     used: dict[int, set[int]] = {}
-    for (other_ps, other_name), entries in table.items():
+    pairs = [(key, r) for key, entries in table.items() for r in entries if r in missing]
+    for (other_ps, other_name), rank in pairs + [(key, r) for r in missing for key in messages[r].elsewhere]:
         if other_name == name and other_ps != ps_id:
-            used.setdefault(other_ps, set()).update(r for r in entries if r in missing)
-    for rank in missing:
-        for other_ps, other_name in messages[rank].elsewhere:
-            if other_name == name and other_ps != ps_id:
-                used.setdefault(other_ps, set()).add(rank)
+            used.setdefault(other_ps, set()).add(rank)
     return "; ".join(f"rank(s) {sorted(ranks)} submitted it for process set {other_ps} instead"
                      for other_ps, ranks in sorted(used.items()) if ranks)

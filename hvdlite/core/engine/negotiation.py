@@ -1,13 +1,7 @@
 """Negotiation: the round's flags and the explaining round (``decide``): every rank agrees, identically, what runs.
 
-Three paths, each agreed by every rank from the cycle's first bit-vector all-reduce. The cached path needs only
-that all-reduce: every name once agreed keeps a bit (engine/cache.py), and each rank reports the bits it is
-*missing*; a bit that no rank is missing is ready everywhere. New names go through a vote (engine/vote.py): one
-member of each set proposes, every rank votes with bits, so a rank's bytes do not grow with the job. Only what
-needs explaining (a mismatch, a stall check, join, shutdown, an autotune switch) takes the explaining round
-here: every rank's whole pending table allgathered (``allgather_messages``) and decided from (``decide``). The
-text of mismatches and stalls is in engine/mismatch.py.
-"""
+A cycle's bit-vector all-reduce (engine/cache.py) agrees names seen before; new ones take a vote (vote.py); only
+a mismatch, a stall check, join, shutdown or autotune's switch gathers every rank's table here."""
 from __future__ import annotations
 
 import pickle
@@ -26,53 +20,44 @@ FLAG_SHUTDOWN = 2    # some rank is shutting down
 FLAG_BUSY = 4        # some rank has requests pending (idle ranks keep cycling promptly)
 FLAG_EXCHANGE = 8    # rank 0: exchange straggler times at the next cycle with agreed ops (engine/stragglers.py)
 FLAG_EXPLAIN = 16    # some rank needs the explaining round (stall check, join, shutdown, autotune's switch)
-FLAG_SET_SHIFT = 8   # bits 8..63: the process sets (by position, engine/psets.py) with uncached requests somewhere
 NEGOTIATION_POLL_CAP = 0.001  # seconds between polls of a negotiation message exchange
 
-__all__ = ["FLAG_BUSY", "FLAG_EXCHANGE", "FLAG_EXPLAIN", "FLAG_FULL", "FLAG_SET_SHIFT", "FLAG_SHUTDOWN",
+__all__ = ["FLAG_BUSY", "FLAG_EXCHANGE", "FLAG_EXPLAIN", "FLAG_FULL", "FLAG_SHUTDOWN",
            "JOIN_TOLERANT", "JOIN_TOLERANT_PERMISSIVE", "Stalled", "allgather_messages", "decide"]
 
 
 class Stalled:
-    """A name that some members of its set have not submitted yet. Its ``note`` (e.g. the missing ranks used
-    the name in another process set) and ``where`` (the submitting ranks' lines, and what the missing ranks
-    were waiting on instead) are worked out when first read: in most rounds every such name is merely not
-    submitted yet everywhere, and only a stall warning or verdict reads them."""
+    """A name some members of its set have not submitted yet. Its ``note`` (the set the missing ranks used it in)
+    and ``where`` (lines, what the missing ranks waited on instead) are worked out when a warning reads them."""
 
     __slots__ = ("name", "kind", "ready_ranks", "missing_ranks", "age", "sig", "_note", "_where", "_context")
 
     def __init__(self, name: str, kind: Kind, ready_ranks: list[int], missing_ranks: list[int], age: float,
-                 sig: Optional[Signature] = None, note: str = "", where: str = "", context: Any = None) -> None:
+                 sig: Signature, context: Any) -> None:
         self.name, self.kind, self.sig, self.age = name, kind, sig, age
         self.ready_ranks, self.missing_ranks = ready_ranks, missing_ranks
-        self._note, self._where = note, where
+        self._note: Optional[str] = None
+        self._where = ""
         self._context = context  # (the round's table, its messages): what note and where are made from
-
-    def _explain(self) -> None:
-        if self._context is not None:
-            table, messages = self._context
-            self._context = None
-            key = (self.sig.ps_id if self.sig is not None else 0, self.name)
-            self._note = used_elsewhere(table, messages, key[0], self.name, self.missing_ranks)
-            self._where = submitted_at(messages, key, self.ready_ranks) + waiting_instead(messages, self.missing_ranks)
 
     @property
     def note(self) -> str:
-        self._explain()
+        if self._note is None:
+            table, messages = self._context
+            key = (self.sig.ps_id, self.name)
+            self._note = used_elsewhere(table, messages, key[0], self.name, self.missing_ranks)
+            self._where = submitted_at(messages, key, self.ready_ranks) + waiting_instead(messages, self.missing_ranks)
         return self._note
 
     @property
     def where(self) -> str:
-        self._explain()
+        _ = self.note  # works out both
         return self._where
 
 
 def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any]] = None) -> list[RankMessage]:
-    """Every rank's message, in rank order: the sizes, then the pickled bytes, each non-blocking and polled
-    (so a slow peer never blocks the engine inside MPI). ``sizes_out`` receives each rank's message size.
-    Both waits are arrival waits (``polling.wait``): they end when the slowest peer's engine gets there, and a
-    peer whose training thread computes Python holds its GIL, so its engine can be tens of ms late; spinning
-    on meanwhile took a waiting rank's engine to ~30% of a core (``benchmarks/lab/peer_wait.py``)."""
+    """Every rank's message, in rank order: the sizes (into ``sizes_out``), then the pickled bytes, each waited
+    on as an arrival (polling.wait: a peer computing Python can be tens of ms late; benchmarks/lab/peer_wait.py)."""
     payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     size = comm.Get_size()
     sizes = np.empty(size, dtype=np.int64)
@@ -86,57 +71,24 @@ def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any
     return [pickle.loads(data[d:d + n].tobytes()) for d, n in zip(displs.tolist(), sizes.tolist())]
 
 
-def _one_signature_everywhere(messages: Sequence[RankMessage], members_of: dict[int, list[int]],
-                              world_size: int) -> Optional[Signature]:
-    """The one signature of every rank's requests, when each rank sent requests of the global set with that
-    signature only (``decide``'s fast path), of a kind that needs no check name by name."""
-    first = messages[0].sigs
-    if len(first) != 1:
-        return None
-    sig = first[0]
-    if sig.ps_id != 0 or sig.kind in _CHECKED_KINDS or len(members_of.get(0, ())) != world_size:
-        return None
-    for msg in messages:
-        if len(msg.sigs) != 1 or msg.sigs[0] is not sig:  # received signatures are shared: equal is identical
-            return None
-    return sig
-
-
 #: What join() lets run on the other ranks by default (Horovod's rule); allgather and broadcast join them with
 #: the join_allows_allgather_broadcast setting.
 JOIN_TOLERANT = frozenset({Kind.ALLREDUCE, Kind.BARRIER})
 JOIN_TOLERANT_PERMISSIVE = JOIN_TOLERANT | {Kind.ALLGATHER, Kind.BROADCAST}
-_CHECKED_KINDS = frozenset({Kind.JOIN, Kind.BROADCAST})  # decided name by name (a join's stand-ins, the root)
 
 
 def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], world_size: int,
            join_tolerant: frozenset[Kind] = JOIN_TOLERANT) -> tuple[list[Response], list[Stalled]]:
-    """The full path: from every rank's message, the responses to run now and what is stalled.
-
-    Every rank calls this with the same ``messages`` (and the agreed ``join_tolerant``, the kinds that run
-    while ranks have joined) and so reaches the same answer.
-    """
+    """From every rank's message, the responses to run now and what is stalled; every rank calls it with the same
+    ``messages`` and agreed ``join_tolerant`` (the kinds that run while ranks have joined): the same answer."""
     joined = {r for r, m in enumerate(messages) if m.join_cycle >= 0}
-    # The fast path: a burst of like ops of the global set (say 1,000 unnamed allreduces of one shape), one
-    # signature on every rank. The names every rank sent are agreed at once, in rank 0's order (as below);
-    # the others (not submitted everywhere yet) go through the table below, which only stalls them.
     responses: list[Response] = []
-    done: Optional[set[str]] = None
-    alike = _one_signature_everywhere(messages, members_of, world_size) if not joined else None
-    if alike is not None:
-        names = messages[0].names
-        if all(msg.names == names for msg in messages):  # every rank sent the same names in the same order
-            return [Response(name, alike) for name in names], []
-        done = set(names).intersection(*(msg.names for msg in messages[1:]))
-        responses = [Response(name, alike) for name in names if name in done]
     # One table per process set: the same name may be in use in several sets at once. Each entry maps the ranks
     # that submitted the name, in rank order, to the request's position in their message.
     sigs_of = [msg.signatures() for msg in messages]
     table: dict[tuple[int, str], dict[int, int]] = {}
     for rank, msg in enumerate(messages):
         for index, (name, sig) in enumerate(zip(msg.names, sigs_of[rank])):
-            if done is not None and name in done:
-                continue
             key = (sig.ps_id, name)
             entries = table.get(key)
             if entries is None:

@@ -1,10 +1,8 @@
 """Presence probes: naming the ranks that stopped answering when a negotiation round never completes.
 
-A world-wide round only completes when every rank's engine takes part, so a rank whose process is stopped
-(SIGSTOP, a debugger) or wedged with the GIL held stalls it for everyone, and the stall inspector (which
-runs inside rounds) cannot see it. While an engine waits on a round it answers probes; once it has waited
-longer than ``stall_shutdown_time_seconds`` it probes every peer itself, point-to-point on its own
-communicator, and the ranks that do not answer within the grace period are the ones holding the job.
+A round completes only when every engine of it takes part: a stopped or GIL-wedged rank holds it, unseen by the
+stall inspector. A waiting engine answers probes; past ``stall_shutdown_time_seconds`` it probes every peer
+itself, point-to-point on its own communicator: those that do not answer within the grace period hold the job.
 """
 from __future__ import annotations
 

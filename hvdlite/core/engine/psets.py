@@ -18,7 +18,7 @@ class Registry:
         self.comms: dict[int, Any] = {0: world_comm}
         self.ranks: dict[int, list[int]] = {0: list(range(world_size))}
         self.next_id = 1
-        self.presence_comms: dict[int, Any] = {}  # each partial set's members' own, for their engine's probes
+        self.partial_sets: set[int] = set()  # the sets that leave ranks out: their members' own engine agrees them
         #: told (kind, set id) when a set was added (after its communicators exist) or is about to be removed
         self.on_change: Optional[Callable[[Kind, int], None]] = None
         global_process_set.ranks = list(range(world_size))
@@ -30,21 +30,8 @@ class Registry:
     def members(self, ps_id: int) -> list[int]:
         return self.ranks.get(ps_id, [])
 
-    def slot(self, ps_id: int) -> int:
-        """The set's position among the registered ones (the same on every rank: sets change by agreed ops), or
-        -1 if it is not registered here."""
-        for slot, registered in enumerate(self.ranks):
-            if registered == ps_id:
-                return slot
-        return -1
-
-    def of_slots(self, mask: int) -> list[int]:
-        """The registered sets whose positions are the bits of ``mask``, in order."""
-        return [ps_id for slot, ps_id in enumerate(self.ranks) if mask >> slot & 1]
-
     def partial(self, ps_id: int) -> bool:
-        """Whether the set leaves out some rank (its members' own engine agrees its ops)."""
-        return ps_id in self.presence_comms
+        return ps_id in self.partial_sets
 
     def only_global(self) -> bool:
         """True while the global set is the only one registered (every op is the global set's)."""
@@ -72,20 +59,19 @@ class Registry:
             ps_id = self.next_id
             self.next_id += 1
             self.ranks[ps_id] = ranks
-            member = self.world_rank in ranks
-            self.comms[ps_id] = mpi.split_member(world_comm, member, self.world_rank)
-            if len(ranks) < self.world_size:  # its members negotiate its ops among themselves (engine/loop.py)
-                self.presence_comms[ps_id] = mpi.split_member(world_comm, member, self.world_rank)
+            self.comms[ps_id] = mpi.split_member(world_comm, self.world_rank in ranks, self.world_rank)
+            if len(ranks) < self.world_size:
+                self.partial_sets.add(ps_id)
             if self.on_change is not None:
                 self.on_change(kind, ps_id)
             return ps_id
         ps_id = int(extra)
         if self.on_change is not None:
             self.on_change(kind, ps_id)
-        for comms in (self.comms, self.presence_comms):
-            comm = comms.pop(ps_id, None)
-            if comm is not None:
-                comm.Free()
+        self.partial_sets.discard(ps_id)
+        comm = self.comms.pop(ps_id, None)
+        if comm is not None:
+            comm.Free()
         self.ranks.pop(ps_id, None)
         ps = self.sets.pop(ps_id, None)
         if ps is not None:
@@ -100,7 +86,7 @@ class Registry:
         return ps
 
     def free(self) -> None:
-        for ps_id, comm in [*self.comms.items(), *self.presence_comms.items()]:
+        for ps_id, comm in list(self.comms.items()):
             if ps_id != 0 and comm is not None:
                 comm.Free()
         for ps_id, ps in self.sets.items():
@@ -109,34 +95,26 @@ class Registry:
 
 
 class Scope:
-    """The ranks one engine negotiates among: the whole job (``ps_id`` None: the world engine, which agrees the
-    global set's ops, full sets' and the set changes) or one partial set's members (that set's own engine).
-    Ranks are the job's everywhere; ``local`` gives a member's rank on the set's communicator."""
+    """The ranks one engine negotiates among: the whole job's (``ps_id`` None: the global set's, full sets' and
+    the set changes) or a partial set's members (its own engine). Ranks are the job's; ``local``: on the comm."""
 
     def __init__(self, registry: Registry, ps_id: Optional[int] = None) -> None:
         self.registry = registry
         self.ps_id = ps_id
         self.members = registry.ranks[ps_id] if ps_id is not None else []
-        self._local = {rank: i for i, rank in enumerate(self.members)}
+        self.proposer = min(self.members) if self.members else 0
 
-    def slot(self, ps_id: int) -> int:
-        """The set's bit position in the round's flags (engine/vote.py), -1 if this engine does not agree it."""
+    def agrees(self, ps_id: int) -> bool:
+        """Whether this engine agrees the set's ops (registered, and partial exactly in a partial set's engine)."""
         if self.ps_id is None:
-            return self.registry.slot(ps_id) if not self.registry.partial(ps_id) else -1
-        return 0 if ps_id == self.ps_id else -1
-
-    def sets(self, mask: int) -> list[int]:
-        """The sets whose bits are set in ``mask``, in order."""
-        if self.ps_id is None:
-            return self.registry.of_slots(mask)
-        return [self.ps_id] if mask & 1 else []
+            return ps_id in self.registry.ranks and not self.registry.partial(ps_id)
+        return ps_id == self.ps_id
 
     def local(self, rank: int) -> int:
-        return rank if self.ps_id is None else self._local[rank]
+        return rank if self.ps_id is None else self.members.index(rank)
 
     def job_ranks(self, by_local: list[Any], empty: Callable[[], Any]) -> list[Any]:
-        """``by_local`` (one item per rank of this engine's communicator) as one item per rank of the job
-        (``empty()`` for a non-member): what negotiation.decide reads."""
+        """One item per rank of the job (``empty()`` for a non-member) from one per rank of the engine's comm."""
         if self.ps_id is None:
             return by_local
         out = [empty() for _ in range(self.registry.world_size)]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from . import stalls
 from .messages import RankMessage, pending_message
-from .negotiation import FLAG_SET_SHIFT, allgather_messages, decide
+from .negotiation import allgather_messages, decide
 from .requests import Response
 from .stalls import Stop
 from .vote import vote
@@ -17,12 +17,10 @@ if TYPE_CHECKING:
 __all__ = ["explaining_round", "remember", "vote_round"]
 
 
-def vote_round(engine: Engine, cached: list[Response], all_flags: int) -> list[Response]:
-    """The cached responses, then the names voted through (engine/vote.py); the explaining round's responses
-    instead when the vote found something to explain."""
-    voted = vote(engine.comm, engine.mpi_ops, engine.rank, engine.scope.sets(all_flags >> FLAG_SET_SHIFT),
-                 engine.psets.members_table(), engine.completion.pending, {resp.key for resp in cached},
-                 engine.scope.local)
+def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
+    """The cached responses, then the names voted through (vote.py); or the explaining round's."""
+    voted = vote(engine.comm, engine.mpi_ops, engine.rank, engine.scope.proposer, engine.psets.members_table(),
+                 engine.completion.pending, {resp.key for resp in cached}, engine.scope.local)
     engine.vote_bytes += voted.received_bytes
     engine.negotiation_calls += voted.calls
     if voted.responses is None:
@@ -33,8 +31,7 @@ def vote_round(engine: Engine, cached: list[Response], all_flags: int) -> list[R
 
 
 def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
-    """Every rank's whole message gathered (its engine's members' only, placed at their ranks) and decided from:
-    mismatches and stalls in words, join, shutdown, autotune's switch."""
+    """Every member's whole message gathered (placed at its job rank) and decided from (negotiation.decide)."""
     engine.full_cycles += 1
     engine.explain_cycles += 1
     now = time.monotonic()
@@ -53,7 +50,7 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
     if stalled and not engine.config.stall_check_disable:
         failed = engine.watchdog.handle(stalled)
         responses.extend(failed)
-        if failed and _family(engine):  # another of this rank's engines may explain its own stall with them
+        if failed and (engine.parent or engine.set_engines):  # for this rank's other engines' stall notes
             engine.recent_stalls = [(now, r.key) for r in failed if r.key in engine.completion.pending]
     remember(engine, responses)
     return responses
@@ -67,29 +64,16 @@ def remember(engine: Engine, responses: list[Response]) -> None:
         if resp.error is not None:
             continue
         ranks = members.get(resp.ps_id, [])
-        # a generated name is never submitted again: keeping it would only evict a name that comes back, and
-        # its kept Response brought full garbage collections to bursts of unnamed ops (benchmarks/README.md);
-        # its stream's one bit stands for the next one instead
-        if single_use is not None and single_use(resp.name):
+        if single_use is not None and single_use(resp.name):  # never submitted again: its stream's next is
             cache.put_stream(resp.name, resp.sig, ranks, engine.cycles)
         else:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
             plain = resp if not resp.joined and resp.last_joined < 0 else None
             cache.put(resp.name, resp.sig, ranks, engine.cycles, plain)
 
 
-def _family(engine: Engine) -> list[Engine]:
-    """This rank's other engines (a partial set's own, the whole job's)."""
-    world = engine.parent or engine
-    return [other for other in [world, *world.set_engines.values()] if other is not engine]
-
-
 def _elsewhere(engine: Engine) -> list[tuple[int, str]]:
-    """The (set, name)s in flight in this rank's other engines, or failed there by a stall verdict within the
-    stall shutdown time (the engines' verdicts come apart): a stalled name's note says which set a missing rank
-    used it in."""
-    keys: list[tuple[int, str]] = []
+    """(set, name)s in flight in this rank's other engines or failed there lately by a stall verdict (stall notes)."""
     since = time.monotonic() - max(engine.config.stall_shutdown_time_seconds, engine.config.stall_check_time_seconds)
-    for other in _family(engine):
-        keys.extend(other.in_flight())
-        keys.extend(key for when, key in other.recent_stalls if when >= since)
-    return keys
+    world = engine.parent or engine
+    return [key for other in [world, *world.set_engines.values()] if other is not engine for key in  # list(set):
+            [*list(other.completion.inflight), *(key for when, key in other.recent_stalls if when >= since)]]  # atomic

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection, Optional, cast
+from typing import Callable, Collection, Optional
 
 from ..config import Config
 from ..log import logger
 from .negotiation import Stalled
 from .presence import GRACE_S, Presence
-from .requests import Request, Response, Signature
+from .requests import Request, Response
 
 
 class Stop(Exception):
@@ -121,7 +121,7 @@ def verdict(stalled: list[Stalled], cfg: Config) -> list[Response]:
     failed = []
     for s in stalled:
         note = f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""
-        failed.append(Response(s.name, cast(Signature, s.sig), error_kind="stall", error=(
+        failed.append(Response(s.name, s.sig, error_kind="stall", error=(
             f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s (stall_shutdown_time_seconds={limit:g}): "
             f"ranks {s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.{note}{s.where} "
             f"{JOIN_HINT}.")))
