@@ -317,7 +317,8 @@ def test_rank_message_sends_each_signature_once_and_shares_it_on_receipt() -> No
     got = pickle.loads(pickle.dumps(msg))
     equal = Kind.ALLREDUCE, 0, hvd.Sum, 1.0, 1.0, 0, (("float32", (7,)),)
     assert got.sigs[0] is make_signature(*equal)  # the receiver's shared one: decide compares with ``is``
-    assert list(zip(got.names, got.signatures(), got.ages)) == reqs and got.join_cycle == 3 and got.shutdown is False and got.tune is None
+    assert list(zip(got.names, got.signatures(), got.ages)) == reqs
+    assert got.join_cycle == 3 and got.shutdown is False and got.tune is None
     assert [got.site((0, n)) for n in ("n1", "n4", "n0")] == ["train.py:5", "train.py:9", None]
 
 
