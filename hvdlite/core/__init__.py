@@ -5,12 +5,11 @@ The names exported here are the public API (``import hvdlite as hvd``). Frontend
 """
 from __future__ import annotations
 
-from .api import (allgather, allgather_async, allreduce, allreduce_,
-                  allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-                  broadcast_async, broadcast_async_, grouped_allgather,
-                  grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-                  grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, join, poll,
-                  reducescatter, reducescatter_async, synchronize)
+from .api import (allgather_async, allreduce_async, alltoall_async, barrier, broadcast_async, grouped_allgather_async,
+                  grouped_allreduce_async, grouped_reducescatter_async, join, poll, reducescatter_async, synchronize)
+from .horovod_forms import (allgather, allreduce, allreduce_, allreduce_async_, alltoall, broadcast, broadcast_,
+                            broadcast_async_, grouped_allgather, grouped_allreduce, grouped_allreduce_,
+                            grouped_allreduce_async_, grouped_reducescatter, reducescatter)
 from .config import Config
 from .replicas import check_replicas
 from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, InvalidArgumentError, LaunchError,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Optional, Sequence, cast
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -161,53 +161,6 @@ def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[s
     return handle.first()
 
 
-def allreduce(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return cast(np.ndarray,
-                allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set).wait())
-
-
-def allreduce_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return cast(np.ndarray, allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
-                           inplace=True).wait())
-
-
-def allreduce_async_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None,
-                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     process_set: ProcessSet = global_process_set) -> Handle:
-    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
-                           inplace=True)
-
-
-def grouped_allreduce(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
-                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set: ProcessSet = global_process_set,
-                      outputs: Optional[Sequence[Any]] = None,
-                      accumulation: Optional[Accumulation] = None) -> list[np.ndarray]:
-    return cast("list[np.ndarray]",
-                grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, outputs=outputs, accumulation=accumulation).wait())
-
-
-def grouped_allreduce_(arrays: Sequence[np.ndarray], average: Optional[bool] = None, name: Optional[str] = None,
-                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return cast("list[np.ndarray]",
-                grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, inplace=True).wait())
-
-
-def grouped_allreduce_async_(arrays: Sequence[np.ndarray], average: Optional[bool] = None,
-                             name: Optional[str] = None, op: Any = None, prescale_factor: float = 1.0,
-                             postscale_factor: float = 1.0,
-                             process_set: ProcessSet = global_process_set) -> Handle:
-    return grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, inplace=True)
-
-
 # -- allgather ----------------------------------------------------------------------------------------
 def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set,
@@ -235,15 +188,6 @@ def allgather_async(array: Any, name: Optional[str] = None, process_set: Process
     return grouped_allgather_async([array], name, process_set, [dtype_hint]).first()
 
 
-def allgather(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return cast(np.ndarray, allgather_async(array, name, process_set).wait())
-
-
-def grouped_allgather(arrays: Sequence[Any], name: Optional[str] = None,
-                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return cast("list[np.ndarray]", grouped_allgather_async(arrays, name, process_set).wait())
-
-
 # -- broadcast ----------------------------------------------------------------------------------------
 def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, inplace: bool = False,
@@ -267,21 +211,6 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
     except BaseException:
         _give_back(given, name, process_set)
         raise
-
-
-def broadcast(array: Any, root_rank: int, name: Optional[str] = None,
-              process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return cast(np.ndarray, broadcast_async(array, root_rank, name, process_set).wait())
-
-
-def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
-               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return cast(np.ndarray, broadcast_async(array, root_rank, name, process_set, inplace=True).wait())
-
-
-def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> Handle:
-    return broadcast_async(array, root_rank, name, process_set, inplace=True)
 
 
 # -- alltoall -----------------------------------------------------------------------------------------
@@ -310,11 +239,6 @@ def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
     except BaseException:
         _give_back(given, name, process_set)
         raise
-
-
-def alltoall(array: Any, splits: Any = None, name: Optional[str] = None,
-             process_set: ProcessSet = global_process_set) -> tuple[np.ndarray, np.ndarray]:
-    return cast("tuple[np.ndarray, np.ndarray]", alltoall_async(array, splits, name, process_set).wait())
 
 
 # -- reducescatter ------------------------------------------------------------------------------------
@@ -351,19 +275,6 @@ def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,
                         postscale_factor: float = 1.0, dtype_hint: Optional[str] = None) -> Handle:
     return grouped_reducescatter_async([array], name, op, process_set, prescale_factor, postscale_factor,
                                        [dtype_hint]).first()
-
-
-def reducescatter(array: Any, name: Optional[str] = None, op: Any = None,
-                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> np.ndarray:
-    return cast(np.ndarray, reducescatter_async(array, name, op, process_set, prescale_factor, postscale_factor).wait())
-
-
-def grouped_reducescatter(arrays: Sequence[Any], name: Optional[str] = None, op: Any = None,
-                          process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> list[np.ndarray]:
-    return cast("list[np.ndarray]", grouped_reducescatter_async(arrays, name, op, process_set, prescale_factor,
-                                       postscale_factor).wait())
 
 
 # -- synchronisation ----------------------------------------------------------------------------------

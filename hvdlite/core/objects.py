@@ -6,7 +6,8 @@ from typing import Any, Optional
 import cloudpickle
 import numpy as np
 
-from .api import _auto_name, _pset_id, allgather, broadcast
+from .api import _auto_name, _pset_id
+from .horovod_forms import allgather, broadcast
 from .process_sets import ProcessSet, global_process_set
 from .runtime import state
 
