@@ -73,8 +73,7 @@ def _prepare_all(arrays: Sequence[Any], hints: Optional[Sequence[Optional[str]]]
 
 def _submit(kind: Kind, given: Optional[str], name: str, ps_id: int, inputs: Sequence[Any], dtypes: Sequence[str],
             outputs: Optional[Sequence[Any]] = None, rows: bool = False, **options: Any) -> Handle:
-    """The one submit (core/submission.py) for a call whose name is ``name`` (generated unless ``given``);
-    ``rows``: the first dimension may differ per rank (allgather, alltoall)."""
+    """The one submit (core/submission.py); ``rows``: the first dimension may differ per rank (allgather, alltoall)."""
     return submit(state(), kind, name, ps_id, inputs, dtypes, layout_of(inputs, dtypes, rows),
                   outputs if outputs is not None else (None,) * len(inputs), generated=type(given) is not str,
                   **options)

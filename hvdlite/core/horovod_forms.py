@@ -29,26 +29,23 @@ def allreduce_(array: np.ndarray, average: Optional[bool] = None, name: Optional
 def allreduce_async_(array: np.ndarray, average: Optional[bool] = None, name: Optional[str] = None,
                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> Handle:
-    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set,
-                           inplace=True)
+    return allreduce_async(array, average, name, op, prescale_factor, postscale_factor, process_set, inplace=True)
 
 
 def grouped_allreduce(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set: ProcessSet = global_process_set,
-                      outputs: Optional[Sequence[Any]] = None,
+                      process_set: ProcessSet = global_process_set, outputs: Optional[Sequence[Any]] = None,
                       accumulation: Optional[Accumulation] = None) -> list[np.ndarray]:
-    return cast("list[np.ndarray]",
-                grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, outputs=outputs, accumulation=accumulation).wait())
+    handle = grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor, process_set,
+                                     outputs=outputs, accumulation=accumulation)
+    return cast("list[np.ndarray]", handle.wait())
 
 
 def grouped_allreduce_(arrays: Sequence[np.ndarray], average: Optional[bool] = None, name: Optional[str] = None,
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return cast("list[np.ndarray]",
-                grouped_allreduce_async(arrays, average, name, op, prescale_factor, postscale_factor,
-                                   process_set, inplace=True).wait())
+    return cast("list[np.ndarray]", grouped_allreduce_async(arrays, average, name, op, prescale_factor,
+                                                            postscale_factor, process_set, inplace=True).wait())
 
 
 def grouped_allreduce_async_(arrays: Sequence[np.ndarray], average: Optional[bool] = None,

@@ -30,16 +30,12 @@ def submit(st: State, kind: Kind, name: Optional[str], ps_id: int, inputs: Seque
            postscale: float = 1.0, root: int = 0, extra: Any = None, value: Any = UNSET, held: Any = None,
            finalize: Optional[Callable[[Any], Any]] = None, splits: Optional[np.ndarray] = None,
            generated: bool = False) -> Request:
-    """Hand one request to ``st``'s engine and return it (it is the caller's handle): every collective of
-    every frontend, named or not, single or grouped, a gradient hook's or a user's call.
-
-    ``name`` None: a generated one (``<kind>.noname.<n>``, given back if this call fails); ``generated``: the
-    caller generated ``name`` itself. What a request's checks and signature need is worked out once and kept,
-    per name, or for generated names per kind (their layout, op and factors usually come back the same), and
-    reused while the arguments that make the signature come back equal: a steady-state submission compares one
-    tuple and builds one object. ``inputs`` are C-contiguous in their storage dtype (or PlaneBuffers); an
-    output None is made by the engine; ``value`` is what the handle returns (see Handle.returning), ``held``
-    what it keeps alive (the tensor whose memory ``inputs`` view)."""
+    """Hand one request to ``st``'s engine and return it (it is the caller's handle): every collective of every
+    frontend. ``name`` None: a generated one (given back if this call fails); ``generated``: the caller generated
+    ``name``. The checks and signature are worked out once per name (per kind for generated names) and reused
+    while the arguments that make the signature compare equal: a steady-state submission compares one tuple and
+    builds one object. ``inputs`` are C-contiguous in their storage dtype (or PlaneBuffers); an output None is
+    made by the engine; ``value`` is what the handle returns (Handle.returning), ``held`` what it keeps alive."""
     if name is None:
         name, generated = st.names.name(kind.label, None, ps_id), True
     try:
@@ -53,7 +49,7 @@ def submit(st: State, kind: Kind, name: Optional[str], ps_id: int, inputs: Seque
         else:
             req = Request(name, memo[0], inputs, outputs, None if generated else memo[1], value, splits=splits,
                           finalize=finalize)
-        if held is not None:
+        if held is not None:  # (a slot left unset otherwise)
             req.held = held
         if generated:  # a name used once: its site travels with the request only (engine/callsite.py)
             req.site = callsite.capture()
