@@ -60,7 +60,7 @@ class Engine:
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
-        self.cache = ResponseCache(config.cache_capacity, self.rank, self.size)
+        self.cache = ResponseCache(config.cache_capacity, self.rank, self.size, "Open MPI" in mpi.library_version())
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, deterministic.comms(process_sets.comm, mpi_ops, config.deterministic),
