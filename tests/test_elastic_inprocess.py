@@ -160,19 +160,41 @@ def test_two_ranks_killed_at_once_cost_one_reset(ompi_python: str, tmp_path: Pat
 
 
 @pytest.mark.timeout(300)
-def test_below_min_np_the_job_stops_then_waits_elastic_timeout(ompi_python: str) -> None:
-    """In-process mode, --min-np 2 of 2: rank 1 dies, so one survivor is below --min-np. The driver stops the
-    job saying so (a running job cannot grow in-process), the restart path waits --elastic-timeout for two
-    usable slots (this machine has one left: the dead rank's slot is blacklisted), then stops with the reason."""
-    proc = run([ompi_python, "-m", "hvdlite.run", "-np", "2", "--min-np", "2", "--max-np", "2",
-                "--elastic-timeout", "2", ompi_python, str(WORKERS / WORKER), *TRAINING, "--die", "1:idle:3"],
+def test_the_last_survivor_below_min_np_leaves_and_the_job_starts_again_on_its_slots(ompi_python: str) -> None:
+    """In-process mode, --min-np 2 of 2: rank 1 dies, so one survivor is below --min-np. It leaves at its last
+    commit without running the reset callback or training at size 1 (it did both before the driver stopped it),
+    and the job starts again on both slots (a process that died is not a lost slot) and finishes."""
+    proc = run([ompi_python, "-m", "hvdlite.run", "-np", "2", "--min-np", "2", "--max-np", "2", ompi_python,
+                str(WORKERS / WORKER), *TRAINING, "--die", "1:idle:5"], timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"reset 1: rank 1 on host \S+ \(pid \d+\) failed; 1 rank\(s\) left, below --min-np 2: in-process "
+                     r"mode cannot add ranks to a running job .*; starting again", out), out
+    assert re.search(r"1 rank\(s\) left, below --min-np 2: leaving at commit 1 without training on", out), out
+    assert not re.search(r"^reset orig=0 rank=0 size=1 ", out, re.MULTILINE), out  # no reset callback at size 1
+    assert not re.search(r"^first_step entry=2 size=1", out, re.MULTILINE), out  # no step at size 1
+    assert "starting 2 ranks on localhost:2 (reset 1)" in out and "waiting up to" not in out, out
+    assert "job finished on 2 ranks after 1 reset(s)" in out, out
+    assert len(re.findall(r"^final orig=\d rank=\d size=2 ", out, re.MULTILINE)) == 2, out
+
+
+@pytest.mark.timeout(300)
+def test_below_min_np_with_nothing_that_can_come_back_the_job_stops_at_once(ompi_python: str) -> None:
+    """In-process mode on this machine, -np 4 --min-np 2, no --blacklist-cooldown-range: ranks 1, 2 and 3 die at
+    once. Three lost ranks within a minute blacklist the host, for good without a cooldown range; one survivor is
+    below --min-np and this machine is the only host: the driver says so and stops at once (it waited the whole
+    --elastic-timeout before, saying blacklisted hosts wait out a cooldown there was none of)."""
+    proc = run([ompi_python, "-m", "hvdlite.run", "-np", "4", "--min-np", "2", "--max-np", "4", ompi_python,
+                str(WORKERS / WORKER), *TRAINING, "--die", "1:idle:5", "--die", "2:idle:5", "--die", "3:idle:5"],
                timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
-    assert re.search(r"reset 1: rank 1 on host \S+ \(pid \d+\) failed; 1 rank\(s\) left, below --min-np 2: in-process "
-                     r"mode cannot add ranks to a running job .*; starting again", out), out
-    assert "waiting up to 2 s for 2 slots (--min-np); usable now: localhost:1" in out, out
-    assert "stopping: fewer than 2 slots (--min-np) were usable for 2 s (--elastic-timeout)" in out, out
+    assert "host localhost blacklisted for good (no --blacklist-cooldown-range): 3 of its ranks lost within 60 s" \
+        in out, out
+    assert re.search(r"stopping at once: host\(s\) localhost blacklisted for good \(their ranks failed repeatedly, and "
+                     r"no --blacklist-cooldown-range lets them back\); the other fixed hosts have 0 slot\(s\), fewer "
+                     r"than --min-np 2, and no discovery script can add any", out), out
+    assert "waiting up to" not in out and "cooldown" not in out.split("stopping at once")[1], out
     assert len(re.findall(r"starting \d+ ranks on", out)) == 1 and "final " not in out, out
 
 

@@ -16,7 +16,9 @@ from hvdlite.core.elastic import ElasticShards
 from hvdlite.core.launch import remover_command
 from hvdlite.run.args import is_elastic, parse_args
 from hvdlite.run.elastic.cleanup import CommitRemover
-from hvdlite.run.elastic.discovery import Blacklist, DiscoveryError, parse_discovered
+from hvdlite.run.elastic.discovery import (REPEATED_FAILURES, Blacklist, DiscoveryError, describe_failure,
+                                          parse_discovered)
+from hvdlite.run.elastic.outcome import hopeless
 from hvdlite.run.elastic.driver import ElasticDriver
 from hvdlite.run.elastic.server import DriverServer
 from hvdlite.run.hosts import Host
@@ -88,13 +90,32 @@ def test_discovery_output_and_blacklist() -> None:
     hosts = [Host("h1", 2), Host("h2", 2)]
     forever = Blacklist()
     forever.add("h2")
-    assert forever.apply(hosts) == [Host("h1", 2)]
-    slots = Blacklist(per_slot=True)
-    slots.add("h1")
-    assert slots.apply(hosts) == [Host("h1", 1), Host("h2", 2)]
+    assert forever.apply(hosts) == [Host("h1", 2)] and forever.for_good() == ["h2"]
     brief = Blacklist(cooldown=(0.0, 0.0))
     brief.add("h1")
-    assert brief.apply(hosts) == hosts  # the cooldown is over at once
+    assert brief.apply(hosts) == hosts and brief.for_good() == []  # the cooldown is over at once
+
+
+def test_a_host_is_blacklisted_only_when_its_ranks_fail_repeatedly() -> None:
+    """One lost rank is a process that died: its host keeps every slot; the third within a minute blacklists the
+    host, for a time in the cooldown range or, without one, for good (then no fixed host can make --min-np)."""
+    hosts = [Host("h1", 2), Host("h2", 2)]
+    blacklist = Blacklist()
+    assert blacklist.failed("h1") == (1, None) and blacklist.failed("h1") == (2, None)
+    assert blacklist.apply(hosts) == hosts
+    assert "its slot is used again (2 lost rank(s) of h1 within 60 s; 3 blacklist it)" in \
+        describe_failure("h1", 2, None)
+    assert blacklist.failed("h1") == (3, float("inf"))
+    assert blacklist.apply(hosts) == [Host("h2", 2)] and blacklist.for_good() == ["h1"]
+    assert describe_failure("h1", 3, float("inf")) == ("host h1 blacklisted for good (no --blacklist-cooldown-range): "
+                                                       "3 of its ranks lost within 60 s")
+    assert hopeless(hosts, ["h1"], 2) == "" and hopeless(None, ["h1"], 3) == ""  # (a discovery script may add some)
+    assert "the other fixed hosts have 2 slot(s), fewer than --min-np 3" in hopeless(hosts, ["h1"], 3)
+    cooled = Blacklist(cooldown=(5.0, 5.0))
+    for _ in range(REPEATED_FAILURES):
+        failures, seconds = cooled.failed("h2")
+    assert (failures, seconds) == (3, 5.0) and cooled.apply(hosts) == [Host("h1", 2)] and cooled.for_good() == []
+    assert cooled.failed("h2") == (1, None)  # counted afresh after a blacklisting
 
 
 def test_the_remover_deletes_only_this_hosts_copy_of_the_run(tmp_path: Path) -> None:

@@ -79,6 +79,10 @@ class Config:
     #: lets the job end so hvdlite-run starts it again, "auto" (default) recovers in-process where the MPI
     #: allows it. hvdlite-run's ``--elastic-mode`` sets it for the ranks. docs/elastic.md.
     elastic_mode: str = "auto"
+    #: The fewest ranks an elastic job trains on (hvdlite-run's ``--min-np``, which sets it for the ranks; 0: no
+    #: bound): survivors of an in-process recovery that are fewer leave at their last commit, without running the
+    #: reset callbacks, for hvdlite-run to start the job again once enough slots are usable.
+    elastic_min_np: int = 0
     #: Data plane of GPU tensors (Horovod's HOROVOD_GPU_OPERATIONS): "nccl" (torch.distributed's NCCL), "mpi"
     #: (CUDA-aware MPI where the MPI library reports CUDA support, else host staging), or "" (auto: NCCL when
     #: every rank has it, else host staging through MPI). docs/torch.md, "Data planes".

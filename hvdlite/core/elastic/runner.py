@@ -75,6 +75,7 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
                 driver.link().send(op="recovered", lost=list(done.lost_ranks), size=done.new_size,
                                    rank=done.new_rank, old_rank=done.old_rank,
                                    lost_peers=[[p.host, p.pid, p.started] for p in done.lost_peers])
+                _leave_below_min_np(state, done.new_size)
                 state.restore()
                 state.on_reset()
                 state.sync_in_memory()
@@ -84,3 +85,18 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
                 if lost is None:
                     raise
                 error = lost
+
+
+def _leave_below_min_np(state: State, size: int) -> None:
+    """Survivors fewer than hvdlite-run's --min-np (config elastic_min_np) do not train on: they leave, without the
+    reset callbacks, for the driver to start the job again from its last commit once enough slots are usable."""
+    from .. import runtime
+    min_np = runtime.state().config.elastic_min_np
+    if size >= min_np or not driver.link().enabled:
+        return
+    logger.warning("%d rank(s) left, below --min-np %d: leaving at commit %d without training on; hvdlite-run "
+                   "starts the job again from it once %d slots are usable", size, min_np, state.commit_counter, min_np)
+    driver.link().send(op="resize", commit=state.commit_counter)
+    runtime.shutdown()
+    driver.link().close()
+    sys.exit(RESIZE_EXIT_CODE)

@@ -66,16 +66,32 @@ def slurm_nodes(env: Mapping[str, str]) -> list[str]:
     return names
 
 
+#: A host is blacklisted when this many of its ranks were lost within FAILURE_WINDOW_S: one lost rank is a process
+#: that died (killed, out of memory, preempted), not a lost host; its slot is used again at the next start.
+REPEATED_FAILURES = 3
+FAILURE_WINDOW_S = 60.0
+
+
 class Blacklist:
-    """Hosts excluded after a failure: for a random time in the cooldown range, or for good without one.
+    """Hosts excluded from the next starts: one that fails repeatedly (REPEATED_FAILURES lost ranks within
+    FAILURE_WINDOW_S), for a random time in the cooldown range (--blacklist-cooldown-range), or for good without
+    one. A host that is gone drops out of the discovery's listing by itself."""
 
-    ``per_slot`` (a single local host, which cannot be excluded): each failure takes one slot instead.
-    """
-
-    def __init__(self, cooldown: Optional[Sequence[float]] = None, per_slot: bool = False) -> None:
+    def __init__(self, cooldown: Optional[Sequence[float]] = None) -> None:
         self.cooldown = tuple(cooldown) if cooldown else None
-        self.per_slot = per_slot
         self._until: list[tuple[str, float]] = []
+        self._failures: dict[str, list[float]] = {}
+
+    def failed(self, host: str) -> tuple[int, Optional[float]]:
+        """One rank of ``host`` was lost: (its host's lost ranks within FAILURE_WINDOW_S, the seconds ``host`` is
+        now excluded for: None when it is not, inf for good)."""
+        now = time.monotonic()
+        recent = [t for t in self._failures.get(host, []) if now - t < FAILURE_WINDOW_S] + [now]
+        self._failures[host] = recent
+        if len(recent) < REPEATED_FAILURES:
+            return len(recent), None
+        self._failures[host] = []
+        return len(recent), self.add(host)
 
     def add(self, host: str) -> float:
         """Exclude ``host``; return for how many seconds (inf: for good)."""
@@ -88,18 +104,30 @@ class Blacklist:
         self._until = [(h, t) for h, t in self._until if t > now]
         return [h for h, _ in self._until]
 
+    def for_good(self) -> list[str]:
+        """The hosts excluded for good (failing repeatedly without a cooldown range)."""
+        return sorted({h for h, t in self._until if t == float("inf")})
+
     def apply(self, hosts: Sequence[Host]) -> list[Host]:
         active = self._active()
-        if self.per_slot:
-            out = [Host(h.name, h.slots - active.count(h.name)) for h in hosts]
-            return [h for h in out if h.slots > 0]
         return [h for h in hosts if h.name not in active]
 
 
+def describe_failure(host: str, failures: int, seconds: Optional[float]) -> str:
+    """What a lost rank did to its host's standing (Blacklist.failed's answer), for the driver's log."""
+    if seconds is None:
+        return (f"a process that died, not a lost host: its slot is used again ({failures} lost rank(s) of {host} "
+                f"within {FAILURE_WINDOW_S:.0f} s; {REPEATED_FAILURES} blacklist it)")
+    span = "for good (no --blacklist-cooldown-range)" if seconds == float("inf") else f"for {seconds:.0f} s"
+    return f"host {host} blacklisted {span}: {failures} of its ranks lost within {FAILURE_WINDOW_S:.0f} s"
+
+
 def wait_for_slots(usable: Callable[[], list[Host]], min_np: int, timeout_s: float, interval_s: float,
-                   stopped: Callable[[], bool], log: logging.Logger) -> Optional[list[Host]]:
+                   stopped: Callable[[], bool], log: logging.Logger,
+                   hopeless: Callable[[], str] = lambda: "") -> Optional[list[Host]]:
     """``usable()`` once it has at least ``min_np`` slots, asking every ``interval_s`` for up to ``timeout_s``
-    (--elastic-timeout); None past that, or as soon as ``stopped()``."""
+    (--elastic-timeout); None past that, as soon as ``stopped()``, or as soon as ``hopeless()`` says why no
+    slot that could make up the difference can come back."""
     deadline = time.monotonic() + timeout_s
     said = False
     while True:
@@ -110,6 +138,8 @@ def wait_for_slots(usable: Callable[[], list[Host]], min_np: int, timeout_s: flo
             hosts = []
         if total_slots(hosts) >= min_np:
             return hosts
+        if hopeless():
+            return None
         if not said:
             log.info("waiting up to %.0f s for %d slots (--min-np); usable now: %s", timeout_s, min_np,
                      ",".join(map(str, hosts)) or "none")
@@ -155,8 +185,6 @@ class HostSource:
         else:
             self.fixed = [Host("localhost", self.slots_per_host or max_np)]
             self.kind = f"this machine ({self.fixed[0].slots} slots)"
-        # one fixed host (this machine, or -H with one host) cannot be excluded: a failure costs a slot
-        self.single_host = self.fixed is not None and len(self.fixed) == 1
 
     def discover(self) -> list[Host]:
         if self.script:

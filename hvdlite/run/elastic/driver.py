@@ -22,8 +22,9 @@ from ..launchers import SRUN, Launcher, LaunchError
 from ..process import kill_group, stop_with
 from .cleanup import CommitRemover
 from . import inprocess
-from .discovery import Blacklist, DiscoveryError, HostSource, assign, wait_for_slots
-from .server import DriverServer, bind_address, is_local, new_secret
+from . import outcome as outcome_of
+from .discovery import Blacklist, DiscoveryError, HostSource, assign, describe_failure, wait_for_slots
+from .server import DriverServer, RankInfo, bind_address, is_local, new_secret
 
 #: Seconds between discovery runs while a job trains (horovodrun polls about once a second).
 DISCOVERY_INTERVAL_S = 1.0
@@ -56,7 +57,7 @@ class ElasticDriver:
             raise HostSpecError(f"need --min-np <= -np <= --max-np, got {self.min_np} <= {self.num_proc} <= "
                                 f"{self.max_np}")
         self.source = HostSource(args, env, self.max_np)
-        self.blacklist = Blacklist(args.blacklist_cooldown_range, per_slot=self.source.single_host)
+        self.blacklist = Blacklist(args.blacklist_cooldown_range)
         self.job = uuid.uuid4().hex[:12]
         self.secret = new_secret()  # the ranks' proof (see hvdlite.core.elastic.link); kept out of every log
         self.server: Optional[DriverServer] = None
@@ -69,16 +70,17 @@ class ElasticDriver:
         self.added: Optional[inprocess.Added] = None  # hosts discovery added, until the job that uses them starts
         self.short_listing: Optional[list[Host]] = None  # the last discovery result too small to resize to
 
-    # -- hosts --------------------------------------------------------------------------------------------
     def usable_hosts(self) -> list[Host]:
         return self.blacklist.apply(self.source.discover())
 
     def wait_for_hosts(self) -> Optional[list[Host]]:
         """Usable hosts with at least --min-np slots, waiting up to --elastic-timeout for them."""
         return wait_for_slots(self.usable_hosts, self.min_np, self.args.elastic_timeout, DISCOVERY_INTERVAL_S,
-                              lambda: bool(self.stop_signal), logger)
+                              lambda: bool(self.stop_signal), logger, self.hopeless)
 
-    # -- the loop -----------------------------------------------------------------------------------------
+    def hopeless(self) -> str:
+        return outcome_of.hopeless(self.source.fixed, self.blacklist.for_good(), self.min_np)
+
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -173,9 +175,12 @@ class ElasticDriver:
             if hosts is None:
                 if self.stop_signal:
                     return 128 + self.stop_signal
-                logger.error("stopping: fewer than %d slots (--min-np) were usable for %.0f s "
-                             "(--elastic-timeout); blacklisted hosts wait out their cooldown",
-                             self.min_np, self.args.elastic_timeout)
+                if (why := self.hopeless()):
+                    logger.error("stopping at once: %s", why)
+                    return 1
+                logger.error("stopping: fewer than %d slots (--min-np) were usable for %.0f s (--elastic-timeout)%s",
+                             self.min_np, self.args.elastic_timeout,
+                             "; blacklisted hosts wait out their cooldown" if self.blacklist.cooldown else "")
                 return 1
             size = min(size if self.resets == 0 else self.max_np, total_slots(hosts), self.max_np)
             placed = assign(hosts, size)
@@ -192,10 +197,7 @@ class ElasticDriver:
             if outcome == "signal":
                 return 128 + self.stop_signal
             if outcome == "fatal":
-                ulfm = (" (under ULFM the launcher exits 0 even when ranks were killed, so that 0 says nothing of "
-                        "how they ended)" if self.in_process and not code else "")
-                logger.error("stopping: the job exited %d before any rank reached hvd.elastic.run%s (the program "
-                             "fails at start-up, or it does not use hvd.elastic.run); not restarting it", code, ulfm)
+                logger.error("%s", outcome_of.fatal_message(code, bool(self.in_process)))
                 return code or 1
             self.resets += 1
             limit = self.args.reset_limit
@@ -220,6 +222,7 @@ class ElasticDriver:
             plan.mpi_args = inprocess.ulfm_mpi_args(plan.mpi_args)
         env = child_environment(self.env, plan, launcher)
         env[inprocess.MODE_VARIABLE] = "in-process" if self.in_process else "restart"
+        env[inprocess.MIN_NP_VARIABLE] = str(self.min_np)
         env[DRIVER_VARIABLE] = f"{server.address}:{server.port}"
         env[JOB_VARIABLE] = self.job
         env[RESTART_VARIABLE] = str(self.resets)
@@ -276,38 +279,20 @@ class ElasticDriver:
         ranks = server.snapshot()
         self.finished_on = losses.alive
         if not ranks:
-            return code, self._none_joined(code, size, server.joined_any)
+            return code, outcome_of.none_joined(code, size, server.joined_any, bool(self.in_process), logger)
         if self.in_process and inprocess.finished(ranks, size):
             return 0, "done"  # (the launcher's code counts the lost ranks)
         if not self.in_process and len(ranks) == size and all(r.ended == "done" for r in ranks):
             return code, "done"
-        lost = server.first_lost()
-        if lost is not None:
-            # ranks fill the hosts in order: the host as the driver names it (the rank reports its hostname)
-            placement = hosts_by_rank(placed, size)
-            host = placement[lost.rank] if lost.rank < len(placement) else lost.host
-            seconds = self.blacklist.add(host)
-            if not self.blacklist.per_slot:
-                self._remove_on(host)
-            what = "one slot of" if self.blacklist.per_slot else "host"
-            span = "for good" if seconds == float("inf") else f"for {seconds:.0f} s"
-            return code, (f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed; {what} {host} "
-                          f"blacklisted {span}")
+        # (in-process mode: a rank the survivors already recovered from is not blamed again, say at a resize)
+        fresh = [r for r in ranks if r.ended == "lost" and (r.rank, r.pid) not in losses.seen]
+        if fresh:
+            lost = min(fresh, key=lambda r: r.ended_at)
+            standing = self._failed_on(placed, size, lost, remove=True)
+            return code, f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed; {standing}"
         if any(r.ended == "resize" for r in ranks):
             return code, "hosts changed: the ranks committed and left to resize"
         return code, f"the job ended with exit code {code} and no rank reported why"
-
-    def _none_joined(self, code: int, size: int, joined_before: bool) -> str:
-        """The outcome of a job none of whose ``size`` ranks reached hvd.elastic.run: "done" (a program that does
-        not use it, exit code 0, where that code can be believed), "fatal" (it fails at start-up), or a reset:
-        once a rank of this run reached it, ranks that end before it were lost, like any other."""
-        if joined_before:
-            return (f"none of the {size} ranks reached hvd.elastic.run (lost before it: killed, or failed at start-up; "
-                    f"the launcher exited {code}), while this run's earlier ranks did")
-        if code == 0 and not self.in_process:
-            logger.warning("no rank used hvd.elastic.run; the job exited 0: done")
-            return "done"
-        return "fatal"
 
     def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool,
                        placed: list[Host], size: int) -> str:
@@ -324,8 +309,9 @@ class ElasticDriver:
                 return "the survivors recovered from ranks lost together one after the other"
             inprocess.report_two_steps(logger, losses, self.resets, limit)
         for lost in losses.new(snapshot):
-            placement = hosts_by_rank(placed, size)
-            self.blacklist.add(placement[lost.rank] if lost.rank < len(placement) else lost.host)
+            standing = self._failed_on(placed, size, lost)
+            if "blacklisted" in standing:
+                logger.info("%s", standing)
             outcome = f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed"
             joined = losses.before + losses.resets == self.resets
             if not joined and not self._within_limit(losses, proc, srun):
@@ -333,11 +319,19 @@ class ElasticDriver:
             if losses.alive < self.min_np:
                 self._stop(proc, srun)
                 self.resets -= 1  # the reset under way (counted above) is the restart, which _loop counts
-                return (f"{outcome}; {losses.alive} rank(s) left, below --min-np {self.min_np}: in-process mode "
-                        f"cannot add ranks to a running job (Open MPI 5.0 cannot grow it safely: docs/elastic.md, "
-                        f"Growth), so the job starts again from its last commit once {self.min_np} slots are usable")
+                return outcome_of.below_min_np(outcome, losses.alive, self.min_np)
             inprocess.report(logger, lost, losses, self.resets, limit, joined)
         return ""
+
+    def _failed_on(self, placed: list[Host], size: int, lost: RankInfo, remove: bool = False) -> str:
+        """Count ``lost`` against its host (as the driver placed it: the rank reports its hostname), which is
+        blacklisted when it fails repeatedly (``remove``: its commits there are then deleted); say what it did."""
+        placement = hosts_by_rank(placed, size)
+        host = placement[lost.rank] if lost.rank < len(placement) else lost.host
+        failures, seconds = self.blacklist.failed(host)
+        if remove and seconds is not None:
+            self._remove_on(host)
+        return describe_failure(host, failures, seconds)
 
     def _within_limit(self, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool) -> bool:
         """Count the resets ``losses`` now needs; past --reset-limit stop the job instead (False): _loop

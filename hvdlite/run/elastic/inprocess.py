@@ -44,6 +44,8 @@ def ulfm_mpi_args(user: list[str]) -> list[str]:
 NO_SENTINEL = True
 #: The setting that tells the ranks which mode they run in (hvdlite/core/config.py, elastic_mode).
 MODE_VARIABLE = "HVDLITE_ELASTIC_MODE"
+#: The setting that tells the ranks --min-np (config elastic_min_np: fewer survivors leave instead of training on).
+MIN_NP_VARIABLE = "HVDLITE_ELASTIC_MIN_NP"
 
 
 def choose_mode(asked: str, launcher: Launcher) -> tuple[bool, str]:
