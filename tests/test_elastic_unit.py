@@ -15,7 +15,7 @@ from hvdlite.core import runtime
 from hvdlite.core.elastic import ElasticShards
 from hvdlite.core.launch import remover_command
 from hvdlite.run.args import is_elastic, parse_args
-from hvdlite.run.elastic.cleanup import CommitRemover
+from hvdlite.run.elastic.cleanup import CommitRemover, remove_leftover_shm, shm_files
 from hvdlite.run.elastic.discovery import (REPEATED_FAILURES, Blacklist, DiscoveryError, describe_failure,
                                           parse_discovered)
 from hvdlite.run.elastic.outcome import hopeless
@@ -279,3 +279,21 @@ def test_a_users_mca_btl_replaces_in_process_modes_transport() -> None:
                     "--mca btl tcp,self --mca mpi_ft_detector_timeout 4")
     assert " ".join(ulfm_mpi_args(["-mca", "btl", "tcp,self"])).count("btl") == 1
     assert "sm,tcp,self" in ulfm_mpi_args(["--mca", "btl_tcp_if_include", "eth0"])
+
+
+def test_leftover_mpich_shared_memory_is_deleted_unless_a_process_maps_it(tmp_path: Path) -> None:
+    """The driver deletes the MPICH shared-memory files that appeared during a job (a rank killed in MPI_Init left
+    them) and that no process maps any more: one this process maps (a job running beside it) stays, and so do
+    the ones that were there before and files of other names."""
+    import mmap
+    old = tmp_path / "mpich_shm_old_0"
+    old.write_bytes(b"x" * 4096)
+    before = shm_files(str(tmp_path))
+    assert before == {str(old)}
+    leftover, in_use, other = tmp_path / "mpich_shm_1a2b_0", tmp_path / "mpich_shm_3c4d_0", tmp_path / "other_0"
+    for path in (leftover, in_use, other):
+        path.write_bytes(b"x" * 4096)
+    with open(in_use, "r+b") as f, mmap.mmap(f.fileno(), 4096) as mapped:
+        assert remove_leftover_shm(before, str(tmp_path)) == [str(leftover)]
+        assert mapped[:1] == b"x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mpich_shm_3c4d_0", "mpich_shm_old_0", "other_0"]

@@ -15,6 +15,7 @@ from (and the size) to PREFIX.k; ``--load FILE`` starts from such a file instead
 """
 import argparse
 import hashlib
+import json
 import os
 import pickle
 import signal
@@ -44,6 +45,10 @@ def parse_args():
     parser.add_argument("--load", default="")
     parser.add_argument("--width", type=int, default=32, help="hidden width of the model (benchmarks: larger)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--soak", action="store_true",
+                        help="(benchmarks/elastic_soak.py) rank 0 prints 'step n=N size=S t=T' after every step; "
+                             "every sample each epoch processed is counted (an allgather per step), and the final "
+                             "report has the per-epoch counts and the training-set accuracy")
     return parser.parse_args()
 
 
@@ -105,6 +110,8 @@ def main():
     sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=1)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     w = args.width
+    seen = np.zeros(len(train_set), dtype=np.int64)  # --soak: how often each sample was processed this epoch
+    indices = torch.arange(len(train_set))
     model = nn.Sequential(nn.Linear(16, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 4)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -133,7 +140,8 @@ def main():
             group["lr"] = args.lr * hvd.size()
         print(f"reset orig={orig} rank={hvd.rank()} size={hvd.size()} t={time.time():.6f}", flush=True)
 
-    state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, tripwire=tripwire, epoch=0, step=0)
+    state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, tripwire=tripwire, epoch=0, step=0,
+                                   seen=seen, epochs=[])
     state.register_reset_callbacks([on_reset])
     if args.load:
         with open(args.load, "rb") as f:
@@ -152,6 +160,7 @@ def main():
         steps, started, calls = 0, 0.0, 0
         for epoch in range(state.epoch, args.epochs):
             state.train_sampler.set_epoch(epoch)
+            order = list(state.train_sampler)  # this rank's samples of the epoch, in the loader's order
             for batch_idx, (x, y) in enumerate(loader):
                 if steps == 1:
                     started = time.time()
@@ -163,8 +172,13 @@ def main():
                 state.optimizer.zero_grad()
                 F.cross_entropy(state.model(x.to(device)), y.to(device)).backward()
                 state.optimizer.step()
+                if args.soak:
+                    mine = indices[order[batch_idx * args.batch_size:(batch_idx + 1) * args.batch_size]]
+                    np.add.at(state.seen, hvd.allgather(mine, name="soak.index").numpy(), 1)
                 state.train_sampler.record_batch(batch_idx, args.batch_size)
                 state.step += 1
+                if args.soak and hvd.rank() == 0:
+                    print(f"step n={state.step} size={hvd.size()} t={time.time():.6f}", flush=True)
                 if ("idle", state.step) in plan:
                     die("idle", orig)
                 if ("stop", state.step) in plan:
@@ -175,6 +189,9 @@ def main():
                 if state.step % args.commit_every == 0:
                     tripwire.step = state.step
                     state.commit()
+            if args.soak:
+                state.epochs.append({"samples": int(state.seen.sum()), "unique": int((state.seen > 0).sum())})
+                state.seen[:] = 0
             state.epoch = epoch + 1
             state.train_sampler.set_epoch(epoch + 1)
             state.commit()
@@ -185,6 +202,12 @@ def main():
     train(state)
     final = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "steps": state.step, "entries": entries,
              "synced": synced, "sha": digest(model)}
+    if args.soak:
+        x, y = train_set.tensors
+        with torch.no_grad():
+            final["accuracy"] = float((model(x.to(device)).argmax(1).cpu() == y).float().mean())
+        final["epochs"] = state.epochs
+        print(json.dumps({"final": final}), flush=True)
     print(f"final orig={orig} " + " ".join(f"{k}={v}" for k, v in final.items()), flush=True)
     report(orig, start={"pid": os.getpid()}, final=final)
     hvd.shutdown()

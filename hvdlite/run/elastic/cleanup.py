@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shlex
 import subprocess
 import tempfile
@@ -90,3 +91,40 @@ class CommitRemover:
             self.failed(removal.host, removal.where, f"no answer within {self.timeout_s:.0f} s")
         elif code != 0:
             self.failed(removal.host, removal.where, f"exit code {code}" + (f": {last[:300]}" if last else ""))
+
+
+#: Where MPICH keeps a job's shared memory on a host, and the prefix of its files: a rank killed during MPI_Init
+#: leaves its job's file (1-4 MB) behind, which nothing deletes (the restart path under MPICH, issue 48).
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "mpich_shm_"
+
+
+def shm_files(directory: str = SHM_DIR) -> set[str]:
+    """The MPICH shared-memory files in ``directory`` now."""
+    try:
+        return {os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(SHM_PREFIX)}
+    except OSError:
+        return set()
+
+
+def remove_leftover_shm(before: set[str], directory: str = SHM_DIR) -> list[str]:
+    """Delete the MPICH shared-memory files that appeared in ``directory`` since ``before`` was taken and that no
+    process on this machine maps any more (a job running beside ours maps its own); return those deleted."""
+    new = shm_files(directory) - before
+    if not new:
+        return []
+    mapped: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+                mapped.update(line.split(None, 5)[5].strip() for line in maps if SHM_PREFIX in line)
+        except (OSError, IndexError):
+            continue
+    removed = []
+    for path in sorted(new - mapped):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed

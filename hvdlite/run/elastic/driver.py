@@ -20,7 +20,7 @@ from ..commands import Plan, build_command, child_environment, format_command
 from ..hosts import Host, HostSpecError, hosts_by_rank, total_slots
 from ..launchers import SRUN, Launcher, LaunchError
 from ..process import kill_group, stop_with
-from .cleanup import CommitRemover
+from .cleanup import CommitRemover, remove_leftover_shm, shm_files
 from . import inprocess
 from . import outcome as outcome_of
 from .discovery import Blacklist, DiscoveryError, HostSource, assign, describe_failure, wait_for_slots
@@ -240,6 +240,7 @@ class ElasticDriver:
         if self.args.verbose:
             shown = {k: ("<hidden>" if k == SECRET_VARIABLE else v) for k, v in env.items() if self.env.get(k) != v}
             logger.info("running: %s", format_command(cmd, shown))
+        shm = shm_files() if not self.in_process and all(is_local(h.name) for h in placed) else None
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=stop_with(os.getpid()))
         srun = launcher.kind == SRUN
         lost_at = 0.0
@@ -259,11 +260,9 @@ class ElasticDriver:
                 stopped = self._follow_losses(server, losses, proc, srun, placed, size)
                 if stopped:
                     return proc.returncode or 1, stopped
-                if len(losses.seen) != counted:  # the job goes on without the lost slots: not a host change
-                    try:
-                        hosts = self.usable_hosts()
-                    except DiscoveryError:
-                        pass
+                if len(losses.seen) != counted:  # a discovery script that lists the lost ranks' slots makes the
+                    hosts = inprocess.running_on(placed, size, losses.seen) if self.source.script else hosts  # job
+                    # grow back at its next commit; on fixed hosts it goes on at its size (docs/elastic.md, Growth)
             elif not lost_at and server.first_lost() is not None:
                 lost_at = now
             if lost_at and now - lost_at > LOST_RANK_GRACE_S:
@@ -276,6 +275,8 @@ class ElasticDriver:
                 changed = self._hosts_changed(server, hosts)
         code = proc.returncode
         kill_group(proc.pid)
+        for path in remove_leftover_shm(shm) if shm is not None else ():  # (MPICH's, of a rank killed in it)
+            logger.info("deleted %s, the shared memory MPICH left behind on this host", path)
         ranks = server.snapshot()
         self.finished_on = losses.alive
         if not ranks:

@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Optional
 
 from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm
 
-from ..hosts import HostSpecError
+from ..hosts import Host, HostSpecError, hosts_by_rank
 from ..launchers import OPENMPI, Launcher, LaunchError
 from .server import RankInfo, is_local
 
@@ -135,6 +135,16 @@ def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, l
     also = " too, with the rank(s) of this reset: one recovery" if joined else ""
     logger.info("reset %d%s: rank %d on host %s (pid %d) failed%s; %d ranks left recover in their processes "
                 "(in-process mode)", reset, of, lost.rank, lost.host, lost.pid, also, losses.alive)
+    if not _explained:
+        _explained.append(True)
+        logger.info("%s", NBC_NOTE)
+
+
+#: Said once per run, at the first in-process recovery: what Open MPI's own lines about it mean.
+NBC_NOTE = ("(Open MPI's \"NBC_Progress: an error 75 was found during schedule ... - aborting the schedule\" lines "
+            "at a recovery are the survivors' pending non-blocking collectives ending with MPI_ERR_PROC_FAILED (75), "
+            "the loss being recovered from: expected, nothing else failed)")
+_explained: list[bool] = []
 
 
 def report_two_steps(logger: logging.Logger, losses: Losses, reset: int, limit: Optional[int]) -> None:
@@ -180,3 +190,14 @@ def report_growth(logger: logging.Logger, added: Added, size: int, in_process: b
     """Every rank of the job that uses the added hosts joined: say how long that took since discovery said so."""
     logger.info("host(s) %s in use: %d ranks joined %.1f s after discovery added them%s", ",".join(added.hosts),
                 size, time.monotonic() - added.seen_at, f" ({GROWTH_PATH})" if in_process else "")
+
+
+def running_on(placed: list[Host], size: int, lost: set[tuple[int, int]]) -> list[Host]:
+    """The slots a job started with ``size`` ranks on ``placed`` still runs on after losing ``lost`` ((rank at the
+    start, pid)): the driver compares the usable hosts with them, so that the lost ranks' slots, usable again
+    (a process that died is not a lost slot), make the job grow back at its next commit."""
+    gone = {rank for rank, _ in lost}
+    left: dict[str, int] = {}
+    for rank, name in enumerate(hosts_by_rank(placed, size)):
+        left[name] = left.get(name, 0) + (rank not in gone)
+    return [Host(name, slots) for name, slots in left.items() if slots]

@@ -1,0 +1,211 @@
+"""Many failures in one elastic torch job: Open MPI 5 (ULFM, in-process recovery), -np 4 --min-np 2 --max-np 4, a
+discovery script that keeps listing 4 slots of this machine, and a chaos thread that, every --interval LO HI
+seconds, kills a random rank of the running job with SIGKILL (or, a --stop-fraction of the time, stops one with
+SIGSTOP: a hang the survivors must find) until --failures were injected; the training then runs to its end.
+
+Run:   python benchmarks/elastic_soak.py --ompi-python VENV/bin/python [--failures 100] [--interval 5 15]
+           [--stop-fraction 0.2] [--epochs 60] [--reference]
+
+``--ompi-python``: a Python whose mpi4py loads pip's Open MPI 5 (benchmarks/elastic_recovery.py says how). The
+job is tests/workers/elastic_inprocess.py with ``--soak``: rank 0 prints every step (its number, the size, the
+time), each epoch counts every sample processed, and every rank reports its final weights' hash and the
+training-set accuracy. ``--reference`` first runs the same job undisturbed (throughput and accuracy to compare).
+
+Prints one JSON object (``kind``: soak; and ``kind``: reference before it): failures injected and survived (each
+named by the driver as failed, or fenced, and the job finished: exit 0, every epoch's samples processed exactly
+once, identical final weights on every rank), per failure the recovery time (the kill to the next step of the job)
+and the regrowth time (the kill to the next step at 4 ranks), the steps lost (steps done again after a rollback:
+the uncommitted ones), steps per second, and the final accuracy. tests/test_elastic_soak.py runs a short one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "workers" / "elastic_inprocess.py"
+JOINED = re.compile(r"rank (\d+) of (\d+) joined from host \S+ \(pid (\d+)\)")
+STEP = re.compile(r"^step n=(\d+) size=(\d+) t=([\d.]+)$")
+FINAL = re.compile(r"^final orig=\d+ rank=(\d+) size=(\d+) pid=(\d+) .*sha=(\w+)")
+
+
+class Chaos:
+    """The job's output, line by line, and the failures injected into its newest job's ranks."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], failures: int, interval: tuple[float, float],
+                 stop_fraction: float, seed: int, min_np: int, log: str = "") -> None:
+        self.rng = random.Random(seed)
+        self.failures, self.interval, self.stop_fraction, self.min_np = failures, interval, stop_fraction, min_np
+        self.lines: list[str] = []
+        self.ranks: dict[int, int] = {}  # rank -> pid of the newest job's ranks that joined and were not hit
+        self.size = 0
+        self.injected: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.log = open(log, "w") if log else None  # noqa: SIM115 - written line by line while the job runs
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.rstrip("\n")
+            if self.log is not None:
+                self.log.write(raw)
+                self.log.flush()
+            with self.lock:
+                self.lines.append(line)
+                if "elastic: starting" in line:
+                    self.ranks = {}
+                elif (match := JOINED.search(line)) is not None:
+                    self.ranks[int(match.group(1))] = int(match.group(3))
+                    self.size = int(match.group(2))
+
+    def run(self) -> None:
+        """Inject the failures (a rank 0 among the first few), then wait for the job to end."""
+        forced_rank0 = self.rng.randrange(min(3, self.failures))
+        while len(self.injected) < self.failures and self.proc.poll() is None:
+            time.sleep(self.rng.uniform(*self.interval))
+            with self.lock:
+                if any(line.startswith("final ") for line in self.lines[-50:]):
+                    break  # the training is over: a rank killed now would have nothing to recover
+                # only a job all of whose ranks joined (a rank killed before MPI_Init leaves the others waiting
+                # there: docs/elastic.md, "Many failures")
+                candidates = dict(self.ranks) if len(self.ranks) == self.size else {}
+            if not candidates:
+                continue
+            rank = 0 if len(self.injected) == forced_rank0 and 0 in candidates else self.rng.choice(sorted(candidates))
+            pid = candidates[rank]
+            kind = "stop" if self.rng.random() < self.stop_fraction else "kill"
+            try:
+                os.kill(pid, signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            with self.lock:
+                self.ranks.pop(rank, None)
+            self.injected.append({"t": time.time(), "rank": rank, "pid": pid, "kind": kind, "size": self.size})
+        self.proc.wait()
+        self.reader.join(timeout=30)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def job_command(args: argparse.Namespace, script: Path) -> list[str]:
+    py = args.ompi_python
+    return [py, "-m", "hvdlite.run", "-np", "4", "--min-np", str(args.min_np), "--max-np", "4",
+            "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "3", py, str(WORKER),
+            "--soak", "--epochs", str(args.epochs), "--samples", str(args.samples), "--batch-size", "8",
+            "--commit-every", str(args.commit_every), "--width", str(args.width), "--sleep", str(args.sleep)]
+
+
+def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs: int, samples: int,
+            wall_s: float) -> dict[str, Any]:
+    """The figures of one run (see the module's docstring)."""
+    out = "\n".join(lines)
+    steps = [(int(m.group(1)), int(m.group(2)), float(m.group(3))) for m in map(STEP.match, lines) if m]
+    finals = [m for m in map(FINAL.match, lines) if m]
+    last_finals = finals  # (only the last job's ranks get there: the others died, or left to resize)
+    recovery, regrowth = [], []
+    for failure in injected:
+        after = [s for s in steps if s[2] > failure["t"]]
+        recovery.append(after[0][2] - failure["t"] if after else None)
+        full = [s for s in after if s[1] == 4]
+        regrowth.append(full[0][2] - failure["t"] if full else None)
+    lost = [prev - (nxt - 1) for (prev, _, _), (nxt, _, _) in zip(steps, steps[1:]) if nxt <= prev]
+    named = sum(1 for f in injected if re.search(rf"\(pid {f['pid']}\) (failed|was declared failed)", out))
+    report_line = next((line for line in reversed(lines) if line.startswith("{\"final\"")), "")
+    epochs_seen = json.loads(report_line)["final"]["epochs"] if report_line else []
+    exact = len(epochs_seen) == epochs and all(e == {"samples": samples, "unique": samples} for e in epochs_seen)
+    shas = {m.group(4) for m in last_finals}
+    span = steps[-1][2] - steps[0][2] if len(steps) > 1 else 0.0
+    done = [r for r in recovery if r is not None]
+    grown = [r for r in regrowth if r is not None]
+    return {"exit_code": code, "finished": "job finished on" in out, "failures": len(injected),
+            "kills": sum(f["kind"] == "kill" for f in injected), "stops": sum(f["kind"] == "stop" for f in injected),
+            "rank0_failures": sum(f["rank"] == 0 for f in injected), "named_by_driver": named,
+            "survived": named if code == 0 and exact and len(shas) == 1 else 0,
+            "recovery_s": {"median": _median(done), "p90": _pct(done, 0.9), "max": max(done, default=None)},
+            "regrowth_s": {"median": _median(grown), "p90": _pct(grown, 0.9), "max": max(grown, default=None)},
+            "steps_lost": {"total": sum(lost), "max": max(lost, default=0), "rollbacks": len(lost)},
+            "final_step": steps[-1][0] if steps else 0, "steps_per_s": (steps[-1][0] / span) if span else None,
+            "wall_s": wall_s, "restarts": out.count("elastic: starting ") - 1,
+            "epochs_exact": exact, "final_ranks": len(last_finals), "weights_identical": len(shas) == 1,
+            "accuracy": _accuracy(lines), "per_failure": [
+                {**f, "recovery_s": r, "regrowth_s": g} for f, r, g in zip(injected, recovery, regrowth)]}
+
+
+def _median(values: list[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
+
+
+def _pct(values: list[float], q: float) -> Optional[float]:
+    return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def _accuracy(lines: list[str]) -> Optional[float]:
+    found = [line for line in lines if line.startswith("{\"final\"")]
+    return float(json.loads(found[-1])["final"]["accuracy"]) if found else None
+
+
+def run_once(args: argparse.Namespace, failures: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="hvdlite-soak-") as tmp:
+        script = Path(tmp) / "discover.sh"
+        script.write_text("#!/bin/sh\necho localhost:4\n")
+        script.chmod(0o755)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "OMP_NUM_THREADS": "1",
+               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        chaos = Chaos(job_command(args, script), env, failures, tuple(args.interval), args.stop_fraction, args.seed,
+                      args.min_np, args.log)
+        started = time.monotonic()
+        try:
+            chaos.run()
+        finally:
+            chaos.stop()
+        return analyse(chaos.lines, chaos.injected, chaos.proc.returncode, args.epochs, args.samples,
+                       time.monotonic() - started)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ompi-python", required=True)
+    parser.add_argument("--failures", type=int, default=100)
+    parser.add_argument("--interval", type=float, nargs=2, default=[5.0, 15.0])
+    parser.add_argument("--stop-fraction", type=float, default=0.2)
+    parser.add_argument("--min-np", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=60)
+    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--commit-every", type=int, default=4)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--sleep", type=float, default=0.02)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--reference", action="store_true", help="first run the same job undisturbed")
+    parser.add_argument("--log", default="", help="write the chaos run's output here")
+    args = parser.parse_args(argv)
+    if args.reference:
+        reference = run_once(argparse.Namespace(**{**vars(args), "log": ""}), 0)
+        print(json.dumps({"kind": "reference", **{k: v for k, v in reference.items() if k != "per_failure"}}),
+              flush=True)
+    print(json.dumps({"kind": "soak", **run_once(args, args.failures)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
