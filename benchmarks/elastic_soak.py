@@ -74,10 +74,13 @@ class Chaos:
                     self.ranks[int(match.group(1))] = int(match.group(3))
                     self.size = int(match.group(2))
 
-    def run(self) -> None:
-        """Inject the failures (a rank 0 among the first few), then wait for the job to end."""
-        forced_rank0 = self.rng.randrange(min(3, self.failures))
-        while len(self.injected) < self.failures and self.proc.poll() is None:
+    def run(self, inject_s: float, end_s: float) -> None:
+        """Inject the failures (a rank 0 among the first few) for up to ``inject_s`` s, then wait for the job to
+        end, up to ``end_s`` s from the start (then it is stopped: the figures are those of what ran)."""
+        started = time.monotonic()
+        forced_rank0 = self.rng.randrange(max(1, min(3, self.failures)))
+        while len(self.injected) < self.failures and self.proc.poll() is None and \
+                time.monotonic() - started < inject_s:
             time.sleep(self.rng.uniform(*self.interval))
             with self.lock:
                 if any(line.startswith("final ") for line in self.lines[-50:]):
@@ -97,7 +100,11 @@ class Chaos:
             with self.lock:
                 self.ranks.pop(rank, None)
             self.injected.append({"t": time.time(), "rank": rank, "pid": pid, "kind": kind, "size": self.size})
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout=max(1.0, end_s - (time.monotonic() - started)))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            self.proc.wait()
         self.reader.join(timeout=30)
 
     def stop(self) -> None:
@@ -176,7 +183,7 @@ def run_once(args: argparse.Namespace, failures: int) -> dict[str, Any]:
                       args.min_np, args.log)
         started = time.monotonic()
         try:
-            chaos.run()
+            chaos.run(args.inject_s, args.end_s)
         finally:
             chaos.stop()
         return analyse(chaos.lines, chaos.injected, chaos.proc.returncode, args.epochs, args.samples,
@@ -197,6 +204,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--sleep", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--reference", action="store_true", help="first run the same job undisturbed")
+    parser.add_argument("--inject-s", type=float, default=float("inf"), help="stop injecting failures after this")
+    parser.add_argument("--end-s", type=float, default=float("inf"),
+                        help="stop the job after this (the figures are then those of what ran: finished false)")
     parser.add_argument("--log", default="", help="write the chaos run's output here")
     args = parser.parse_args(argv)
     if args.reference:

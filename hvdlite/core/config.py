@@ -17,7 +17,7 @@ _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 #: Variables that hvdlite itself sets for its children (the launcher); not knobs, never warned about.
 _INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY", "HVDLITE_ELASTIC_DRIVER",
                        "HVDLITE_ELASTIC_JOB", "HVDLITE_ELASTIC_RESTART", "HVDLITE_ELASTIC_GENERATION",
-                       "HVDLITE_ELASTIC_SECRET"}
+                       "HVDLITE_ELASTIC_SECRET", "HVDLITE_ELASTIC_MIN_NP"}
 
 #: Log levels Horovod accepts (any case); TRACE and FATAL map to hvdlite's TRACE and Python's CRITICAL.
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -79,10 +79,6 @@ class Config:
     #: lets the job end so hvdlite-run starts it again, "auto" (default) recovers in-process where the MPI
     #: allows it. hvdlite-run's ``--elastic-mode`` sets it for the ranks. docs/elastic.md.
     elastic_mode: str = "auto"
-    #: The fewest ranks an elastic job trains on (hvdlite-run's ``--min-np``, which sets it for the ranks; 0: no
-    #: bound): survivors of an in-process recovery that are fewer leave at their last commit, without running the
-    #: reset callbacks, for hvdlite-run to start the job again once enough slots are usable.
-    elastic_min_np: int = 0
     #: Data plane of GPU tensors (Horovod's HOROVOD_GPU_OPERATIONS): "nccl" (torch.distributed's NCCL), "mpi"
     #: (CUDA-aware MPI where the MPI library reports CUDA support, else host staging), or "" (auto: NCCL when
     #: every rank has it, else host staging through MPI). docs/torch.md, "Data planes".

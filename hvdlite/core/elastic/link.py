@@ -21,8 +21,8 @@ import threading
 from typing import Any, Optional, Sequence
 
 from ..config import getenv
-from ..elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
-                            signature)
+from ..elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
+                            SECRET_VARIABLE, signature)
 from ..fencing import Peer, set_elsewhere
 from ..log import logger
 
@@ -142,5 +142,13 @@ def restart_count() -> int:
     """How many times the driver has restarted the job (0 in the first one)."""
     try:
         return int(getenv(RESTART_VARIABLE) or "0")
+    except ValueError:
+        return 0
+
+
+def min_np() -> int:
+    """hvdlite-run's --min-np (0 outside an elastic hvdlite-run)."""
+    try:
+        return int(getenv(MIN_NP_VARIABLE) or "0")
     except ValueError:
         return 0

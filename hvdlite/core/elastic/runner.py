@@ -88,10 +88,10 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
 
 
 def _leave_below_min_np(state: State, size: int) -> None:
-    """Survivors fewer than hvdlite-run's --min-np (config elastic_min_np) do not train on: they leave, without the
-    reset callbacks, for the driver to start the job again from its last commit once enough slots are usable."""
+    """Survivors fewer than hvdlite-run's --min-np do not train on: they leave, without the reset callbacks, for
+    the driver to start the job again from its last commit once enough slots are usable."""
     from .. import runtime
-    min_np = runtime.state().config.elastic_min_np
+    min_np = driver.min_np()
     if size >= min_np or not driver.link().enabled:
         return
     logger.warning("%d rank(s) left, below --min-np %d: leaving at commit %d without training on; hvdlite-run "

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, Mapping, Optional
 
-from hvdlite.core.launch import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, RESTART_VARIABLE,
+from hvdlite.core.launch import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
                                  SECRET_VARIABLE, Config, job_dir, remove_job, remover_command)
 
 from ..commands import Plan, build_command, child_environment, format_command
@@ -222,7 +222,7 @@ class ElasticDriver:
             plan.mpi_args = inprocess.ulfm_mpi_args(plan.mpi_args)
         env = child_environment(self.env, plan, launcher)
         env[inprocess.MODE_VARIABLE] = "in-process" if self.in_process else "restart"
-        env[inprocess.MIN_NP_VARIABLE] = str(self.min_np)
+        env[MIN_NP_VARIABLE] = str(self.min_np)
         env[DRIVER_VARIABLE] = f"{server.address}:{server.port}"
         env[JOB_VARIABLE] = self.job
         env[RESTART_VARIABLE] = str(self.resets)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Callable, Iterator, Optional
 
-from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm
+from hvdlite.core.launch import MIN_NP_VARIABLE, fence_command, kill_if_same, probe_ulfm
 
 from ..hosts import Host, HostSpecError, hosts_by_rank
 from ..launchers import OPENMPI, Launcher, LaunchError
@@ -44,8 +44,6 @@ def ulfm_mpi_args(user: list[str]) -> list[str]:
 NO_SENTINEL = True
 #: The setting that tells the ranks which mode they run in (hvdlite/core/config.py, elastic_mode).
 MODE_VARIABLE = "HVDLITE_ELASTIC_MODE"
-#: The setting that tells the ranks --min-np (config elastic_min_np: fewer survivors leave instead of training on).
-MIN_NP_VARIABLE = "HVDLITE_ELASTIC_MIN_NP"
 
 
 def choose_mode(asked: str, launcher: Launcher) -> tuple[bool, str]:
