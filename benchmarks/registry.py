@@ -1,5 +1,6 @@
-"""The benchmarks ``python -m benchmarks`` runs: the ``headline`` suite (the figures of benchmarks/README.md) and
-the ``gpu`` suite (the one prepared call of a machine with a GPU). A new benchmark is one ``Bench(...)`` here;
+"""The benchmarks ``python -m benchmarks`` runs: the ``headline`` suite (the figures of benchmarks/README.md), the
+``gpu`` suite (the one prepared call of a machine with a GPU) and the ``soak`` (many failures in one elastic job).
+A new benchmark is one ``Bench(...)`` here;
 the one-question investigations live in benchmarks/lab/ (see its README) and are run by hand."""
 from __future__ import annotations
 
@@ -71,6 +72,9 @@ BENCHMARKS: tuple[Bench, ...] = (
           ranks=None, peer="venv"),
     Bench("elastic_recovery", "time from a rank's kill -9 to the next completed step: in-process recovery (ULFM, "
           "Open MPI 5) against the restart path (MPICH)", ("--ompi-python", "{ompi_python}"), ranks=None),
+    Bench("elastic_soak", "a hundred failures (kill -9 or SIGSTOP of a random rank every 5-15 s) in one elastic job "
+          "under Open MPI 5: survived, recovery and regrowth times, steps lost (about 20 min; the CI version is "
+          "tests/test_elastic_soak.py)", ("--ompi-python", "{ompi_python}"), suite="soak", ranks=None),
     # (tests/gpu_check.py's runs on CPU are tests/test_gpu_check.py's)
     Bench("gpu_check", "every collective on CUDA tensors through NCCL equals the MPI path's", suite="gpu", ranks=1,
           script=_CHECK),
@@ -93,4 +97,4 @@ BENCHMARKS: tuple[Bench, ...] = (
 )
 
 BY_NAME = {bench.name: bench for bench in BENCHMARKS}
-SUITES = {suite: tuple(b.name for b in BENCHMARKS if b.suite == suite) for suite in ("headline", "gpu")}
+SUITES = {suite: tuple(b.name for b in BENCHMARKS if b.suite == suite) for suite in ("headline", "gpu", "soak")}

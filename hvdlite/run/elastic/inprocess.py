@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Callable, Iterator, Optional
 
-from hvdlite.core.launch import MIN_NP_VARIABLE, fence_command, kill_if_same, probe_ulfm
+from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm
 
 from ..hosts import Host, HostSpecError, hosts_by_rank
 from ..launchers import OPENMPI, Launcher, LaunchError
