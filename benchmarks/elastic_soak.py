@@ -51,6 +51,7 @@ class Chaos:
         self.lines: list[str] = []
         self.ranks: dict[int, int] = {}  # rank -> pid of the newest job's ranks that joined and were not hit
         self.size = 0
+        self.all_joined = False  # every rank of the newest job joined (those not hit since are candidates)
         self.injected: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.log = open(log, "w") if log else None  # noqa: SIM115 - written line by line while the job runs
@@ -68,13 +69,14 @@ class Chaos:
                 self.log.flush()
             with self.lock:
                 self.lines.append(line)
-                if "elastic: starting" in line:
-                    self.ranks = {}
+                if "elastic: starting" in line or "elastic: hosts changed" in line or "below --min-np" in line:
+                    self.ranks, self.all_joined = {}, False  # (a job leaving or stopped: its ranks are no targets)
                 elif (match := JOINED.search(line)) is not None:
                     self.ranks[int(match.group(1))] = int(match.group(3))
                     self.size = int(match.group(2))
+                    self.all_joined = self.all_joined or len(self.ranks) == self.size
 
-    def run(self, inject_s: float, end_s: float) -> None:
+    def run(self, inject_s: float, end_s: float, stop_file: Optional[Path] = None) -> None:
         """Inject the failures (a rank 0 among the first few) for up to ``inject_s`` s, then wait for the job to
         end, up to ``end_s`` s from the start (then it is stopped: the figures are those of what ran)."""
         started = time.monotonic()
@@ -87,7 +89,7 @@ class Chaos:
                     break  # the training is over: a rank killed now would have nothing to recover
                 # only a job all of whose ranks joined (a rank killed before MPI_Init leaves the others waiting
                 # there: docs/elastic.md, "Many failures")
-                candidates = dict(self.ranks) if len(self.ranks) == self.size else {}
+                candidates = dict(self.ranks) if self.all_joined else {}
             if not candidates:
                 continue
             rank = 0 if len(self.injected) == forced_rank0 and 0 in candidates else self.rng.choice(sorted(candidates))
@@ -100,6 +102,13 @@ class Chaos:
             with self.lock:
                 self.ranks.pop(rank, None)
             self.injected.append({"t": time.time(), "rank": rank, "pid": pid, "kind": kind, "size": self.size})
+        if stop_file is not None:  # the training ends at the next epoch's end once the job is whole again
+            last = self.injected[-1]["t"] if self.injected else 0.0
+            while self.proc.poll() is None and time.monotonic() - started < end_s and not any(
+                    (m := STEP.match(line)) and float(m.group(3)) > last and int(m.group(2)) == 4
+                    for line in self.lines[-200:]):
+                time.sleep(0.2)
+            stop_file.touch()
         try:
             self.proc.wait(timeout=max(1.0, end_s - (time.monotonic() - started)))
         except subprocess.TimeoutExpired:
@@ -114,12 +123,13 @@ class Chaos:
             pass
 
 
-def job_command(args: argparse.Namespace, script: Path) -> list[str]:
+def job_command(args: argparse.Namespace, script: Path, stop_file: Path) -> list[str]:
     py = args.ompi_python
     return [py, "-m", "hvdlite.run", "-np", "4", "--min-np", str(args.min_np), "--max-np", "4",
             "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "3", py, str(WORKER),
             "--soak", "--epochs", str(args.epochs), "--samples", str(args.samples), "--batch-size", "8",
-            "--commit-every", str(args.commit_every), "--width", str(args.width), "--sleep", str(args.sleep)]
+            "--commit-every", str(args.commit_every), "--width", str(args.width), "--sleep", str(args.sleep),
+            "--stop-file", str(stop_file)]
 
 
 def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs: int, samples: int,
@@ -139,7 +149,7 @@ def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs:
     named = sum(1 for f in injected if re.search(rf"\(pid {f['pid']}\) (failed|was declared failed)", out))
     report_line = next((line for line in reversed(lines) if line.startswith("{\"final\"")), "")
     epochs_seen = json.loads(report_line)["final"]["epochs"] if report_line else []
-    exact = len(epochs_seen) == epochs and all(e == {"samples": samples, "unique": samples} for e in epochs_seen)
+    exact = 0 < len(epochs_seen) <= epochs and all(e == {"samples": samples, "unique": samples} for e in epochs_seen)
     shas = {m.group(4) for m in last_finals}
     span = steps[-1][2] - steps[0][2] if len(steps) > 1 else 0.0
     done = [r for r in recovery if r is not None]
@@ -179,11 +189,12 @@ def run_once(args: argparse.Namespace, failures: int) -> dict[str, Any]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "OMP_NUM_THREADS": "1",
                "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-        chaos = Chaos(job_command(args, script), env, failures, tuple(args.interval), args.stop_fraction, args.seed,
-                      args.min_np, args.log)
+        stop_file = Path(tmp) / "stop"
+        chaos = Chaos(job_command(args, script, stop_file), env, failures, tuple(args.interval), args.stop_fraction,
+                      args.seed, args.min_np, args.log)
         started = time.monotonic()
         try:
-            chaos.run(args.inject_s, args.end_s)
+            chaos.run(args.inject_s, args.end_s, stop_file if args.until_failures else None)
         finally:
             chaos.stop()
         return analyse(chaos.lines, chaos.injected, chaos.proc.returncode, args.epochs, args.samples,
@@ -207,6 +218,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--inject-s", type=float, default=float("inf"), help="stop injecting failures after this")
     parser.add_argument("--end-s", type=float, default=float("inf"),
                         help="stop the job after this (the figures are then those of what ran: finished false)")
+    parser.add_argument("--until-failures", action="store_true",
+                        help="end the training at the first epoch's end after the last failure, once at 4 ranks again")
     parser.add_argument("--log", default="", help="write the chaos run's output here")
     args = parser.parse_args(argv)
     if args.reference:

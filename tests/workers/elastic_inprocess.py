@@ -45,6 +45,9 @@ def parse_args():
     parser.add_argument("--load", default="")
     parser.add_argument("--width", type=int, default=32, help="hidden width of the model (benchmarks: larger)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--stop-file", default="",
+                        help="(benchmarks/elastic_soak.py) at each epoch's end, once this file exists, the training "
+                             "ends (rank 0 looks, every rank follows)")
     parser.add_argument("--soak", action="store_true",
                         help="(benchmarks/elastic_soak.py) rank 0 prints 'step n=N size=S t=T' after every step; "
                              "every sample each epoch processed is counted (an allgather per step), and the final "
@@ -194,6 +197,9 @@ def main():
                 state.seen[:] = 0
             state.epoch = epoch + 1
             state.train_sampler.set_epoch(epoch + 1)
+            if args.stop_file and hvd.broadcast_object(os.path.exists(args.stop_file), 0, name="soak.stop"):
+                state.commit()
+                break
             state.commit()
         if hvd.rank() == 0 and steps > 1:
             print(f"steady entry={len(entries)} steps={steps - 1} seconds={time.time() - started:.6f} "
