@@ -366,8 +366,9 @@ class ElasticDriver:
         if added:
             self.added = inprocess.Added(tuple(added), time.monotonic())
         logger.info("hosts changed (added: %s; removed: %s; now %s): generation %d, the ranks resize at their "
-                    "next commit", ",".join(added) or "none", ",".join(removed) or "none",
-                    ",".join(map(str, now)) or "none", generation)
+                    "next commit%s", ",".join(added) or "none", ",".join(removed) or "none",
+                    ",".join(map(str, now)) or "none", generation,
+                    "" if added or removed else f" (from {','.join(map(str, started_on))}: slots usable again)")
         return True
 
     def _stop(self, proc: subprocess.Popen[bytes], srun: bool) -> None:
