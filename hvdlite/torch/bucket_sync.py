@@ -113,10 +113,7 @@ class AdasumDeltas:
     def start(self, buckets: list[Bucket], ks: list[int]) -> _Deltas:
         chosen = [buckets[k] for k in ks]
         params = [p for b in chosen for p in b.params if p.requires_grad]
-        with torch.no_grad():
-            for p in params:
-                if p.grad is None:  # no gradient this step: it still takes part, with zeros (peers may have one)
-                    p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+        with torch.no_grad():  # a parameter without a gradient is not stepped: its delta is zero, as in Horovod
             starts = [p.detach().clone() for p in params]
             self.local_step(params)
             deltas = [(p.detach() - s).contiguous() for p, s in zip(params, starts)]

@@ -165,6 +165,24 @@ def test_delta_optimizer_with_fp16_compression(rank: int, size: int) -> None:
 
 
 @POW2
+def test_delta_optimizer_leaves_a_parameter_without_gradient_alone(rank: int, size: int) -> None:
+    """As in Horovod, a parameter that has no gradient is not stepped locally (its delta is zero), even with
+    momentum and weight decay (a zero gradient would let them move it)."""
+    model = make_model()
+    unused = torch.nn.Linear(3, 3).double()
+    before = [p.detach().clone() for p in unused.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(list(model.parameters()) + list(unused.parameters()), lr=0.1,
+                                                   momentum=0.9, weight_decay=0.1), op=hvd.Adasum)
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_of(model, batch(step, rank, 0)).backward()
+        opt.step()
+    for p, b in zip(unused.parameters(), before):
+        assert torch.equal(p.detach(), b)
+    assert_identical_everywhere(model)
+
+
+@POW2
 def test_delta_optimizer_refuses_skip_synchronize(rank: int) -> None:
     model = make_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
