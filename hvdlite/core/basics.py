@@ -32,8 +32,7 @@ __all__ = [
 
 
 class HorovodBasics:
-    """What Horovod's tests reach for as ``hvd.mpi_ops._basics``: the runtime names above, and the internal
-    process-set queries of Horovod's process-set tests."""
+    """Horovod's ``hvd.mpi_ops._basics``: the names above, and the process-set queries Horovod's tests use."""
 
     def __getattr__(self, name: str) -> Any:
         if name not in __all__:

@@ -11,21 +11,17 @@ from .engine.planes import built
 __all__ = ["mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
            "cuda_built", "rocm_built", "gpu_available", "register_gpu_probe"]
 
-#: framework name ("torch", "tensorflow") -> whether its tensors on a GPU can go through hvdlite here; each
-#: frontend registers its own when it is imported.
+#: framework name -> whether it sees a CUDA device here (each frontend registers its own when imported)
 _gpu_probes: dict[str, Callable[[], bool]] = {}
 
 
 def register_gpu_probe(framework: str, probe: Callable[[], bool]) -> None:
-    """A frontend's answer to ``gpu_available(framework)``."""
     _gpu_probes[framework] = probe
 
 
 def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
-    """Horovod's ``gpu_available``: whether the ``ext_base_name`` frontend ("torch", "tensorflow") can run
-    collectives on GPU tensors here (its framework sees a CUDA device). False for a frontend this process has
-    not imported (Horovod's answer for an extension it cannot load). ``verbose`` is accepted for Horovod's
-    signature; hvdlite logs nothing here."""
+    """Horovod's ``gpu_available``: whether frontend ``ext_base_name`` ("torch", "tensorflow") sees a CUDA device
+    here; False for one this process has not imported (as for an extension Horovod cannot load)."""
     probe = _gpu_probes.get("tensorflow" if ext_base_name == "keras" else ext_base_name)
     return bool(probe is not None and probe())
 

@@ -142,17 +142,14 @@ def process_set_ranks(ps_id: int) -> list[int]:
 
 
 def check_process_set(process_set: Any, what: str) -> None:
-    """ValueError unless ``process_set`` is registered here (a ProcessSet whose id was never registered, or was
-    changed by hand): for frontends that build an op before it runs (TensorFlow graphs), so the error comes
-    when the op is built, as it does eagerly."""
+    """ValueError unless ``process_set`` is registered here: for ops built before they run (TensorFlow graphs)."""
     ps_id = getattr(process_set, "process_set_id", None)
     if ps_id == 0:
         return
     st = state()
     if ps_id is None or ps_id not in st.psets.ranks:
-        raise ValueError(f"{what}: {process_set!r} is not a registered process set on rank {st.rank} (registered "
-                         f"ids: {sorted(st.psets.ranks)}); pass one returned by hvd.add_process_set() or "
-                         f"registered by hvd.init(process_sets=...)")
+        raise ValueError(f"{what}: {process_set!r} is not a registered process set on rank {st.rank} (ids "
+                         f"{sorted(st.psets.ranks)}); pass one hvd.add_process_set() or hvd.init() registered")
 
 
 def setting(name: str) -> Any:

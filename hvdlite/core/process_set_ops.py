@@ -25,8 +25,7 @@ def process_set_ids_and_ranks() -> dict[int, list[int]]:
 
 
 def comm_process_set_id(comm: Any) -> int:
-    """The id of the registered process set made of the mpi4py communicator ``comm``'s ranks (ValueError when
-    none is), as Horovod's ``_basics._comm_process_set_id``."""
+    """The id of the registered set of ``comm``'s ranks, as Horovod's ``_basics._comm_process_set_id``."""
     st = state()
     ranks = mpi.communicator_world_ranks(comm, st.world)
     ps_id = None if ranks is None else st.psets.find(ranks)

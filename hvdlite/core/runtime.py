@@ -102,14 +102,12 @@ class State:
                 comm.Free()
 
     def add_process_set(self, process_set: Any) -> ProcessSet:
-        """Register a process set on every rank (all ranks call this, in the same order); ``ProcessSet(comm)``
-        registers every rank's piece of the communicator (see pset_plans) and returns this rank's."""
+        """Register a process set on every rank (all call this, in the same order; a comm: see pset_plans)."""
         ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
         return self.register_sets([ps], set(self.psets.ranks), ps.mpi_comm is not None)[0]
 
     def register_sets(self, sets: Sequence[ProcessSet], known_before: set[int], gather: bool) -> list[ProcessSet]:
-        """Register what ``sets`` stand for on every rank (collective; see pset_plans), then give each entry its
-        id; an entry this rank refuses (a duplicate) gets none, and this rank raises ValueError."""
+        """Register ``sets`` on every rank (collective; see pset_plans); ValueError for those this rank refuses."""
         plan = pset_plans.plan(sets, self.world, self.rank, self.size, gather)
         for ranks in plan.lists:
             if self.psets.find(ranks) is None:
@@ -119,11 +117,8 @@ class State:
         for ps, ps_id, why in zip(sets, ids, refused):
             if why is None and ps_id is not None:
                 self.psets.register(ps, ps_id)
-            elif ps.process_set_id is not None and self.psets.sets.get(ps.process_set_id) is not ps:
-                ps.process_set_id = None
-        problems = [why for why in refused if why is not None]
-        if problems:
-            raise ValueError(f"process sets refused on rank {self.rank}: {'; '.join(problems)}")
+        if any(refused):
+            raise ValueError(f"process sets refused on rank {self.rank}: {'; '.join(filter(None, refused))}")
         return list(sets)
 
     def remove_process_set(self, process_set: ProcessSet) -> bool:

@@ -179,6 +179,36 @@ def test_a_rank_that_fails_first_and_comes_back_after_the_verdict_keeps_names_in
     check_in_step(failure)
 
 
+def test_a_rank_that_leaves_a_loop_early_meets_the_others_at_its_next_collective(
+        reinit: Callable[..., None]) -> None:
+    """Issue 52's cascade (Horovod's test_torch.py whole at -n 3): a check fails on rank 0 inside a loop of
+    unnamed collectives, so it leaves the loop (the test) early and waits on its next collective (the next
+    test's add_process_set) while the others wait on the loop's next reducescatter. The verdict fails the
+    others' name and keeps rank 0's, which the others reach after their error: from there every collective
+    is in step (before, both failed, and every later test met the others one test apart)."""
+    reinit(stall_shutdown_time_seconds=3.0)
+    hvd.barrier()
+    rows = np.ones((N * 4, 2), np.float32)
+    if R == 0:
+        for i in range(4):
+            hvd.reducescatter(rows, op=hvd.Sum, prescale_factor=0.5)
+        time.sleep(0.2)  # reporting its failed check (a unittest runner takes some ms) before the next test
+    else:
+        with pytest.raises(hvd.StallError, match=r"reducescatter of 'reducescatter.noname.\d+' stalled"):
+            for i in range(10):
+                hvd.reducescatter(rows, op=hvd.Sum, prescale_factor=0.5)
+    # the next tests: process sets, objects, 30 rounds of unnamed collectives
+    evens = hvd.add_process_set(list(range(0, N, 2)))
+    odds = hvd.add_process_set(list(range(1, N, 2)))
+    mine = evens if R % 2 == 0 else odds
+    same(hvd.reducescatter(np.full((mine.size() * 4, 1), 1.0), op=hvd.Sum, process_set=mine),
+         np.full((4, 1), float(mine.size())), "reducescatter on a set")
+    hvd.remove_process_set(odds)
+    hvd.remove_process_set(evens)
+    assert hvd.allgather_object(R) == list(range(N))
+    check_in_step("after leaving a loop early")
+
+
 def test_generated_names_start_again_after_an_engine_ending_error(reinit: Callable[..., None]) -> None:
     """A job-wide error that ends the engine (here: one rank shuts down while the others wait) ends it on
     every rank; the next init() on every rank starts a fresh engine whose generated names start again."""

@@ -40,6 +40,7 @@ class Watchdog:
         self._fenced = False
         self.last_check = time.monotonic()  # the last full round (every full round looks for stalls)
         self._last_warning = float("-inf")
+        self._spared: dict[tuple[int, str], float] = {}  # see verdict()
 
     def watch(self, waited: float) -> bool:
         """Between the polls of every engine wait: answer peers' presence probes; once a wait has lasted
@@ -82,7 +83,7 @@ class Watchdog:
         now = time.monotonic()
         if self.rank == 0 and warn(stalled, self.config, now - self._last_warning):
             self._last_warning = now
-        return verdict(stalled, self.config)
+        return verdict(stalled, self.config, self._spared)
 
 
 def warn(stalled: list[Stalled], cfg: Config, since_last_warning: float) -> bool:
@@ -111,21 +112,46 @@ JOIN_HINT = ("If ranks got different numbers of batches (uneven data), a rank wh
              "run) before a metric allreduce")
 
 
-def verdict(stalled: list[Stalled], cfg: Config) -> list[Response]:
+def verdict(stalled: list[Stalled], cfg: Config, spared: Optional[dict[tuple[int, str], float]] = None
+            ) -> list[Response]:
     """One verdict for the job, in this round: once any stalled name is past the shutdown time, every
     stalled name fails now, so each rank waiting on one gets its StallError in the same cycle (not a
-    ShutdownError later, after a peer that got its StallError first has moved on and exited)."""
+    ShutdownError later, after a peer that got its StallError first has moved on and exited); but names ahead()
+    spares stay one period (``spared``, kept across verdicts: (set, name) -> agreed age when spared)."""
     limit = cfg.stall_shutdown_time_seconds
     if limit <= 0 or max(s.age for s in stalled) < limit:
         return []
+    keep = {} if spared is None else spared
+    for key in set(keep) - {(s.sig.ps_id, s.name) for s in stalled}:
+        del keep[key]
+    for s in ahead(stalled, limit):
+        keep.setdefault((s.sig.ps_id, s.name), s.age)
     failed = []
     for s in stalled:
+        if s.age < keep.get((s.sig.ps_id, s.name), -limit) + limit:
+            continue
         note = f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""
         failed.append(Response(s.name, s.sig, error_kind="stall", error=(
             f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s (stall_shutdown_time_seconds={limit:g}): "
             f"ranks {s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.{note}{s.where} "
             f"{JOIN_HINT}.")))
     return failed
+
+
+def ahead(stalled: list[Stalled], limit: float) -> list[Stalled]:
+    """Ranks out of step (one left a loop of unnamed collectives early): disjoint groups each wait on a generated
+    name the others have not made yet. The largest group's (of equal ones, the longest-waiting) names fail; the
+    others' stay one more period, for the failed ranks to reach after their error. Else nothing is spared."""
+    waited: dict[tuple[int, ...], float] = {}
+    for s in stalled:
+        waited[tuple(s.ready_ranks)] = max(waited.get(tuple(s.ready_ranks), 0.0), s.age)
+    members = [rank for group in waited for rank in group]
+    if len(waited) < 2 or len(members) != len(set(members)) or len({s.name for s in stalled}) != len(stalled):
+        return []
+    first, second = sorted(waited, key=lambda group: (len(group), waited[group]), reverse=True)[:2]
+    if (len(first), waited[first]) == (len(second), waited[second]):
+        return []
+    return [s for s in stalled if tuple(s.ready_ranks) != first and ".noname." in s.name and s.age < 2 * limit]
 
 
 def wedged_message(rank: int, size: int, absent: list[int], waited: float, limit: float, names: list[str]) -> str:
