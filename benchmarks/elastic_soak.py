@@ -12,10 +12,10 @@ time), each epoch counts every sample processed, and every rank reports its fina
 training-set accuracy. ``--reference`` first runs the same job undisturbed (throughput and accuracy to compare).
 
 Prints one JSON object (``kind``: soak; and ``kind``: reference before it): failures injected and survived (each
-named by the driver as failed, or fenced, and the job finished: exit 0, every epoch's samples processed exactly
-once, identical final weights on every rank), per failure the recovery time (the kill to the next step of the job)
-and the regrowth time (the kill to the next step at 4 ranks), the steps lost (steps done again after a rollback:
-the uncommitted ones), steps per second, and the final accuracy. tests/test_elastic_soak.py runs a short one.
+named by the driver as failed, or fenced, and the job finished: exit 0, every epoch processed every sample (some
+twice: ElasticSampler pads, as Horovod's, padded_samples), identical final weights on every rank), per failure
+the recovery time (the kill to the next step) and the regrowth time (to the next step at 4 ranks), the steps lost
+(done again after a rollback), steps per second, the final accuracy. tests/test_elastic_soak.py runs a short one.
 """
 from __future__ import annotations
 
@@ -138,7 +138,6 @@ def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs:
     out = "\n".join(lines)
     steps = [(int(m.group(1)), int(m.group(2)), float(m.group(3))) for m in map(STEP.match, lines) if m]
     finals = [m for m in map(FINAL.match, lines) if m]
-    last_finals = finals  # (only the last job's ranks get there: the others died, or left to resize)
     recovery, regrowth = [], []
     for failure in injected:
         after = [s for s in steps if s[2] > failure["t"]]
@@ -149,11 +148,9 @@ def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs:
     named = sum(1 for f in injected if re.search(rf"\(pid {f['pid']}\) (failed|was declared failed)", out))
     report_line = next((line for line in reversed(lines) if line.startswith("{\"final\"")), "")
     epochs_seen = json.loads(report_line)["final"]["epochs"] if report_line else []
-    # every sample in every epoch; ElasticSampler pads the remaining samples to a multiple of the size (as
-    # Horovod's), so an epoch whose size changed may process up to size - 1 of them twice
     exact = 0 < len(epochs_seen) <= epochs and all(e["unique"] == samples and 0 <= e["samples"] - samples < 4
                                                    for e in epochs_seen)
-    shas = {m.group(4) for m in last_finals}
+    shas = {m.group(4) for m in finals}
     span = steps[-1][2] - steps[0][2] if len(steps) > 1 else 0.0
     done = [r for r in recovery if r is not None]
     grown = [r for r in regrowth if r is not None]
@@ -167,7 +164,7 @@ def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs:
             "final_step": steps[-1][0] if steps else 0, "steps_per_s": (steps[-1][0] / span) if span else None,
             "wall_s": wall_s, "restarts": out.count("elastic: starting ") - 1,
             "epochs_exact": exact, "padded_samples": sum(e["samples"] - samples for e in epochs_seen),
-            "final_ranks": len(last_finals), "weights_identical": len(shas) == 1,
+            "final_ranks": len(finals), "weights_identical": len(shas) == 1,
             "accuracy": _accuracy(lines), "per_failure": [
                 {**f, "recovery_s": r, "regrowth_s": g} for f, r, g in zip(injected, recovery, regrowth)]}
 
