@@ -193,3 +193,24 @@ def test_the_driver_removes_the_commits_a_blacklisted_host_left(tmp_path: Path) 
     job = re.search(r"job (\w+): hosts from", run.output)
     assert job and "no rank used hvd.elastic.run; the job exited 0: done" in run.output, run.output
     assert commits.is_dir() and list(commits.iterdir()) == [], run.output
+
+
+def test_a_killed_rank_does_not_lose_the_host_its_discovery_script_lists(tmp_path: Path) -> None:
+    """Restart mode (MPICH), a discovery script printing localhost:3: a rank killed once is a process that died,
+    not a lost host (the host was blacklisted for good: 'usable now: none' for the whole --elastic-timeout, then
+    exit 1): the job starts again on the 3 slots from its last commit and finishes."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:3\n")
+    script.chmod(0o755)
+    reports = tmp_path / "reports"
+    run = launch(reports, "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script))
+    ranks = run.rank_pids(3)
+    wait_for_progress(reports, lambda p: p["size"] == 3, "a commit at size 3", 400, run)
+    os.kill(ranks[1][1], signal.SIGKILL)
+    assert run.finish(timeout=400) == 0, run.output
+    out = run.output
+    assert re.search(rf"reset 1: rank 1 on host \S+ \(pid {ranks[1][1]}\) failed; a process that died, not a lost "
+                     r"host: its slot is used again", out), out
+    assert "starting 3 ranks on localhost:3 (reset 1)" in out and "usable now" not in out, out
+    assert "job finished on 3 ranks after 1 reset(s)" in out, out
+    final_reports(reports, 3, out)  # the 3 ranks agree on the weights and all
