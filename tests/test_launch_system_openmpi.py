@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_child_venv
-from cluster.fixtures import (PYTHON, WORKERS, assert_ctrl_c_stops_every_rank, assert_kill_9_takes_the_job,
+from conftest import final_accuracy, make_child_venv
+from cluster.fixtures import (PYTHON, ROOT, WORKERS, assert_ctrl_c_stops_every_rank, assert_kill_9_takes_the_job,
                               assert_topology, base_env, run, topology)
 from hvdlite.run.launchers import OPENMPI, identify
 
@@ -153,6 +153,27 @@ def test_a_shebang_script_and_its_subprocesses_run_the_venvs_python(sysompi: Pat
     ranks = sorted(line.split(" ", 4)[1:] for line in proc.stdout.splitlines() if line.startswith("RANK "))
     venv = str(sysompi / "python3")
     assert ranks == [[str(r), venv, venv, env["PATH"]] for r in range(nproc)], proc.stdout + proc.stderr
+
+
+def doc_block(doc: Path, heading: str) -> str:
+    """The first ```bash block under ``heading`` in ``doc``."""
+    section = doc.read_text().split(f"\n{heading}\n", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_docs_commands_from_a_fresh_clone(system_openmpi: str, tmp_path: Path) -> None:
+    """docs/system-mpi.md's commands, as written, in a fresh virtualenv (one that sees this Python's packages, so
+    pip finds torch and scikit-learn installed): hvdlite without MPICH, mpi4py compiled against the system's Open
+    MPI (pip's wheel cache keeps later runs short), then the example trained on 2 ranks under its mpirun."""
+    block = doc_block(ROOT / "docs" / "system-mpi.md", "## From a fresh clone, with the distribution's Open MPI")
+    assert "[torch,examples]" in block and "hvdlite-run -np 2 python examples/pytorch_digits.py" in block, block
+    bin_dir = make_child_venv(tmp_path / "venv").parent
+    env = _env(bin_dir)
+    env.pop("PYTHONPATH", None)  # the user's shell: hvdlite is what the block installs
+    env["CFLAGS"] = "-O0 -g0"  # (the test's only addition: mpi4py's one big C file compiles several times faster)
+    proc = run(["bash", "-euo", "pipefail", "-c", block], env=env, timeout=1800, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert final_accuracy(proc.stdout, proc.stderr) > 0.9, proc.stdout[-3000:]
 
 
 def test_signals_and_kill_9_under_open_mpi(sysompi: Path, tmp_path: Path) -> None:
