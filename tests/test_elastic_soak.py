@@ -3,6 +3,7 @@ recovery), random ranks (rank 0 among them) at random times, regrowth to 4 ranks
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def test_ten_failures_in_one_job_are_all_survived(ompi_python: str, tmp_path: Pa
     assert result["epochs_exact"] and result["weights_identical"] and result["final_ranks"] >= 2, (summary, out)
     assert result["steps_lost"]["max"] <= COMMIT_EVERY, (summary, out)
     assert all(f["recovery_s"] is not None for f in result["per_failure"]), (result["per_failure"], out)
+    for failure in result["per_failure"]:  # named once: the regrowth after a recovered loss does not blame it again
+        assert len(re.findall(rf"\(pid {failure['pid']}\) failed", out)) == 1, (failure, out)
     assert result["accuracy"] >= 0.6, (summary, out)  # (4 classes: chance is 0.25)
     # (a survivor may segfault inside Open MPI's MPIX_Comm_shrink when another rank dies meanwhile: a lost rank
     # like any other, docs/elastic.md "A second rank lost during the shrink"; the asserts above say it cost nothing)
