@@ -60,15 +60,17 @@ def remember(engine: Engine, responses: list[Response]) -> None:
     """Keep the agreed names in the response cache: a name as itself, a generated one as its stream's next."""
     cache, members, names = engine.cache, engine.psets.members_table(), engine.names
     single_use = names.single_use if names is not None else None
+    last: dict[tuple[int, str], Response] = {}  # each stream's last generated name agreed: its next one is kept
     for resp in responses:
         if resp.error is not None:
             continue
-        ranks = members.get(resp.ps_id, [])
-        if single_use is not None and single_use(resp.name):  # never submitted again: its stream's next is
-            cache.put_stream(resp.name, resp.sig, ranks, engine.cycles)
+        if single_use is not None and single_use(resp.name):  # never submitted again
+            last[(resp.ps_id, resp.name.rpartition(".noname.")[0])] = resp
         else:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
             plain = resp if not resp.joined and resp.last_joined < 0 else None
-            cache.put(resp.name, resp.sig, ranks, engine.cycles, plain)
+            cache.put(resp.name, resp.sig, members.get(resp.ps_id, []), engine.cycles, plain)
+    for resp in last.values():
+        cache.put_stream(resp.name, resp.sig, members.get(resp.ps_id, []), engine.cycles)
 
 
 def _elsewhere(engine: Engine) -> list[tuple[int, str]]:
