@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.elastic import (ElasticRun, assert_epochs_exact, assert_every_epoch_exact,
+from cluster.elastic import (ElasticRun, discovery_losing_a_slot, assert_epochs_exact, assert_every_epoch_exact,
                              final_reports, wait_for_progress)
 from cluster.fixtures import PYTHON, ROOT, base_env
 from conftest import REPORT_DIR_VARIABLE, WORKERS, final_accuracy, worker_reports
@@ -88,11 +88,14 @@ def test_reset_limit_stops_the_job(tmp_path: Path) -> None:
 def test_keras_fit_with_elastic_callbacks_survives_a_killed_rank(legacy_keras: str, tmp_path: Path) -> None:
     """Keras 3, and Keras 2 (tf-keras with TF_USE_LEGACY_KERAS=1): KerasState and the elastic callbacks carry the
     training over a killed rank."""
-    run = ElasticRun([PYTHON, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3", PYTHON,
+    script, slot_lost = discovery_losing_a_slot(tmp_path)  # the job goes on at 2 ranks: the reset's new size
+    run = ElasticRun([PYTHON, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3",
+                      "--host-discovery-script", str(script), PYTHON,
                       str(WORKERS / "keras_elastic.py"), "--epochs", "4", "--sleep", "0.02"],
                      env={**base_env(), "TF_USE_LEGACY_KERAS": legacy_keras, REPORT_DIR_VARIABLE: str(tmp_path)})
     ranks = run.rank_pids(3)
     wait_for_progress(tmp_path, lambda p: p["epoch"] >= 1 and p["size"] == 3, "epoch 1 done at size 3", 400, run)
+    slot_lost.touch()
     os.kill(ranks[1][1], signal.SIGKILL)
     assert run.finish(timeout=400) == 0, run.output
     out = run.output

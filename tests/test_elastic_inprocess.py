@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 
 from conftest import REPORT_DIR_VARIABLE, WORKERS, final_accuracy, run_mpi, worker_reports
-from cluster.elastic import ElasticRun
+from cluster.elastic import ElasticRun, discovery_losing_a_slot
 from cluster.fixtures import base_env, run
 from test_faults import _kill_rank_2
 
 WORKER = "elastic_inprocess.py"
+#: a file the worker makes just before it kills itself (tests/workers/elastic_inprocess.py)
+DIED_MARKER = "HVDT_DIED_MARKER"
 #: Open MPI 5 with ULFM: shared memory and TCP, as hvdlite-run's in-process mode (docs/elastic.md, "Which transport");
 #: MPI_Finalize without its closing PMIx fence over the dead ranks too (it sometimes never completed).
 ULFM_DETECT = ["--with-ft", "ulfm", "--mca", "btl", "sm,tcp,self", "--mca", "mpi_ft_detector", "true"]
@@ -262,9 +264,10 @@ def test_the_restart_path_under_mpich_gives_the_same_weights(ompi_python: str, t
     inproc = run_mpi(WORKER, 3, worker[1:], timeout=400, env=ROOT_ENV, launcher=[mpiexec, *ULFM_FLAGS],
                      interpreter=ompi_python, check=False, report_dir=tmp_path / "inproc")
     (tmp_path / "restart").mkdir()
+    script, slot_lost = discovery_losing_a_slot(tmp_path)  # the dying rank's slot goes with it, as in-process
     restart = run([sys.executable, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", "--max-np", "3",
-                   sys.executable, *worker], timeout=400,
-                  env={**base_env(), REPORT_DIR_VARIABLE: str(tmp_path / "restart")})
+                   "--host-discovery-script", str(script), sys.executable, *worker], timeout=400,
+                  env={**base_env(), REPORT_DIR_VARIABLE: str(tmp_path / "restart"), DIED_MARKER: str(slot_lost)})
     out = restart.stdout + restart.stderr
     assert restart.returncode == 0, out
     assert re.search(r"elastic: restart mode: MPICH .*exports ULFM's MPIX_Comm_shrink, but hvdlite recovers "

@@ -90,6 +90,17 @@ class ElasticRun:
             pass
 
 
+def discovery_losing_a_slot(directory: Path, slots: int = 3) -> tuple[Path, Path]:
+    """A discovery script that lists localhost:SLOTS until its marker file exists, then one slot fewer: a test
+    that makes the marker (before it kills a rank) sees the job restart one rank smaller, as it did before a
+    killed rank's slot was used again (that a lone death keeps its slot is test_elastic.py's own test)."""
+    marker, script = directory / "slot_lost", directory / "discover.sh"
+    script.write_text(f"#!/bin/sh\nif [ -e {marker} ]; then echo localhost:{slots - 1}; "
+                      f"else echo localhost:{slots}; fi\n")
+    script.chmod(0o755)
+    return script, marker
+
+
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0,
                run: Optional[ElasticRun] = None) -> None:
     """Wait for ``condition``; fail naming ``what`` (and stop ``run``, showing its output) if it stays false."""

@@ -20,6 +20,7 @@ import os
 import pickle
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -71,6 +72,8 @@ def digest(model):
 
 def die(where, orig):
     print(f"dying orig={orig} where={where} t={time.time():.6f}", flush=True)
+    if os.environ.get("HVDT_DIED_MARKER"):  # a discovery script of the test's lists one slot fewer from now on
+        Path(os.environ["HVDT_DIED_MARKER"]).touch()
     os.kill(os.getpid(), signal.SIGKILL)
 
 
