@@ -463,7 +463,7 @@ def test_config_file(tmp_path: Path) -> None:
         "HVDLITE_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.3"}
     for text, message in (("autotune:\n  enabled: true\n  steps_per_sample: many\n",
                            "autotune.steps_per_sample must be a number >= 0, got 'many'"),
-                          ("controller: gloo\n", "--gloo: hvdlite has no Gloo controller"),
+                          ("controller: gloo\n", "--gloo: hvdlite-run starts the ranks with MPI only"),
                           ("params:\n  cycle_time_ms: fast\n",
                            "params.cycle_time_ms must be a number >= 0, got 'fast'"),
                           ("logging:\n  level: loud\n", "logging.level must be one of TRACE, DEBUG")):
