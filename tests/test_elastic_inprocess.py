@@ -172,7 +172,10 @@ def test_the_last_survivor_below_min_np_leaves_and_the_job_starts_again_on_its_s
     assert proc.returncode == 0, out
     assert re.search(r"reset 1: rank 1 on host \S+ \(pid \d+\) failed; 1 rank\(s\) left, below --min-np 2: in-process "
                      r"mode cannot add ranks to a running job .*; starting again", out), out
-    assert re.search(r"1 rank\(s\) left, below --min-np 2: leaving at commit 1 without training on", out), out
+    # The survivor says it leaves, unless the driver, seeing the loss first, ended it before its own detector did
+    # (1 CI run in 2): either way it ran no reset callback and no step at size 1 (the two checks below).
+    assert "below --min-np 2: leaving at commit" not in out or re.search(
+        r"1 rank\(s\) left, below --min-np 2: leaving at commit 1 without training on", out), out
     assert not re.search(r"^reset orig=0 rank=0 size=1 ", out, re.MULTILINE), out  # no reset callback at size 1
     assert not re.search(r"^first_step entry=2 size=1", out, re.MULTILINE), out  # no step at size 1
     assert "starting 2 ranks on localhost:2 (reset 1)" in out and "waiting up to" not in out, out
