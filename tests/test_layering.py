@@ -68,7 +68,7 @@ MUST_NOT_IMPORT: dict[str, tuple[str, ...]] = {
 MAX_LINES = 390
 #: Modules still at or over the cap, at most the lines given: the list only shrinks (a module that drops under
 #: the cap leaves it, one that grows fails).
-OVER_CAP: dict[str, int] = {"hvdlite/run/elastic/driver.py": 394}
+OVER_CAP: dict[str, int] = {}
 #: Lines of the whole package (hvdlite/**/*.py) and of the top-level benchmarks (benchmarks/*.py, the tool; the
 #: lab's one-question scripts are not counted). Lower them as code goes; never raise them to fit.
 #: (18,500 until issue 49's vote and partial sets' own engines: net +205 lines after subtracting ~190; at the

@@ -260,9 +260,8 @@ class ElasticDriver:
                 stopped = self._follow_losses(server, losses, proc, srun, placed, size)
                 if stopped:
                     return proc.returncode or 1, stopped
-                if len(losses.seen) != counted:  # a discovery script that lists the lost ranks' slots makes the
-                    hosts = inprocess.running_on(placed, size, losses.seen) if self.source.script else hosts  # job
-                    # grow back at its next commit; on fixed hosts it goes on at its size (docs/elastic.md, Growth)
+                if len(losses.seen) != counted and self.source.script:  # discovery listing the lost ranks' slots
+                    hosts = inprocess.running_on(placed, size, losses.seen)  # grows the job back at its next commit
             elif not lost_at and server.first_lost() is not None:
                 lost_at = now
             if lost_at and now - lost_at > LOST_RANK_GRACE_S:
@@ -383,12 +382,7 @@ class ElasticDriver:
 def run_elastic(args: argparse.Namespace, env: Mapping[str, str], plan_launch: Any) -> int:
     """Entry point from hvdlite-run's main when an elastic flag is given."""
     try:
-        driver = ElasticDriver(args, env, plan_launch)
+        return ElasticDriver(args, env, plan_launch).run()
     except (HostSpecError, LaunchError, DiscoveryError, ValueError) as exc:
-        print(f"hvdlite-run: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    try:
-        return driver.run()
-    except (HostSpecError, LaunchError, ValueError) as exc:
         logger.error("%s", exc)
         return 2
