@@ -70,13 +70,14 @@ def test_config_rejects_bad_values_and_unknown_keywords() -> None:
     assert Config().mpi_cuda_aware == "auto" and Config.from_env({}, mpi_cuda_aware="").mpi_cuda_aware == "auto"
     assert Config.from_env({"HVDLITE_MPI_CUDA_AWARE": "1"}).mpi_cuda_aware == "on"
     assert Config.from_env({"HVDLITE_MPI_CUDA_AWARE": "No"}).mpi_cuda_aware == "off"
-    with pytest.raises(ValueError, match="mpi_cuda_aware .HVDLITE_MPI_CUDA_AWARE. must be auto, on or off, got 'gpu'"):
+    with pytest.raises(ValueError, match="mpi_cuda_aware .HVDLITE_MPI_CUDA_AWARE. must be one of auto, on, off "
+                                         ".any case., got 'gpu'"):
         Config.from_env({"HVDLITE_MPI_CUDA_AWARE": "gpu"})
     assert Config().openmpi_iallreduce_algorithm == "rabenseifner"
     assert Config.from_env({"HOROVOD_OPENMPI_IALLREDUCE_ALGORITHM": " Ring"}).openmpi_iallreduce_algorithm == "ring"
     assert Config.from_env({}, openmpi_iallreduce_algorithm="").openmpi_iallreduce_algorithm == "default"
     with pytest.raises(ValueError, match="openmpi_iallreduce_algorithm .HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM. must "
-                                         "be one of default, ring, rabenseifner, got 'binomial'"):
+                                         "be one of default, ring, rabenseifner .any case., got 'binomial'"):
         Config.from_env({"HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM": "binomial"})  # not measured: not offered
 
 
@@ -86,7 +87,8 @@ def test_gradient_overlap_setting_and_auto_decision() -> None:
     assert Config().gradient_overlap == "auto"
     assert Config.from_env({"HOROVOD_GRADIENT_OVERLAP": "1"}).gradient_overlap == "on"
     assert Config.from_env({}, gradient_overlap="Off").gradient_overlap == "off"
-    with pytest.raises(ValueError, match="gradient_overlap must be auto, on or off, got 'sometimes'"):
+    with pytest.raises(ValueError, match="gradient_overlap .HVDLITE_GRADIENT_OVERLAP. must be one of auto, on, off "
+                                         ".any case., got 'sometimes'"):
         Config.from_env({"HVDLITE_GRADIENT_OVERLAP": "sometimes"})
     mine, machine = cpu_cores()
     assert 1 <= mine <= machine

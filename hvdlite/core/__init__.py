@@ -9,21 +9,21 @@ from .api import (allgather_async, allreduce_async, alltoall_async, barrier, bro
                   grouped_allreduce_async, grouped_reducescatter_async, join, poll, reducescatter_async, synchronize)
 from .horovod_forms import (allgather, allreduce, allreduce_, allreduce_async_, alltoall, broadcast, broadcast_,
                             broadcast_async_, grouped_allgather, grouped_allreduce, grouped_allreduce_,
-                            grouped_allreduce_async_, grouped_reducescatter, reducescatter)
+                            grouped_allreduce_async_, grouped_reducescatter, reducescatter, allgather_object,
+                            broadcast_object)
+from .basics import (add_process_set, engine_stats, remove_process_set, start_timeline, stop_timeline,
+                     straggler_report)
 from .config import Config
 from .replicas import check_replicas
 from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, InvalidArgumentError, LaunchError,
                      NotInitializedError, ReplicaDivergenceError, ShutdownError, StallError, TensorMismatchError)
 from .engine.handles import Handle
-from .objects import allgather_object, broadcast_object
-from .process_set_ops import add_process_set, remove_process_set
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
                           nccl_built, rocm_built)
 from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
                       mpi_threads_supported, rank, shutdown, size)
-from .timeline_control import engine_stats, start_timeline, stop_timeline, straggler_report
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",

@@ -9,15 +9,14 @@ from typing import Any
 
 from .build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, gpu_available, mpi_built,
                           mpi_enabled, nccl_built, rocm_built)
+from .engine import mpi
 from .engine.handles import Handle
 from .errors import (DuplicateNameError, HorovodInternalError, HvdliteError, InvalidArgumentError, LaunchError,
                      NotInitializedError, ReplicaDivergenceError, ShutdownError, StallError, TensorMismatchError)
-from .process_set_ops import add_process_set, comm_process_set_id, process_set_ids_and_ranks, remove_process_set
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .runtime import (cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank, local_size,
-                      mpi_threads_supported, rank, shutdown, size)
-from .timeline_control import start_timeline, stop_timeline, straggler_report
+                      mpi_threads_supported, rank, shutdown, size, state)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -31,6 +30,40 @@ __all__ = [
 ]
 
 
+def add_process_set(process_set: Any) -> ProcessSet:
+    """Register a process set on every rank (all ranks must call this, in the same order)."""
+    return state().add_process_set(process_set)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set on every rank (all ranks must call this). Returns True if removed."""
+    return state().remove_process_set(process_set)
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline (rank 0 writes it)."""
+    st = state()
+    if st.rank == 0:
+        st.timeline.start(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    state().timeline.stop()
+
+
+def engine_stats() -> dict[str, int]:
+    """Counters of the engine: negotiation cycles, full rounds, MPI data calls."""
+    return state().engine.stats()
+
+
+def straggler_report() -> dict[str, Any]:
+    """Per rank, how late it submitted the last ``straggler_window_ops`` agreed ops (exchanged every that many
+    ops and every ``straggler_window_seconds``): mean and p95 milliseconds after the first rank, the share of ops
+    it submitted last, and the rank named as the straggler (or None). The same dict on every rank read at the
+    same point of the program; zeros before the first exchange."""
+    return state().engine.stragglers.report()
+
+
 class HorovodBasics:
     """Horovod's ``hvd.mpi_ops._basics``: the names above, and the process-set queries Horovod's tests use."""
 
@@ -41,11 +74,18 @@ class HorovodBasics:
 
     @staticmethod
     def _get_process_set_ids_and_ranks() -> dict[int, list[int]]:
-        return process_set_ids_and_ranks()
+        """Every registered process set: id -> its global ranks (the same table on every rank)."""
+        return {ps_id: list(ranks) for ps_id, ranks in sorted(state().psets.ranks.items())}
 
     @staticmethod
     def _comm_process_set_id(comm: Any) -> int:
-        return comm_process_set_id(comm)
+        """The id of the registered set of ``comm``'s ranks."""
+        st = state()
+        ranks = mpi.communicator_world_ranks(comm, st.world)
+        ps_id = None if ranks is None else st.psets.find(ranks)
+        if ps_id is None:
+            raise ValueError(f"rank {st.rank}: the MPI communicator (ranks {ranks}) is no registered process set")
+        return ps_id
 
 
 _basics = HorovodBasics()

@@ -67,20 +67,12 @@ class CastCompressor(Compressor):
         return tensor if ctx is None else cls.cast(tensor, ctx)
 
 
-class AccumulatingCompressor(Compressor):
+class AccumulatingCompressor(NoneCompressor):
     """Half precision on the wire, float32 sums: the tensor goes to the allreduce as it is, with
     ``accumulation``; the engine casts each floating-point contribution to the wire dtype once, sums in float32
     in rank order and rounds the result once (to the wire dtype, or float32: ``Accumulation.gather``)."""
 
     accumulation: Accumulation = Accumulation("bfloat16", "bfloat16")
-
-    @staticmethod
-    def compress(tensor: Any, ctx: Any = None) -> tuple[Any, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor
 
 
 _ACCUMULATING: dict[Accumulation, type[AccumulatingCompressor]] = {}

@@ -36,105 +36,44 @@ DYNAMIC_TIMELINE = "DYNAMIC"
 
 @dataclasses.dataclass
 class Config:
-    """Every tunable of hvdlite. Field ``x`` is read from ``HVDLITE_X`` (or ``HOROVOD_X``); a field whose
-    name carries its unit keeps Horovod's variable name without it (``cycle_time_ms``: HOROVOD_CYCLE_TIME,
-    see ENV_NAMES)."""
+    """Every tunable of hvdlite (README's Settings table says what each does). Field ``x`` is read from
+    ``HVDLITE_X`` (or ``HOROVOD_X``); a field whose name carries its unit keeps Horovod's variable name without
+    it (``cycle_time_ms``: HOROVOD_CYCLE_TIME, see ENV_NAMES)."""
 
-    #: Milliseconds between negotiation cycles of the background engine.
     cycle_time_ms: float = 1.0
-    #: Number of tensor requests remembered so steady-state agreement is a bit-vector all-reduce.
-    cache_capacity: int = 1024
-    #: Bytes of small tensors packed into one fusion buffer per MPI call; 0 turns fusion off.
-    fusion_threshold_bytes: int = 4 * 1024 * 1024
-    #: Tensors larger than this are reduced in place, in pieces of this many bytes, never copied.
-    allreduce_chunk_bytes: int = 1024 * 1024
-    #: Seconds a tensor may wait for other ranks before a stall warning is logged.
+    cache_capacity: int = 1024  # response-cache entries (steady state: a bit-vector all-reduce)
+    fusion_threshold_bytes: int = 4 * 1024 * 1024  # 0 turns fusion off
+    allreduce_chunk_bytes: int = 1024 * 1024  # larger tensors are reduced in place, in pieces of this size
     stall_check_time_seconds: float = 60.0
-    #: Seconds after which a stalled tensor fails with an error (0 turns this off).
-    stall_shutdown_time_seconds: float = 0.0
-    #: Turn the stall inspector off entirely.
+    stall_shutdown_time_seconds: float = 0.0  # 0: a stall only warns
     stall_check_disable: bool = False
-    #: Path of a Chrome-trace timeline written by rank 0 ("" for none; "DYNAMIC": none until start_timeline()).
-    timeline: str = ""
-    #: Add a marker to the timeline at every negotiation cycle that ran work.
+    timeline: str = ""  # Chrome-trace file of rank 0; "DYNAMIC": none until start_timeline()
     timeline_mark_cycles: bool = False
-    #: Level of the ``hvdlite`` logger: TRACE, DEBUG, INFO, WARNING, ERROR or FATAL (any case, as Horovod).
-    log_level: str = "WARNING"
-    #: Leave the time out of hvdlite's log lines (``hvdlite-run --log-with-timestamp`` turns it on).
+    log_level: str = "WARNING"  # TRACE, DEBUG, INFO, WARNING, ERROR or FATAL, any case (Horovod's)
     log_hide_time: bool = True
-    #: Longest pause between rounds while the whole job is idle (then a round runs anyway, for stall
-    #: detection); while any rank is busy, idle ranks take part in every round at once.
-    idle_heartbeat_seconds: float = 1.0
-    #: On an uncaught exception in any thread, print it and abort the whole MPI job promptly.
+    idle_heartbeat_seconds: float = 1.0  # longest pause between rounds while the whole job is idle
     abort_on_error: bool = True
-    #: When DistributedOptimizer reduces gradients: "on" starts each allreduce from backward (overlap);
-    #: "off" starts them all at step()/synchronize(); "auto" overlaps unless the ranks' compute threads
-    #: already take every CPU core (then the engine would slow backward down more than overlap gains).
-    gradient_overlap: str = "auto"
-    #: Directory on each host where elastic ``State.commit()`` keeps the last committed state (node-local,
-    #: written atomically); "" picks /dev/shm when it is writable, else the temporary directory.
-    elastic_commit_dir: str = ""
-    #: What ``hvd.elastic.run`` does when a rank dies: "in-process" recovers on the survivors in the same
-    #: processes (needs an MPI with ULFM turned on: Open MPI 5 under ``mpiexec --with-ft ulfm``), "restart"
-    #: lets the job end so hvdlite-run starts it again, "auto" (default) recovers in-process where the MPI
-    #: allows it. hvdlite-run's ``--elastic-mode`` sets it for the ranks. docs/elastic.md.
-    elastic_mode: str = "auto"
-    #: Data plane of GPU tensors (Horovod's HOROVOD_GPU_OPERATIONS): "nccl" (torch.distributed's NCCL), "mpi"
-    #: (CUDA-aware MPI where the MPI library reports CUDA support, else host staging), or "" (auto: NCCL when
-    #: every rank has it, else host staging through MPI). docs/torch.md, "Data planes".
-    gpu_operations: str = ""
-    #: Data plane of CPU tensors (HOROVOD_CPU_OPERATIONS): "mpi" (hvdlite's engine on host buffers) or "gloo"
-    #: (torch.distributed's gloo, torch tensors only; TensorFlow stays on MPI).
-    cpu_operations: str = "mpi"
-    #: Whether the MPI library takes CUDA device buffers (CUDA-aware MPI): "auto" asks the library (MPI 4.1's
-    #: mpi_memory_alloc_kinds, else MPIX_Query_cuda_support), "on"/"off" override it on this rank (a rank's
-    #: own fact: the job uses CUDA-aware MPI only where every rank has it). docs/torch.md, "Data planes".
-    mpi_cuda_aware: str = "auto"
-    #: Open MPI only: the algorithm of its non-blocking allreduce (libnbc), which carries hvdlite's reductions:
-    #: rabenseifner (reduce-scatter then allgather; a vector shorter than the largest power of two <= the ranks
-    #: would go round the ring instead: the engine pads such vectors with zeros, engine/chunks.py), ring, or
-    #: "default": Open MPI's own choice, a binomial tree for every in-place
-    #: reduction and every job under 4 ranks, which made a 16-core machine's gradient sync 1.2-1.4x slower
-    #: (benchmarks/HISTORY.md, "... and under Open MPI"). Applied before MPI starts, as the MCA variable
-    #: OMPI_MCA_coll_libnbc_iallreduce_algorithm unless that is set already (it wins); no effect where MPI was
-    #: started before hvd.init(). Every rank must start with the same value (init() checks).
+    gradient_overlap: str = "auto"  # on, off, or auto: overlap unless compute threads take every core
+    elastic_commit_dir: str = ""  # "": /dev/shm when writable, else the temporary directory
+    elastic_mode: str = "auto"  # in-process (ULFM), restart, or auto: in-process where the MPI allows it
+    gpu_operations: str = ""  # nccl, mpi, gloo, or "": NCCL where every rank has it, else host staging
+    cpu_operations: str = "mpi"  # or gloo (torch tensors only): what the tests use to run the device planes
+    mpi_cuda_aware: str = "auto"  # whether MPI takes CUDA buffers: auto asks the library; on/off override
+    #: Open MPI's libnbc iallreduce algorithm (set as OMPI_MCA_coll_libnbc_iallreduce_algorithm before MPI starts,
+    #: unless set): its "default" binomial tree made gradient sync 1.2-1.4x slower (benchmarks/HISTORY.md).
     openmpi_iallreduce_algorithm: str = "rabenseifner"
-    #: hvdlite-run starts each rank's program under a small sentinel (hvdlite/run/sentinel.py) that names
-    #: the rank when a signal kills it (kill -9, the out-of-memory killer); read by the launcher only.
-    launch_sentinel: bool = True
-
-    #: Straggler attribution: the report covers the last this many agreed ops of the global process set; the
-    #: ranks exchange their submission times whenever this many are counted (0 turns attribution off).
-    straggler_window_ops: int = 1000
-    #: ... and at the first cycle with agreed ops after this many seconds on rank 0's clock since the last
-    #: exchange, so a slow loop's report fills within seconds (0: only every straggler_window_ops ops).
+    launch_sentinel: bool = True  # read by hvdlite-run only (run/sentinel.py)
+    straggler_window_ops: int = 1000  # 0 turns straggler attribution off
     straggler_window_seconds: float = 0.5
-    #: A rank last in at least half the window's ops by more than this on average is named in one log line.
     straggler_threshold_ms: float = 5.0
-
-    #: After a rank has called join(), let the other ranks' allgather and broadcast run (the joined rank gives
-    #: no rows and must not be the root) instead of raising as Horovod does ("Allgather is not supported with
-    #: Join at this time"). Off by default, as in Horovod; allreduce and barrier run either way.
+    #: Let allgather and broadcast run after a rank joined (Horovod raises, as by default here).
     join_allows_allgather_broadcast: bool = False
-
-    #: Reproducible reductions: hvdlite sums (and multiplies) floating-point elements itself, in rank order,
-    #: so every result is bit-identical for a given number of ranks whatever the fusion, chunking, cycle time,
-    #: autotune, submission order or MPI library (see hvdlite/core/engine/deterministic.py).
-    deterministic: bool = False
-
-    #: Tune fusion_threshold_bytes, cycle_time_ms and allreduce_chunk_bytes while training runs (Bayesian optimisation
-    #: on rank 0; needs the ``autotune`` extra). See hvdlite/core/engine/autotune.py.
-    autotune: bool = False
-    #: CSV file rank 0 writes one line per autotune sample to, and the final choice ("" for none).
-    #: Also read from HOROVOD_AUTOTUNE_LOG, Horovod's name.
+    deterministic: bool = False  # rank-order reductions: bit-identical results (engine/deterministic.py)
+    autotune: bool = False  # needs the ``autotune`` extra (engine/autotune.py)
     autotune_log_file: str = ""
-    #: Autotune samples measured and discarded first (the job warms up).
     autotune_warmup_samples: int = 3
-    #: Whole training steps per autotune sample.
     autotune_steps_per_sample: int = 10
-    #: Autotune samples scored (start settings, test points, Gaussian-process proposals) before the best is kept.
     autotune_bayes_opt_max_samples: int = 20
-    #: Noise (standard deviation, in units of the scores' spread) the Gaussian process assumes in each score.
     autotune_gaussian_process_noise: float = 0.8
 
     #: Settings that shape MPI traffic or verdicts every rank must reach alike; rank 0's values are used.
@@ -193,23 +132,15 @@ class Config:
     def setting(cls, name: str, env: Mapping[str, str]) -> Any:
         """One setting as ``env`` gives it (its default when unset), without from_env's other checks."""
         field = next(f for f in dataclasses.fields(cls) if f.name == name)
-        for key in cls.env_keys(name):
-            if env.get(key) is not None:
-                return _parse(key, env[key], field.type)
-        return field.default
+        key = next((key for key in cls.env_keys(name) if env.get(key) is not None), None)
+        return field.default if key is None else _parse(key, env[key], field.type)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
         """Build a config from the environment, then apply ``init()`` keyword overrides."""
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
         types = {f.name: f.type for f in dataclasses.fields(cls)}
-        for name in cls.field_names():
-            for key in cls.env_keys(name):
-                raw = env.get(key)
-                if raw is not None:
-                    values[name] = _parse(key, raw, types[name])
-                    break
+        values = {name: cls.setting(name, env) for name in types}
         known = {cls.env_keys(n)[0] for n in cls.field_names()} | _INTERNAL_VARIABLES
         known |= {key for keys in cls.ALIASES.values() for key in keys if key.startswith("HVDLITE_")}
         for name, why in REMOVED.items():
@@ -238,61 +169,35 @@ class Config:
         return "" if self.timeline.strip() == DYNAMIC_TIMELINE else self.timeline
 
     def validate(self) -> None:
-        if self.cycle_time_ms < 0:
-            raise ValueError(f"cycle_time_ms must be >= 0, got {self.cycle_time_ms}")
-        if self.cache_capacity < 0:
-            raise ValueError(f"cache_capacity must be >= 0, got {self.cache_capacity}")
-        if self.fusion_threshold_bytes < 0:
-            raise ValueError(f"fusion_threshold_bytes must be >= 0, got {self.fusion_threshold_bytes}")
-        if self.allreduce_chunk_bytes <= 0:
-            raise ValueError(f"allreduce_chunk_bytes must be > 0, got {self.allreduce_chunk_bytes}")
+        for name, (least, strict) in _LEAST.items():
+            value = getattr(self, name)
+            if not (value > least if strict else value >= least):
+                raise ValueError(f"{name} must be {'>' if strict else '>='} {least}, got {value}")
         level = str(self.log_level).strip().upper()
         if level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)} (any case), got {self.log_level!r}")
         self.log_level = level
-        overlap = str(self.gradient_overlap).strip().lower()
-        overlap = "on" if overlap in _TRUE else "off" if overlap in _FALSE else overlap
-        if overlap not in ("auto", "on", "off"):
-            raise ValueError(f"gradient_overlap must be auto, on or off, got {self.gradient_overlap!r}")
-        self.gradient_overlap = overlap
-        gpu = str(self.gpu_operations).strip().lower()
-        if gpu not in ("", "nccl", "mpi", "gloo"):
-            raise ValueError(f"gpu_operations (HOROVOD_GPU_OPERATIONS) must be NCCL or MPI (hvdlite also takes GLOO: "
-                             f"allreduce and broadcast of CUDA tensors through gloo), or unset for automatic; got "
-                             f"{self.gpu_operations!r}")
-        self.gpu_operations = gpu
-        cpu = str(self.cpu_operations).strip().lower() or "mpi"
-        if cpu not in ("mpi", "gloo"):
-            raise ValueError(f"cpu_operations (HOROVOD_CPU_OPERATIONS) must be MPI or GLOO, got "
-                             f"{self.cpu_operations!r}")
-        self.cpu_operations = cpu
-        aware = str(self.mpi_cuda_aware).strip().lower() or "auto"
-        aware = "on" if aware in _TRUE else "off" if aware in _FALSE else aware
-        if aware not in ("auto", "on", "off"):
-            raise ValueError(f"mpi_cuda_aware (HVDLITE_MPI_CUDA_AWARE) must be auto, on or off, got "
-                             f"{self.mpi_cuda_aware!r}")
-        self.mpi_cuda_aware = aware
-        algorithm = str(self.openmpi_iallreduce_algorithm).strip().lower() or "default"
-        if algorithm not in self.OPENMPI_IALLREDUCE_ALGORITHMS:
-            raise ValueError(f"openmpi_iallreduce_algorithm (HVDLITE_OPENMPI_IALLREDUCE_ALGORITHM) must be one of "
-                             f"{', '.join(self.OPENMPI_IALLREDUCE_ALGORITHMS)}, got "
-                             f"{self.openmpi_iallreduce_algorithm!r}")
-        self.openmpi_iallreduce_algorithm = algorithm
-        mode = str(self.elastic_mode).strip().lower() or "auto"
-        if mode not in ("auto", "in-process", "restart"):
-            raise ValueError(f"elastic_mode (HVDLITE_ELASTIC_MODE) must be auto, in-process or restart, got "
-                             f"{self.elastic_mode!r}")
-        self.elastic_mode = mode
-        if self.autotune_warmup_samples < 0:
-            raise ValueError(f"autotune_warmup_samples must be >= 0, got {self.autotune_warmup_samples}")
-        if self.autotune_steps_per_sample < 1:
-            raise ValueError(f"autotune_steps_per_sample must be >= 1, got {self.autotune_steps_per_sample}")
-        if self.autotune_bayes_opt_max_samples < 1:
-            raise ValueError(f"autotune_bayes_opt_max_samples must be >= 1, got "
-                             f"{self.autotune_bayes_opt_max_samples}")
-        if not self.autotune_gaussian_process_noise > 0:
-            raise ValueError(f"autotune_gaussian_process_noise must be > 0, got "
-                             f"{self.autotune_gaussian_process_noise}")
+        for name, (words, empty) in _WORDS.items():
+            given = getattr(self, name)
+            word = str(given).strip().lower() or empty
+            if "on" in words:
+                word = "on" if word in _TRUE else "off" if word in _FALSE else word
+            if word not in words:
+                raise ValueError(f"{name} ({self.env_keys(name)[0]}) must be one of "
+                                 f"{', '.join(w or 'unset' for w in words)} (any case), got {given!r}")
+            setattr(self, name, word)
+
+
+#: Numeric settings' least value, and whether it is excluded.
+_LEAST = {"cycle_time_ms": (0, False), "cache_capacity": (0, False), "fusion_threshold_bytes": (0, False),
+          "allreduce_chunk_bytes": (0, True), "autotune_warmup_samples": (0, False),
+          "autotune_steps_per_sample": (1, False), "autotune_bayes_opt_max_samples": (1, False),
+          "autotune_gaussian_process_noise": (0, True)}
+#: Settings that take one of a few words (an on/off one also a boolean word), and the word an empty value means.
+_WORDS = {"gradient_overlap": (("auto", "on", "off"), "off"), "gpu_operations": (("", "nccl", "mpi", "gloo"), ""),
+          "cpu_operations": (("mpi", "gloo"), "mpi"), "mpi_cuda_aware": (("auto", "on", "off"), "auto"),
+          "openmpi_iallreduce_algorithm": (tuple(Config.OPENMPI_IALLREDUCE_ALGORITHMS), "default"),
+          "elastic_mode": (("auto", "in-process", "restart"), "auto")}
 
 
 def _parse(key: str, raw: str, kind: Any) -> Any:

@@ -2,51 +2,15 @@
 public API (``hvdlite.core``'s exports and the public ``hvdlite.core.elastic`` package). Every other core
 module is private to the core.
 
-- ``hvdlite.core.basics``: the runtime names (init, rank, size, process sets, reduce ops, errors) every
-  frontend re-exports, listed once (``from hvdlite.core.basics import *``; ``__all__ += basics.__all__``).
-- ``resolve_op(op, average=None)`` / ``check_reduction(kind, name, op, dtypes, scaled)``: op resolution and
-  the shared submit checks, so both frontends accept and refuse the same things.
-- ``check_gradient_options(op, gradient_predivide_factor, backward_passes_per_step)``: the rules every
-  distributed optimizer and tape applies to its arguments (Horovod's), written once;
-  ``gradient_scales(op, gradient_predivide_factor)``: the prescale and postscale their gradient reductions
-  pass (prescale, postscale), derived once for torch and TensorFlow.
-- ``mixin_class(mixin, base)``: the class a wrapper turns a user's optimizer or tape into (a subclass of
-  both, named like ``base``), built once per pair.
-- ``Compressor`` / ``NoneCompressor`` / ``CastCompressor``: gradient compression's one algorithm; a frontend
-  gives ``CastCompressor`` its framework's casts. ``accumulating(wire, gather)`` makes the compressors that
-  reduce in float32 (bf16/fp16 on the wire); ``accumulation_of(compression)`` is what an allreduce with a
-  compression passes to the core as ``accumulation=`` (an ``Accumulation``; None for the casts);
-  ``check_sparse_compression`` refuses a sparse gradient under one.
-- ``gradient_overlap(compute_threads)``: whether gradient reductions start during backward (decided by the
-  ``gradient_overlap`` setting; see Config).
-- ``process_set_ranks(ps_id)``: the members of a registered process set, by id.
-- ``setting(name)``: the value of one setting of the running job (Config field).
-- ``aligned_empty(shape, dtype)``: an uninitialised array starting on a 64-byte boundary, which TensorFlow
-  wraps without copying.
-- ``logger``: the rank-prefixed ``hvdlite`` logger.
-- ``register_gpu_probe(framework, probe)``: the frontend's answer to ``gpu_available(framework)``;
-  ``check_process_set(process_set, what)``: ValueError for a process set that is not registered, when an op is
-  built.
-- ``check_sparse`` / ``sparse_allgather_async``: sparse gradients combined by allgather, as Horovod does.
-- ``sync_moments``: the one SyncBatchNorm algorithm (two passes, any process set) on any framework's tensors.
-- ``PlaneBuffer`` / ``DataPlane`` / ``PlaneFactory`` / ``Bootstrap`` / ``register_factory``: data planes (see
-  core/engine/planes.py): a frontend registers a factory, hands tensors bound for a plane in as ``PlaneBuffer``s, and
-  ``plane_agreed(name)`` says whether every rank of the running job has that plane, ``plane_lacking(name)``
-  which ranks do not; ``mpi_cuda_aware(override)`` whether the MPI library takes CUDA device buffers, and how
-  that was found. ``in_rank_order`` / ``rank_order_allreduce``: deterministic=True on a plane (the core's
-  rank-order reduction over the plane's moves); ``accumulated_allreduce``: an accumulating compression on a
-  plane (bf16/fp16 over the plane's all-to-all, float32 sums, its all-gather).
-- ``submit_allreduce(name, inputs, dtypes, layout, outputs, op, prescale, postscale, value, held)`` /
-  ``tensor_layout(dtype, shape)`` / ``generation()``: an allreduce on the global set through the one submit
-  (core/submission.py), for arrays a frontend prepared and caches per tensor (valid within one ``generation()``,
-  which changes with every init()); ``name`` None for a generated one, ``outputs`` the inputs for in place.
-- ``check_named_replicas(named, process_set)`` / ``flatten_tensors(obj, leaf)``: the replica-divergence check
-  on (name, numpy array) pairs, and the walk that names the tensors of a nested collection.
+``hvdlite.core.basics`` holds the runtime names every frontend re-exports (``from hvdlite.core.basics import *``;
+``__all__ += basics.__all__``); ``__all__`` below lists the rest, each documented where it is defined. Policy
+both frontends need (op resolution and checks, gradient options and scales, compression, SyncBatchNorm's
+moments, data planes, the one submit for prepared arrays) is written once here or in the module it comes from.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, TypeVar
 
 from .compression import (CastCompressor, Compressor, NoneCompressor, accumulating, accumulation_of,
                           check_sparse_compression)
@@ -66,7 +30,6 @@ from .engine.requests import Kind, tensor_layout
 from .runtime import generation, is_initialized, state
 from .submission import submit
 from .sparse import check_sparse, sparse_allgather_async
-from .sync_bn import sync_moments
 
 __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "gradient_scales", "mixin_class",
            "Compressor", "NoneCompressor", "CastCompressor", "Accumulation", "accumulating", "accumulation_of",
@@ -167,7 +130,6 @@ def plane_lacking(name: str) -> list[int]:
     return state().planes.lacking(name) if is_initialized() else []
 
 
-
 def submit_allreduce(name: Optional[str], inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
                      outputs: tuple[Any, ...], op: ReduceOp, prescale: float, postscale: float, value: Any = UNSET,
                      held: Any = None) -> Handle:
@@ -177,3 +139,24 @@ def submit_allreduce(name: Optional[str], inputs: tuple[Any, ...], dtypes: tuple
     warm name (or the next unnamed op of the same layout) a tuple comparison and one object."""
     return submit(state(), Kind.ALLREDUCE, name, 0, inputs, dtypes, layout, outputs, op, prescale, postscale, 0, None,
                   value, held)
+
+
+#: A framework's tensor type (arithmetic on it is the framework's own; the checker sees Any).
+T = TypeVar("T", bound=Any)
+
+
+def sync_moments(x: T, weights: Optional[T], sum_over: Callable[[T], T],
+                 grouped_allreduce_sum: Callable[[list[Any]], list[Any]], expand: Callable[[T], T]) -> tuple[T, T, T]:
+    """SyncBatchNorm's statistics over every rank of a process set, in two passes (numerically stable): the
+    global mean first, then the mean of squared deviations from it. ``sum_over`` sums over the batch (and
+    spatial) axes, ``expand`` makes per-channel values broadcast against ``x``, ``grouped_allreduce_sum`` sums a
+    list of tensors across the set (differentiably); ``weights`` (a mask, or None) weights each element.
+    Returns (mean, biased variance, element count per channel)."""
+    weighted = x if weights is None else x * weights
+    count = sum_over(x ** 0) if weights is None else sum_over(weights)  # x ** 0 is 1 even for inf and nan
+    total, n = grouped_allreduce_sum([sum_over(weighted), count])
+    mean = total / n
+    centred = x - expand(mean)
+    squares = centred * centred if weights is None else centred * centred * weights
+    (var_sum,) = grouped_allreduce_sum([sum_over(squares)])
+    return mean, var_sum / n, n

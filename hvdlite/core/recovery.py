@@ -25,18 +25,14 @@ _finalize_guarded = False
 
 @dataclasses.dataclass(frozen=True)
 class Recovery:
-    """What one recovery did: the lost ranks (of the job before it) and their hosts, the sizes before and
-    after, this process's rank before and after, and the seconds it took."""
+    """What one recovery did: the lost ranks (of the job before it) and their processes, the size after it,
+    and this process's rank before and after it."""
 
     lost_ranks: tuple[int, ...]
-    lost_hosts: tuple[str, ...]
-    old_size: int
+    lost_peers: tuple[Peer, ...]
     new_size: int
     old_rank: int
     new_rank: int
-    seconds: float
-    removed_sets: tuple[tuple[int, ...], ...]  # old ranks of the process sets that lost every member
-    lost_peers: tuple[Peer, ...] = ()  # where the lost ranks' processes run (the elastic driver fences them)
 
 
 def lost_rank(exc: BaseException) -> Optional[ProcessFailedError]:
@@ -96,21 +92,18 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
     # it can neither come back into the job nor keep the launcher from ending
     fence(lost, old.peers, "was declared failed but its process is still there",
           "so that it cannot hold the job's end or come back")
-    removed = _rebuild_process_sets(old.psets.sets, old_ranks, new)
-    result = Recovery(lost, tuple(old.hosts[r] for r in lost), old.size, new.size, old.rank, new.rank,
-                      time.monotonic() - started, removed, tuple(old.peers[r] for r in lost))
+    _rebuild_process_sets(old.psets.sets, old_ranks, new)
+    hosts = ", ".join(old.hosts[r] for r in lost) or "-"
     logger.warning("recovered from the loss of rank(s) %s (host(s) %s) in %.3f s: %d ranks now; this rank was "
-                   "%d, is %d (the failure was seen here at t=%.6f)", list(lost), ", ".join(result.lost_hosts) or "-",
-                   result.seconds, new.size, old.rank, new.rank, error.seen_at if error is not None else 0.0)
-    return result
+                   "%d, is %d (the failure was seen here at t=%.6f)", list(lost), hosts, time.monotonic() - started,
+                   new.size, old.rank, new.rank, error.seen_at if error is not None else 0.0)
+    return Recovery(lost, tuple(old.peers[r] for r in lost), new.size, old.rank, new.rank)
 
 
-def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int],
-                          state: "runtime.State") -> tuple[tuple[int, ...], ...]:
+def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], state: "runtime.State") -> None:
     """Register again, in the old order, every process set of the job before, on its surviving members
     (renumbered); the ProcessSet objects the program holds stay valid. Collective on every survivor."""
     new_rank_of = {old: new for new, old in enumerate(old_ranks)}
-    removed: list[tuple[int, ...]] = []
     for ps_id in sorted(sets):
         ps = sets[ps_id]
         if ps_id == 0:
@@ -119,7 +112,6 @@ def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int],
         after = [new_rank_of[r] for r in before if r in new_rank_of]
         ps.process_set_id, ps.mpi_comm = None, None
         if not after:
-            removed.append(tuple(before))
             logger.warning("process set %s lost every member: it is unregistered", before)
             continue
         existing: Optional[int] = state.psets.find(after)
@@ -128,7 +120,6 @@ def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int],
             continue
         ps.ranks = after
         state.add_process_set(ps)
-    return tuple(removed)
 
 
 def _as_global(ps: ProcessSet, state: "runtime.State") -> None:

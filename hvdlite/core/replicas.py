@@ -7,9 +7,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .horovod_forms import allgather, grouped_allgather
+from .horovod_forms import allgather, allgather_object, grouped_allgather
 from .errors import ReplicaDivergenceError
-from .objects import allgather_object
 from .process_sets import ProcessSet, global_process_set
 
 Named = list[tuple[str, np.ndarray]]  # [(name, numpy array), ...]

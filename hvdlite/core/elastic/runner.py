@@ -5,6 +5,7 @@ import functools
 import sys
 from typing import Any, Callable, TypeVar
 
+from .. import recovery, runtime
 from ..errors import ProcessFailedError
 from ..log import logger
 from . import link as driver
@@ -28,7 +29,6 @@ def run(func: F) -> F:
     """
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
-        from .. import runtime
         lk = driver.link()
         lk.connect(runtime.rank(), runtime.size())
         state.sync()
@@ -58,7 +58,6 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
     Horovod does: restore the last commit from memory, run the reset callbacks at the new size, agree on
     the newest commit any survivor holds, and call ``func`` again. Elsewhere the error ends the process and
     hvdlite-run's driver restarts the job."""
-    from .. import recovery
     while True:
         try:
             return func(state, *args, **kwargs)
@@ -90,7 +89,6 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
 def _leave_below_min_np(state: State, size: int) -> None:
     """Survivors fewer than hvdlite-run's --min-np do not train on: they leave, without the reset callbacks, for
     the driver to start the job again from its last commit once enough slots are usable."""
-    from .. import runtime
     min_np = driver.min_np()
     if size >= min_np or not driver.link().enabled:
         return

@@ -5,6 +5,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from .. import runtime
+
 
 class ElasticShards:
     """The framework-free part of ``ElasticSampler``.
@@ -38,7 +40,6 @@ class ElasticShards:
 
     def reset(self) -> None:
         """Deal the epoch's unprocessed samples out to the current world (called after every restart)."""
-        from .. import runtime
         self.num_replicas, self.rank = runtime.size(), runtime.rank()
         remaining = [i for i in self._order() if i not in self.processed]
         pad = -len(remaining) % self.num_replicas

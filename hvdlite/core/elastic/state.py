@@ -4,7 +4,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Iterable, Optional
 
+from .. import runtime
 from ..log import logger
+from ..horovod_forms import allgather_object, broadcast_object
 from . import link as driver
 from .store import CommitStore
 
@@ -21,11 +23,6 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-def _runtime() -> Any:
-    from .. import runtime
-    return runtime
-
-
 class State:
     """Base class of the elastic states: subclasses say what a snapshot is (``_snapshot``/``_apply``).
 
@@ -36,10 +33,9 @@ class State:
 
     def __init__(self, bcast_object: Optional[Callable[..., Any]] = None,
                  get_rank: Optional[Callable[[], int]] = None) -> None:
-        from ..objects import allgather_object, broadcast_object
         self._bcast_object = bcast_object or broadcast_object
         self._allgather_object = allgather_object
-        self._get_rank = get_rank or _runtime().rank
+        self._get_rank = get_rank or runtime.rank
         self._reset_callbacks: list[Callable[[], None]] = []
         self._saved: Any = None
         self.commit_counter = 0
@@ -81,7 +77,7 @@ class State:
         self.save()
         self.commit_counter += 1
         store = self._store()
-        if store is not None and _runtime().local_rank() == 0:
+        if store is not None and runtime.local_rank() == 0:
             store.write(self.commit_counter, self._saved)
         self.check_host_updates()
 
@@ -151,12 +147,12 @@ class State:
         job = driver.job_id()
         if not job:
             return None
-        return CommitStore(_runtime().state().config.elastic_commit_dir, job)
+        return CommitStore(runtime.state().config.elastic_commit_dir, job)
 
     def finish(self) -> None:
         """The run is over: drop this host's commit."""
         store = self._store()
-        if store is not None and _runtime().local_rank() == 0:
+        if store is not None and runtime.local_rank() == 0:
             store.remove()
 
 
@@ -172,12 +168,6 @@ class ObjectState(State):
         super().__init__(bcast_object, get_rank)
         self._names = list(kwargs)
         for name, value in kwargs.items():
-            setattr(self, name, value)
-
-    def _add(self, **kwargs: Any) -> None:
-        for name, value in kwargs.items():
-            if name not in self._names:
-                self._names.append(name)
             setattr(self, name, value)
 
     def _snapshot(self) -> dict[str, Any]:
