@@ -18,23 +18,18 @@ __all__ = ["install_excepthook"]
 _previous_excepthook: Any = None
 _previous_threading_hook: Any = None
 _ABORT_GRACE_S = 1.0  # seconds between printing an uncaught exception and MPI_Abort
-#: After a rank's death under ULFM (ProcessFailedError), the survivors learn of it at different times: the first
-#: one through MPI, the others through its revoke, and each then takes up to LOST_RANKS_WAIT_S to name the dead
-#: rank. The first survivor's abort waits for them, so every survivor's error names the lost rank (over shared
-#: memory, with the plain 1 s grace, 1 of 5 jobs of 4 ranks lost a survivor's line: the job ended before it).
+#: After a rank's death under ULFM the survivors learn of it at different times and each takes up to
+#: LOST_RANKS_WAIT_S to name the dead rank: the first one's abort waits so every survivor's error names it.
 _LOST_RANK_GRACE_S = LOST_RANKS_WAIT_S + _ABORT_GRACE_S
-#: A second SIGINT within this many seconds of the first is the same Ctrl-C forwarded again (the launcher and
-#: the per-rank sentinel both forward it): dropped, so it cannot interrupt the first one's exit. Seen in CI: the
-#: second KeyboardInterrupt hit the excepthook before it could ignore SIGINT ("Error in sys.excepthook").
+#: A second SIGINT this soon after the first is the same Ctrl-C forwarded again (by the launcher and the
+#: sentinel): dropped, so it cannot interrupt the first one's exit ("Error in sys.excepthook").
 _SIGINT_REPEAT_S = 2.0
 _first_sigint = 0.0
 
 
 def install_excepthook(current: Callable[[], Any]) -> None:
-    """On an uncaught exception in any thread, print it, then abort the whole job (other ranks would
-    otherwise wait for this one forever). Hooks installed before hvdlite's (not Python's defaults) run
-    first, so a script's own error reporting still happens. ``current()`` returns the live runtime state
-    (its ``rank``, ``size``) or None."""
+    """On an uncaught exception in any thread, print it, then abort the whole job (the other ranks would wait
+    for this one forever). Hooks installed before hvdlite's run first. ``current()``: the live State or None."""
     global _previous_excepthook, _previous_threading_hook
     if _previous_excepthook is not None:
         return
@@ -80,9 +75,8 @@ def install_excepthook(current: Callable[[], Any]) -> None:
 
 
 def _lost_rank(exc: BaseException | None, ended: BaseException | None = None) -> bool:
-    """Whether ``exc`` comes from a rank's death under ULFM: the engine ended with one (``ended``: TensorFlow
-    re-raises it as its own UnknownError, not chained; recovery.lost_rank's rule, which this module cannot import:
-    recovery imports runtime, which imports this module), or ``exc`` is one or was raised from one."""
+    """Whether ``exc`` comes from a rank's death under ULFM: it is or was raised from one, or the engine ended
+    with one (``ended``; recovery.lost_rank's rule, which cannot be imported here: recovery imports runtime)."""
     if isinstance(ended, ProcessFailedError):
         return True
     seen = 0
@@ -104,21 +98,15 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 
 def users_line(tb: Any) -> str:
-    """``file:line`` of the innermost frame of ``tb`` that is the user's own (callsite.is_users: not hvdlite's,
-    torch's or the standard library's), else of the innermost frame."""
+    """``file:line`` of the innermost frame of ``tb`` that is the user's own, else of the innermost frame."""
     every = list(traceback.extract_tb(tb))
     frame = next((f for f in reversed(every) if callsite.is_users(f.filename)), every[-1])
     return f"{frame.filename}:{frame.lineno}"
 
 
 def interrupted(state: Any, tb: Any) -> None:
-    """Ctrl-C (SIGINT) stopped this rank: say so in one line and end the process by SIGINT, as Python does
-    for an uncaught KeyboardInterrupt (exit status 130), without a traceback per rank.
-
-    Launchers deliver a job's Ctrl-C to every rank, sometimes more than once (the launcher and the per-rank
-    sentinel both forward it): further SIGINTs are ignored from here on, so no second KeyboardInterrupt
-    interrupts the exit ("Error in sys.excepthook"). hvdlite's shutdown is skipped: every rank is stopping.
-    """
+    """Ctrl-C stopped this rank: say so in one line (no traceback per rank) and end the process by SIGINT, as
+    Python does (status 130), ignoring further SIGINTs; no shutdown: every rank is stopping."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     where = f" at {users_line(tb)}" if tb is not None else ""
     try:

@@ -16,8 +16,7 @@ from .submission import layout_of, submit
 
 
 def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
-    """The caller's name, or one generated per kind and process set, in call order (the same on every
-    member, since members make the same calls in the same order)."""
+    """The caller's name, or one generated per kind and process set, in call order (core/names.py)."""
     if type(name) is str:
         return name
     ps_id = 0 if process_set is None else (process_set.process_set_id or 0)
@@ -25,8 +24,7 @@ def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet]
 
 
 def _give_back(given: Optional[str], name: str, process_set: Optional[ProcessSet]) -> None:
-    """A call that raised before its request was submitted (a wrong argument, a bad root...) consumes no
-    generated name: this rank's next call of the kind gets it again (see Names.give_back)."""
+    """A call that raised before it submitted consumes no generated name (Names.give_back)."""
     if type(given) is not str:
         state().names.give_back(name, 0 if process_set is None else (process_set.process_set_id or 0))
 
@@ -47,8 +45,8 @@ def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
 
 
 def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[Any, str]:
-    """A C-contiguous array in its storage dtype (bfloat16 as uint16 bits), plus the dtype name. A frontend's
-    tensor bound for a data plane (core/engine/planes.py) passes through as it is."""
+    """A C-contiguous array in its storage dtype (bfloat16 as uint16 bits) and the dtype name; a PlaneBuffer
+    passes through."""
     if type(array) is PlaneBuffer:
         return array, array.dtype_name
     a = array if type(array) is np.ndarray else np.asarray(array)
@@ -62,8 +60,7 @@ def _prepare(array: Any, dtype_hint: Optional[str] = None) -> tuple[Any, str]:
 
 def _prepare_all(arrays: Sequence[Any], hints: Optional[Sequence[Optional[str]]],
                  ) -> tuple[tuple[np.ndarray, ...], tuple[str, ...]]:
-    """_prepare for each array: (arrays, dtype names) as tuples, which the garbage collector stops
-    tracking once they hold only arrays and strings (they live as long as the request)."""
+    """_prepare for each array, as tuples (which the garbage collector stops tracking)."""
     if len(arrays) == 1:
         prepared, dtype = _prepare(arrays[0], hints[0] if hints else None)
         return (prepared,), (dtype,)
@@ -73,7 +70,7 @@ def _prepare_all(arrays: Sequence[Any], hints: Optional[Sequence[Optional[str]]]
 
 def _submit(kind: Kind, given: Optional[str], name: str, ps_id: int, inputs: Sequence[Any], dtypes: Sequence[str],
             outputs: Optional[Sequence[Any]] = None, rows: bool = False, **options: Any) -> Handle:
-    """The one submit (core/submission.py); ``rows``: the first dimension may differ per rank (allgather, alltoall)."""
+    """The one submit (core/submission.py); ``rows``: the first dimension may differ per rank."""
     return submit(state(), kind, name, ps_id, inputs, dtypes, layout_of(inputs, dtypes, rows),
                   outputs if outputs is not None else (None,) * len(inputs), generated=type(given) is not str,
                   **options)
@@ -91,8 +88,8 @@ def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray])
 
 def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], hints: list[Optional[str]],
           dtypes: list[str]) -> tuple[Optional[list[Any]], Any]:
-    """Caller-given outputs of allgather/reducescatter: the engine writes each result straight into its
-    output where it fits (C-contiguous, the result's shape), else it is copied there; wait() returns them."""
+    """Caller-given outputs: the engine writes each result straight into its output where it fits (C-contiguous,
+    the result's shape), else it is copied there; wait() returns them."""
     if outputs is None:
         return None, None
     given = [np.asarray(o) for o in outputs]
@@ -119,10 +116,8 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
                             dtype_hints: Optional[Sequence[Optional[str]]] = None,
                             outputs: Optional[Sequence[Any]] = None,
                             accumulation: Optional[Accumulation] = None) -> Handle:
-    """Reduce several arrays as one unit. The result is the list of reduced arrays: ``outputs`` (one array
-    of each input's shape and dtype, not overlapping the inputs; written in place) when given.
-    ``accumulation`` (an accumulating compression's, e.g. Compression.bf16_fp32acc): floating-point arrays
-    travel in its wire dtype and are summed in float32 (core/engine/accumulate.py)."""
+    """Reduce several arrays as one unit, into ``outputs`` (not overlapping the inputs) if given; with
+    ``accumulation`` (Compression.bf16_fp32acc's...) floating-point arrays are summed in float32."""
     given = name
     name = _auto_name("allreduce", name, process_set)
     try:
@@ -171,12 +166,11 @@ def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
     name = _auto_name("allgather", name, process_set)
     try:
         ps_id = _pset_id(process_set, "allgather", name)
-        hints = list(dtype_hints or [None] * len(arrays))
-        prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
-        inputs = [p[0].reshape(1) if p[0].ndim == 0 else p[0] for p in prepared]
-        direct, finalize = _into("allgather", name, outputs, hints, [p[1] for p in prepared])
-        return _submit(Kind.ALLGATHER, given, name, ps_id, inputs, [p[1] for p in prepared], outputs=direct,
-                       rows=True, finalize=finalize)
+        prepared, dtypes = _prepare_all(arrays, dtype_hints)
+        inputs = [a.reshape(1) if a.ndim == 0 else a for a in prepared]
+        direct, finalize = _into("allgather", name, outputs, list(dtype_hints or [None] * len(arrays)), list(dtypes))
+        return _submit(Kind.ALLGATHER, given, name, ps_id, inputs, dtypes, outputs=direct, rows=True,
+                       finalize=finalize)
     except BaseException:
         _give_back(given, name, process_set)
         raise
@@ -191,9 +185,7 @@ def allgather_async(array: Any, name: Optional[str] = None, process_set: Process
 def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, inplace: bool = False,
                     dtype_hint: Optional[str] = None) -> Handle:
-    """Copy ``array`` from ``root_rank`` to every member. As in Horovod, ``root_rank`` is a rank of the whole
-    job (also with ``process_set=``); one that is not a member of the set fails the op with ValueError on
-    every member (checked in negotiation, where every member sees every member's root)."""
+    """Copy ``array`` from ``root_rank`` (a rank of the whole job, as in Horovod) to every member of the set."""
     given = name
     name = _auto_name("broadcast", name, process_set)
     try:
@@ -247,23 +239,21 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
                                 dtype_hints: Optional[Sequence[Optional[str]]] = None,
                                 outputs: Optional[Sequence[Any]] = None) -> Handle:
     """Reduce, then give rank r its share of the first dimension (earlier ranks take the remainder); into
-    ``outputs`` (one array of this rank's share per input, not overlapping the inputs) if given."""
+    ``outputs`` (not overlapping the inputs) if given."""
     given = name
     name = _auto_name("reducescatter", name, process_set)
     try:
         reduce_op = resolve_op(op)
         ps_id = _pset_id(process_set, "reducescatter", name)
-        hints = list(dtype_hints or [None] * len(arrays))
-        prepared = [_prepare(a, h) for a, h in zip(arrays, hints)]
-        for a, _ in prepared:
-            if a.ndim == 0:
-                raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
-        if len({d for _, d in prepared}) > 1:
+        inputs, dtypes = _prepare_all(arrays, dtype_hints)
+        if any(a.ndim == 0 for a in inputs):
+            raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
+        if len(set(dtypes)) > 1:
             raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
-        direct, finalize = _into("reducescatter", name, outputs, hints, [p[1] for p in prepared])
-        return _submit(Kind.REDUCESCATTER, given, name, ps_id, [p[0] for p in prepared], [p[1] for p in prepared],
-                       op=reduce_op, prescale=prescale_factor, postscale=postscale_factor, outputs=direct,
-                       finalize=finalize)
+        direct, finalize = _into("reducescatter", name, outputs, list(dtype_hints or [None] * len(inputs)),
+                                 list(dtypes))
+        return _submit(Kind.REDUCESCATTER, given, name, ps_id, inputs, dtypes, op=reduce_op, prescale=prescale_factor,
+                       postscale=postscale_factor, outputs=direct, finalize=finalize)
     except BaseException:
         _give_back(given, name, process_set)
         raise
@@ -284,10 +274,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 
 def join(device: int = -1) -> int:
-    """This rank has no more data: until every rank joins, its peers' allreduces get zeros from it.
-
-    Returns the rank that joined last.
-    """
+    """This rank has no more data: until every rank joins, its peers' allreduces get zeros from it. Returns the
+    rank that joined last."""
     name = _auto_name("join", None)
     _pset_id(None, "join", name)
     return int(_submit(Kind.JOIN, None, name, 0, [], []).wait())

@@ -11,17 +11,16 @@ from .engine.planes import built
 __all__ = ["mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
            "cuda_built", "rocm_built", "gpu_available", "register_gpu_probe"]
 
-#: framework name -> whether it sees a CUDA device here (each frontend registers its own when imported)
+#: framework name -> whether it sees a CUDA device here
 _gpu_probes: dict[str, Callable[[], bool]] = {}
 
 
-def register_gpu_probe(framework: str, probe: Callable[[], bool]) -> None:
+def register_gpu_probe(framework: str, probe: Callable[[], bool]) -> None:  # each frontend, when imported
     _gpu_probes[framework] = probe
 
 
 def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
-    """Horovod's ``gpu_available``: whether frontend ``ext_base_name`` ("torch", "tensorflow") sees a CUDA device
-    here; False for one this process has not imported (as for an extension Horovod cannot load)."""
+    """Whether frontend ``ext_base_name`` sees a CUDA device here; False for one not imported (Horovod's)."""
     probe = _gpu_probes.get("tensorflow" if ext_base_name == "keras" else ext_base_name)
     return bool(probe is not None and probe())
 

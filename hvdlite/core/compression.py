@@ -1,10 +1,7 @@
 """Gradient compression's one algorithm for every frontend: cast floating-point tensors for the wire and back.
 
-A frontend subclasses ``CastCompressor`` once with its framework's cast, then names the wire dtypes
-(``fp16``, ``bf16``). ``compress`` returns ``(wire tensor, ctx)``: ``ctx`` is the original dtype when the
-tensor was cast and None when it went as it was, so ``decompress`` casts back only what was cast.
-``AccumulatingCompressor`` (``bf16_fp32acc``...) casts nothing itself: it names an ``Accumulation`` that the
-allreduce hands to the engine, which sends the wire dtype and sums in float32 (core/engine/accumulate.py).
+A frontend subclasses ``CastCompressor`` with its framework's cast. ``AccumulatingCompressor`` (``bf16_fp32acc``...)
+casts nothing itself: the allreduce hands its ``Accumulation`` to the engine (core/engine/accumulate.py).
 """
 from __future__ import annotations
 
@@ -41,9 +38,8 @@ class NoneCompressor(Compressor):
 
 
 class CastCompressor(Compressor):
-    """Casts floating-point tensors to ``wire_dtype`` for the wire, and the result back to their dtype.
-
-    A frontend provides ``is_floating`` and ``cast`` for its framework's tensors (which have a ``dtype``)."""
+    """Casts floating-point tensors to ``wire_dtype`` for the wire, and the result back (``ctx``: the dtype it
+    had, None when it went as it was); a frontend provides ``is_floating`` and ``cast``."""
 
     wire_dtype: Any = None
 
@@ -68,9 +64,7 @@ class CastCompressor(Compressor):
 
 
 class AccumulatingCompressor(NoneCompressor):
-    """Half precision on the wire, float32 sums: the tensor goes to the allreduce as it is, with
-    ``accumulation``; the engine casts each floating-point contribution to the wire dtype once, sums in float32
-    in rank order and rounds the result once (to the wire dtype, or float32: ``Accumulation.gather``)."""
+    """Half precision on the wire, float32 sums: the tensor goes to the allreduce as it is, with ``accumulation``."""
 
     accumulation: Accumulation = Accumulation("bfloat16", "bfloat16")
 
@@ -79,8 +73,8 @@ _ACCUMULATING: dict[Accumulation, type[AccumulatingCompressor]] = {}
 
 
 def accumulating(wire: str, gather: Optional[str] = None) -> type[AccumulatingCompressor]:
-    """The accumulating compressor with ``wire`` ("bfloat16"/"float16") on the wire and the result all-gathered
-    in ``gather`` (the wire dtype by default, or "float32"); one class per pair, shared by both frontends."""
+    """The accumulating compressor of ``wire`` ("bfloat16"/"float16") and ``gather`` (default: the wire dtype, or
+    "float32"); one class per pair, shared by both frontends."""
     acc = Accumulation(wire, wire if gather is None else gather)
     if acc.wire not in HALF_DTYPES or acc.gather not in (acc.wire, "float32"):
         raise ValueError(f"accumulating compression: wire must be one of {', '.join(HALF_DTYPES)} and gather the "
@@ -101,8 +95,7 @@ def accumulation_of(compression: Any) -> Optional[Accumulation]:
 
 
 def check_sparse_compression(compression: Any, what: str, rank: int) -> None:
-    """Refuse a sparse gradient (``what`` names it) under an accumulating compression: sparse gradients are
-    allgathered as they are (Horovod's way), so the compression could not apply to them."""
+    """Refuse a sparse gradient (``what``) under an accumulating compression: sparse ones are allgathered."""
     if accumulation_of(compression) is not None:
         raise ValueError(f"rank {rank}: {what} is sparse, and sparse gradients are allgathered uncompressed; "
                          f"compression={getattr(compression, '__name__', compression)} sums dense tensors in "

@@ -9,7 +9,7 @@ import os
 import warnings
 from typing import Any, Mapping, MutableMapping
 
-from .log import logger
+from .log import LEVELS, logger
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
@@ -19,8 +19,6 @@ _INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY", "HVDLITE_E
                        "HVDLITE_ELASTIC_JOB", "HVDLITE_ELASTIC_RESTART", "HVDLITE_ELASTIC_GENERATION",
                        "HVDLITE_ELASTIC_SECRET", "HVDLITE_ELASTIC_MIN_NP"}
 
-#: Log levels Horovod accepts (any case); TRACE and FATAL map to hvdlite's TRACE and Python's CRITICAL.
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 #: Former settings, and what a user who sets one is told: an init() keyword raises TypeError with it, a
 #: variable is ignored with a warning (HOROVOD_GPU_<OP> is Horovod's build-time choice; it is often left set).
 REMOVED = {
@@ -174,8 +172,8 @@ class Config:
             if not (value > least if strict else value >= least):
                 raise ValueError(f"{name} must be {'>' if strict else '>='} {least}, got {value}")
         level = str(self.log_level).strip().upper()
-        if level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)} (any case), got {self.log_level!r}")
+        if level not in LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LEVELS)} (any case), got {self.log_level!r}")
         self.log_level = level
         for name, (words, empty) in _WORDS.items():
             given = getattr(self, name)

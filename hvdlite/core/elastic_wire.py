@@ -47,22 +47,20 @@ def base_dir(configured: str) -> Path:
 
 
 def job_dir(configured: str, job: str) -> Path:
-    """The directory of elastic run ``job`` on this host: ``<base dir>/hvdlite-elastic-<job>``; it holds one
-    ``<hostname>`` directory per host that wrote a commit into it."""
+    """``<base dir>/hvdlite-elastic-<job>``: one ``<hostname>`` directory per host that wrote a commit in it."""
     if not re.fullmatch(r"[0-9A-Za-z_-]+", job):
         raise ValueError(f"not an elastic run id: {job!r}")
     return base_dir(configured) / f"hvdlite-elastic-{job}"
 
 
 def remove_job(configured_dir: str, job: str) -> None:
-    """Delete every host's commit of elastic run ``job`` that this machine's file system holds (the driver,
-    when the run ends: a host that was blacklisted has no rank left to delete its own)."""
+    """Delete every host's commit of run ``job`` on this machine (the driver, when the run ends)."""
     shutil.rmtree(job_dir(configured_dir, job), ignore_errors=True)
 
 
 def remove_host(configured: str, job: str) -> None:
-    """Delete this host's commit of run ``job`` (``<job dir>/<hostname>``), then the run's directory if no
-    other host's copy is left in it (a file system the hosts share). Raises OSError for what cannot go."""
+    """Delete this host's commit of run ``job``, then the run's directory if no other host's copy is left in it
+    (a shared file system); OSError for what cannot go."""
     top = job_dir(configured, job)
     mine = top / socket.gethostname()
     if mine.exists() or mine.is_symlink():
@@ -77,8 +75,7 @@ def remove_host(configured: str, job: str) -> None:
 
 
 def remover_command(python: str, configured: str, job: str) -> list[str]:
-    """The command that runs :func:`remove_host` on the host it is started on (each argument one word: the
-    launchers pass them on unchanged, no shell reads them)."""
+    """The command that runs remove_host on the host it is started on (each argument one word, no shell)."""
     return [python, "-I", "-S", os.path.abspath(__file__), configured, job]
 
 

@@ -3,11 +3,7 @@ from __future__ import annotations
 
 
 class HvdliteError(RuntimeError):
-    """Base class of every error hvdlite raises from a collective or its runtime.
-
-    ``HorovodInternalError`` is an alias, so ``except hvd.HorovodInternalError`` in a
-    script migrated from Horovod keeps working.
-    """
+    """Base class of every error hvdlite raises from a collective or its runtime (alias: HorovodInternalError)."""
 
 
 class NotInitializedError(HvdliteError, ValueError):
@@ -19,8 +15,7 @@ class TensorMismatchError(HvdliteError, ValueError):
 
 
 class InvalidArgumentError(HvdliteError, ValueError):
-    """An argument of a collective cannot work (for example a root rank outside the process set); every
-    member of the set gets this error for the op (Horovod raises ValueError)."""
+    """An argument of a collective cannot work (a root rank outside the set): every member gets it."""
 
 
 class DuplicateNameError(HvdliteError, ValueError):
@@ -36,11 +31,9 @@ class StallError(HvdliteError):
 
 
 class ProcessFailedError(HvdliteError):
-    """A rank of the job died (killed, crashed, its host lost): raised on every survivor by every pending and
-    later collective, under an MPI with fault tolerance turned on (ULFM). ``ranks``: the lost ranks this rank
-    knew of when it failed; ``hosts``: their hosts; ``seen_at``: when this rank saw it (``time.time()``).
-    ``hvd.elastic.run`` recovers from it in the same process (see docs/elastic.md); elsewhere it ends the job
-    like any HorovodInternalError."""
+    """A rank of the job died: raised on every survivor by every pending and later collective under an MPI with
+    ULFM turned on (``ranks``/``hosts``: the lost ones known here; ``seen_at``: ``time.time()`` it was seen).
+    ``hvd.elastic.run`` recovers from it in the same process (docs/elastic.md)."""
 
     def __init__(self, message: str, ranks: tuple[int, ...] = (), hosts: tuple[str, ...] = (),
                  seen_at: float = 0.0) -> None:
@@ -51,11 +44,8 @@ class ProcessFailedError(HvdliteError):
 
 
 class ReplicaDivergenceError(HvdliteError):
-    """``check_replicas`` found a tensor that is not bit-identical on every rank (raised on every rank).
-
-    ``tensor``: the first differing tensor's name; ``ranks``: the ranks whose copy differs from the most
-    common one; ``max_abs_diff``: the largest absolute difference to it; ``tensors``: every differing name.
-    """
+    """``check_replicas`` found a tensor that is not bit-identical on every rank (raised on every rank):
+    ``tensor`` the first, ``ranks`` those that differ from the most common copy, by up to ``max_abs_diff``."""
 
     def __init__(self, message: str, tensor: str = "", ranks: tuple[int, ...] = (), max_abs_diff: float = float("nan"),
                  tensors: tuple[str, ...] = ()) -> None:
@@ -67,8 +57,7 @@ class ReplicaDivergenceError(HvdliteError):
 
 
 class LaunchError(HvdliteError):
-    """The job cannot be launched, or was launched in a way that cannot work: raised by ``hvd.init()`` (for
-    example srun without PMI) and by ``hvdlite-run`` (no usable mpiexec/mpirun/srun)."""
+    """The job cannot be launched, or was launched so that it cannot work (``hvd.init()``, ``hvdlite-run``)."""
 
 
 HorovodInternalError = HvdliteError

@@ -19,8 +19,8 @@ __all__ = ["Peer", "fence", "fence_command", "fence_elsewhere", "kill_if_same", 
 
 @dataclasses.dataclass(frozen=True)
 class Peer:
-    """Where one rank's process runs: its host, pid, and start time (clock ticks after boot, from /proc; 0
-    where unknown), which tells the process from a later one that got its pid."""
+    """Where one rank's process runs: host, pid, and start time (clock ticks after boot; 0 where unknown), which
+    tells the process from a later one that got its pid."""
 
     host: str
     pid: int
@@ -43,8 +43,8 @@ def _start_ticks(pid: int) -> int:
 
 
 def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str) -> list[int]:
-    """Kill (SIGKILL: a stopped process dies too) the processes of ``ranks`` that run on this host and are still
-    the processes that joined the job; return those ranks. Ranks on other hosts are left to survivors there."""
+    """SIGKILL the processes of ``ranks`` on this host that are still those that joined the job (a stopped one
+    dies too); return those ranks."""
     here = socket.gethostname()
     killed = []
     for rank in ranks:
@@ -58,27 +58,23 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str) -> l
     return killed
 
 
-#: Who ends silent ranks on other hosts, (ranks, peers, why): hvdlite-run's elastic driver, through the link a
-#: rank of an elastic run keeps to it (core/elastic/link.py sets it when it connects); None without a driver.
+#: Who ends silent ranks on other hosts: the elastic driver's link (core/elastic/link.py), None without one.
 _elsewhere: Optional[Callable[[Sequence[int], Sequence[Peer], str], None]] = None
 
 
 def set_elsewhere(ender: Optional[Callable[[Sequence[int], Sequence[Peer], str], None]]) -> None:
-    """Set who fence_elsewhere asks (None: no one, as after the driver link closes)."""
     global _elsewhere
     _elsewhere = ender
 
 
 def fence_elsewhere(ranks: Sequence[int], peers: Sequence[Peer], why: str) -> None:
-    """Have the processes of ``ranks`` that run on other hosts ended there, where someone can (the stall
-    inspector's verdict reaches only this host's: a rank alone on its host has no survivor beside it)."""
+    """Have the processes of ``ranks`` on other hosts ended there, where someone can."""
     if _elsewhere is not None:
         _elsewhere(ranks, peers, why)
 
 
 def kill_if_same(pid: int, started: int) -> bool:
-    """SIGKILL process ``pid`` of this host if it is still the one that started at ``started`` (clock ticks,
-    /proc); whether it was killed."""
+    """SIGKILL process ``pid`` if it is still the one that started at ``started``; whether it was killed."""
     if not started or _start_ticks(pid) != started:
         return False
     try:
@@ -89,8 +85,7 @@ def kill_if_same(pid: int, started: int) -> bool:
 
 
 def fence_command(python: str, pid: int, started: int) -> list[str]:
-    """The command that kills process ``pid`` (started at ``started``) on the host it is started on, through
-    whatever launcher starts it there (each argument one word; it imports only the standard library)."""
+    """The command that runs kill_if_same on the host it is started on (the standard library only)."""
     return [python, "-I", "-S", os.path.abspath(__file__), str(pid), str(started)]
 
 

@@ -44,9 +44,7 @@ __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "gradient_
 
 def check_gradient_options(op: Any, gradient_predivide_factor: float = 1.0,
                            backward_passes_per_step: int = 1) -> tuple[ReduceOp, int]:
-    """The reduce op and the number of backward passes per step of a distributed optimizer or tape, checked
-    by Horovod's rules: ``gradient_predivide_factor`` only with hvd.Average, ``backward_passes_per_step >= 1``.
-    """
+    """A distributed optimizer's or tape's reduce op and backward passes per step, checked by Horovod's rules."""
     reduce_op = resolve_op(op)
     if gradient_predivide_factor != 1.0 and reduce_op is not ReduceOp.AVERAGE:
         raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} is only supported with "
@@ -64,9 +62,8 @@ class Scales(NamedTuple):
 
 
 def gradient_scales(op: Any, gradient_predivide_factor: float = 1.0) -> Scales:
-    """The prescale and postscale of a distributed optimizer's or tape's gradient reductions: with hvd.Average,
-    ``gradient_predivide_factor`` splits the division by the set size into a division by the factor before
-    the sum and by ``size / factor`` after it (Horovod's rule); any other op is not scaled."""
+    """The scales of a distributed optimizer's or tape's gradient reductions: with hvd.Average, Horovod's
+    ``gradient_predivide_factor`` divides by the factor before the sum and by ``size / factor`` after it."""
     factor = float(gradient_predivide_factor)
     if resolve_op(op) is ReduceOp.AVERAGE and factor != 1.0:
         return Scales(1.0 / factor, factor)
@@ -78,10 +75,8 @@ _mixed_lock = threading.Lock()
 
 
 def mixin_class(mixin: type, base: type, **attributes: Any) -> type:
-    """``type(base.__name__, (mixin, base), ...)``: a subclass of the user's class ``base`` with ``mixin``'s
-    methods in front, named, placed and documented like ``base`` (so ``isinstance(obj, base)`` holds and its
-    repr is unchanged); its ``_hvd_base`` is ``base``. Built once per (mixin, base) when ``attributes`` is
-    empty; ``attributes`` (extra class attributes) make a new class each call."""
+    """A subclass of the user's class ``base`` with ``mixin``'s methods in front, named and documented like
+    ``base``, its ``_hvd_base``; built once per pair, or each call with extra class ``attributes``."""
     def build() -> type:
         namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__,
                      "_hvd_base": base, **attributes}
@@ -133,10 +128,8 @@ def plane_lacking(name: str) -> list[int]:
 def submit_allreduce(name: Optional[str], inputs: tuple[Any, ...], dtypes: tuple[str, ...], layout: tuple[Any, ...],
                      outputs: tuple[Any, ...], op: ReduceOp, prescale: float, postscale: float, value: Any = UNSET,
                      held: Any = None) -> Handle:
-    """An allreduce on the global set of arrays a frontend prepared (C-contiguous, storage dtype; ``layout`` from
-    tensor_layout) into ``outputs`` (``inputs`` for in place; None entries made by the engine), whose handle
-    returns ``value`` and keeps ``held`` alive (the tensor ``inputs`` view): the one submit, whose memo makes a
-    warm name (or the next unnamed op of the same layout) a tuple comparison and one object."""
+    """An allreduce on the global set of arrays a frontend prepared (see submission.submit; ``layout`` from
+    tensor_layout, ``outputs`` the inputs for in place) whose handle returns ``value`` and keeps ``held``."""
     return submit(state(), Kind.ALLREDUCE, name, 0, inputs, dtypes, layout, outputs, op, prescale, postscale, 0, None,
                   value, held)
 

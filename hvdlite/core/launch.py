@@ -1,21 +1,8 @@
 """The documented interface between the core and the launcher (``hvdlite.run``): what the launcher may use.
 
-Every other core module is private to the core (``tests/test_layering.py`` checks this).
-
-- ``Config``, ``environ()``, ``getenv(name)``: the settings and the HVDLITE_/HOROVOD_ environment they read.
-- ``launcher_rank()``: this process's rank and the job's size as its launcher announced them.
-- ``int_or_none(text)``: an integer environment value, or None when unset or not a number.
-- ``library_family(text)``, ``launcher_mismatch(library, family, launcher)``: which MPI a library text
-  names, and why (with the fix) its ranks cannot run under a launcher of another MPI.
-- ``probe_mpi_library()``: the MPI library mpi4py loads (text, version), without initializing MPI.
-- ``probe_ulfm()``: whether that library can recover from a lost rank in-process (ULFM), and why.
-- ``logger``: the rank-prefixed ``hvdlite`` logger.
-- the build flags (``mpi_built()``, ``nccl_built()``, ...) and ``LaunchError``.
-- for the elastic driver: the variables it sets in the ranks (``DRIVER_VARIABLE``, ``JOB_VARIABLE``,
-  ``RESTART_VARIABLE``, ``GENERATION_VARIABLE``, ``SECRET_VARIABLE``), ``signature()`` (how a rank signs its
-  messages), ``remove_job()`` (delete a run's commits on this machine), ``job_dir()`` (a run's commit
-  directory) and ``remover_command()`` (the command that deletes one host's commit, run on that host);
-  ``fence_command()`` and ``kill_if_same()`` (end a lost rank's process that is still there, on its host).
+Every other core module is private to the core (``tests/test_layering.py`` checks this). ``__all__`` lists
+the names: the settings and the environment they read, the launcher's view of a rank and of the MPI library, the
+build flags, and for the elastic driver what it shares with its ranks (core/elastic_wire.py) and fencing.
 """
 from __future__ import annotations
 

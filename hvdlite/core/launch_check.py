@@ -17,13 +17,9 @@ _LAUNCHER_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 
 
 def expected_world_size() -> tuple[Optional[int], str]:
-    """How many ranks the launcher says it started, and which variable says so (None, "" if unknown).
-
-    A process manager's own variable wins. Slurm's task count is used only for a direct task of an srun
-    step: inside ``sbatch``, ranks started by mpiexec/mpirun see SLURM_* variables of a different step (the
-    batch script, or the step hydra/prterun used to start one daemon per node), so those say nothing
-    about the MPI job.
-    """
+    """How many ranks the launcher says it started, and which variable says so (None, "" if unknown). Slurm's
+    task count counts only for a direct task of an srun step: ranks that mpiexec started inside ``sbatch`` see
+    the SLURM_* variables of another step."""
     for name in _LAUNCHER_SIZE_VARIABLES:
         value = int_or_none(getenv(name))
         if value is not None:
@@ -74,8 +70,8 @@ def launcher_mismatch(library: str, launcher_family: str, launcher: str) -> str:
 
 
 def check_launcher_before_init(library: str) -> None:
-    """Before MPI_Init: raise LaunchError when Open MPI's launcher started this process but mpi4py loads
-    MPICH (whose MPI_Init would die inside MPICH before hvdlite could say why)."""
+    """Before MPI_Init: LaunchError when Open MPI's launcher started this process but mpi4py loads MPICH (whose
+    MPI_Init would die before hvdlite could say why)."""
     if not launched_by_open_mpi():
         return
     first = " ".join(library.strip().splitlines()[0].split()) if library.strip() else ""
@@ -91,8 +87,7 @@ def launched_by_open_mpi() -> bool:
 
 
 def launcher_rank() -> tuple[Optional[int], Optional[int]]:
-    """This process's rank and the job's size as its launcher announced them, before MPI starts
-    (hydra/srun PMI, Open MPI, PMIx, a Slurm task); (None, None) outside a launched job."""
+    """This process's rank and the job's size as its launcher announced them; (None, None) outside a job."""
     for rank_name, size_name in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
                                  ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
         rank = int_or_none(getenv(rank_name))
@@ -102,11 +97,8 @@ def launcher_rank() -> tuple[Optional[int], Optional[int]]:
 
 
 def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
-    """Raise LaunchError when the launcher started several ranks but MPI came up with size 1 in each.
-
-    ``mpi_size`` is the size of MPI_COMM_WORLD; ``mpi_library`` (MPI_Get_library_version's text, asked
-    through core.engine.mpi when not given) makes the suggested fix specific.
-    """
+    """LaunchError when the launcher started several ranks but MPI_COMM_WORLD has size 1 in each; ``mpi_library``
+    (MPI_Get_library_version's text, asked when not given) makes the suggested fix specific."""
     if mpi_size != 1:
         return
     expected, source = expected_world_size()
@@ -155,10 +147,9 @@ def int_or_none(text: Optional[str]) -> Optional[int]:
 
 @contextlib.contextmanager
 def openmpi_iallreduce(number: int, mpi_started: bool) -> Iterator[Optional[str]]:
-    """While MPI starts: OPENMPI_IALLREDUCE_VARIABLE set to ``number`` (config.openmpi_iallreduce_algorithm's; 0:
-    Open MPI's own choice) where it is unset (MPI_Init reads it; a value set already wins), then taken out again,
-    so that child processes do not take hvdlite's default for the user's. Yields the value MPI starts with ("":
-    unset), or None where MPI is up already (nothing changes then)."""
+    """While MPI starts: OPENMPI_IALLREDUCE_VARIABLE set to ``number`` (0: Open MPI's own choice) unless set
+    already, then taken out again, so that child processes do not take hvdlite's default for the user's.
+    Yields the value MPI starts with ("": unset), or None where MPI is up already."""
     if mpi_started:
         yield None
         return
@@ -174,8 +165,8 @@ def openmpi_iallreduce(number: int, mpi_started: bool) -> Iterator[Optional[str]
 
 
 def check_same_iallreduce(world: Any, library: str, mine: Optional[str]) -> None:
-    """Under Open MPI every rank's non-blocking allreduce must use one algorithm, else the ranks' messages do not
-    match: a clear error on every rank instead of a hang (``mine``: what openmpi_iallreduce yielded here)."""
+    """Under Open MPI every rank's iallreduce must use one algorithm, else their messages do not match: an error
+    on every rank instead of a hang (``mine``: what openmpi_iallreduce yielded here)."""
     if not library.startswith("Open MPI"):
         return
     seen = world.allgather(mine)

@@ -30,7 +30,7 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
 #: Horovod's level names and the logging level each one means.
-_LEVELS = {"TRACE": TRACE, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING,
+LEVELS = {"TRACE": TRACE, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING,
            "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
 _FORMAT = "[hvdlite rank %(hvd_rank)s] %(levelname)s: %(message)s"
 
@@ -50,17 +50,9 @@ def set_rank(rank: int | str) -> None:
     _rank_label = str(rank)
 
 
-def level_number(name: str) -> int:
-    """The logging level of a Horovod level name (TRACE, DEBUG, INFO, WARNING, ERROR, FATAL; any case)."""
-    key = name.strip().upper()
-    if key not in _LEVELS:
-        raise ValueError(f"unknown log level {name!r}; use one of {', '.join(_LEVELS)}")
-    return _LEVELS[key]
-
-
 def set_level(level: str) -> None:
-    """Set the logger's level from a Horovod level name such as ``"info"`` or ``"TRACE"``."""
-    logger.setLevel(level_number(level))
+    """Set the logger's level from one of Horovod's level names (LEVELS; Config checked it)."""
+    logger.setLevel(LEVELS[level])
 
 
 def set_timestamps(show: bool) -> None:

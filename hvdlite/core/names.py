@@ -14,25 +14,18 @@ MOVE_WINDOW_S = 30.0
 
 
 class Names:
-    """The counters behind generated names; a fresh set per init() (State owns one).
-
-    A stall verdict (or an op refused because ranks have joined) is a job-wide event every rank learns of
-    (``learn()``, from the engine thread): a rank that raised before it generated a name the others
-    submitted, or generated one the others never did, or had joined, skips past every name the verdict
-    failed, so the ranks' next generated names agree again.
-    """
+    """The counters behind generated names; a fresh set per init(). After a stall verdict (or an op refused
+    because ranks joined), which every rank learns of (learn()), each rank skips past the names it failed, so
+    the ranks' next generated names agree again."""
 
     def __init__(self) -> None:
         self._next: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
-        #: (kind, set) -> ([(first, end), ...], until): for each verdict in turn, the names first..end-1 that
-        #: this rank had made before it read the verdict that failed ``first`` move one on; until ``until``
-        #: (time.monotonic()). See learn().
+        #: (kind, set) -> ([(first, end), ...], until): per verdict, names first..end-1 move one on (learn())
         self._moves: dict[tuple[str, int], tuple[list[tuple[int, int]], float]] = {}
         self.moving = False  # whether any move is pending: the engine looks at submissions only then
 
     def name(self, kind: str, given: Optional[str], ps_id: int = 0) -> str:
-        """The caller's name, or ``<kind>[.ps<id>].noname.<n>`` numbered per kind and process set."""
         if given is not None:
             return str(given)
         key = (kind, ps_id)
@@ -43,10 +36,8 @@ class Names:
         return f"{kind}{scope}.noname.{n}"
 
     def give_back(self, name: str, ps_id: int = 0) -> None:
-        """A call refused on this rank before it submitted ``name`` (a wrong argument, a bad root) did not use
-        it: if it is the last generated name of its kind and set, the next call gets it again. So a refused
-        call consumes no name, whether it comes before or after a stall verdict that named the op it stood
-        for (the verdict alone moves this rank past that name)."""
+        """A call refused before it submitted ``name`` consumes no name: if it is the last generated one of its
+        kind and set, the next call gets it again."""
         found = _GENERATED.match(name)
         if found is None or int(found["ps"] or 0) != ps_id:
             return
@@ -56,13 +47,10 @@ class Names:
                 self._next[key] = int(found["n"])
 
     def learn(self, failed_name: str, ps_id: int, submitted_here: bool = True) -> None:
-        """A stall verdict failed ``failed_name`` in process set ``ps_id`` on every rank: if it is a generated
-        name, this rank's next name of that kind and set comes after it.
-
-        A rank that never submitted it (it raised instead) may already have made that name, and later ones,
-        for its next ops before its engine read the verdict (the others went on at once): those ops are the
-        others' next ones, which come after the failed name, so each of those names moves one on (moved(),
-        when the engine takes the op) and the count goes on after them."""
+        """A stall verdict failed generated name ``failed_name`` on every rank: this rank's next name of that kind
+        and set comes after it. A rank that never submitted it may have made that name and later ones before its
+        engine read the verdict: those ops are the others' next ones, so each of those names moves one on
+        (moved(), when the engine takes the op)."""
         found = _GENERATED.match(failed_name)
         if found is None or int(found["ps"] or 0) != ps_id:
             return
@@ -79,15 +67,12 @@ class Names:
 
     @staticmethod
     def single_use(name: str) -> bool:
-        """Whether ``name`` has the form of a generated one, ``<kind>[.ps<id>].noname.<n>``: each such name stands
-        for one call, so the response cache gains nothing by keeping it (and would evict names that come back).
-        A pure function of the agreed name: every rank answers alike."""
+        """Whether ``name`` is a generated one: it stands for one call, so the response cache does not keep it."""
         kind, generated, n = name.rpartition(".noname.")  # (no regular expression: 1,000 names a round)
         return bool(generated and kind) and n.isascii() and n.isdigit()
 
     def moved(self, name: str, ps_id: int) -> Optional[str]:
-        """The name an op this rank submitted as ``name`` has after a verdict it had not read yet (learn()),
-        or None when it keeps its name."""
+        """The name of an op submitted as ``name`` before a verdict this rank had not read (learn()); None: kept."""
         with self._lock:
             now = time.monotonic()
             for key in [key for key, (_, until) in self._moves.items() if until < now]:

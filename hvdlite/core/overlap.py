@@ -16,12 +16,8 @@ __all__ = ["local_overlap_verdict", "gradient_overlap"]
 
 
 def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
-    """This rank's own view of gradient_overlap=auto (see gradient_overlap(), which agrees on it).
-
-    ``compute_threads`` is how many CPU threads this rank's backward pass uses, or None when it runs
-    on an accelerator (the CPU then has time for the engine). "auto" overlaps when every rank on the
-    node can have a core for its engine besides its compute threads.
-    """
+    """This rank's own view: "auto" overlaps when every rank on the node has a core for its engine besides its
+    ``compute_threads`` (None: backward runs on an accelerator)."""
     current = state()
     setting = current.config.gradient_overlap
     if setting != "auto":
@@ -33,9 +29,8 @@ def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
 
 
 def gradient_overlap(compute_threads: Optional[int], process_set: Optional[ProcessSet] = None) -> bool:
-    """Whether a frontend starts gradient reductions during backward (see Config.gradient_overlap),
-    decided once for the process set: every member calls this (when building its optimizer), and the
-    set overlaps only if every member's own view says so, so all issue the same sequence of collectives."""
+    """Whether a frontend starts gradient reductions during backward: every member calls this, and the set
+    overlaps only if every member's view says so (so all issue the same collectives)."""
     current = state()
     verdict = local_overlap_verdict(compute_threads)
     if current.config.gradient_overlap != "auto":

@@ -36,8 +36,8 @@ class Recovery:
 
 
 def lost_rank(exc: BaseException) -> Optional[ProcessFailedError]:
-    """The lost-rank error behind ``exc``: itself, or, when a framework wrapped it (TensorFlow turns an
-    exception inside a ``tf.numpy_function`` into its own UnknownError), the error the engine ended with."""
+    """The lost-rank error behind ``exc``: itself, or the error the engine ended with (TensorFlow turns an
+    exception inside a ``tf.numpy_function`` into its own UnknownError)."""
     if isinstance(exc, ProcessFailedError):
         return exc
     if runtime.is_initialized():
@@ -48,8 +48,7 @@ def lost_rank(exc: BaseException) -> Optional[ProcessFailedError]:
 
 
 def can_recover(error: BaseException) -> bool:
-    """Whether ``error`` is a lost rank this job can recover from in the same processes: the runtime runs
-    on an MPI with ULFM turned on (mpiexec --with-ft ulfm) and the elastic mode allows it."""
+    """Whether ``error`` is a lost rank this job can recover from in-process (ULFM on, elastic_mode allows it)."""
     if not isinstance(error, ProcessFailedError) or not runtime.is_initialized():
         return False
     state = runtime.state()
@@ -57,13 +56,9 @@ def can_recover(error: BaseException) -> bool:
 
 
 def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
-    """Collective over the survivors (every one calls it after its collectives failed with
-    ProcessFailedError): revoke and shrink the job's communicator, agree on who is left, and rebuild the
-    runtime on the survivors: rank, size, local and cross ranks, the engine with a fresh response cache,
-    generated names and autotune, the data planes (re-created by their factories), and the registered
-    process sets, each rebuilt from its surviving members in registration order. A set that lost every
-    member is unregistered (its ``process_set_id`` becomes None: using it raises "not registered").
-    ``error``: the failure being recovered from (its time is logged)."""
+    """Collective over the survivors after their collectives failed with ``error``: shrink the job's
+    communicator and build a new State on the survivors (topology, engine, names, data planes), then register
+    the process sets again on their surviving members; a set that lost every member is unregistered."""
     started = time.monotonic()
     with runtime._lock:
         old = runtime.state()
@@ -101,8 +96,8 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
 
 
 def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], state: "runtime.State") -> None:
-    """Register again, in the old order, every process set of the job before, on its surviving members
-    (renumbered); the ProcessSet objects the program holds stay valid. Collective on every survivor."""
+    """Register every process set again, in the old order, on its surviving members (the program's ProcessSet
+    objects stay valid). Collective on every survivor."""
     new_rank_of = {old: new for new, old in enumerate(old_ranks)}
     for ps_id in sorted(sets):
         ps = sets[ps_id]
@@ -127,8 +122,8 @@ def _as_global(ps: ProcessSet, state: "runtime.State") -> None:
 
 
 def _guard_finalize() -> None:
-    """Once a process has recovered, it ends MPI itself at exit, within FINALIZE_TIMEOUT_S (_finalize_at_exit).
-    Registered after init()'s exit hook, so it runs before it (atexit runs the last registered first)."""
+    """Once a process has recovered, it ends MPI itself at exit (registered after init()'s exit hook, so it runs
+    first)."""
     global _finalize_guarded
     if not _finalize_guarded:
         atexit.register(_finalize_at_exit, FINALIZE_TIMEOUT_S)
@@ -136,12 +131,10 @@ def _guard_finalize() -> None:
 
 
 def _finalize_at_exit(timeout_s: float) -> None:
-    """At the exit of a process that recovered from a lost rank: shut hvdlite down and end MPI, waiting at most
-    ``timeout_s`` for MPI_Finalize. Open MPI 5.0's MPI_Finalize ends with a PMIx fence over every process the
-    job started, the dead ones included, and on this machine that fence sometimes never completed (the
-    survivors spun in it for minutes after their last output); ``--mca async_mpi_finalize true``, which
-    hvdlite-run passes in in-process mode, skips it. Past the limit this process says so and exits without
-    MPI_Finalize: status 1 if the program ended with an uncaught exception, else 0."""
+    """At the exit of a process that recovered: shut down and end MPI within ``timeout_s``, else exit without
+    MPI_Finalize (status 1 after an uncaught exception). Open MPI 5.0's MPI_Finalize ends with a PMIx fence over
+    every process the job started, the dead included, which sometimes never completed here (hvdlite-run's
+    in-process mode passes ``--mca async_mpi_finalize true``, which skips it)."""
     try:
         runtime.shutdown()
     except Exception:  # noqa: BLE001 - never keep the process from ending

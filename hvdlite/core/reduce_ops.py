@@ -44,7 +44,7 @@ ADASUM_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
-    """Turn ``op=`` (or Horovod's deprecated ``average=``) into a ReduceOp."""
+    """``op=`` (or Horovod's deprecated ``average=``) as a ReduceOp."""
     if average is not None:
         if op is not None:
             raise ValueError("pass either op= or the deprecated average=, not both")
@@ -129,11 +129,9 @@ def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: boo
 
 
 class Accumulation(NamedTuple):
-    """bf16/fp16 on the wire, sums in float32: how an allreduce with an accumulating compression reduces its
-    floating-point tensors (engine/accumulate.py). Each rank casts its contribution to ``wire`` once; the
-    rank owning a slice adds every rank's contribution to it in float32, in rank order, scales it, and rounds
-    it once to ``gather``, the dtype the slices are all-gathered in (``wire``, or "float32" for the exact
-    float32 result at twice the gather's bytes). Integer and bool tensors of the same op reduce as always."""
+    """bf16/fp16 on the wire, sums in float32 (engine/accumulate.py): each rank casts its floating-point
+    contributions to ``wire`` once; a slice's owner sums them in float32, in rank order, and rounds the result
+    once to ``gather``, the dtype the slices are all-gathered in (``wire``, or "float32")."""
 
     wire: str  # "bfloat16" or "float16"
     gather: str  # the wire dtype, or "float32"
@@ -176,15 +174,10 @@ PASSED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64"
 
 
 class Scale(float):
-    """The postscale factor of an Average: ``float(Scale(f, n)) == f / n`` (one double division, the factor
-    Horovod multiplies by), remembering the set size ``n`` so that a plain Average of integers (``f == 1``)
-    can divide exactly.
-
-    Horovod multiplies an integer sum ``s`` by ``double(1 / n)`` and truncates, which turns an exact quotient
-    into the integer below wherever the double product rounds under it (``49 * (1/49)`` gives 0); hvdlite
-    divides instead, ``trunc(s / n)``. Both agree wherever Horovod's product is the true quotient rounded, at
-    every size Horovod's tests run (2, 3, 4: ``k * n * (1/n)`` rounds back to ``k``).
-    """
+    """The postscale factor of an Average: ``float(Scale(f, n)) == f / n`` (the factor Horovod multiplies by),
+    remembering ``n`` so that a plain Average of integers divides exactly: Horovod's ``trunc(s * (1/n))`` turns
+    an exact quotient into the integer below where the product rounds under it (``49 * (1/49)`` gives 0);
+    ``trunc(s / n)`` agrees with it at every size Horovod's tests run."""
 
     factor: float
     divisor: int
@@ -197,22 +190,19 @@ class Scale(float):
 
 
 def average_scale(postscale: float, nranks: int) -> Scale:
-    """The postscale factor of an Average over ``nranks`` ranks: the user's factor, then / nranks (in double,
-    as Horovod divides its postscale factor by the set size)."""
+    """The postscale factor of an Average over ``nranks`` ranks (the user's factor / nranks, as Horovod)."""
     return Scale(postscale, nranks)
 
 
 def exact_divisor(factor: float) -> int:
-    """The divisor an integer scaling divides by exactly: Average's set size when the user gave no postscale
-    factor, else 1 (then integers are multiplied by the double factor, as Horovod does)."""
+    """The divisor of a plain Average (no user postscale factor), else 1 (then integers are multiplied)."""
     if isinstance(factor, Scale) and factor.factor == 1.0:
         return factor.divisor
     return 1
 
 
 def _scale_int(dst: np.ndarray, src: np.ndarray, factor: float) -> None:
-    """``dst[...] = trunc(double(src) * factor)`` (a C cast, as Horovod's ScaleBuffer), or for a plain
-    Average ``trunc(double(src) / n)``."""
+    """``dst[...] = trunc(double(src) * factor)`` (Horovod's ScaleBuffer), or ``trunc(double(src) / n)``."""
     wide = src.astype(np.float64)
     divisor = exact_divisor(factor)
     if divisor != 1:
@@ -223,11 +213,9 @@ def _scale_int(dst: np.ndarray, src: np.ndarray, factor: float) -> None:
 
 
 def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
-    """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place, as Horovod's CPU ScaleBuffer
-    rounds it: float32 and float16 by the factor rounded to float32, in float32 (float16 rounded back once);
-    float64 by the double factor; integers in float64, truncated toward zero; bfloat16 (which Horovod's CPU
-    ops do not scale) as float16. A plain Average (no user factor, see Scale) divides by the set size
-    instead, correctly rounded: what Horovod's own tests expect of it (``t / size``, exact at <= 3 ranks)."""
+    """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place, rounded as Horovod's CPU
+    ScaleBuffer: float16/32 by the float32 factor in float32, float64 in double, integers in float64 truncated;
+    a plain Average (see Scale) divides by the set size instead, as Horovod's own tests expect (``t / size``)."""
     if factor == 1.0:
         return
     scaled_copy(values, values, dtype, factor)

@@ -6,7 +6,6 @@ import itertools
 import threading
 from typing import Any, Optional, Sequence
 
-
 from . import log, pset_plans
 from .abort import install_excepthook
 from .affinity import core_sharing
@@ -73,8 +72,7 @@ class State:
                              fence=self.fence_silent if self.fault_tolerant else None)
 
     def fence_silent(self, ranks: list[int]) -> list[int]:
-        """The stall inspector's verdict in a fault-tolerant job: kill these ranks' processes on this host, and
-        have those on other hosts ended there (by hvdlite-run's elastic driver, when it runs the job)."""
+        """The stall inspector's verdict in a fault-tolerant job: end these ranks' processes, here and elsewhere."""
         why = (f"answered no probes for {self.config.stall_shutdown_time_seconds:g} s (stall_shutdown_time_seconds; "
                f"stopped or wedged)")
         killed = fence(ranks, self.peers, why, "so that MPI sees it as failed and the survivors recover without it")
@@ -82,8 +80,8 @@ class State:
         return killed
 
     def abandon(self) -> None:
-        """Leave this state after a lost rank: the engine has ended, its communicators are revoked (freeing
-        them would be a collective with the dead), so only the local parts are released."""
+        """Leave this state after a lost rank: only the local parts are released (freeing the revoked
+        communicators would be a collective with the dead)."""
         self.engine.stop(timeout=5.0)
         self.timeline.stop()
         self.planes.close(clean=False)
@@ -139,12 +137,10 @@ _atexit_registered = False
 def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = None, **settings: Any) -> None:
     """Start hvdlite: bring up MPI, work out the topology and start the engine thread.
 
-    ``comm`` may be an mpi4py communicator or a list of ranks of MPI_COMM_WORLD; ``process_sets``
-    registers ProcessSets at once; other keywords override settings (see ``Config``).
-    Calling init() again while initialized does nothing, unless the engine has ended with an error (a
-    job-wide error ends it on every rank): then every rank's init() starts a fresh engine; or unless the
-    last init()'s ``process_sets`` were refused on this rank, or this call passes ``process_sets``: then
-    this call registers its list (collective: every rank calls it; see _register_init_sets).
+    ``comm``: an mpi4py communicator or a list of ranks of MPI_COMM_WORLD; ``process_sets``: ProcessSets to
+    register; other keywords override settings (``Config``). Calling init() again does nothing, unless the
+    engine ended with an error (which ends it on every rank): then it starts afresh; a call with
+    ``process_sets`` (or after the last list was refused) registers its list, on every rank.
     """
     global _state
     if isinstance(process_sets, str):
@@ -202,9 +198,8 @@ def _start(comm: Any, settings: dict[str, Any]) -> State:
 
 
 def _register_init_sets(state: State, process_sets: Optional[Sequence[ProcessSet]]) -> None:
-    """Register init()'s process sets as Horovod does (collective on every rank): each entry gets its id, and
-    a rank with a duplicate entry raises ValueError, the others registered; hvdlite stays initialized, and
-    the next init() with a list registers that list (on every rank, as this one)."""
+    """Register init()'s process sets as Horovod does (collective): a rank with a duplicate entry raises
+    ValueError, the others registered, and hvdlite stays initialized for the next init() to pass a list."""
     state.init_sets = None
     sets = list(process_sets or ())
     state.init_sets = state.register_sets(sets, set(), True) if sets else []
@@ -227,14 +222,12 @@ def _shutdown_at_exit() -> None:
 
 
 def generation() -> int:
-    """A number that changes with every init(): per-tensor work a frontend caches (views, the data plane)
-    depends on the job's settings and is valid only within one."""
+    """A number that changes with every init(): what a frontend caches per tensor is valid within one."""
     current = _state
     return (current if current is not None else state()).generation  # state() raises: not initialized
 
 
 def state() -> State:
-    """The live runtime state, or an error that says to call init() first."""
     current = _state
     if current is None:
         raise NotInitializedError("hvdlite is not initialized: call hvd.init() first (after a shutdown(), "

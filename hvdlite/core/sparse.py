@@ -15,8 +15,7 @@ __all__ = ["check_sparse", "sparse_allgather_async"]
 
 def check_sparse(op: Any, name: Optional[str], prescale_factor: float = 1.0,
                  postscale_factor: float = 1.0) -> ReduceOp:
-    """The ops a sparse (indices, values) reduction accepts: Sum and Average, without scale factors. Anything
-    else raises NotImplementedError, as Horovod does, in both frontends."""
+    """The op of a sparse (indices, values) reduction: Sum or Average, unscaled; else NotImplementedError."""
     reduce_op = resolve_op(op)
     if reduce_op is ReduceOp.ADASUM:
         raise NotImplementedError(f"sparse allreduce {name!r}: hvd.Adasum does not support sparse tensors; "
@@ -34,9 +33,8 @@ def check_sparse(op: Any, name: Optional[str], prescale_factor: float = 1.0,
 def sparse_allgather_async(indices: np.ndarray, values: np.ndarray, op: Any, name: Optional[str] = None,
                            process_set: ProcessSet = global_process_set,
                            values_dtype_hint: Optional[str] = None) -> Handle:
-    """Combine sparse gradients (rows ``indices`` with ``values``) across ranks, as Horovod does: gather
-    every rank's rows (duplicates are summed by whoever densifies them); Average divides the values by the
-    set's size. The handle's result is ``(indices, values)``."""
+    """Gather every rank's sparse rows (duplicates are summed by whoever densifies them), as Horovod does;
+    Average divides the values by the set's size. The result is ``(indices, values)``."""
     reduce_op = check_sparse(op, name)
     handle = grouped_allgather_async([indices, values], name, process_set,
                                      dtype_hints=[None, values_dtype_hint])

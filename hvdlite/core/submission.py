@@ -18,8 +18,8 @@ MEMO_LIMIT = 1 << 16  # names (and unnamed layouts) remembered per job; past it 
 
 
 def layout_of(inputs: Sequence[Any], dtypes: Sequence[str], rows: bool = False) -> tuple[Any, ...]:
-    """The signature's tensors, ``((dtype, shape), ...)``; with ``rows`` (allgather, alltoall) the shapes beyond
-    the first dimension, which may differ per rank. One tensor's is shared (engine/requests.tensor_layout)."""
+    """The signature's ``((dtype, shape), ...)``; with ``rows`` (allgather, alltoall) the shapes past the first
+    dimension, which may differ per rank."""
     if len(inputs) == 1:
         return tensor_layout(dtypes[0], tuple(inputs[0].shape[1:] if rows else inputs[0].shape))
     return tuple([(d, tuple(a.shape[1:] if rows else a.shape)) for a, d in zip(inputs, dtypes)])
@@ -30,12 +30,11 @@ def submit(st: State, kind: Kind, name: Optional[str], ps_id: int, inputs: Seque
            postscale: float = 1.0, root: int = 0, extra: Any = None, value: Any = UNSET, held: Any = None,
            finalize: Optional[Callable[[Any], Any]] = None, splits: Optional[np.ndarray] = None,
            generated: bool = False) -> Request:
-    """Hand one request to ``st``'s engine and return it (it is the caller's handle): every collective of every
-    frontend. ``name`` None: a generated one (given back if this call fails); ``generated``: the caller generated
-    ``name``. The checks and signature are worked out once per name (per kind for generated names) and reused
-    while the arguments that make the signature compare equal: a steady-state submission compares one tuple and
-    builds one object. ``inputs`` are C-contiguous in their storage dtype (or PlaneBuffers); an output None is
-    made by the engine; ``value`` is what the handle returns (Handle.returning), ``held`` what it keeps alive."""
+    """Hand one request to ``st``'s engine and return it (the caller's handle): every collective of every
+    frontend. ``name`` None: a generated one; ``generated``: the caller generated ``name``. Checks and signature
+    are worked out once per name (per kind for generated names) and reused while the arguments compare equal.
+    ``inputs``: C-contiguous storage (or PlaneBuffers); an output None is made by the engine; ``value``: what
+    the handle returns, ``held``: what it keeps alive."""
     if name is None:
         name, generated = st.names.name(kind.label, None, ps_id), True
     try:

@@ -1,16 +1,10 @@
 """The rank's side of the connection to the elastic driver (hvdlite-run): hello, host-change queries, reports.
 
-hvdlite-run, when it drives an elastic job, listens on a TCP port and tells every rank where with
-``HVDLITE_ELASTIC_DRIVER=host:port``. Each rank keeps one connection open for its whole life: when the
-rank dies (even by SIGKILL) the kernel closes it, which is how the driver learns which rank and host
-failed first. Messages are JSON objects, one per line.
-
-Authentication: the driver makes a secret for each job and hands it to the processes it starts in their
-environment (``HVDLITE_ELASTIC_SECRET``: never on a command line, never printed or written to a file). On
-each connection the driver first sends a fresh nonce; every message of the rank then carries a sequence
-number and an HMAC-SHA256 of (nonce, the message) under the secret (:func:`signature`). The driver refuses
-and logs anything else, so neither a process without the secret nor a replayed message can register a
-rank or report a failure.
+Each rank keeps one TCP connection (``HVDLITE_ELASTIC_DRIVER=host:port``) open for its whole life: when the rank
+dies, even by SIGKILL, the kernel closes it, which tells the driver which rank failed first. Messages are JSON
+lines, each with a sequence number and an HMAC-SHA256 of (the driver's nonce for this connection, the message)
+under the job's secret (``HVDLITE_ELASTIC_SECRET``, only ever in the environment): the driver refuses anything
+else, so neither a process without the secret nor a replayed message can register a rank or report a failure.
 """
 from __future__ import annotations
 
@@ -27,7 +21,6 @@ from ..fencing import Peer, set_elsewhere
 from ..log import logger
 
 CONNECT_TIMEOUT_S = 30.0
-
 
 
 class DriverLink:
@@ -91,9 +84,8 @@ class DriverLink:
             return True
 
     def ask_to_end(self, ranks: Sequence[int], peers: Sequence[Peer], why: str) -> None:
-        """The stall inspector's verdict on ``ranks`` (fencing.fence_elsewhere: this rank can end only its own
-        host's): ask the driver to end their processes on their hosts, as it does for ranks the
-        survivors declared lost (a rank alone on its host has no survivor there to end it)."""
+        """The stall inspector's verdict on ``ranks`` (fencing.fence_elsewhere): ask the driver to end those on
+        other hosts (a rank alone on its host has no survivor there to end it)."""
         here = socket.gethostname()
         elsewhere = [rank for rank in ranks if peers[rank].host != here and peers[rank].started]
         if not elsewhere:
@@ -104,7 +96,7 @@ class DriverLink:
                            elsewhere, ", ".join(sorted({peers[r].host for r in elsewhere})), why)
 
     def current_generation(self) -> int:
-        """The driver's host generation: it goes up each time the usable hosts change."""
+        """The driver's host generation (it goes up each time the usable hosts change)."""
         if self._sock is None:
             return 0
         self.send(op="generation")

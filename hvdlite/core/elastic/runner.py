@@ -18,15 +18,10 @@ RESIZE_EXIT_CODE = 75
 
 
 def run(func: F) -> F:
-    """Decorate ``func(state, *args, **kwargs)`` for elastic training (Horovod's ``hvd.elastic.run``).
-
-    At every start of the job the ranks sync the state (newest commit anywhere, see State.sync) and,
-    after a restart, run the reset callbacks. MPI cannot change a running job's size, so a host change
-    (HostsUpdatedInterrupt, raised by commit() on every rank at once) ends this process with
-    RESIZE_EXIT_CODE and hvdlite-run starts the job again at its new size; a lost rank makes the
-    collectives fail and the driver restarts the job on the healthy hosts. Either way the state comes
-    back from the last commit. Without an elastic driver it simply syncs and calls ``func``.
-    """
+    """Decorate ``func(state, *args, **kwargs)`` for elastic training (Horovod's ``hvd.elastic.run``): at every
+    start the ranks sync the state and, after a restart, run the reset callbacks. A host change ends this
+    process with RESIZE_EXIT_CODE for hvdlite-run to start the job at its new size; a lost rank is recovered
+    from in-process where the MPI allows it, else the driver restarts the job. docs/elastic.md."""
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         lk = driver.link()
@@ -53,11 +48,8 @@ def run(func: F) -> F:
 
 
 def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: Any) -> Any:
-    """Call ``func`` until it returns. A lost rank (HorovodInternalError on every survivor) is recovered
-    from in the same processes where the MPI library allows it (ULFM, see hvdlite/core/recovery.py), as
-    Horovod does: restore the last commit from memory, run the reset callbacks at the new size, agree on
-    the newest commit any survivor holds, and call ``func`` again. Elsewhere the error ends the process and
-    hvdlite-run's driver restarts the job."""
+    """Call ``func`` until it returns; after a lost rank, where the MPI allows it (core/recovery.py), recover,
+    restore the last commit from memory, run the reset callbacks, agree on the newest commit, and call again."""
     while True:
         try:
             return func(state, *args, **kwargs)
@@ -87,8 +79,7 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
 
 
 def _leave_below_min_np(state: State, size: int) -> None:
-    """Survivors fewer than hvdlite-run's --min-np do not train on: they leave, without the reset callbacks, for
-    the driver to start the job again from its last commit once enough slots are usable."""
+    """Survivors fewer than hvdlite-run's --min-np leave, for the driver to restart the job from its last commit."""
     min_np = driver.min_np()
     if size >= min_np or not driver.link().enabled:
         return

@@ -13,9 +13,7 @@ from .store import CommitStore
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised on every rank at the same commit when the driver's hosts changed; the job then resizes.
-
-    ``skip_sync`` is kept for Horovod compatibility (after a restart hvdlite always syncs).
-    """
+    ``skip_sync`` is Horovod's (after a restart hvdlite always syncs)."""
 
     def __init__(self, skip_sync: bool = False) -> None:
         super().__init__("the hosts of this elastic job changed: the state is committed and the job "
@@ -24,12 +22,7 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 class State:
-    """Base class of the elastic states: subclasses say what a snapshot is (``_snapshot``/``_apply``).
-
-    commit() = save() + write the snapshot to this host's commit store + check_host_updates().
-    restore() puts back the last save(); sync() (run by ``elastic.run`` at every start) makes all ranks
-    agree on the newest commit any of them holds and takes it from that rank.
-    """
+    """Base class of the elastic states: subclasses say what a snapshot is (``_snapshot``/``_apply``)."""
 
     def __init__(self, bcast_object: Optional[Callable[..., Any]] = None,
                  get_rank: Optional[Callable[[], int]] = None) -> None:
@@ -40,14 +33,12 @@ class State:
         self._saved: Any = None
         self.commit_counter = 0
 
-    # -- what a snapshot is (subclasses) ---------------------------------------------------------------
     def _snapshot(self) -> Any:
         raise NotImplementedError
 
     def _apply(self, snapshot: Any) -> None:
         raise NotImplementedError
 
-    # -- Horovod's State API -----------------------------------------------------------------------------
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Functions run (in order) after every restart of the job, once the state is synced."""
         self._reset_callbacks.extend(callbacks)
@@ -70,10 +61,7 @@ class State:
             self._apply(copy.deepcopy(self._saved))
 
     def commit(self) -> None:
-        """Save the state, keep it on this host (atomically), then check for host changes.
-
-        Every rank must call commit() at the same step (it ends with a collective decision).
-        """
+        """Save the state, keep it on this host, then check for host changes (every rank, at the same step)."""
         self.save()
         self.commit_counter += 1
         store = self._store()
@@ -82,10 +70,7 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """Raise HostsUpdatedInterrupt on every rank, at this same call, if the driver's hosts changed.
-
-        Rank 0 asks the driver and broadcasts the answer, so all ranks take the same decision.
-        """
+        """Raise HostsUpdatedInterrupt on every rank, at this call, if the driver's hosts changed (rank 0 asks)."""
         lk = driver.link()
         if not lk.enabled:
             return
@@ -123,11 +108,8 @@ class State:
             driver.link().send(op="log", text=message, commit=self.commit_counter)
 
     def sync_in_memory(self) -> None:
-        """After an in-process recovery (restore() and the reset callbacks ran on every survivor): agree on
-        the newest commit any survivor holds in memory (a rank lost mid-step may have left some survivors
-        one commit ahead) and take the state of the lowest survivor that holds it, as Horovod's sync()
-        takes rank 0's; when all hold the same commit, each already restored it and nothing is sent. No file
-        is read."""
+        """After an in-process recovery: agree on the newest commit any survivor holds in memory (a rank lost
+        mid-step may have left some a commit ahead) and take it from the lowest survivor holding it."""
         rank = self._get_rank()
         counters = self._allgather_object(self.commit_counter if self._saved is not None else 0,
                                           name="hvdlite.elastic.memory_counters")
@@ -142,7 +124,6 @@ class State:
         self.save()
         logger.info("resumed in memory from commit %d, held by rank %d; %d ranks now", newest, root, len(counters))
 
-    # -- helpers -----------------------------------------------------------------------------------------
     def _store(self) -> Optional[CommitStore]:
         job = driver.job_id()
         if not job:
@@ -157,11 +138,8 @@ class State:
 
 
 class ObjectState(State):
-    """State made of named Python values, reachable as attributes (``state.epoch``).
-
-    A value with ``state_dict()``/``load_state_dict()`` (a torch model or optimizer, an ElasticSampler,
-    the Keras adapters) is snapshotted through them and restored in place; any other value is copied.
-    """
+    """State made of named Python values, reachable as attributes (``state.epoch``): a value with
+    ``state_dict()``/``load_state_dict()`` is snapshotted through them and restored in place, any other copied."""
 
     def __init__(self, bcast_object: Optional[Callable[..., Any]] = None,
                  get_rank: Optional[Callable[[], int]] = None, **kwargs: Any) -> None:
