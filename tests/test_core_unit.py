@@ -418,19 +418,6 @@ def test_response_cache_bit_vector_spans_several_words() -> None:
     assert len(ready) == 126 and "t0" not in ready and "t1" in ready and "t128" in ready
 
 
-@pytest.mark.parametrize("ranks, words", [(1, 4), (4, 4), (7, 4), (8, 8), (63, 32), (64, 64), (100, 64)])
-def test_response_cache_bit_vector_is_padded_to_the_largest_power_of_two_of_the_ranks(ranks: int, words: int) -> None:
-    """The all-reduce vector has at least as many words as the largest power of two <= the ranks (so Open MPI's
-    Rabenseifner iallreduce takes it in 2 log2(p) steps, not round its ring); the padding decodes to nothing."""
-    cache = ResponseCache(capacity=130, my_rank=0, ranks=ranks)
-    missing = cache.bits()
-    missing[[2, 129]] = True
-    vec = cache.encode(3, missing)
-    assert vec.size == words and not vec[4:].any()
-    flags, decoded = cache.decode(vec | np.uint64(0))
-    assert flags == 3 and decoded.size == missing.size and np.flatnonzero(decoded).tolist() == [2, 129]
-
-
 def test_response_cache_evicts_the_least_recently_used_like_a_full_scan() -> None:
     """Random rounds of new names, re-used names (ready) and removed process sets: every eviction picks the bit
     a scan of every bit picks (least last_used, then lowest bit), so every rank picks the same one."""
@@ -602,60 +589,6 @@ def test_chunk_pipeline_completes_chunks_in_flight_before_their_memory_is_touche
     assert log == []
     pipe.clear([data[30:31]])  # one byte of an in-flight chunk: everything in flight completes first
     assert log == [("wait", "first.c0"), ("wait", "first.c1")]
-
-
-class _EightRanks:
-    """A communicator of 8 ranks that all hold this rank's values: each allreduce's result is 8 times them, left
-    pending until the request is tested (the bytes the executor handed to MPI are recorded)."""
-
-    def __init__(self, in_place: object) -> None:
-        self.in_place, self.sent, self.pending = in_place, [], []
-
-    def Get_size(self) -> int:  # noqa: N802 - mpi4py's name
-        return 8
-
-    def Iallreduce(self, send, recv, mpi_op):  # noqa: N802 - mpi4py's name
-        assert send is self.in_place
-        self.sent.append(recv[0].copy())
-        self.pending.append(recv[0])
-        comm = self
-
-        class Request:
-            def Test(self) -> bool:  # noqa: N802 - mpi4py's name
-                buf = comm.pending.pop(0)
-                buf *= 8
-                return True
-        return Request()
-
-
-def test_a_vector_shorter_than_the_fast_algorithms_needs_travels_zero_padded(initialized) -> None:
-    """Open MPI's Rabenseifner iallreduce takes a vector shorter than the largest power of two <= the ranks
-    round its ring (2(p-1) steps instead of 2 log2 p): the executor reduces such a vector in a zero-padded copy
-    and writes back only its own elements, in place and out of place, scaled once; while in flight, that copy
-    stands for the tensor's memory (the same tensor again in the batch waits for it)."""
-    from hvdlite.core.engine.chunks import shortest_fast_length
-    from hvdlite.core.engine.execution import Executor
-    from hvdlite.core.engine.mpi import MPIOps
-    from hvdlite.core.engine.timeline import Timeline
-    from hvdlite.core.reduce_ops import Sum, average_scale
-    assert [shortest_fast_length(p) for p in (1, 2, 3, 4, 7, 8, 63, 64, 100)] == [1, 1, 1, 4, 4, 8, 32, 64, 64]
-    ops = MPIOps()
-    comm = _EightRanks(ops.IN_PLACE)
-    executor = Executor(ops, lambda ps: comm, lambda ps: 8, 4 << 20, 1 << 20, Timeline(), lambda ps: list(range(8)))
-    dst = np.array([1.0, -2.0, 3.0], np.float32)
-    executor._chunked_allreduce(comm, None, dst, "float32", Sum, average_scale(1.0, 4))
-    assert [list(b) for b in comm.sent] == [[1.0, -2.0, 3.0, 0, 0, 0, 0, 0]]
-    np.testing.assert_array_equal(dst, [1.0, -2.0, 3.0])  # still in flight
-    executor._chunks.clear([dst[1:2]])  # the tensor again: its first reduction completes and is written back
-    np.testing.assert_array_equal(dst, [2.0, -4.0, 6.0])  # 8 times each, divided by 4 once
-    src = np.arange(1, 9, dtype=np.int64)  # 8 elements: no padding
-    executor._chunked_allreduce(comm, None, src, "int64", Sum, 1.0)
-    small, into = np.array([5], np.int64), np.zeros(1, np.int64)  # out of place, padded
-    executor._chunked_allreduce(comm, small, into, "int64", Sum, 1.0)
-    executor._chunks.drain()
-    assert [b.size for b in comm.sent[1:]] == [8, 8] and list(comm.sent[2]) == [5, 0, 0, 0, 0, 0, 0, 0]
-    np.testing.assert_array_equal(src, np.arange(1, 9) * 8)
-    assert into[0] == 40 and small[0] == 5
 
 
 def test_names_made_before_the_verdict_was_read_move_on_as_the_others() -> None:

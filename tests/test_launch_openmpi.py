@@ -55,9 +55,9 @@ def test_open_mpi_starts_with_rabenseifner_iallreduce_and_every_rank_must_agree(
     """hvd.init() starts Open MPI with its non-blocking allreduce (which carries hvdlite's reductions) set to
     Rabenseifner's (3; Open MPI's own choice for in-place reductions is a binomial tree, 1.2-1.4x slower on
     gradients) and takes the variable out again after MPI_Init (child processes must not take hvdlite's default
-    for the user's); 8 MiB allreduces through it, out of place and in place, are exact on 4 ranks; the variable
-    set by the user wins; and ranks started with different algorithms each get the same clear error instead of
-    collectives that do not match."""
+    for the user's); 8 MiB allreduces through it, out of place and in place, are exact on 4 ranks, and so are
+    vectors shorter than the ranks (a reduce and a broadcast); the variable set by the user wins; and ranks
+    started with different algorithms each get the same clear error instead of collectives that do not match."""
     mpiexec = [str(Path(ompi_python).parent / "mpiexec"), "--oversubscribe"]
     job = [ompi_python, TOPOLOGY, "--env", IALLREDUCE, "--bytes", str(BIG), "--iface", "lo"]
     clean = {k: v for k, v in base_env(**ROOT_ENV, HVDLITE_LOG_LEVEL="DEBUG").items() if k != IALLREDUCE}

@@ -124,10 +124,9 @@ def test_stall_verdict_reaches_every_rank_in_the_same_round(reinit, rank: int, s
 
 @pytest.mark.parametrize("fusion", [4 << 20, 0], ids=["fusion", "no-fusion"])
 def test_vectors_shorter_than_the_ranks_reduce_exactly(fusion: int, reinit, rank: int, size: int) -> None:
-    """From 4 ranks on, a vector shorter than the largest power of two <= the ranks (a scalar metric) travels
-    zero-padded (engine/chunks.shortest_fast_length; Open MPI's Rabenseifner would take it round its ring):
-    every op's result is exact, out of place and in place, alone and fused, the inputs keep their values, and
-    no padding reaches a tensor."""
+    """Vectors shorter than the ranks (a scalar metric; under Open MPI from 4 ranks a reduce and a broadcast,
+    engine/chunks.start_allreduce): every op's result is exact, out of place and in place, alone and fused, and
+    the inputs keep their values."""
     reinit(fusion_threshold_bytes=fusion)
     values = [float(r + 1) for r in range(size)]
     scalar = np.array([rank + 1.0])

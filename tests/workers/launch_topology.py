@@ -43,8 +43,10 @@ def main() -> int:
         "pid": os.getpid(), "slurm_procid": os.environ.get("SLURM_PROCID"), "executable": sys.executable,
         "env": {name: os.environ.get(name) for name in filter(None, opts.env.split(","))},
     }
-    total = hvd.allreduce(np.full(4, rank + 1, dtype=np.float64), op=hvd.Sum, name="topology.sum")
-    info["allreduce_ok"] = bool(np.array_equal(total, np.full(4, size * (size + 1) / 2)))
+    total = hvd.allreduce(np.full(3, rank + 1, dtype=np.float64), op=hvd.Sum, name="topology.sum")
+    top = np.array([rank + 1.0])  # under Open MPI at 4+ ranks both are a reduce and a broadcast (chunks.py)
+    hvd.allreduce_(top, op=hvd.Max, name="topology.max")
+    info["allreduce_ok"] = bool(np.array_equal(total, np.full(3, size * (size + 1) / 2)) and top[0] == size)
     if opts.bytes:
         count = opts.bytes // 4
         data = np.full(count, float(rank + 1), dtype=np.float32)

@@ -6,7 +6,6 @@ from typing import Any, Optional, Sequence, cast
 
 import numpy as np
 
-from .chunks import shortest_fast_length
 from .eviction import LeastRecent
 from .requests import Response, Signature
 
@@ -23,12 +22,11 @@ class ResponseCache:
     for the all-reduce, so per-cycle work is a few whole-array operations whatever the number of names.
     """
 
-    def __init__(self, capacity: int, my_rank: int, ranks: int = 1, pad: bool = True) -> None:
+    def __init__(self, capacity: int, my_rank: int) -> None:
         self.capacity = capacity
         self.my_rank = my_rank
         self.words = (capacity + 63) // 64
-        #: ``pad`` (Open MPI): to the shortest its Rabenseifner iallreduce takes in 2 log2(p) steps (chunks.py), 8p B
-        self.vector_words = max(1 + self.words, shortest_fast_length(ranks) if pad else 1)
+        self.vector_words = 1 + self.words
         self.by_name: dict[tuple[int, Optional[str]], int] = {}
         self.streams: dict[tuple[int, str], int] = {}  # (process set, "<kind>[.ps<id>]") -> the bit of its next name
         self.stream_of: dict[int, tuple[int, str]] = {}  # the stream bits, and their stream

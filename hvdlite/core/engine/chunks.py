@@ -24,12 +24,39 @@ IN_FLIGHT = 4
 
 
 def shortest_fast_length(ranks: int) -> int:
-    """The fewest elements an allreduce over ``ranks`` ranks needs for Open MPI's Rabenseifner iallreduce
-    (config.openmpi_iallreduce_algorithm) to take 2 log2(p) steps: the largest power of two <= ``ranks``; a
-    shorter vector goes round its ring, 2(p-1) steps (126 instead of 12 for a scalar at 64 ranks). 1 below 4
-    ranks, where the two take as many steps."""
+    """The fewest elements for which Open MPI's Rabenseifner iallreduce (config.openmpi_iallreduce_algorithm)
+    takes 2 log2(p) steps: the largest power of two <= ``ranks``; a shorter vector goes round its ring, 2(p-1)
+    steps (126 instead of 12 for a scalar at 64 ranks). 1 below 4 ranks, where the two take as many steps."""
     largest = 1 << (max(1, ranks).bit_length() - 1)
     return largest if largest >= 4 else 1
+
+
+def start_allreduce(comm: Any, tree: bool, send: Any, recv: np.ndarray, datatype: Any, op: Any,
+                    wait: Callable[[Any], None]) -> Any:
+    """Start an all-reduce of ``recv`` (``send``: a buffer or IN_PLACE; ``datatype`` None: numpy's); its request.
+    With ``tree`` (Open MPI) a vector shorter than shortest_fast_length is a binomial reduce to rank 0 and a
+    binomial broadcast (libnbc's own choices): 2 log2(p) steps, bytes that do not grow with p (padding it cost
+    8p). Rank 0 completes its reduce (``wait``) before the broadcast: every rank starts them in one order."""
+    spec = recv if datatype is None else [recv, datatype]
+    count = recv.size if datatype is None else recv.nbytes // datatype.Get_size()
+    if not tree or count >= shortest_fast_length(comm.Get_size()) or type(comm).__module__ != "mpi4py.MPI":
+        return comm.Iallreduce(send, spec, op)  # a wrapping communicator (deterministic.py) reduces its own way
+    if comm.Get_rank() == 0:
+        wait(comm.Ireduce(send, spec, op=op, root=0))
+        return comm.Ibcast(spec, root=0)
+    if not isinstance(send, (np.ndarray, list)):  # IN_PLACE: the broadcast will write where the reduce reads
+        send = recv.copy() if datatype is None else [recv.copy(), datatype]
+    return _Both((comm.Ireduce(send, None, op=op, root=0), comm.Ibcast(spec, root=0)), send)
+
+
+class _Both(NamedTuple):
+    """Two requests completed together (and the buffer the first reads, kept alive until then)."""
+
+    requests: tuple[Any, Any]
+    keep: Any
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        return all([request.Test() for request in self.requests])  # a list: each is tested, so each progresses
 
 
 class _Chunk(NamedTuple):
@@ -40,7 +67,6 @@ class _Chunk(NamedTuple):
     dtype: str
     factor: float
     on_done: Optional[Callable[[], None]]  # runs after the scaling
-    writes: np.ndarray  # the memory the chunk writes by the time it completes (``piece`` unless on_done copies)
 
 
 class ChunkPipeline:
@@ -52,18 +78,17 @@ class ChunkPipeline:
         self._in_wait = False
 
     def post(self, request: Any, piece: np.ndarray, dtype: str, factor: float,
-             on_done: Optional[Callable[[], None]] = None, writes: Optional[np.ndarray] = None) -> None:
+             on_done: Optional[Callable[[], None]] = None) -> None:
         """Take a started chunk collective; ``piece`` is multiplied by ``factor`` once it completes, then
-        ``on_done`` runs (``writes``: the memory it writes there, when that is not ``piece``). Completes the
-        oldest chunks while ``IN_FLIGHT`` or more are outstanding."""
-        self._inflight.append(_Chunk(request, piece, dtype, factor, on_done, piece if writes is None else writes))
+        ``on_done`` runs. Completes the oldest chunks while ``IN_FLIGHT`` or more are outstanding."""
+        self._inflight.append(_Chunk(request, piece, dtype, factor, on_done))
         while len(self._inflight) >= max(1, IN_FLIGHT):
             self._complete_oldest()
 
     def clear(self, arrays: Iterable[Optional[np.ndarray]]) -> None:
         """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``
         (the same tensor twice in one batch), so results are those of one reduction after the other."""
-        if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.writes)
+        if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.piece)
                                   for a in arrays for chunk in self._inflight):
             self.drain()
 
@@ -97,7 +122,7 @@ class ChunkPipeline:
             self._in_wait = False
 
     def _complete_oldest(self) -> None:
-        request, piece, dtype, factor, on_done, _ = self._inflight.popleft()
+        request, piece, dtype, factor, on_done = self._inflight.popleft()
         self._in_wait = True
         self._wait(request)
         self._in_wait = False
@@ -113,4 +138,4 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
 
 
-__all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT", "shortest_fast_length"]
+__all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT", "shortest_fast_length", "start_allreduce"]

@@ -13,7 +13,7 @@ import numpy as np
 from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16,
                           scale_inplace, scaled_copy, storage_dtype)
 from . import accumulate, adasum, deterministic, polling, row_exec
-from .chunks import DATA_POLL_CAP, ChunkPipeline, shortest_fast_length
+from .chunks import DATA_POLL_CAP, ChunkPipeline, start_allreduce
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
 from .mpi import MPIOps
 from .requests import Kind
@@ -158,25 +158,13 @@ class Executor:
         mpi_op = self.ops.op(dtype, op)
         step = max(1, self.chunk_bytes // max(1, dst.itemsize))
         n = dst.shape[0]
-        shortest = shortest_fast_length(comm.Get_size())
-        if n < shortest:  # a scalar metric at 4+ ranks: reduced in a zero-padded copy (padding never reaches dst)
-            padded = np.zeros(shortest, dst.dtype)
-            padded[:n] = dst if src is None else src
-
-            def unpad() -> None:
-                np.copyto(dst, padded[:n])
-                if on_done is not None:
-                    on_done()
-            self._chunks.post(comm.Iallreduce(self.ops.IN_PLACE, [padded, datatype], mpi_op), padded, dtype, post,
-                              unpad, writes=dst)
-            return
         for start in range(0, n, step):
             piece = dst[start:start + step]
             send = self.ops.IN_PLACE if src is None else [src[start:start + step], datatype]
             # Non-blocking on every rank (a blocking and a non-blocking collective never match); polled
             # continuously while a user thread waits, with short sleeps while the training thread computes.
-            self._chunks.post(comm.Iallreduce(send, [piece, datatype], mpi_op), piece, dtype, post,
-                              on_done if start + step >= n else None)
+            request = start_allreduce(comm, self.ops.tree, send, piece, datatype, mpi_op, self._wait)
+            self._chunks.post(request, piece, dtype, post, on_done if start + step >= n else None)
 
     def _fusion_buffer(self, nbytes: int) -> np.ndarray:
         if self._fusion.nbytes < nbytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import time
 import traceback
@@ -26,6 +27,7 @@ from .presence import Presence
 from .negotiation import FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE
 from .vote import uncached_flags
 from .cache import ResponseCache
+from .chunks import start_allreduce
 from .observers import CycleObserver
 from .psets import Registry, Scope
 from .requests import Kind, Request
@@ -60,7 +62,7 @@ class Engine:
         self.config = config
         self.timeline = timeline
         self.psets = process_sets
-        self.cache = ResponseCache(config.cache_capacity, self.rank, self.size, "Open MPI" in mpi.library_version())
+        self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm)
         self.executor = Executor(mpi_ops, deterministic.comms(process_sets.comm, mpi_ops, config.deterministic),
@@ -341,7 +343,8 @@ class Engine:
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""
-        polling.wait(self.comm.Iallreduce(vec, result, op=self.mpi_ops.BOR), 0.001 if busy else 0.005, arrival=True)
+        wait = functools.partial(polling.wait, cap=0.001 if busy else 0.005, arrival=True)
+        wait(start_allreduce(self.comm, self.mpi_ops.tree, vec, result, None, self.mpi_ops.BOR, wait))
 
     def _waiting_names(self) -> list[str]:
         """The names this rank waits on, pending or still queued (a wedged wait's message lists them)."""

@@ -166,6 +166,7 @@ class MPIOps:
         self.BYTE = MPI.BYTE
         self.IN_PLACE = MPI.IN_PLACE
         self.BOR = MPI.BOR
+        self.tree = "Open MPI" in MPI.Get_library_version()  # short vectors: chunks.start_allreduce
         self.datatypes = {
             "uint8": MPI.UINT8_T, "int8": MPI.INT8_T, "uint16": MPI.UINT16_T, "int16": MPI.INT16_T,
             "uint32": MPI.UINT32_T, "int32": MPI.INT32_T, "uint64": MPI.UINT64_T, "int64": MPI.INT64_T,

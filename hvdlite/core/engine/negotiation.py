@@ -89,12 +89,7 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
     table: dict[tuple[int, str], dict[int, int]] = {}
     for rank, msg in enumerate(messages):
         for index, (name, sig) in enumerate(zip(msg.names, sigs_of[rank])):
-            key = (sig.ps_id, name)
-            entries = table.get(key)
-            if entries is None:
-                table[key] = {rank: index}
-            else:
-                entries[rank] = index
+            table.setdefault((sig.ps_id, name), {})[rank] = index
 
     stalled: list[Stalled] = []
     join_name: Optional[str] = None

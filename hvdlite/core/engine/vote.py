@@ -5,12 +5,14 @@ broadcast); every rank votes two bits a name (missing here / another signature) 
 misses run, in order; another signature or an unusable argument takes the explaining round (negotiation.py)."""
 from __future__ import annotations
 
+import functools
 import pickle
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
 from . import polling
+from .chunks import start_allreduce
 from .messages import name_table
 from .mismatch import invalid_argument
 from .negotiation import FLAG_EXPLAIN, FLAG_FULL, NEGOTIATION_POLL_CAP
@@ -44,12 +46,13 @@ def vote(comm: Any, mpi: Any, rank: int, proposer: int, members_of: dict[int, li
     if rank == proposer:
         mine = pickle.dumps(name_table((req.name, req.sig) for key, req in pending.items()
                                        if key not in skip and req.sig.kind is not Kind.JOIN), protocol=5)
+    wait = functools.partial(polling.wait, cap=NEGOTIATION_POLL_CAP, arrival=True)
     size = np.array([len(mine)], dtype=np.int64)
-    polling.wait(comm.Iallreduce(np.array(size), size, op=mpi.MPI.MAX), NEGOTIATION_POLL_CAP, arrival=True)
+    wait(start_allreduce(comm, mpi.tree, np.array(size), size, None, mpi.MPI.MAX, wait))
     if not size[0]:  # nothing proposed
         return Voted([], 8, 1)
     buf = np.frombuffer(mine, dtype=np.uint8).copy() if mine else np.empty(int(size[0]), dtype=np.uint8)
-    polling.wait(comm.Ibcast(buf, root=local(proposer)), NEGOTIATION_POLL_CAP, arrival=True)
+    wait(comm.Ibcast(buf, root=local(proposer)))
     names, index, sigs = pickle.loads(buf.tobytes())
     sigs = [shared(sig) for sig in sigs]  # equal signatures are one object: ``is`` decides the usual case
     count, words = len(names), (len(names) + 63) // 64
@@ -64,7 +67,7 @@ def vote(comm: Any, mpi: Any, rank: int, proposer: int, members_of: dict[int, li
                 bits[64 * words + j] = True
     vec = np.packbits(bits, bitorder="little").view(np.uint64)
     result = np.empty_like(vec)
-    polling.wait(comm.Iallreduce(vec, result, op=mpi.BOR), NEGOTIATION_POLL_CAP, arrival=True)
+    wait(start_allreduce(comm, mpi.tree, vec, result, None, mpi.BOR, wait))
     received = 8 + int(size[0]) + result.nbytes
     bits = np.unpackbits(result.view(np.uint8), bitorder="little").view(bool)
     if bits[64 * words:64 * words + count].any():
