@@ -1,27 +1,13 @@
 """Straggler attribution: how late each rank submits each op, measured on each rank's own clock.
 
-For every op of the global process set the engine agrees on, each rank records, on its own clock, when it
-submitted the op and when it saw the round that agreed on it. The agreeing round ends at one moment for
-every rank, so the offset between two ranks' clocks is the difference of their agreement times; its median
-over the ops compared is kept (a rank whose engine thread saw one round late, e.g. descheduled on a crowded
-node, does not move it), so clocks of different hosts never need to agree. With every submission time moved
-onto rank 0's clock, rank r's lateness on an op is its submission time minus the earliest one.
-
-The ranks exchange these times (one small all-gather) in a cycle that agrees on ops, before running them:
-when ``straggler_window_ops`` ops are counted, or at the first such cycle after rank 0's clock says
-``straggler_window_seconds`` passed since the last exchange (rank 0 raises FLAG_EXCHANGE in the cycle's
-bit-vector round, so every rank sees it in the same cycle: one decision for the job, never a rank's own
-view). Every rank counts the same agreed ops in the same cycles, so all exchange the same number of ops in the
-same cycle, and each keeps the same last ``straggler_window_ops`` ops of every rank. ``report()`` computes
-from those, so it is the same dict on every rank read at the same point of the program (an op completes only
-after the exchange of its cycle), and a few dozen training steps already give every rank's lateness.
-Start-up is not straggling: an op a rank submitted before its first agreed round (a rank that imported torch more
-slowly joins the initial broadcast seconds late) counts for no one (NaN, as for a joined rank). The report covers
-every other op from the first steps; the log line judges only steady-state ops, those agreed STEADY_AFTER_S after
-the ranks first met, and only once there are STEADY_OPS of them (never one or two samples).
-Steady state pays no Python work per op: a cached round's submission times come as one array (kept at the
-requests' cache bits when they were counted), appended to a flat array of doubles; an exchange is a few numpy
-calls (the analysis only on rank 0, for its log line and timeline), and the report is computed when asked for.
+Each rank records, per agreed op of the global set, when it submitted it and when it saw the round that agreed
+it. That round ends at one moment for every rank, so the median difference of two ranks' agreement times is
+their clocks' offset (clocks of different hosts never need to agree); rank r's lateness on an op is its
+submission time on rank 0's clock minus the earliest. The ranks exchange these times in a cycle that agrees
+ops, before running them: every ``straggler_window_ops`` ops, or after ``straggler_window_seconds`` on rank 0's
+clock (its FLAG_EXCHANGE, seen by every rank in one cycle); each keeps the same last window, so ``report()`` is
+the same dict on every rank. An op submitted before the ranks first met is start-up, not lateness (NaN, as for
+a joined rank); the log line judges only ops agreed STEADY_AFTER_S after that, once there are STEADY_OPS.
 """
 from __future__ import annotations
 
