@@ -74,6 +74,8 @@ class HvdliteStrategy(ParallelStrategy):
     """
 
     strategy_name = "hvdlite"
+    model: Any  # Lightning's properties (mypy sees the base as Any)
+    optimizers: list[Any]
 
     def __init__(self, accelerator: Optional[Any] = None, checkpoint_io: Optional[CheckpointIO] = None,
                  precision_plugin: Optional[Precision] = None, compression: Any = hvd.Compression.none,

@@ -12,8 +12,8 @@ from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once
 from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set  # noqa: F401 - Sum for the others
 from hvdlite.core.frontend import Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_allreduce
 
-from .tensors import (check_dtype, check_one_device, check_tensors, dtype_hint, from_host, hints, on_plane,
-                      prepared, splits_array, to_host, write_into)
+from .tensors import (check_dtype, check_one_device, check_tensors, from_host, hints, on_plane, prepared,
+                      splits_array, to_host, write_into)
 
 
 def _name(kind: str, name: Optional[str]) -> Optional[str]:
@@ -30,13 +30,8 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
     """Start reducing ``tensors`` as one unit; synchronize() returns new reduced tensors. ``accumulation``:
     an accumulating compression's (``accumulation_of(Compression.bf16_fp32acc)``), see hvdlite.core.api."""
     tensors = check_tensors(tensors, "grouped_allreduce_async")
-    reduce_op = resolve_op(op, average)
-    check_one_device(tensors, "grouped_allreduce")
-    hosts = [to_host(t, _what("grouped_allreduce", reduce_op))[0] for t in tensors]
-    handle = core.grouped_allreduce_async(hosts, None, _name("allreduce", name), reduce_op, prescale_factor,
-                                          postscale_factor, process_set, dtype_hints=hints(tensors),
-                                          accumulation=accumulation)
-    return handle.then(lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
+    return _grouped_allreduce(tensors, name, resolve_op(op, average), prescale_factor, postscale_factor,
+                              process_set, False, accumulation, "grouped_allreduce")
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -46,12 +41,21 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensors`` in place; synchronize() returns the same tensors, now reduced."""
     tensors = check_tensors(tensors, "grouped_allreduce_async_")
-    reduce_op = resolve_op(op, average)
-    check_one_device(tensors, "grouped_allreduce_")
-    hosts, shared = zip(*[to_host(t, _what("grouped_allreduce_", reduce_op)) for t in tensors]) if tensors else ((), ())
-    handle = core.grouped_allreduce_async(list(hosts), None, _name("allreduce", name), reduce_op,
-                                          prescale_factor, postscale_factor, process_set, inplace=True,
-                                          dtype_hints=hints(tensors), accumulation=accumulation)
+    return _grouped_allreduce(tensors, name, resolve_op(op, average), prescale_factor, postscale_factor,
+                              process_set, True, accumulation, "grouped_allreduce_")
+
+
+def _grouped_allreduce(tensors: list[torch.Tensor], name: Optional[str], op: ReduceOp, prescale: float,
+                       postscale: float, process_set: ProcessSet, inplace: bool,
+                       accumulation: Optional[Accumulation], what: str) -> Handle:
+    """The core's grouped allreduce of torch tensors (``what``: the op the user called, for errors)."""
+    check_one_device(tensors, what)
+    hosts, shared = zip(*[to_host(t, _what(what, op)) for t in tensors]) if tensors else ((), ())
+    handle = core.grouped_allreduce_async(list(hosts), None, _name("allreduce", name), op, prescale, postscale,
+                                          process_set, inplace=inplace, dtype_hints=hints(tensors),
+                                          accumulation=accumulation)
+    if not inplace:
+        return handle.then(lambda results: [from_host(r, t) for r, t in zip(results, tensors)])
     if all(shared):  # the engine wrote the tensors' own memory: nothing to copy back
         return handle.returning(tensors)
     return handle.then(lambda results: [write_into(t, r, own) for t, r, own in zip(tensors, results, shared)])
@@ -93,18 +97,12 @@ def _allreduce(tensor: torch.Tensor, name: Optional[str], op: ReduceOp, prescale
                 result = from_host(output, tensor)
             return submit_allreduce(_name("allreduce", name), inputs, dtypes, layout, (output,), op, prescale,
                                     postscale, result, tensor)
-    if not inplace:
-        return grouped_allreduce_async([tensor], None, name, op, prescale, postscale, process_set).first()
-    # Checked here, not on entry: a tensor prepared() knows was checked when it was first seen, and the check
-    # costs 0.58 us, 3% of a warm 1,000-op burst's 17.8 ms (small_ops.py, quiet machine).
-    check_dtype(tensor, "allreduce_async_")
-    host, shared = to_host(tensor, _what("allreduce_", op))
-    handle = core.grouped_allreduce_async([host], None, _name("allreduce", name), op, prescale, postscale,
-                                          process_set, inplace=True, dtype_hints=(dtype_hint(tensor),),
-                                          accumulation=accumulation)
-    if shared:
-        return handle.returning(tensor)
-    return handle.then(lambda results: write_into(tensor, results[0], False))
+    if inplace:
+        # Checked here, not on entry: a tensor prepared() knows was checked when it was first seen, and the
+        # check costs 0.58 us, 3% of a warm 1,000-op burst's 17.8 ms (small_ops.py, quiet machine).
+        check_dtype(tensor, "allreduce_async_")
+    return _grouped_allreduce([tensor], name, op, prescale, postscale, process_set, inplace, accumulation,
+                              "allreduce_" if inplace else "grouped_allreduce").first()
 
 
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,

@@ -24,12 +24,16 @@ from .async_ops import (Average, Sum, allgather_async, alltoall_async, broadcast
                       grouped_allreduce_async, grouped_reducescatter_async, synchronize)
 
 
-def _allreduce_grads(grads: Sequence[torch.Tensor], op: Any, pre: float, post: float,
+def _allreduce_grads(grads: Sequence[torch.Tensor], op: Any, scales: tuple[float, float],
                      process_set: ProcessSet, accumulation: Optional[Accumulation] = None) -> list[torch.Tensor]:
     """Horovod's allreduce backward: the forward's reduction, scale factors and set, applied to the gradients."""
-    return synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=op, prescale_factor=pre,
-                                               postscale_factor=post, process_set=process_set,
+    return synchronize(grouped_allreduce_async([g.contiguous() for g in grads], op=op, prescale_factor=scales[0],
+                                               postscale_factor=scales[1], process_set=process_set,
                                                accumulation=accumulation))
+
+
+def _backward(ctx: Any, grads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return tuple(_allreduce_grads(grads, ctx.op, ctx.scales, ctx.process_set, ctx.accumulation))
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -39,16 +43,13 @@ class HorovodAllreduce(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, average: Optional[bool], name: Optional[str], op: Any,
                 prescale_factor: float, postscale_factor: float, process_set: ProcessSet,
                 accumulation: Optional[Accumulation] = None) -> torch.Tensor:
-        ctx.op, ctx.scales, ctx.process_set = resolve_op(op, average), (prescale_factor,
-                                                                                postscale_factor), process_set
-        ctx.accumulation = accumulation
-        return synchronize(grouped_allreduce_async([tensor], average, name, op, prescale_factor,
-                                                   postscale_factor, process_set, accumulation=accumulation))[0]
+        return _grouped_forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
+                                accumulation, [tensor])[0]
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return (_allreduce_grads([grad], ctx.op, *ctx.scales, ctx.process_set, ctx.accumulation)[0],) + (None,) * 7
+        return _backward(ctx, [grad]) + (None,) * 7
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -63,7 +64,7 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        return (None,) * 6 + tuple(_allreduce_grads(grads, ctx.op, *ctx.scales, ctx.process_set))
+        return (None,) * 6 + _backward(ctx, grads)
 
 
 class AccumulatedGroupedAllreduce(torch.autograd.Function):
@@ -79,7 +80,7 @@ class AccumulatedGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        return (None,) * 7 + tuple(_allreduce_grads(grads, ctx.op, *ctx.scales, ctx.process_set, ctx.accumulation))
+        return (None,) * 7 + _backward(ctx, grads)
 
 
 def _grouped_forward(ctx: Any, average: Optional[bool], name: Optional[str], op: Any, pre: float, post: float,
@@ -122,7 +123,7 @@ def _allgather_grads(grads: list[torch.Tensor], shapes: list[torch.Size],
     """Average the gathered tensors' gradients over the set (Horovod's convention), then cut out this
     rank's rows."""
     rows = [shape[0] if len(shape) else 1 for shape in shapes]
-    averaged = _allreduce_grads(grads, Average, 1.0, 1.0, process_set)
+    averaged = _allreduce_grads(grads, Average, (1.0, 1.0), process_set)
     all_rows = synchronize(allgather_async(torch.tensor([rows], dtype=torch.int64), process_set=process_set))
     offsets = all_rows[:process_set.rank()].sum(dim=0).tolist()
     return [a.narrow(0, int(o), n).reshape(shape) for a, o, n, shape in zip(averaged, offsets, rows, shapes)]
@@ -140,7 +141,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        averaged = _allreduce_grads([grad], Average, 1.0, 1.0, ctx.process_set)[0]
+        averaged = _allreduce_grads([grad], Average, (1.0, 1.0), ctx.process_set)[0]
         if core_rank() != ctx.root_rank:  # root_rank is a rank of the whole job, as in the forward
             averaged = torch.zeros_like(averaged)
         return averaged, None, None, None

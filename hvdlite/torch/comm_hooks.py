@@ -138,28 +138,20 @@ def compression_hook(compression: Any, op: Any, prescale: float, postscale: floa
     return reduce
 
 
-_FP16 = compression_hook(Compression.fp16, Average, 1.0, 1.0)
-_BF16 = compression_hook(Compression.bf16, Average, 1.0, 1.0)
-_BF16_FP32ACC = compression_hook(Compression.bf16_fp32acc, Average, 1.0, 1.0)
-_FP16_FP32ACC = compression_hook(Compression.fp16_fp32acc, Average, 1.0, 1.0)
+def _averaging(compression: Any, name: str, doc: str) -> CommHook:
+    """A built-in hook: average the bucket through ``compression``."""
+    hook = compression_hook(compression, Average, 1.0, 1.0)
+    setattr(hook, "__name__", name)
+    setattr(hook, "__qualname__", name)
+    setattr(hook, "__doc__", doc)
+    return hook
 
 
-def fp16_compress_hook(state: Any, bucket: GradBucket) -> Any:
-    """Average the bucket sent as float16 (half the bytes; range up to 65504), then cast back."""
-    return _FP16(state, bucket)
-
-
-def bf16_compress_hook(state: Any, bucket: GradBucket) -> Any:
-    """Average the bucket sent as bfloat16 (half the bytes; float32's range, 8 bits of mantissa)."""
-    return _BF16(state, bucket)
-
-
-def bf16_fp32acc_compress_hook(state: Any, bucket: GradBucket) -> Any:
-    """Average the bucket sent as bfloat16 and summed in float32 (Compression.bf16_fp32acc): half the bytes,
-    one rounding of the average instead of one per rank."""
-    return _BF16_FP32ACC(state, bucket)
-
-
-def fp16_fp32acc_compress_hook(state: Any, bucket: GradBucket) -> Any:
-    """Average the bucket sent as float16 and summed in float32 (Compression.fp16_fp32acc)."""
-    return _FP16_FP32ACC(state, bucket)
+fp16_compress_hook = _averaging(Compression.fp16, "fp16_compress_hook", "Average the bucket sent as float16 (half "
+                                "the bytes; range up to 65504), then cast back.")
+bf16_compress_hook = _averaging(Compression.bf16, "bf16_compress_hook", "Average the bucket sent as bfloat16 (half "
+                                "the bytes; float32's range, 8 bits of mantissa).")
+bf16_fp32acc_compress_hook = _averaging(Compression.bf16_fp32acc, "bf16_fp32acc_compress_hook", "Average the bucket "
+                                        "sent as bfloat16 and summed in float32 (one rounding of the average).")
+fp16_fp32acc_compress_hook = _averaging(Compression.fp16_fp32acc, "fp16_fp32acc_compress_hook", "Average the "
+                                        "bucket sent as float16 and summed in float32.")

@@ -24,47 +24,20 @@ class TorchState(ObjectState):
         super().__init__(**values, **kwargs)
 
 
-class ElasticSampler(torch.utils.data.Sampler):
+class ElasticSampler(ElasticShards, torch.utils.data.Sampler):
     """Shards a dataset over the current ranks and resumes a restarted epoch where its last commit was.
 
     Call ``record_batch(batch_idx, batch_size)`` after each batch and keep the sampler in the elastic
     state (``TorchState(..., train_sampler=sampler)``) so what was processed is committed with the model.
     """
 
-    elastic_resettable = True
-
     def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset = dataset
-        self._shards = ElasticShards(len(dataset), shuffle=shuffle, seed=seed)
-
-    @property
-    def epoch(self) -> int:
-        return self._shards.epoch
+        super().__init__(len(dataset), shuffle=shuffle, seed=seed)
 
     @property
     def processed_indices(self) -> set[int]:
-        return self._shards.processed
-
-    def set_epoch(self, epoch: int) -> None:
-        self._shards.set_epoch(epoch)
-
-    def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        self._shards.record_batch(batch_idx, batch_size)
-
-    def batch_indices(self, batch_idx: int, batch_size: int) -> list[list[int]]:
-        return self._shards.batch_indices(batch_idx, batch_size)
-
-    def reset(self) -> None:
-        self._shards.reset()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._shards.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._shards.load_state_dict(state)
+        return self.processed
 
     def __iter__(self) -> Iterator[int]:
-        return iter(list(self._shards.indices))
-
-    def __len__(self) -> int:
-        return len(self._shards)
+        return iter(list(self.indices))

@@ -7,13 +7,14 @@ stream's event, then the plane's own copies); no device-wide synchronize.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from hvdlite.core.frontend import Bootstrap
+
+from .plane_bytes import row_bytes
 
 NAME = "mpi_cuda"
 #: dtypes MPI reduces in device memory (MPI has no float16/bfloat16 type: those are staged through the host).
@@ -71,7 +72,7 @@ class MPIGroup:
 
     def alltoall_base(self, out: torch.Tensor, tensor: torch.Tensor, recv_splits: list, send_splits: list,
                       options: Any) -> _Done:
-        row = tensor.element_size() * math.prod(tensor.shape[1:])
+        row = row_bytes(tensor)
         self._ready(tensor, out)
         self.comm.alltoallv(tensor, [s * row for s in send_splits], out, [r * row for r in recv_splits])
         return _DONE

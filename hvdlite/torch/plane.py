@@ -6,6 +6,7 @@ port and announces over MPI. Only the engine thread calls these groups.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import socket
@@ -37,11 +38,8 @@ _BOOL_OPS = {ReduceOp.SUM: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.MI
 TORCH_DTYPES = {str(d).replace("torch.", ""): d for d in (
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32,
     torch.float64, torch.bool)}
-#: dtypes each backend reduces (others stay on hvdlite's MPI path: host buffers, or host staging on GPUs).
-BACKEND_DTYPES = {
-    "gloo": frozenset(TORCH_DTYPES) - {"int16"},
-    "nccl": frozenset(TORCH_DTYPES) - {"int16"},
-}
+#: dtypes gloo and NCCL reduce (others stay on hvdlite's MPI path: host buffers, or host staging on GPUs).
+PLANE_DTYPES = frozenset(TORCH_DTYPES) - {"int16"}
 
 
 class TorchPlane(DataPlane):
@@ -93,7 +91,7 @@ class TorchPlane(DataPlane):
                 torch.cuda.current_stream(first.device).wait_event(event)
             self._waits = []
             return torch.cuda.device(first.device)
-        return _NoDevice()
+        return contextlib.nullcontext()
 
     def _check_devices(self, device: Any) -> None:
         """Once, at the first CUDA batch (a batch every member runs): NCCL refuses two ranks on one GPU."""
@@ -118,21 +116,18 @@ class TorchPlane(DataPlane):
     def allreduce(self, inputs: list, outputs: list, dtype: str, op: ReduceOp, pre: float,
                   post: float) -> list:
         with self._device(inputs):
-            if len(inputs) == 1:
-                out = outputs[0]
-                buf = out if out is not None else inputs[0].clone()
-                if out is not None and out is not inputs[0]:
-                    buf.copy_(inputs[0])
-                scale_in_place(buf, pre)
-                self._allreduce_flat(buf, dtype, op)
-                scale_in_place(buf, post)
-                self._done([buf])
-                return [buf]
-            buf = torch.cat([t.reshape(-1) for t in inputs])  # one flat fusion buffer on the plane's device
+            out = outputs[0] if len(inputs) == 1 else None
+            if len(inputs) > 1:
+                buf = torch.cat([t.reshape(-1) for t in inputs])  # one flat fusion buffer on the plane's device
+            else:  # one tensor: reduced in its output's memory, or in a copy
+                buf = inputs[0].clone() if out is None else out if out is inputs[0] else out.copy_(inputs[0])
             scale_in_place(buf, pre)
             self._allreduce_flat(buf, dtype, op)
             scale_in_place(buf, post)
-            return self._unflatten(buf, inputs, outputs)
+            if len(inputs) > 1:
+                return self._unflatten(buf, inputs, outputs)
+            self._done([buf])
+            return [buf]
 
     def allreduce_accumulated(self, inputs: list, outputs: list, dtype: str, acc: Any, pre: float,
                               post: float) -> list:
@@ -277,11 +272,9 @@ class TorchPlane(DataPlane):
         self.group = None
 
     def abandon(self) -> None:
-        """A failed job's NCCL communicator is aborted (c10d's ``abort``: ncclCommAbort), so that none of its
-        collectives stays running on the GPU waiting for a dead peer: the rank's streams wait on NCCL's for
-        every batch (_device, _run), so a kernel left hung would hold back all later work on the GPU. In a
-        thread, waited for up to ABORT_WAIT_S: an abort that hangs is left behind rather than hold the
-        recovery. Gloo and MPI groups need nothing (their waits end with the failure)."""
+        """A failed job's NCCL communicator is aborted (ncclCommAbort): a kernel left waiting for a dead peer
+        would hold back all later work on the rank's streams. In a thread, waited for up to ABORT_WAIT_S. Gloo
+        and MPI groups need nothing (their waits end with the failure)."""
         abort = getattr(self.group, "abort", None)
         if self.name != "nccl" or abort is None:
             return
@@ -292,14 +285,6 @@ class TorchPlane(DataPlane):
             _log.warning("rank %d: aborting the NCCL communicator of process set %d took over %g s; going on "
                          "without it (its GPU resources stay until the process exits)", self.boot.world_rank,
                          self.boot.ps_id, ABORT_WAIT_S)
-
-
-class _NoDevice:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _cast(t: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -379,4 +364,4 @@ FACTORY = TorchPlanes()
 register_factory(FACTORY)
 register_gpu_probe("torch", torch.cuda.is_available)
 
-__all__ = ["TorchPlane", "TorchPlanes", "FACTORY", "BACKEND_DTYPES", "TORCH_DTYPES"]
+__all__ = ["TorchPlane", "TorchPlanes", "FACTORY", "PLANE_DTYPES", "TORCH_DTYPES"]

@@ -1,6 +1,8 @@
 """Byte views and in-place scaling of torch tensors, as the torch data planes move and scale them."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hvdlite.core.frontend import exact_divisor
@@ -13,14 +15,7 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def row_bytes(t: torch.Tensor) -> int:
-    return (t[0].numel() if t.dim() and t.shape[0] else _rest(t)) * t.element_size()
-
-
-def _rest(t: torch.Tensor) -> int:
-    n = 1
-    for d in t.shape[1:]:
-        n *= d
-    return n
+    return math.prod(t.shape[1:]) * t.element_size()
 
 
 def scale_in_place(t: torch.Tensor, factor: float) -> None:

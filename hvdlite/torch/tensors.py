@@ -11,7 +11,7 @@ from hvdlite.core.frontend import (PlaneBuffer, generation, logger, plane_agreed
                                    tensor_layout)
 
 from . import mpi_plane
-from .plane import BACKEND_DTYPES, FACTORY
+from .plane import FACTORY, PLANE_DTYPES
 
 #: A test switch: CPU tensors take the host-staging path of device tensors, so that it runs without a GPU (set it
 #: before hvd.init(): what a tensor takes is remembered per job).
@@ -75,6 +75,8 @@ class _Interface:
     """What np.asarray views: it carries the layout and holds the tensor whose memory the array uses."""
 
     __slots__ = ("__array_interface__", "tensor")
+    __array_interface__: dict
+    tensor: torch.Tensor
 
 
 class _Entry(NamedTuple):
@@ -171,7 +173,7 @@ def plane_for(tensor: torch.Tensor, kind: str) -> str:
         return ""
     dtype = str(tensor.dtype).replace("torch.", "")
     if tensor.is_cpu:
-        if plane_agreed("gloo") and setting("cpu_operations") == "gloo" and dtype in BACKEND_DTYPES["gloo"]:
+        if plane_agreed("gloo") and setting("cpu_operations") == "gloo" and dtype in PLANE_DTYPES:
             return "gloo"
         return ""
     if tensor.device.type != "cuda":
@@ -195,7 +197,7 @@ def gpu_plane(kind: str, dtype: str, device: str = "cuda") -> str:
     if choice == "gloo":
         return "gloo" if kind in ("allreduce", "broadcast") and plane_agreed("gloo") else ""
     if choice != "mpi":
-        if plane_agreed("nccl") and dtype in BACKEND_DTYPES["nccl"]:
+        if plane_agreed("nccl") and dtype in PLANE_DTYPES:
             return "nccl"
         if not plane_agreed("nccl") and choice == "nccl":
             raise RuntimeError(
