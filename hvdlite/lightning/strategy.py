@@ -91,26 +91,10 @@ class HvdliteStrategy(ParallelStrategy):
         self._skip_sync: Optional[contextlib.ExitStack] = None
         self.set_world_ranks()
 
-    # -- the job: hvdlite's ranks -------------------------------------------------------------------
+    # -- the job: hvdlite's ranks (global_rank, world_size... are ParallelStrategy's, from the environment) --
     @property
     def is_distributed(self) -> bool:  # read by Lightning's connector: inject the DistributedSampler
         return True
-
-    @property
-    def global_rank(self) -> int:
-        return hvd.rank()
-
-    @property
-    def local_rank(self) -> int:
-        return hvd.local_rank()
-
-    @property
-    def node_rank(self) -> int:
-        return hvd.cross_rank()
-
-    @property
-    def world_size(self) -> int:
-        return hvd.size()
 
     @property
     def root_device(self) -> torch.device:

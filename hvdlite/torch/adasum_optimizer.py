@@ -1,10 +1,7 @@
 """DistributedOptimizer(op=hvd.Adasum): Horovod's delta scheme, local optimizer steps combined with Adasum.
 
-Each rank applies the wrapped optimizer's step to its own gradients, from the same starting parameters;
-the parameter deltas (new - start) are combined with Adasum across the process set, and every rank sets
-its parameters to start + combined delta. The optimizer's state (momentum, Adam moments) stays local to
-each rank, built from its own gradients, as in Horovod. Each parameter is its own Adasum vector.
-"""
+Each rank steps from the same parameters with its own gradients (its optimizer state stays local, as in
+Horovod); the deltas are combined with Adasum, each parameter its own vector, and added to the start."""
 from __future__ import annotations
 
 import contextlib
@@ -17,13 +14,9 @@ from .optimizer import _DistributedOptimizer
 
 
 class DistributedAdasumOptimizer(_DistributedOptimizer):
-    """Mixed in front of the user's optimizer class when ``op=hvd.Adasum`` on a set of 2, 4, 8... ranks.
-
-    Hooks, ``backward_passes_per_step``, ``groups``, ``compression``, names and ``gradient_overlap`` work
-    as in the averaging optimizer; each bucket's collective steps its parameters locally and combines the
-    deltas (bucket_sync.AdasumDeltas) instead of averaging the gradients. As in Horovod, ``synchronize()``
-    does nothing (step() does the whole exchange) and ``skip_synchronize()`` is refused.
-    """
+    """Mixed in front of the user's optimizer class when ``op=hvd.Adasum`` on a set of 2, 4, 8... ranks: the
+    averaging optimizer with bucket_sync.AdasumDeltas as the bucket collective. As in Horovod, ``synchronize()``
+    does nothing (step() does the whole exchange) and ``skip_synchronize()`` is refused."""
 
     def _collective(self) -> BucketCollective:
         return AdasumDeltas(self.process_set, self._compression, self._local_step)

@@ -1,18 +1,8 @@
 """The one bucket machine of both torch optimizers: each gradient a view of a flat bucket, counted as backward
 makes it ready, each bucket reduced by its optimizer's collective once its last gradient is ready.
 
-``BucketSync(collective, ...)`` does the layout, the counting and the submission; the collective is what
-differs: ``HookAllreduce`` (DistributedOptimizer: an in-place allreduce of the bucket through its comm hook),
-``AdasumDeltas`` (DistributedOptimizer(op=hvd.Adasum): a local step of the bucket's parameters, their deltas
-combined with Adasum) or ``ShardReducescatter`` (ZeroRedundancyOptimizer: a reducescatter of the bucket into
-this rank's shard). All compress through ``comm_hooks.start_reduction``, the one reduction path.
-
-Layouts: ZeroRedundancyOptimizer's buckets are planned when it is built (``extend``, one row per rank).
-DistributedOptimizer's follow the order in which the first backward pass produced the gradients on the set's
-first rank (agreed with one small collective at the first synchronize, ``agree``; DDP rebuilds its buckets
-the same way), ``groups=`` units being explicit bucket boundaries. When parameters are frozen, unfrozen,
-added, or change dtype, device or shape (``model.to()`` after wrapping), the buckets that changed are planned
-afresh before they are submitted (``refit``), and the whole layout after that step, without communication.
+The collective is what differs: ``HookAllreduce`` (DistributedOptimizer: the comm hook's in-place allreduce),
+``AdasumDeltas`` (op=hvd.Adasum) or ``ShardReducescatter`` (ZeroRedundancyOptimizer: into this rank's shard).
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The flat buckets of both torch optimizers (DistributedOptimizer's and ZeroRedundancyOptimizer's): how they
-are cut, which elements each rank owns, and moving tensors in and out of them.
-
-A bucket is a run of parameters of one param group and dtype, laid end to end and padded to a multiple of
-the set size N; rank r owns the r-th of its N equal rows. A reducescatter of the bucket's gradients viewed
-as (N, S) hands each rank exactly its row, and an allgather of the rows rebuilds the whole bucket.
-DistributedOptimizer plans its buckets with N = 1 (one row, no padding) and allreduces each one in place.
-"""
+"""The flat buckets of both torch optimizers: how they are cut, which elements each rank owns, and moving
+tensors in and out of them. A bucket of N rows (ZeRO: the set size; DistributedOptimizer: 1) is padded to a
+multiple of N; rank r owns row r, which a reducescatter of the bucket hands it and an allgather shares."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,12 +1,5 @@
-"""horovod.torch's synchronous collectives as autograd Functions, with Horovod's backward conventions.
-
-The backward passes are Horovod's (and hvdlite.tensorflow's), so migrated scripts keep their training
-dynamics: allreduce's gradient is an allreduce of the upstream gradient with the same op, scale factors
-and process set (also for Min, Max and Product); allgather's averages the upstream gradient over the set
-and keeps this rank's rows; broadcast's averages it on the root and gives zeros elsewhere; alltoall's
-sends it back along the received splits; reducescatter's allgathers it, multiplied by the set size for
-Sum and by the pre/post scale factors. docs/torch.md states the conventions.
-"""
+"""horovod.torch's synchronous collectives as autograd Functions, with Horovod's backward conventions (each
+class says its own; docs/torch.md states them all)."""
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence

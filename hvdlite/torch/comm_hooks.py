@@ -76,12 +76,9 @@ class Reduction:
 def start_reduction(tensors: list[torch.Tensor], compression: Any, name: str, op: Any, prescale: float,
                     postscale: float, process_set: ProcessSet, *,
                     scatter_into: Optional[list[torch.Tensor]] = None) -> Reduction:
-    """Compress each tensor and start one grouped reduction of what goes on the wire: Horovod's reduction
-    (``op``, ``prescale`` before it and ``postscale`` after it). The one reduction path of the torch
-    optimizers: DistributedOptimizer's buckets (cast compressions), densified sparse gradients and Adasum deltas reduce
-    in place with one allreduce named ``allreduce.<name>``; ZeroRedundancyOptimizer's buckets
-    (``scatter_into``: one output row per tensor, written directly when nothing is cast) with one
-    reducescatter named ``reducescatter.<name>``."""
+    """Compress each tensor and start one grouped reduction of the wires (the torch optimizers' one reduction
+    path): an in-place allreduce, or with ``scatter_into`` (one output row per tensor, written directly when
+    nothing is cast) a reducescatter."""
     pairs = [compression.compress(t) for t in tensors]
     wires = [w for w, _ in pairs]
     ctxs = [c for _, c in pairs]
@@ -111,13 +108,9 @@ def write_back(target: torch.Tensor, result: torch.Tensor) -> None:
 
 
 def compression_hook(compression: Any, op: Any, prescale: float, postscale: float) -> CommHook:
-    """DistributedOptimizer's ``compression=``, ``op`` and ``gradient_predivide_factor`` as one hook.
-
-    No compression reduces the bucket in place, and so does an accumulating one (bf16_fp32acc...: the engine
-    casts for the wire). The built-in casts (elementwise) compress the whole bucket at once; any other
-    compressor gets each gradient with its own shape, as Horovod hands it one tensor at a time. Either way each
-    element goes through the same casts and the same reduction as before buckets.
-    """
+    """DistributedOptimizer's ``compression=``, ``op`` and ``gradient_predivide_factor`` as one hook: the
+    built-in casts compress the whole bucket, any other compressor each gradient with its own shape (as Horovod
+    hands it one tensor at a time); none, or an accumulating one (the engine casts), reduces in place."""
     accumulation = accumulation_of(compression)
     reduce_op = resolve_op(op)  # once, not per bucket and step
 

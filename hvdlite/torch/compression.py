@@ -1,9 +1,5 @@
 """Gradient compression for allreduce: none, fp16 (as Horovod), bf16, and bf16/fp16 on the wire with float32
-sums (``bf16_fp32acc``, ``fp16_fp32acc``, ``bf16_fp32acc_fp32gather``: hvdlite additions).
-
-The algorithms are the core's (``hvdlite.core.frontend.CastCompressor``, ``accumulating``); this module gives
-the casts torch's.
-"""
+sums (hvdlite additions); the algorithms are the core's, the casts torch's."""
 from __future__ import annotations
 
 from typing import Any

@@ -56,17 +56,9 @@ class _TensorSpec:
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None,
                               process_set: ProcessSet = global_process_set) -> None:
-    """Make every rank's optimizer state and hyper-parameters (lr, betas, ...) equal root_rank's.
-
-    ``model`` is Horovod's signature: hvdlite takes no dummy step to create missing state, so it does not
-    need the model and leaves its gradients alone (a ProcessSet passed third, as hvdlite once took it,
-    is still understood as ``process_set``).
-
-    The state's structure (which parameters have state, its keys, Python scalars such as lr and
-    betas) is broadcast first as an object; its tensors are then broadcast in place. Ranks whose
-    state does not exist yet (optimizers create it lazily at the first step()) get it created; a
-    root whose state is still empty leaves every rank with empty state (no dummy step is taken).
-    """
+    """Make every rank's optimizer state and hyper-parameters (lr, betas, ...) equal root_rank's: the structure
+    as an object, then the tensors in place (created where missing). No dummy step is taken, so ``model``
+    (Horovod's signature) is not needed; a ProcessSet passed third is understood as ``process_set``."""
     if isinstance(model, ProcessSet):
         process_set = model
     state_dict = optimizer.state_dict()

@@ -1,9 +1,7 @@
 """The CUDA-aware MPI data plane: torch tensors' device buffers handed to MPI directly, without host staging.
 
-plane.py's TorchPlane (fusion into one flat buffer, scaling, uneven rows, splits) runs it over this group, which
-calls MPI (the core's ``Bootstrap.buffers()``) instead of NCCL or gloo. MPI knows no CUDA streams:
-before MPI reads a buffer the host waits, by polling CUDA events, for the work that wrote it (the producing
-stream's event, then the plane's own copies); no device-wide synchronize.
+plane.py's TorchPlane runs over this group, which calls MPI instead of NCCL or gloo. MPI knows no CUDA streams:
+the host polls CUDA events for the work that wrote a buffer before MPI reads it.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 keyword names and semantics, over hvdlite's asynchronous allreduces."""
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, Optional
 
@@ -94,21 +95,11 @@ class PowerSGDState:
 
 
 class _Future:
-    """The hook's result: ``wait()`` finishes the remaining rounds (P's, then Q's allreduce) and returns the
-    bucket's buffer, now holding the averaged approximation."""
+    """The hook's result: ``wait()`` (run once) finishes the remaining rounds (P's, then Q's allreduce) and
+    returns the bucket's buffer, now holding the averaged approximation."""
 
     def __init__(self, finish: Callable[[], torch.Tensor]) -> None:
-        self._finish: Optional[Callable[[], torch.Tensor]] = finish
-        self._value: Optional[torch.Tensor] = None
-
-    def wait(self) -> torch.Tensor:
-        if self._finish is not None:
-            finish, self._finish = self._finish, None
-            self._value = finish()
-        assert self._value is not None
-        return self._value
-
-    value = wait
+        self.wait = self.value = functools.cache(finish)
 
 
 def _orthogonalize(matrix: torch.Tensor, epsilon: float) -> None:
@@ -126,11 +117,7 @@ def _orthogonalize(matrix: torch.Tensor, epsilon: float) -> None:
 
 
 def _views(memory: torch.Tensor, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
-    views, at = [], 0
-    for rows, cols in shapes:
-        views.append(memory[at:at + rows * cols].view(rows, cols))
-        at += rows * cols
-    return views
+    return [m.view(shape) for m, shape in zip(memory.split([r * c for r, c in shapes]), shapes)]
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: Any) -> Any:

@@ -52,13 +52,8 @@ def dtype_hint(tensor: torch.Tensor) -> Optional[str]:
 
 
 def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy array sharing memory with a CPU tensor (bfloat16 seen as int16 bits); the array keeps
-    the tensor alive, so a collective may outlive every other reference to its input.
-
-    Not ``Tensor.numpy()``: that marks the tensor's storage as not resizable for good, so ``t.resize_()``
-    would fail after any collective on ``t``. The view is built from the tensor's address; the layout is
-    remembered per tensor (see _ENTRIES), so a gradient reduced every step costs a lookup.
-    """
+    """A numpy array sharing memory with a CPU tensor (bfloat16 seen as int16 bits) that keeps the tensor alive.
+    Not ``Tensor.numpy()``, which makes the storage unresizable for good; the layout is remembered per tensor."""
     entry = _ENTRIES.get(id(tensor))
     if entry is None or not entry.describes(tensor):
         t = tensor.detach()
@@ -255,14 +250,9 @@ def on_plane(hosts: Sequence[Any]) -> bool:
 
 
 def to_host(tensor: torch.Tensor, what: str) -> tuple[Any, bool]:
-    """What the core gets for ``tensor``, and whether that shares the tensor's memory.
-
-    A tensor bound for a data plane (plane_for) goes in as it is, wrapped in a PlaneBuffer (a contiguous
-    copy if it is not contiguous), with a CUDA event on its current stream that the plane waits for.
-    CPU tensors are viewed without a copy (the core copies non-contiguous ones itself and writes
-    in-place results back through the view). Tensors on any other device (CUDA) are staged through
-    a contiguous host copy, taken on the tensor's current stream.
-    """
+    """What the core gets for ``tensor``, and whether that shares the tensor's memory: for a data plane
+    (plane_for) the tensor itself (contiguous) with a CUDA event on its stream; a CPU tensor's numpy view; else
+    (CUDA) a host copy."""
     check_dtype(tensor, what)
     plane = plane_for(tensor, _kind(what))
     if plane:

@@ -1,10 +1,8 @@
 """ZeroRedundancyOptimizer: ZeRO stage 1, each rank keeps and steps the optimizer state of 1/N of the model.
 
-Gradients are averaged with one reducescatter per flat bucket (laid out by buckets.py, counted and submitted
-by bucket_sync's machine, the one DistributedOptimizer uses too), so each rank receives only the rows it
-owns; the wrapped ``optimizer_class`` steps those rows; an allgather of the updated rows puts the new
-parameters on every rank. Parameters and gradients are views of each bucket's flat buffers, and both
-collectives write into buffers kept across steps, so a step allocates no whole-model temporaries.
+Gradients are averaged with one reducescatter per flat bucket (bucket_sync), so each rank receives the rows
+it owns and steps them; an allgather of the updated rows shares the new parameters. Parameters and gradients
+are views of the buckets, and both collectives write into buffers kept across steps.
 """
 from __future__ import annotations
 
