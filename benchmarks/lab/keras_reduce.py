@@ -1,12 +1,11 @@
 """Where Keras' gradient reduction time goes: ResNet-50's Keras gradients, each method timed interleaved.
 
-Run: mpiexec -n 2 python benchmarks/lab/keras_reduce.py [--rounds 8] [--methods graph_old,graph,...] [--fit]
+Run: mpiexec -n 2 python benchmarks/lab/keras_reduce.py [--rounds 8] [--methods graph_fresh,graph,...] [--fit]
 
 Methods (Average over all ranks of the 214 gradients of keras.applications.ResNet50 at 64x64, 94 MB):
-  graph_old   tf.function reduction as before issue 12's Keras work: the status op passes every tensor
-              through its Python kernel, and the engine writes into fresh arrays (emulated by patching)
-  graph_gate  the status op sees only the token (an IdentityN passes the tensors), fresh arrays
-  graph       today's path: as graph_gate, outputs in buffers reused across steps
+  graph_fresh tf.function reduction into fresh arrays (emulated by patching; before issue 12's Keras work the
+              status op also passed every tensor through its Python kernel: that path is gone)
+  graph       today's path: as graph_fresh, outputs in buffers reused across steps
   eager       reduce_gradients eagerly
   core_oop    hvdlite.core grouped_allreduce on numpy arrays, fresh outputs
   core_inplace hvdlite.core grouped_allreduce_ on numpy arrays, in place
@@ -18,7 +17,7 @@ Methods (Average over all ranks of the 214 gradients of keras.applications.ResNe
               its own, so a bucket costs a copy in and a copy out)
   core_flat   hvdlite.core allreduce_ of one flat numpy buffer of all the gradients, in place: the engine's
               time for a flat bucket (concat_split + core_flat + a one-tensor handoff: a flat-bucket path)
---fit: also time model.fit steps (batch 16 per rank) of the same model with graph_old's and today's path.
+--fit: also time model.fit steps (batch 16 per rank) of the same model with graph_fresh's and today's path.
 Rank 0 prints the median per method and its ratio to the first method.
 """
 from __future__ import annotations
@@ -36,7 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--methods", default="graph_old,graph_gate,graph,eager,core_oop,core_inplace,raw,"
+    parser.add_argument("--methods", default="graph_fresh,graph,eager,core_oop,core_inplace,raw,"
                         "handoff,concat_split,core_flat")
     parser.add_argument("--fit", action="store_true")
     args = parser.parse_args()
@@ -48,22 +47,20 @@ def main() -> None:
     from mpi4py import MPI
     import hvdlite as core
     import hvdlite.tensorflow.keras as hvd
-    from hvdlite.tensorflow import mpi_ops, status_op
+    from hvdlite.tensorflow import mpi_ops
     from hvdlite.tensorflow.reduction import reduce_gradients
     hvd.init()
     comm = MPI.COMM_WORLD
 
     @contextmanager
-    def old_path(gate: bool = True) -> Iterator[None]:
-        """Trace with the earlier behaviour: fresh outputs; with ``gate``, tensors through the status op."""
-        saved = status_op.gate, mpi_ops.ReusableOutputs
-        if gate:
-            status_op.gate = lambda token, values, name: status_op.check_status(token, values, name=name)
+    def old_path() -> Iterator[None]:
+        """Trace with the earlier behaviour: fresh outputs."""
+        saved = mpi_ops.ReusableOutputs
         mpi_ops.ReusableOutputs = lambda: None
         try:
             yield
         finally:
-            status_op.gate, mpi_ops.ReusableOutputs = saved
+            mpi_ops.ReusableOutputs = saved
 
     def build() -> Any:
         keras.utils.set_random_seed(0)
@@ -79,13 +76,13 @@ def main() -> None:
         print(f"{len(arrays)} gradients, {sum(a.nbytes for a in arrays) / 1e6:.1f} MB, {comm.size} ranks",
               flush=True)
 
-    def traced(old: bool, gate: bool = True) -> Callable[[], Any]:
+    def traced(old: bool) -> Callable[[], Any]:
         fn = tf.function(lambda gs: [tf.reduce_sum(g[..., :1]) for g in reduce_gradients(gs, names=names)[:3]])
 
         def run() -> Any:
             if not old:
                 return fn(grads)
-            with old_path(gate):  # only the first call traces; patching every call keeps it simple
+            with old_path():  # only the first call traces; patching every call keeps it simple
                 return fn(grads)
         return run
 
@@ -110,7 +107,7 @@ def main() -> None:
     bucket = flat.copy()
 
     methods: Dict[str, Callable[[], Any]] = {
-        "graph_old": traced(True), "graph_gate": traced(True, gate=False), "graph": traced(False),
+        "graph_fresh": traced(True), "graph": traced(False),
         "eager": lambda: reduce_gradients(grads, names=names),
         "core_oop": lambda: core.grouped_allreduce(arrays, op=core.Average, name="oop"),
         "core_inplace": lambda: core.grouped_allreduce_(outputs, op=core.Average, name="inplace"),

@@ -16,8 +16,7 @@ from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (XLANotSupportedError, allgather, alltoall, barrier, broadcast, broadcast_, grouped_allgather,
-                      join)
-from .value_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
+                      join, local_rank_op, local_size_op, process_set_included_op, rank_op, size_op)
 from .reduction import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 from .session import BroadcastGlobalVariablesHook, broadcast_global_variables
 from .sync_batch_norm import SyncBatchNormalization

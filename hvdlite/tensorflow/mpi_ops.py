@@ -1,4 +1,5 @@
-"""TensorFlow ops over the hvdlite core: each collective is a numpy call, eager or in tf.function, with a gradient.
+"""TensorFlow ops over the hvdlite core: each collective is a numpy call, eager or in tf.function, with a gradient;
+and the topology ops (``hvd.rank_op()``, ``size_op()``, ...), int32 scalars read when the graph runs.
 
 Eagerly the tensors' numpy values go straight to ``hvdlite.core``; inside a ``tf.function`` the same call
 runs from a stateful ``tf.numpy_function``. Within one graph every collective gets a control dependency on
@@ -18,7 +19,7 @@ import tensorflow as tf
 from hvdlite import core
 from hvdlite.core import Average, HvdliteError, ProcessSet, Sum, TensorMismatchError, global_process_set
 from hvdlite.core.basics import _basics  # noqa: F401 - Horovod's hvd.mpi_ops._basics
-from hvdlite.core.frontend import Accumulation, check_process_set, register_gpu_probe, resolve_op
+from hvdlite.core.frontend import Accumulation, check_process_set, process_set_ranks, register_gpu_probe, resolve_op
 from hvdlite.tensorflow import status_op
 from hvdlite.tensorflow.buffers import ReusableOutputs
 from hvdlite.tensorflow.errors import as_list, as_tensor, as_tensors, as_tf_error
@@ -55,10 +56,6 @@ def check_not_xla(what: str) -> None:
             f"jit_compile=False)); you may keep XLA for a separate function that only computes the gradients.")
 
 
-def _np_dtype(dtype: tf.DType) -> np.dtype:
-    return np.dtype(dtype.as_numpy_dtype)
-
-
 def _fix_dtype(array: Any, dtype: np.dtype) -> np.ndarray:
     """The core may hand bfloat16 back as uint16 bits: view it as the dtype TensorFlow expects."""
     a = np.asarray(array)
@@ -73,7 +70,7 @@ def run_collective(kind: str, fn: Callable[..., Sequence[Any]], inputs: Sequence
                    out_dtypes: Sequence[tf.DType]) -> list[tf.Tensor]:
     """Run ``fn(*numpy inputs) -> numpy outputs`` as one op: eagerly now, or as a node of the current graph."""
     check_not_xla(kind)
-    np_types = [_np_dtype(d) for d in out_dtypes]
+    np_types = [np.dtype(d.as_numpy_dtype) for d in out_dtypes]
 
     def body(*arrays: np.ndarray) -> list[np.ndarray]:
         return [_fix_dtype(out, d) for out, d in zip(fn(*arrays), np_types)]
@@ -137,14 +134,6 @@ def dense(t: Any) -> Any:
 
 
 # -- allreduce --------------------------------------------------------------------------------------
-def _allreduce(tensor: Any, name: Optional[str] = None, op: Any = Sum, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0, ignore_name_scope: bool = False,
-               process_set: ProcessSet = global_process_set) -> tf.Tensor:
-    """Reduce a dense tensor over ``process_set`` (default op Sum, as Horovod's ``_allreduce``)."""
-    return _grouped_allreduce([tensor], name, op, prescale_factor, postscale_factor, ignore_name_scope,
-                              process_set)[0]
-
-
 def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        ignore_name_scope: bool = False,
@@ -158,17 +147,14 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
     if not xs:
         return []
 
-    outputs = None if tf.executing_eagerly() else ReusableOutputs()  # a graph op runs at every step
+    # a graph op runs at every step: it reduces into warm, aligned buffers (TensorFlow wraps them without a copy)
+    outputs = None if tf.executing_eagerly() else ReusableOutputs()
 
     def reduce(*arrays: np.ndarray) -> list[np.ndarray]:
-        if outputs is None:
-            return core.grouped_allreduce(list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor,
-                                          postscale_factor=postscale_factor, process_set=process_set,
-                                          accumulation=accumulation)
-        # into warm, aligned buffers (TensorFlow wraps them without a copy), reused across steps
-        return core.grouped_allreduce(list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor,
-                                      postscale_factor=postscale_factor, process_set=process_set,
-                                      outputs=outputs.like(arrays), accumulation=accumulation)
+        return core.grouped_allreduce(
+            list(arrays), name=name, op=reduce_op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            process_set=process_set, outputs=None if outputs is None else outputs.like(arrays),
+            accumulation=accumulation)
 
     @tf.custom_gradient
     def forward(*inputs: tf.Tensor) -> Any:
@@ -248,7 +234,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
             # Horovod's gradient: the average of the upstream gradients, kept on the root, zero elsewhere.
             # The zeros depend on the allreduce: in a tf.compat.v1 session, zeros of a known shape would
             # not, and the non-root ranks would skip the allreduce that the root runs
-            reduced = _allreduce(dense(dy), op=Average, process_set=process_set)
+            reduced = _grouped_allreduce([dense(dy)], op=Average, process_set=process_set)[0]
             if core.rank() == root:
                 return reduced
             with tf.control_dependencies([reduced]):
@@ -319,13 +305,6 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, ignore
 
 
 # -- reducescatter ----------------------------------------------------------------------------------
-def _reducescatter(tensor: Any, name: Optional[str] = None, op: Any = Sum, ignore_name_scope: bool = False,
-                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                   postscale_factor: float = 1.0) -> tf.Tensor:
-    return _grouped_reducescatter([tensor], name, op, ignore_name_scope, process_set, prescale_factor,
-                                  postscale_factor)[0]
-
-
 def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
                            ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set,
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[tf.Tensor]:
@@ -371,3 +350,30 @@ def barrier(process_set: ProcessSet = global_process_set) -> Optional[tf.Operati
     check_process_set(process_set, "barrier")
     out = run_collective("barrier", lambda: [np.int32(core.barrier(process_set) or 0)], [], [tf.int32])
     return None if tf.executing_eagerly() else out[0].op
+
+
+def _value_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
+    """An int32 scalar computed when the graph runs (a constant under XLA or eagerly)."""
+    if tf.executing_eagerly() or _in_xla_context():
+        return tf.constant(value(), dtype=tf.int32, name=name)
+    return _set_shape(tf.numpy_function(lambda: np.int32(value()), [], tf.int32, stateful=True, name=name), [])
+
+
+def rank_op(name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(core.rank, name)
+
+
+def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(core.local_rank, name)
+
+
+def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(lambda: len(process_set_ranks(int(process_set_id))), name)
+
+
+def local_size_op(name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(core.local_size, name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
+    return _value_op(lambda: int(core.rank() in process_set_ranks(int(process_set_id))), name)

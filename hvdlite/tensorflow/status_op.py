@@ -4,11 +4,10 @@ TensorFlow's PyFunc kernel (behind ``tf.numpy_function``) turns any Python excep
 InvalidArgumentError, so a graph-mode collective cannot raise ``FailedPreconditionError`` itself. Instead its
 Python body stores the error under a token (:func:`defer_error`) and returns the token; this op, registered
 once per process through TensorFlow's stable C API (``tensorflow/c/ops.h``, ``kernels.h``) with ctypes
-callbacks, receives the token and the collective's results: token 0 passes the results through unchanged,
-any other token fails the kernel with the stored error's code and message. Nothing is compiled: the kernel
-is a Python function TensorFlow calls through a C function pointer. Collectives (:func:`numpy_function`) give
-the op the token alone and pass their results on through an IdentityN that depends on it (:func:`gate`):
-the Python kernel costs tens of microseconds per tensor it would pass through. Where the C API cannot be loaded
+callbacks, receives the token alone: token 0 succeeds, any other fails the kernel with the stored error's code
+and message. The collective's results pass on through an IdentityN that depends on the op (:func:`gate`), so
+the Python kernel (tens of microseconds per tensor it would touch) sees no tensor. Nothing is compiled: the
+kernel is a Python function TensorFlow calls through a C function pointer. Where the C API cannot be loaded
 (another TensorFlow build, a missing symbol, registration refused), :func:`available` is False and callers
 keep raising from the Python body (one debug log line says why).
 """
@@ -30,7 +29,7 @@ from .errors import ArgumentError, MismatchError, as_tf_error
 OP_NAME = "HvdliteCheckStatus"
 
 __all__ = ["OP_NAME", "MismatchError", "ArgumentError", "as_tf_error", "defer_error", "available",
-           "check_status", "numpy_function", "gate"]
+           "numpy_function", "gate"]
 
 _lock = threading.Lock()  # registration
 _errors_lock = threading.Lock()  # the stored errors (taken by the kernel on TensorFlow's threads)
@@ -54,18 +53,13 @@ def _take_error(token: int) -> Optional[tuple[int, str]]:
 
 def _register() -> None:
     lib = tf_c_api.load()
-    shape, compute = callbacks = tf_c_api.make_callbacks(lib, OP_NAME, _take_error)
-    _state["callbacks"] = callbacks  # TensorFlow keeps the function pointers for the life of the process
+    _state["compute"] = compute = tf_c_api.make_kernel(lib, OP_NAME, _take_error)  # kept for the process' life
     _state["lib"] = lib
     status = lib.TF_NewStatus()
     try:
         builder = lib.TF_NewOpDefinitionBuilder(OP_NAME.encode())
-        lib.TF_OpDefinitionBuilderAddAttr(builder, b"T: list(type) >= 0")
         lib.TF_OpDefinitionBuilderAddInput(builder, b"token: int64")
-        lib.TF_OpDefinitionBuilderAddInput(builder, b"values: T")
-        lib.TF_OpDefinitionBuilderAddOutput(builder, b"outputs: T")
         lib.TF_OpDefinitionBuilderSetIsStateful(builder, True)
-        lib.TF_OpDefinitionBuilderSetShapeInferenceFunction(builder, shape)
         lib.TF_RegisterOpDefinition(builder, status)  # frees the builder
         tf_c_api.check(lib, status, f"registering op {OP_NAME}")
         kernel = lib.TF_NewKernelBuilder(OP_NAME.encode(), b"CPU", tf_c_api.NO_CREATE, compute, tf_c_api.NO_DELETE)
@@ -73,7 +67,7 @@ def _register() -> None:
         tf_c_api.check(lib, status, f"registering the CPU kernel of {OP_NAME}")
     finally:
         lib.TF_DeleteStatus(status)
-    tf.no_gradient(OP_NAME)  # callers attach their own gradients (custom_gradient) around it
+    tf.no_gradient(OP_NAME)
 
 
 @tf.autograph.experimental.do_not_convert  # first called while a tf.function traces: AutoGraph would convert
@@ -89,13 +83,6 @@ def available() -> bool:                  # the kernel's callbacks, and run its 
                 logger.debug("hvdlite.tensorflow: %s op unavailable (%s); in tf.function, collective errors "
                              "surface as InvalidArgumentError/UnknownError", OP_NAME, _state["why"])
         return bool(_state["ok"])
-
-
-def check_status(token: tf.Tensor, values: Sequence[tf.Tensor], name: Optional[str] = None) -> list[tf.Tensor]:
-    """In the current graph: ``values`` unchanged once ``token`` (int64 scalar) is 0; else fail the step."""
-    from tensorflow.python.framework import op_def_library
-    _, _, _, outputs = op_def_library._apply_op_helper(OP_NAME, name=name, token=token, values=list(values))
-    return list(outputs)
 
 
 def numpy_function(body: Callable[..., list[np.ndarray]], inputs: Sequence[tf.Tensor],
@@ -122,11 +109,10 @@ def numpy_function(body: Callable[..., list[np.ndarray]], inputs: Sequence[tf.Te
 
 
 def gate(token: tf.Tensor, values: Sequence[tf.Tensor], name: str) -> list[tf.Tensor]:
-    """Like :func:`check_status`, but the op sees only the token and one IdentityN, ordered after it, passes
-    ``values`` on (sharing their buffers). The op's Python kernel costs about 30 us per tensor it passes
-    through (ctypes on TensorFlow's thread), 30 ms a step for ResNet-50's 214 gradients; IdentityN is C++."""
+    """In the current graph: ``values`` (passed on by one IdentityN, sharing their buffers) once ``token``
+    (an int64 scalar) is 0; any other token fails the step with the error stored under it."""
     from tensorflow.python.framework import op_def_library
-    op = op_def_library._apply_op_helper(OP_NAME, name=name, token=token, values=[])[2]
+    op = op_def_library._apply_op_helper(OP_NAME, name=name, token=token)[2]
     if not values:
         return []
     with tf.control_dependencies([op]):

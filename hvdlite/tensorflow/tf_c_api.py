@@ -1,5 +1,5 @@
-"""A ctypes binding of TensorFlow's stable C API (ops.h, kernels.h) for one pass-through op whose kernel
-is a Python function: load the library, and build the op's shape and kernel callbacks."""
+"""A ctypes binding of TensorFlow's stable C API (ops.h, kernels.h) for one op whose kernel is a Python
+function: load the library, and build the kernel's callback."""
 from __future__ import annotations
 
 import ctypes
@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["load", "make_callbacks", "NO_CREATE", "NO_DELETE", "check", "fail", "INVALID_ARGUMENT",
+__all__ = ["load", "make_kernel", "NO_CREATE", "NO_DELETE", "check", "fail", "INVALID_ARGUMENT",
            "FAILED_PRECONDITION", "INTERNAL"]
 
 #: TF_Code values (tensorflow/c/tf_status.h).
@@ -20,9 +20,8 @@ _VOIDP = ctypes.c_void_p
 _CREATE = ctypes.CFUNCTYPE(_VOIDP, _VOIDP)
 _COMPUTE = ctypes.CFUNCTYPE(None, _VOIDP, _VOIDP)
 _DELETE = ctypes.CFUNCTYPE(None, _VOIDP)
-#: NULL kernel create and delete functions (the op's kernel keeps no state): see make_callbacks.
+#: NULL kernel create and delete functions (the op's kernel keeps no state): see make_kernel.
 NO_CREATE, NO_DELETE = _CREATE(), _DELETE()
-_SHAPE = ctypes.CFUNCTYPE(None, _VOIDP, _VOIDP)
 
 #: (argtypes, restype) of every C function used; all live in libtensorflow_framework.
 _SIGNATURES = {
@@ -32,22 +31,12 @@ _SIGNATURES = {
     "TF_GetCode": ([_VOIDP], ctypes.c_int),
     "TF_Message": ([_VOIDP], ctypes.c_char_p),
     "TF_NewOpDefinitionBuilder": ([ctypes.c_char_p], _VOIDP),
-    "TF_OpDefinitionBuilderAddAttr": ([_VOIDP, ctypes.c_char_p], None),
     "TF_OpDefinitionBuilderAddInput": ([_VOIDP, ctypes.c_char_p], None),
-    "TF_OpDefinitionBuilderAddOutput": ([_VOIDP, ctypes.c_char_p], None),
     "TF_OpDefinitionBuilderSetIsStateful": ([_VOIDP, ctypes.c_bool], None),
-    "TF_OpDefinitionBuilderSetShapeInferenceFunction": ([_VOIDP, _SHAPE], None),
     "TF_RegisterOpDefinition": ([_VOIDP, _VOIDP], None),
-    "TF_ShapeInferenceContextNumInputs": ([_VOIDP], ctypes.c_int64),
-    "TF_NewShapeHandle": ([], _VOIDP),
-    "TF_DeleteShapeHandle": ([_VOIDP], None),
-    "TF_ShapeInferenceContextGetInput": ([_VOIDP, ctypes.c_int, _VOIDP, _VOIDP], None),
-    "TF_ShapeInferenceContextSetOutput": ([_VOIDP, ctypes.c_int, _VOIDP, _VOIDP], None),
     "TF_NewKernelBuilder": ([ctypes.c_char_p, ctypes.c_char_p, _CREATE, _COMPUTE, _DELETE], _VOIDP),
     "TF_RegisterKernelBuilder": ([ctypes.c_char_p, _VOIDP, _VOIDP], None),
-    "TF_NumInputs": ([_VOIDP], ctypes.c_int),
     "TF_GetInput": ([_VOIDP, ctypes.c_int, ctypes.POINTER(_VOIDP), _VOIDP], None),
-    "TF_SetOutput": ([_VOIDP, ctypes.c_int, _VOIDP, _VOIDP], None),
     "TF_OpKernelContext_Failure": ([_VOIDP, _VOIDP], None),
     "TF_TensorData": ([_VOIDP], _VOIDP),
     "TF_TensorByteSize": ([_VOIDP], ctypes.c_size_t),
@@ -78,71 +67,38 @@ def fail(lib: ctypes.CDLL, ctx: int, code: int, message: str) -> None:
         lib.TF_DeleteStatus(status)
 
 
-def make_callbacks(lib: ctypes.CDLL, op_name: str, take_error: Callable[[int], Optional[tuple[int, str]]]) \
-        -> list[object]:
-    """The C callbacks (shape, compute) of op ``op_name`` and its kernel, returned so the caller keeps them
-    alive forever. The kernel fails with ``take_error(token)`` for a nonzero token. The kernel has no create
-    or delete callback (NULL: it keeps no state): TensorFlow creates and destroys kernels while it holds its
-    own locks (tf.random.set_seed clears every cached kernel under the eager context's lock), and a Python
-    callback there needs the GIL, which a thread waiting for that lock may hold (a deadlock)."""
-
-    def shape(ctx: int, status: int) -> None:
-        # output i has the shape of input i + 1 (input 0 is the token)
-        handle = lib.TF_NewShapeHandle()
-        try:
-            for i in range(1, int(lib.TF_ShapeInferenceContextNumInputs(ctx))):
-                lib.TF_ShapeInferenceContextGetInput(ctx, i, handle, status)
-                if lib.TF_GetCode(status) != 0:
-                    return
-                lib.TF_ShapeInferenceContextSetOutput(ctx, i - 1, handle, status)
-                if lib.TF_GetCode(status) != 0:
-                    return
-        except BaseException as exc:  # never let an exception die in a C callback
-            lib.TF_SetStatus(status, INTERNAL, f"{op_name} shape function: {exc!r}".encode())
-        finally:
-            lib.TF_DeleteShapeHandle(handle)
+def make_kernel(lib: ctypes.CDLL, op_name: str, take_error: Callable[[int], Optional[tuple[int, str]]]) -> object:
+    """The C compute callback of op ``op_name``'s kernel, returned so the caller keeps it alive forever: it
+    fails with ``take_error(token)`` for a nonzero token (input 0). The kernel has no create or delete
+    callback (NULL: it keeps no state): TensorFlow creates and destroys kernels while it holds its own locks
+    (tf.random.set_seed clears every cached kernel under the eager context's lock), and a Python callback
+    there needs the GIL, which a thread waiting for that lock may hold (a deadlock)."""
 
     def compute(_kernel: int, ctx: int) -> None:
         status = lib.TF_NewStatus()
         try:
-            _forward(lib, ctx, status, op_name, take_error)
+            tensor = _VOIDP()
+            lib.TF_GetInput(ctx, 0, ctypes.byref(tensor), status)
+            if lib.TF_GetCode(status) != 0:
+                lib.TF_OpKernelContext_Failure(ctx, status)
+                return
+            try:
+                if lib.TF_TensorByteSize(tensor) != 8:
+                    raise ValueError("the token input is not an int64 scalar")
+                token = ctypes.c_int64.from_address(lib.TF_TensorData(tensor)).value
+            finally:
+                lib.TF_DeleteTensor(tensor)
+            error = take_error(token) if token else None
+            if token and error is None:
+                error = (INTERNAL, f"{op_name}: no error stored under token {token} (was the step run twice?)")
+            if error is not None:
+                fail(lib, ctx, *error)
         except BaseException as exc:  # never let an exception die in a C callback
             fail(lib, ctx, INTERNAL, f"{op_name} kernel: {exc!r}")
         finally:
             lib.TF_DeleteStatus(status)
 
-    return [_SHAPE(shape), _COMPUTE(compute)]
-
-
-def _forward(lib: ctypes.CDLL, ctx: int, status: int, op_name: str,
-             take_error: Callable[[int], Optional[tuple[int, str]]]) -> None:
-    """The kernel: fail with the stored error of input 0's token, else pass inputs 1.. through as outputs."""
-    tensor = _VOIDP()
-    lib.TF_GetInput(ctx, 0, ctypes.byref(tensor), status)
-    if lib.TF_GetCode(status) != 0:
-        lib.TF_OpKernelContext_Failure(ctx, status)
-        return
-    try:
-        if lib.TF_TensorByteSize(tensor) != 8:
-            raise ValueError("the token input is not an int64 scalar")
-        token = ctypes.c_int64.from_address(lib.TF_TensorData(tensor)).value
-    finally:
-        lib.TF_DeleteTensor(tensor)
-    error = take_error(token) if token else None
-    if token and error is None:
-        error = (INTERNAL, f"{op_name}: no error stored under token {token} (was the step run twice?)")
-    if error is not None:
-        fail(lib, ctx, *error)
-        return
-    for i in range(1, lib.TF_NumInputs(ctx)):
-        tensor = _VOIDP()
-        lib.TF_GetInput(ctx, i, ctypes.byref(tensor), status)
-        if lib.TF_GetCode(status) == 0:
-            lib.TF_SetOutput(ctx, i - 1, tensor, status)
-            lib.TF_DeleteTensor(tensor)
-        if lib.TF_GetCode(status) != 0:
-            lib.TF_OpKernelContext_Failure(ctx, status)
-            return
+    return _COMPUTE(compute)
 
 
 def check(lib: ctypes.CDLL, status: int, what: str) -> None:

@@ -78,10 +78,10 @@ def test_clearing_the_kernel_cache_runs_no_python(size: int) -> None:
     np.testing.assert_array_equal(step(tf.ones([2])).numpy(), [size] * 2)  # kernels made again, still right
 
 
-def test_shape_function_passes_input_shapes_through() -> None:
+def test_gate_passes_values_and_static_shapes_through() -> None:
     @tf.function
     def check(x: tf.Tensor, y: tf.Tensor) -> list:
-        outs = status_op.check_status(tf.constant(0, tf.int64), [x, y])
+        outs = status_op.gate(tf.constant(0, tf.int64), [x, y], name="gate")
         assert outs[0].shape.as_list() == [2, None] and outs[1].shape.as_list() == [], [o.shape for o in outs]
         return outs
     check.get_concrete_function(tf.TensorSpec([2, None], tf.float32), tf.TensorSpec([], tf.int32))
