@@ -90,7 +90,10 @@ def test_run_without_hvd_init_and_by_reference(nproc: int) -> None:
     ({"np": 2, "min_np": 1}, "hvdlite.run: min_np: elastic training is not available in hvdlite yet"),
     ({"np": 2, "max_num_proc": 4, "reset_limit": 1},
      "hvdlite.run: max_num_proc, reset_limit: elastic training is not available in hvdlite yet"),
-    ({"np": 2, "use_gloo": True}, "hvdlite.run(use_gloo=True): hvdlite has no Gloo controller; it runs on MPI only"),
+    ({"np": 2, "use_gloo": True},
+     "hvdlite.run(use_gloo=True): hvdlite-run starts the ranks with MPI only (mpiexec, mpirun or srun); Gloo in "
+     "hvdlite (--check-build's \"Gloo\") is torch.distributed's gloo, which carries hvdlite.torch's CPU tensors "
+     "inside that MPI job (HOROVOD_CPU_OPERATIONS=gloo), not a launcher. Drop use_gloo=True"),
     ({"np": 2, "hosts": "a:1", "hostfile": "h"}, "hvdlite.run: give hosts or hostfile, not both"),
 ])
 def test_run_refuses_what_it_cannot_do(kwargs: dict, message: str) -> None:

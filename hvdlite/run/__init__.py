@@ -13,9 +13,9 @@ import types
 from typing import Any
 
 from .func import RankError, run
-from .launchers import LaunchError, Launcher, LauncherError
+from .launchers import LaunchError, Launcher
 
-__all__ = ["LaunchError", "Launcher", "LauncherError", "RankError", "main", "run"]
+__all__ = ["LaunchError", "Launcher", "RankError", "main", "run"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Mapping, Optional, Sequence
 
+from ..core.launch import LOG_LEVELS
+
 #: hvdlite-run tuning flags and the hvdlite setting (its ``HVDLITE_<NAME>`` variable) each one sets for every rank,
 #: with a scale applied to the flag's value (MiB -> bytes).
 TUNING_FLAGS: dict[str, tuple[str, float]] = {
@@ -26,17 +28,9 @@ TUNING_FLAGS: dict[str, tuple[str, float]] = {
 }
 
 LAUNCHERS = ("auto", "mpich", "openmpi", "srun")
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
-# ------------------------------------------------------------------------------------------- autotune
-#: Autotune is available: its flags are TUNING_FLAGS, passed to every rank as HVDLITE_AUTOTUNE* variables.
-AUTOTUNE_AVAILABLE = True
-AUTOTUNE_FLAGS = ("autotune", "autotune_log_file", "autotune_warmup_samples", "autotune_steps_per_sample",
-                  "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise")
-AUTOTUNE_REFUSAL = ("{flag}: autotune is not available in hvdlite yet; drop the autotune flags and set "
-                    "--fusion-threshold-mb / --cycle-time-ms yourself")
-
-#: What Gloo is in hvdlite (hvdlite-run --check-build's "[X] Gloo"), for the horovodrun flags of Gloo's launcher.
+#: What Gloo is in hvdlite (hvdlite-run --check-build's "[X] Gloo"): why --gloo and hvdlite.run(use_gloo=True)
+#: are refused, and --gloo-timeout-seconds changes nothing.
 GLOO_ROLE = ("hvdlite-run starts the ranks with MPI only (mpiexec, mpirun or srun); Gloo in hvdlite "
              "(--check-build's \"Gloo\") is torch.distributed's gloo, which carries hvdlite.torch's CPU tensors "
              "inside that MPI job (HOROVOD_CPU_OPERATIONS=gloo), not a launcher")
@@ -205,24 +199,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             args.config_notes = apply_config_file(args, args.config_file)
         except ConfigFileError as exc:
             parser.error(str(exc))
-    problem = refusal(args)
-    if problem:  # one line: the usage is not what went wrong
-        parser.exit(2, f"{parser.prog}: error: {problem}\n")
+    if getattr(args, "use_gloo", False):  # one line: the usage is not what went wrong
+        parser.exit(2, f"{parser.prog}: error: --gloo: {GLOO_ROLE}. Drop --gloo (or give --mpi)\n")
     if not (args.check_build or args.version) and not args.command:
         parser.error("give the program to run, e.g.: hvdlite-run -np 2 python train.py")
     return args
-
-
-def refusal(args: argparse.Namespace) -> str:
-    """Why these flags cannot run here ("" when they can)."""
-    if getattr(args, "use_gloo", False):
-        return f"--gloo: {GLOO_ROLE}. Drop --gloo (or give --mpi)"
-    if not AUTOTUNE_AVAILABLE:
-        for name in AUTOTUNE_FLAGS:
-            value = getattr(args, name, None)
-            if value is not None and value is not False:
-                return AUTOTUNE_REFUSAL.format(flag="--" + name.replace("_", "-"))
-    return ""
 
 
 def jsrun_refusal(env: Mapping[str, str]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Mapping
 
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+from ..core.launch import LOG_LEVELS
 
 #: Sections of horovodrun's YAML file and, for each key, the hvdlite-run flag (argparse dest) it sets.
 SECTIONS: dict[str, dict[str, str]] = {

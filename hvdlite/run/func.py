@@ -102,12 +102,12 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dic
         executable: Optional[str] = None, np: Optional[int] = None, min_np: Optional[int] = None,
         max_np: Optional[int] = None) -> list[Any]:
     """Run ``func(*args, **kwargs)`` in ``num_proc`` (or ``np``) hvdlite processes; return each rank's return
-    value, in rank order. Horovod's ``horovod.run`` signature; the elastic arguments are refused until
-    elastic training lands, ``use_gloo`` always (hvdlite is MPI only)."""
+    value, in rank order. Horovod's ``horovod.run`` signature; the elastic arguments (use hvdlite-run's
+    elastic flags) and ``use_gloo`` are refused."""
     import cloudpickle
 
     from .__main__ import plan_launch
-    from .args import parse_args
+    from .args import GLOO_ROLE, parse_args
     from .commands import build_command, child_environment, format_command
     from .launchers import SRUN
     from .process import run as run_process
@@ -123,7 +123,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dic
     if hosts is not None and hostfile is not None:
         raise ValueError("hvdlite.run: give hosts or hostfile, not both")
     if use_gloo:
-        raise ValueError("hvdlite.run(use_gloo=True): hvdlite has no Gloo controller; it runs on MPI only")
+        raise ValueError(f"hvdlite.run(use_gloo=True): {GLOO_ROLE}. Drop use_gloo=True")
     key = secrets.token_bytes(32)
     payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
     server = _Server(payload, key)

@@ -115,8 +115,6 @@ class SlurmAllocation:
 
     job_id: str
     tasks: int
-    nodes: int
-    in_step: bool  # True when we are ourselves a task of an srun step, not the batch script
 
 
 def slurm_allocation(env: Mapping[str, str]) -> Optional[SlurmAllocation]:
@@ -127,9 +125,7 @@ def slurm_allocation(env: Mapping[str, str]) -> Optional[SlurmAllocation]:
     tasks = int_or_none(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS"))
     if tasks is None:
         tasks = cpus_per_node_total(env.get("SLURM_JOB_CPUS_PER_NODE", ""))
-    nodes = int_or_none(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or 1
-    step = env.get("SLURM_STEP_ID", "")
-    return SlurmAllocation(job_id=job_id, tasks=tasks or 0, nodes=nodes, in_step=step.isdigit())
+    return SlurmAllocation(job_id=job_id, tasks=tasks or 0)
 
 
 def cpus_per_node_total(spec: str) -> int:

@@ -14,10 +14,6 @@ from ..core.launch import library_family
 MPICH, OPENMPI, SRUN = "mpich", "openmpi", "srun"
 
 
-#: The former name of LaunchError in hvdlite.run (a RuntimeError subclass then, as LaunchError is now).
-LauncherError = LaunchError
-
-
 @dataclasses.dataclass(frozen=True)
 class Launcher:
     """A launcher program: its kind (mpich, openmpi or srun), path and version line."""
@@ -50,14 +46,19 @@ def mpi_library() -> Optional[MPILibrary]:
     return MPILibrary(family=library_family(text), version=f"{first} (MPI {major}.{minor})")
 
 
-def identify(path: str, env: Mapping[str, str]) -> Optional[Launcher]:
-    """Run ``PATH --version`` and tell hydra (MPICH) from Open MPI's mpirun; None if it is neither."""
+def _output(cmd: Sequence[str], env: Mapping[str, str]) -> Optional[tuple[str, str]]:
+    """(stdout, stderr) of ``cmd`` run for at most 30 s; None when it cannot run or takes longer."""
     try:
-        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, env=dict(env),
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30, env=dict(env),
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    text = proc.stdout + proc.stderr
+    return proc.stdout, proc.stderr
+
+
+def identify(path: str, env: Mapping[str, str]) -> Optional[Launcher]:
+    """Run ``PATH --version`` and tell hydra (MPICH) from Open MPI's mpirun; None if it is neither."""
+    text = "".join(_output([path, "--version"], env) or ())
     if re.search(r"Open MPI|OpenRTE|prterun|PRRTE", text):
         kind = OPENMPI
         match = re.search(r"\((?:Open MPI|OpenRTE|PRRTE)\)\s*(\d\S*)|Open MPI\D*(\d[\w.]*)", text)
@@ -121,23 +122,16 @@ def find_srun(env: Mapping[str, str]) -> Optional[str]:
 
 
 def srun_version(srun: str, env: Mapping[str, str]) -> str:
-    try:
-        proc = subprocess.run([srun, "--version"], capture_output=True, text=True, timeout=30, env=dict(env),
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
+    out = _output([srun, "--version"], env)
+    if out is None:
         return "srun (version unknown)"
-    return proc.stdout.strip() or "srun (version unknown: no Slurm configuration here)"
+    return out[0].strip() or "srun (version unknown: no Slurm configuration here)"
 
 
 def srun_plugins(srun: str, env: Mapping[str, str]) -> list[str]:
     """The ``--mpi`` plugins this srun offers (``srun --mpi=list``)."""
-    try:
-        proc = subprocess.run([srun, "--mpi=list"], capture_output=True, text=True, timeout=30, env=dict(env),
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
     plugins: list[str] = []
-    for line in (proc.stdout + proc.stderr).splitlines():
+    for line in "".join(_output([srun, "--mpi=list"], env) or ()).splitlines():
         match = re.match(r"^\s*(?:srun:\s*)?(none|pmi2|pmix\w*|cray_shasta|pmi\w*|openmpi)\s*$", line)
         if match and match.group(1) not in plugins:
             plugins.append(match.group(1))
