@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import Optional
 
 from .build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
-from .config import LOG_LEVELS, Config, environ, getenv
+from .config import Config, environ, getenv
 from .elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
                            SECRET_VARIABLE, job_dir, remove_job, remover_command, signature)
 from .errors import LaunchError
 from .fencing import fence_command, kill_if_same
 from .launch_check import int_or_none, launcher_mismatch, launcher_rank, library_family
-from .log import logger
+from .log import LEVELS as LOG_LEVELS, logger
 
-__all__ = ["Config", "LOG_LEVELS", "environ", "getenv", "launcher_rank", "int_or_none", "library_family", "launcher_mismatch",
-           "probe_mpi_library", "probe_ulfm", "logger",
+__all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "library_family", "launcher_mismatch",
+           "probe_mpi_library", "probe_ulfm", "logger", "LOG_LEVELS",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
            "SECRET_VARIABLE", "MIN_NP_VARIABLE", "signature", "remove_job", "job_dir", "remover_command",
