@@ -19,7 +19,7 @@ class CycleObserver:
 
     def __init__(self, config: Config, rank: int, size: int, executor: Any, timeline: Timeline) -> None:
         self.autotune = Autotuner(config, rank, executor)
-        self.stragglers = Stragglers(config, rank, size)
+        self.stragglers = Stragglers(config, rank, size, executor.ops)
         self.timeline = timeline
 
     def flags(self, now: float) -> int:
