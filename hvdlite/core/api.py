@@ -86,15 +86,15 @@ def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray])
     return finalize
 
 
-def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], hints: list[Optional[str]],
-          dtypes: list[str]) -> tuple[Optional[list[Any]], Any]:
+def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], dtype_hints: Optional[Sequence[Optional[str]]],
+          dtypes: Sequence[str]) -> tuple[Optional[list[Any]], Any]:
     """Caller-given outputs: the engine writes each result straight into its output where it fits (C-contiguous,
     the result's shape), else it is copied there; wait() returns them."""
     if outputs is None:
         return None, None
     given = [np.asarray(o) for o in outputs]
-    prepared = [_prepare(o, h) for o, h in zip(given, hints)]
-    if len(given) != len(dtypes) or [p[1] for p in prepared] != dtypes or any(
+    prepared = [_prepare(o, h) for o, h in zip(given, dtype_hints or [None] * len(given))]
+    if len(given) != len(dtypes) or [p[1] for p in prepared] != list(dtypes) or any(
             g.dtype.itemsize != storage_dtype(d).itemsize for g, d in zip(given, dtypes)):
         raise TypeError(f"{kind} {name!r}: outputs must be one array per input with the input's dtype; got "
                         f"{[p[1] for p in prepared]} for inputs {dtypes}")
@@ -109,7 +109,6 @@ def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], hints: list[Op
     return direct, finalize
 
 
-# -- allreduce ----------------------------------------------------------------------------------------
 def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set, inplace: bool = False,
@@ -129,8 +128,7 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
             if len(outputs) != len(inputs) or any(np.shape(o) != a.shape for o, a in zip(outputs, inputs)):
                 raise TypeError(f"allreduce {name!r}: outputs must be one array per input with the input's shape; "
                                 f"got {[np.shape(o) for o in outputs]} for inputs {[a.shape for a in inputs]}")
-            outputs, finalize = _into("allreduce", name, outputs, list(dtype_hints or [None] * len(inputs)),
-                                      list(dtypes))
+            outputs, finalize = _into("allreduce", name, outputs, dtype_hints, dtypes)
         elif inplace:
             outputs = inputs
             if any(p is not a for p, a in zip(inputs, arrays)):
@@ -155,7 +153,6 @@ def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[s
     return handle.first()
 
 
-# -- allgather ----------------------------------------------------------------------------------------
 def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set,
                             dtype_hints: Optional[Sequence[Optional[str]]] = None,
@@ -168,7 +165,7 @@ def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
         ps_id = _pset_id(process_set, "allgather", name)
         prepared, dtypes = _prepare_all(arrays, dtype_hints)
         inputs = [a.reshape(1) if a.ndim == 0 else a for a in prepared]
-        direct, finalize = _into("allgather", name, outputs, list(dtype_hints or [None] * len(arrays)), list(dtypes))
+        direct, finalize = _into("allgather", name, outputs, dtype_hints, dtypes)
         return _submit(Kind.ALLGATHER, given, name, ps_id, inputs, dtypes, outputs=direct, rows=True,
                        finalize=finalize)
     except BaseException:
@@ -181,7 +178,6 @@ def allgather_async(array: Any, name: Optional[str] = None, process_set: Process
     return grouped_allgather_async([array], name, process_set, [dtype_hint]).first()
 
 
-# -- broadcast ----------------------------------------------------------------------------------------
 def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, inplace: bool = False,
                     dtype_hint: Optional[str] = None) -> Handle:
@@ -204,7 +200,6 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
         raise
 
 
-# -- alltoall -----------------------------------------------------------------------------------------
 def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set, dtype_hint: Optional[str] = None) -> Handle:
     """Send ``splits[i]`` rows to rank i. The result is ``(received array, received splits)``."""
@@ -232,7 +227,6 @@ def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
         raise
 
 
-# -- reducescatter ------------------------------------------------------------------------------------
 def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = None, op: Any = None,
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0,
@@ -250,8 +244,7 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
             raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
         if len(set(dtypes)) > 1:
             raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
-        direct, finalize = _into("reducescatter", name, outputs, list(dtype_hints or [None] * len(inputs)),
-                                 list(dtypes))
+        direct, finalize = _into("reducescatter", name, outputs, dtype_hints, dtypes)
         return _submit(Kind.REDUCESCATTER, given, name, ps_id, inputs, dtypes, op=reduce_op, prescale=prescale_factor,
                        postscale=postscale_factor, outputs=direct, finalize=finalize)
     except BaseException:
@@ -266,7 +259,6 @@ def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,
                                        [dtype_hint]).first()
 
 
-# -- synchronisation ----------------------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     name = _auto_name("barrier", None, process_set)
     ps_id = _pset_id(process_set, "barrier", name)

@@ -107,20 +107,15 @@ class Config:
             return new
         return keyword
 
-    def agreed_values(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.AGREED}
-
-    def adopt(self, root_values: Mapping[str, Any], rank: int) -> list[str]:
-        """Take rank 0's values of the agreed settings; return a warning for each one that differed here."""
-        warnings = []
-        for name, value in root_values.items():
+    def agree(self, world: Any) -> None:
+        """Take rank 0's values of the AGREED settings (collective over ``world``), warning where they differ."""
+        for name, value in world.bcast({name: getattr(self, name) for name in self.AGREED}, root=0).items():
             mine = getattr(self, name)
             if mine != value:
-                warnings.append(f"setting {name} is {mine!r} on rank {rank} but {value!r} on rank 0; using "
-                                f"rank 0's value on every rank, since it shapes the MPI traffic all ranks must "
-                                f"issue alike. Set {self.env_keys(name)[0]} the same everywhere to silence this.")
+                logger.warning(f"setting {name} is {mine!r} on rank {world.Get_rank()} but {value!r} on rank 0; "
+                               f"using rank 0's value on every rank, since it shapes the MPI traffic all ranks must "
+                               f"issue alike. Set {self.env_keys(name)[0]} the same everywhere to silence this.")
                 setattr(self, name, value)
-        return warnings
 
     @classmethod
     def field_names(cls) -> list[str]:

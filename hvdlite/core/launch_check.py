@@ -74,8 +74,7 @@ def check_launcher_before_init(library: str) -> None:
     MPI_Init would die before hvdlite could say why)."""
     if not launched_by_open_mpi():
         return
-    first = " ".join(library.strip().splitlines()[0].split()) if library.strip() else ""
-    problem = launcher_mismatch(first, OPENMPI, "Open MPI's mpirun/mpiexec (OMPI_COMM_WORLD_SIZE is set)")
+    problem = launcher_mismatch(_first_line(library), OPENMPI, "Open MPI's mpirun/mpiexec (OMPI_COMM_WORLD_SIZE set)")
     if problem:
         rank = getenv("OMPI_COMM_WORLD_RANK") or "?"
         raise LaunchError(f"rank {rank} of {getenv('OMPI_COMM_WORLD_SIZE')}: {problem}")
@@ -104,7 +103,10 @@ def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
     expected, source = expected_world_size()
     if expected is None or expected <= 1:
         return
-    library = _library_name() if mpi_library is None else " ".join(mpi_library.split("\n")[0].split())
+    if mpi_library is None:
+        from .engine import mpi  # only used to word the message
+        mpi_library = (mpi.probe_library() or ("",))[0]
+    library = _first_line(mpi_library)
     task = getenv("SLURM_PROCID") if source == "SLURM_STEP_NUM_TASKS" else getenv("PMI_RANK") or \
         getenv("OMPI_COMM_WORLD_RANK")
     who = f"rank {task} of {expected}" if task is not None else f"one of {expected} ranks"
@@ -131,11 +133,9 @@ def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
         f"mpiexec/mpirun, or with `hvdlite-run`, which finds it (`hvdlite-run --check-build` lists both).")
 
 
-def _library_name() -> str:
-    from .engine import mpi  # only used to word the message
-    probe = mpi.probe_library()
-    text = probe[0] if probe else ""
-    return " ".join(text.splitlines()[0].split()) if text.strip() else ""
+def _first_line(text: str) -> str:
+    """The first line of MPI_Get_library_version's text, its spaces collapsed."""
+    return " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
 
 
 def int_or_none(text: Optional[str]) -> Optional[int]:

@@ -32,8 +32,7 @@ class Names:
         with self._lock:
             n = self._next.get(key, 0)
             self._next[key] = n + 1
-        scope = f".ps{ps_id}" if ps_id else ""
-        return f"{kind}{scope}.noname.{n}"
+        return _generated(kind, ps_id, n)
 
     def give_back(self, name: str, ps_id: int = 0) -> None:
         """A call refused before it submitted ``name`` consumes no name: if it is the last generated one of its
@@ -85,7 +84,8 @@ class Names:
             for first, end in self._moves[(found["kind"], ps_id)][0]:  # each verdict in the order it came
                 if first <= n < end:
                     n += 1
-        if n == was:
-            return None
-        scope = f".ps{ps_id}" if ps_id else ""
-        return f"{found['kind']}{scope}.noname.{n}{found['suffix'] or ''}"
+        return None if n == was else _generated(found["kind"], ps_id, n) + (found["suffix"] or "")
+
+
+def _generated(kind: str, ps_id: int, n: int) -> str:
+    return f"{kind}{f'.ps{ps_id}' if ps_id else ''}.noname.{n}"

@@ -1,7 +1,7 @@
 """Process sets: subsets of ranks that run collectives among themselves."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 
 def is_comm(obj: Any) -> bool:
@@ -29,7 +29,6 @@ class ProcessSet:
         self.process_set_id: Optional[int] = None
         self._my_rank: Optional[int] = None  # this process's rank in the global communicator
 
-    # -- queries (Horovod's names) --------------------------------------------------------------
     def _require(self) -> list[int]:
         if self.process_set_id is None or self.ranks is None:
             raise ValueError(f"{self!r} is not registered: pass it to hvd.init(process_sets=[...]) or "
@@ -63,13 +62,3 @@ class ProcessSet:
 
 global_process_set = ProcessSet()
 global_process_set.process_set_id = 0
-
-
-def normalize_ranks(ranks_or_set: Any) -> list[int]:
-    if isinstance(ranks_or_set, ProcessSet):
-        if ranks_or_set.ranks is None:
-            raise ValueError("the global process set is always registered")
-        return list(ranks_or_set.ranks)
-    if isinstance(ranks_or_set, Sequence) or hasattr(ranks_or_set, "__iter__"):
-        return sorted({int(r) for r in ranks_or_set})
-    raise TypeError(f"expected a ProcessSet or a list of ranks, got {type(ranks_or_set).__name__}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional, Sequence
 
 from .engine import mpi
-from .process_sets import ProcessSet, normalize_ranks
+from .process_sets import ProcessSet
 
 
 class Plan(NamedTuple):
@@ -20,8 +20,10 @@ def plan(sets: Sequence[ProcessSet], world: Any, rank: int, size: int, gather: b
     """The plan for ``sets``. ``gather``: exchange the communicators' pieces over ``world`` (collective: every
     rank calls with the same number of communicator entries); without it, no entry may hold a communicator."""
     comm_at = [i for i, ps in enumerate(sets) if ps.mpi_comm is not None]
-    mine: list[Optional[list[int]]] = [None if ps.mpi_comm is not None else normalize_ranks(ps) for ps in sets]
+    mine: list[Optional[list[int]]] = [None if ps.mpi_comm is not None else list(ps.ranks or ()) for ps in sets]
     for i, ranks in enumerate(mine):
+        if ranks == []:  # ProcessSet() (a ProcessSet of no ranks cannot be made)
+            raise ValueError(f"process set entry {i} is the global set, which is always registered")
         bad = [r for r in ranks or () if not 0 <= r < size]
         if bad:
             raise ValueError(f"process set entry {i}: ranks {bad} do not exist in a job of {size} ranks")

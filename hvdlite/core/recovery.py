@@ -110,15 +110,13 @@ def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], sta
             logger.warning("process set %s lost every member: it is unregistered", before)
             continue
         existing: Optional[int] = state.psets.find(after)
-        if existing is not None:  # it now has the same members as another set: it becomes that set
-            state.psets.register(ps, existing) if existing != 0 else _as_global(ps, state)
-            continue
-        ps.ranks = after
-        state.add_process_set(ps)
-
-
-def _as_global(ps: ProcessSet, state: "runtime.State") -> None:
-    ps.ranks, ps.process_set_id, ps._my_rank = list(range(state.size)), 0, state.rank
+        if existing == 0:  # every survivor: it becomes the global set
+            ps.ranks, ps.process_set_id, ps._my_rank = list(range(state.size)), 0, state.rank
+        elif existing is not None:  # the same members as another set: it becomes that set
+            state.psets.register(ps, existing)
+        else:
+            ps.ranks = after
+            state.add_process_set(ps)
 
 
 def _guard_finalize() -> None:

@@ -40,7 +40,8 @@ _DTYPE_NAMES: dict[Any, Any] = {}
 SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
                     "float16", "bfloat16", "float32", "float64", "bool")
 HALF_DTYPES = ("float16", "bfloat16")
-ADASUM_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: the floating-point dtypes: Adasum's, and those an accumulating compression sums in float32
+FLOAT_DTYPES = ADASUM_DTYPES = ACCUMULABLE_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
@@ -137,9 +138,6 @@ class Accumulation(NamedTuple):
     gather: str  # the wire dtype, or "float32"
 
 
-ACCUMULATED_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE)
-
-
 def check_accumulation(kind: str, name: str, op: ReduceOp, dtypes: Any, accumulation: Optional[Accumulation],
                        rank: Optional[int] = None) -> None:
     """Refuse, at submit, an accumulating compression the engine cannot run (one check for every frontend)."""
@@ -154,23 +152,17 @@ def check_accumulation(kind: str, name: str, op: ReduceOp, dtypes: Any, accumula
         raise TypeError(f"{where}{kind} {name!r}: unsupported accumulating compression {accumulation!r}: the "
                         f"wire dtype must be one of {', '.join(HALF_DTYPES)} and the gather dtype the wire "
                         f"dtype or float32")
-    if op not in ACCUMULATED_OPS:
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         raise ValueError(
             f"{where}{kind} {name!r}: float32 accumulation (Compression.*_fp32acc) sums; {op!r} has nothing "
             f"to accumulate: hvd.Min and hvd.Max of half-precision values are exact in half precision (use "
             f"Compression.bf16/fp16, which reduce them exactly), hvd.Product and hvd.Adasum are not sums. "
             f"Use op=hvd.Average or hvd.Sum, or another compression")
-    unsupported = sorted({d for d in dtypes if d not in ACCUMULABLE_DTYPES and d not in PASSED_DTYPES})
+    unsupported = sorted({d for d in dtypes if d not in SUPPORTED_DTYPES or d == "bool"})
     if unsupported:
         raise TypeError(f"{where}{kind} {name!r}: float32 accumulation cannot carry {', '.join(unsupported)} "
-                        f"tensors; floating-point ones ({', '.join(ACCUMULABLE_DTYPES)}) travel as "
+                        f"tensors; floating-point ones ({', '.join(FLOAT_DTYPES)}) travel as "
                         f"{accumulation.wire}, integer ones reduce exactly as they are")
-
-
-#: dtypes an accumulating compression sends in its wire dtype and sums in float32
-ACCUMULABLE_DTYPES = ("float16", "bfloat16", "float32", "float64")
-#: dtypes it leaves alone: integers reduce exactly in any order (bool has no sum to accumulate)
-PASSED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64")
 
 
 class Scale(float):
@@ -199,17 +191,6 @@ def exact_divisor(factor: float) -> int:
     if isinstance(factor, Scale) and factor.factor == 1.0:
         return factor.divisor
     return 1
-
-
-def _scale_int(dst: np.ndarray, src: np.ndarray, factor: float) -> None:
-    """``dst[...] = trunc(double(src) * factor)`` (Horovod's ScaleBuffer), or ``trunc(double(src) / n)``."""
-    wide = src.astype(np.float64)
-    divisor = exact_divisor(factor)
-    if divisor != 1:
-        wide /= divisor
-    else:
-        wide *= float(factor)
-    np.copyto(dst, np.trunc(wide), casting="unsafe")
 
 
 def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
@@ -246,5 +227,7 @@ def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> 
         dst[...] = f32_to_bf16(bf16_to_f32(src) * np.float32(float(factor)))
     elif dtype == "bool":
         raise TypeError("scale factors are not defined for bool tensors")
-    else:
-        _scale_int(dst, src, factor)
+    else:  # integers: trunc(double(src) * factor), a C cast as Horovod's ScaleBuffer; a plain Average: / n
+        divisor = exact_divisor(factor)
+        wide = src / np.float64(divisor) if divisor != 1 else src * np.float64(float(factor))
+        np.copyto(dst, np.trunc(wide), casting="unsafe")

@@ -182,9 +182,7 @@ def _start(comm: Any, settings: dict[str, Any]) -> State:
     check_same_iallreduce(world, mpi.library_version(), iallreduce)
     logger.debug("MPI started with %s=%s", OPENMPI_IALLREDUCE_VARIABLE,
                  "(started before hvd.init())" if iallreduce is None else iallreduce or "(unset)")
-    # Agreement: one value per job for every setting that shapes MPI traffic (before the engine starts).
-    for warning in config.adopt(world.bcast(config.agreed_values(), root=0), world.Get_rank()):
-        logger.warning(warning)
+    config.agree(world)  # one value per job for every setting that shapes MPI traffic
     state = State(world, config)
     _state = state
     if not _atexit_registered:

@@ -18,6 +18,7 @@ from ..config import getenv
 from ..elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
                             SECRET_VARIABLE, signature)
 from ..fencing import Peer, set_elsewhere
+from ..launch_check import int_or_none
 from ..log import logger
 
 CONNECT_TIMEOUT_S = 30.0
@@ -132,15 +133,9 @@ def job_id() -> str:
 
 def restart_count() -> int:
     """How many times the driver has restarted the job (0 in the first one)."""
-    try:
-        return int(getenv(RESTART_VARIABLE) or "0")
-    except ValueError:
-        return 0
+    return int_or_none(getenv(RESTART_VARIABLE)) or 0
 
 
 def min_np() -> int:
     """hvdlite-run's --min-np (0 outside an elastic hvdlite-run)."""
-    try:
-        return int(getenv(MIN_NP_VARIABLE) or "0")
-    except ValueError:
-        return 0
+    return int_or_none(getenv(MIN_NP_VARIABLE)) or 0

@@ -86,13 +86,12 @@ class State:
         lowest rank that holds it); with no commit anywhere, take rank 0's current state."""
         rank = self._get_rank()
         store = self._store()
-        mine = store.counter() if store is not None else 0
+        mine, payload = store.read() if store is not None else (0, None)
         counters = self._allgather_object(mine, name="hvdlite.elastic.counters")
         newest = max(counters)
         if newest > 0:
             root = counters.index(newest)
-            payload = store.payload() if rank == root and store is not None else None
-            snapshot = self._bcast_object(payload, root, name="hvdlite.elastic.sync")
+            snapshot = self._bcast_object(payload if rank == root else None, root, name="hvdlite.elastic.sync")
             self._apply(copy.deepcopy(snapshot))
             self.commit_counter = newest
             message = f"resumed from commit {newest}, held by rank {root}; {len(counters)} ranks now"

@@ -6,7 +6,7 @@ import pickle
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 from ..elastic_wire import job_dir, remove_host
 from ..log import logger
@@ -39,24 +39,17 @@ class CommitStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def counter(self) -> int:
-        """Counter of the commit this host holds (0 when none)."""
-        data = self._read()
-        return int(data["counter"]) if data else 0
-
-    def payload(self) -> Any:
-        data = self._read()
-        return data["payload"] if data else None
-
-    def _read(self) -> Optional[dict[Any, Any]]:
+    def read(self) -> tuple[int, Any]:
+        """(counter, payload) of the commit this host holds; (0, None) when none."""
         try:
             with open(self.path, "rb") as handle:
-                return cast(dict[Any, Any], pickle.load(handle))
+                data = cast(dict[Any, Any], pickle.load(handle))
+            return int(data["counter"]), data["payload"]
         except FileNotFoundError:
-            return None
+            return 0, None
         except Exception as exc:  # noqa: BLE001 - a damaged commit counts as none; another host has one
             logger.warning("ignoring unreadable elastic commit %s: %s", self.path, exc)
-            return None
+            return 0, None
 
     def remove(self) -> None:
         """Delete this host's copy (the run finished)."""
