@@ -200,7 +200,7 @@ def test_the_table_covers_every_package_and_names_real_modules() -> None:
     assert not _allowed("hvdlite.torch.async_ops", "hvdlite.core.engine.handles")
     assert not _allowed("hvdlite.run.task", "hvdlite.core.runtime")
     assert not _allowed("hvdlite.core.engine.loop", "hvdlite.core.runtime")
-    assert not _allowed("hvdlite.torch.wrap", "hvdlite.tensorflow.reduction")
+    assert not _allowed("hvdlite.torch.optimizer", "hvdlite.tensorflow.reduction")
     assert _allowed("hvdlite.tensorflow.keras.optimizer", "hvdlite.tensorflow.reduction")
 
 

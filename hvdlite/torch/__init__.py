@@ -12,7 +12,7 @@ from .collectives import (allgather, allreduce, alltoall, broadcast, grouped_all
                           grouped_reducescatter, reducescatter)
 from .compression import Compression, Compressor
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
-from .wrap import DistributedOptimizer
+from .optimizer import DistributedOptimizer
 from .replicas import check_replicas
 from .sync_batch_norm import SyncBatchNorm
 from .zero import ZeroRedundancyOptimizer

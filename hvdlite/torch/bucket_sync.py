@@ -320,19 +320,15 @@ class BucketSync:
         elif waiting:
             self.submit(waiting)
 
-    def finish(self) -> None:
-        """Wait for every started request and let the collective put its results in place."""
+    def finish(self, use: bool = True) -> None:
+        """Wait for every started request and let the collective put its results in place; without ``use``
+        (load_state_dict) the results are dropped."""
         try:
             for started in self._requests():
-                self.collective.finish(started.chosen, started.started)
-        finally:
-            self.reset()
-
-    def drain(self) -> None:
-        """Wait for what is in flight without using it (load_state_dict)."""
-        try:
-            for started in self._requests():
-                self.collective.wait(started.started)
+                if use:
+                    self.collective.finish(started.chosen, started.started)
+                else:
+                    self.collective.wait(started.started)
         finally:
             self.reset()
 

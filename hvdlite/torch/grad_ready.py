@@ -45,7 +45,6 @@ class Readiness:
         self._on_ready, self._on_local = on_ready, on_local
         self._delay: dict[int, int] = {}
         self._hooked: set[int] = set()
-        self.handles: list[Any] = []
         self.waiting = False  # counted passes produced gradients that the optimizer has not reduced yet
         self.local = False  # inside no_sync()
         params = list(params)
@@ -62,7 +61,7 @@ class Readiness:
             self._delay.setdefault(id(p), self.passes)
             if not p.requires_grad or id(p) in self._hooked or not self.enabled:
                 continue
-            self.handles.append(p.register_post_accumulate_grad_hook(_make_hook(me)))
+            p.register_post_accumulate_grad_hook(_make_hook(me))
             self._hooked.add(id(p))
             _owners[id(p)] = me
 
@@ -77,9 +76,6 @@ class Readiness:
         self._delay[id(p)] -= 1
         self.waiting = True
         self._on_ready(p, self._delay[id(p)] == 0)
-
-    def complete(self, p: torch.Tensor) -> bool:
-        return self._delay.get(id(p), 1) == 0
 
     def reset(self) -> None:
         """A step's reductions are done: count passes afresh."""

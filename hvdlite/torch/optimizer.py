@@ -1,4 +1,8 @@
-"""DistributedOptimizer: wraps any torch optimizer; gradient allreduces start during backward() or at step()."""
+"""DistributedOptimizer: wraps any torch optimizer; gradient allreduces start during backward() or at step().
+
+For op=hvd.Adasum, Horovod's delta scheme: each rank steps from the same parameters with its own gradients (its
+optimizer state stays local, as in Horovod); the deltas are combined with Adasum, each parameter its own vector,
+and added to the start."""
 from __future__ import annotations
 
 import contextlib
@@ -8,14 +12,17 @@ from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
 import torch
 
-from hvdlite.core import ProcessSet, rank
-from hvdlite.core.frontend import check_sparse_compression, gradient_scales, resolve_op, setting
+import hvdlite.core as core
+from hvdlite.core import ProcessSet, global_process_set, rank
+from hvdlite.core.frontend import (check_gradient_options, check_reduction, check_sparse_compression,
+                                   gradient_scales, mixin_class, resolve_op, setting)
 
-from .async_ops import Average, sparse_allreduce_async, synchronize
-from .bucket_sync import BucketCollective, BucketSync, HookAllreduce
+from .async_ops import Adasum, Average, sparse_allreduce_async, synchronize
+from .bucket_sync import AdasumDeltas, BucketCollective, BucketSync, HookAllreduce
 from .comm_hooks import Reduction, compression_hook, decompressed, start_reduction, write_back
 from .compression import Compression
 from .grad_ready import Readiness, ReadinessOwner
+from .replicas import check_every
 
 class _Sparse(NamedTuple):
     """A parameter's sparse gradient in flight: sparse, or densified (sparse_as_dense)."""
@@ -198,11 +205,99 @@ class _DistributedOptimizer(ReadinessOwner):
         for entry in self._sparse.values():  # never leave a collective unwaited
             synchronize(entry.handle)
         self._sparse.clear()
-        self._buckets.drain()
+        self._buckets.finish(use=False)
         self._synchronized = False
         self._should_synchronize = True
         self._readiness.reset()
         super().load_state_dict(state_dict)  # type: ignore[misc]
+
+
+class DistributedAdasumOptimizer(_DistributedOptimizer):
+    """Mixed in front of the user's optimizer class when ``op=hvd.Adasum`` on a set of 2, 4, 8... ranks: the
+    averaging optimizer with bucket_sync.AdasumDeltas as the bucket collective. As in Horovod, ``synchronize()``
+    does nothing (step() does the whole exchange) and ``skip_synchronize()`` is refused."""
+
+    def _collective(self) -> BucketCollective:
+        return AdasumDeltas(self.process_set, self._compression, self._local_step)
+
+    def _local_step(self, params: list[torch.Tensor]) -> None:
+        """The wrapped optimizer's step on ``params`` only (the others' groups are emptied meanwhile)."""
+        wanted = {id(q) for q in params}
+        stashed = [group["params"] for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["params"] = [q for q in group["params"] if id(q) in wanted]
+            super(_DistributedOptimizer, self).step()  # type: ignore[misc]  # the user's optimizer
+        finally:
+            for group, kept in zip(self.param_groups, stashed):
+                group["params"] = kept
+
+    def synchronize(self) -> None:
+        """Nothing to do before step() (Horovod's Adasum optimizer): step() steps and combines."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer: step() "
+                             "applies the local step and combines the deltas in one go")
+        yield  # pragma: no cover
+
+    def step(self, closure: Any = None) -> Any:
+        """Step every bucket not stepped yet, combine all deltas with Adasum and set each parameter to its
+        starting value plus the combined delta."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._reduce()
+        self._synchronized = False
+        return loss
+
+    setattr(step, "hooked", True)  # torch's step hooks run in the wrapped step
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Optional[Iterable] = None,
+                         compression: Any = Compression.none, backward_passes_per_step: int = 1,
+                         op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set,
+                         check_replicas_every_steps: int = 0) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that step() applies gradients averaged (``op``) over ``process_set``.
+
+    Dense gradients are views of flat buckets; a bucket's in-place allreduce starts from a hook as
+    soon as backward() has accumulated its last gradient (or, when ``gradient_overlap`` decides against
+    overlap, all of them at step()); step() waits for them, then runs the wrapped optimizer's step. The result is an
+    instance of a subclass of ``type(optimizer)`` sharing its param_groups, state and hooks; use it
+    instead of the original. For gradient clipping call ``synchronize()``, clip, then ``step()``
+    inside ``with optimizer.skip_synchronize():``. ``check_replicas_every_steps=N`` (hvdlite only) runs
+    ``hvd.check_replicas`` on the parameters and optimizer state after every N-th step().
+    """
+    core.size()  # raises NotInitializedError (saying to call hvd.init()) before init
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("the optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    reduce_op, backward_passes_per_step = check_gradient_options(op, gradient_predivide_factor,
+                                                                 backward_passes_per_step)
+    adasum = reduce_op is Adasum and process_set.included() and process_set.size() > 1
+    if adasum:
+        dtypes = {str(p.dtype).replace("torch.", "") for g in optimizer.param_groups for p in g["params"]}
+        check_reduction("allreduce", "DistributedOptimizer(op=hvd.Adasum)", Adasum, sorted(dtypes),
+                        set_size=process_set.size())
+    if num_groups:
+        warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning)
+        groups = num_groups if groups is None else groups
+    mixin: type = _DistributedOptimizer
+    if adasum:  # Horovod's delta scheme: local steps, parameter deltas combined with Adasum
+        mixin = DistributedAdasumOptimizer
+    cls = mixin_class(mixin, type(optimizer))
+    opt: _DistributedOptimizer = object.__new__(cls)
+    attrs = dict(optimizer.__dict__)
+    attrs.pop("step", None)  # an LR scheduler's per-instance step wrapper is bound to the old object
+    opt.__dict__.update(attrs)
+    opt._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                   groups, sparse_as_dense, process_set)
+    check_every(opt, int(check_replicas_every_steps))
+    return opt
 
 
 def _check_names(named_parameters: Optional[Iterable], param_groups: list[dict]) -> dict[torch.Tensor, str]:

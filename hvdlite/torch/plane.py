@@ -136,7 +136,7 @@ class TorchPlane(DataPlane):
             flat = torch.cat([t.reshape(-1).double() if pre != 1.0 else t.reshape(-1).float() for t in inputs])
             if pre != 1.0:  # float32(double(x) * pre): the MPI path's rounding
                 flat = (flat * float(pre)).float()
-            reduced = accumulated_allreduce(self, self.boot, flat, acc, post, _cast)
+            reduced = accumulated_allreduce(self, self.boot, flat, acc, post, lambda t, d: t.to(TORCH_DTYPES[d]))
             return self._unflatten(reduced, inputs, outputs)
 
     def _unflatten(self, flat: torch.Tensor, inputs: list, outputs: list) -> list:
@@ -285,10 +285,6 @@ class TorchPlane(DataPlane):
             _log.warning("rank %d: aborting the NCCL communicator of process set %d took over %g s; going on "
                          "without it (its GPU resources stay until the process exits)", self.boot.world_rank,
                          self.boot.ps_id, ABORT_WAIT_S)
-
-
-def _cast(t: torch.Tensor, dtype: str) -> torch.Tensor:
-    return t.to(TORCH_DTYPES[dtype])
 
 
 class TorchPlanes(PlaneFactory):

@@ -99,8 +99,8 @@ class _Entry(NamedTuple):
 _ENTRIES: dict[int, _Entry] = {}
 
 
-def _remember(tensor: torch.Tensor, generation: int = -1, host: Any = None) -> _Entry:
-    """A new entry for ``tensor`` (its layout; ``host`` is prepared()'s answer in ``generation``), kept."""
+def _remember(tensor: torch.Tensor) -> _Entry:
+    """A new entry for ``tensor`` (its layout), kept."""
     dtype = np.dtype(np.int16) if tensor.dtype == torch.bfloat16 else _NUMPY_DTYPES[tensor.dtype]
     interface = {
         "data": (tensor.data_ptr(), False), "shape": tuple(tensor.shape), "typestr": dtype.str,
@@ -108,7 +108,7 @@ def _remember(tensor: torch.Tensor, generation: int = -1, host: Any = None) -> _
         "version": 3}
     key = id(tensor)
     entry = _Entry(weakref.ref(tensor, lambda dead: _forget(key, dead)), tensor.data_ptr(), tensor.shape,
-                   tensor.stride(), tensor.dtype, interface, generation, host)
+                   tensor.stride(), tensor.dtype, interface, -1, None)
     _ENTRIES[key] = entry
     return entry
 
@@ -135,14 +135,14 @@ def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
             or not tensor.is_cpu or STAGE_HOST_COPIES or plane_for(tensor, "allreduce") \
             or not tensor.is_contiguous() or tensor.is_neg() or tensor.is_conj() or tensor.numel() == 0:
         return None
-    bf16 = tensor.dtype == torch.bfloat16
-    dtype = np.dtype(np.uint16) if bf16 else _NUMPY_DTYPES[tensor.dtype]
-    holder = _Interface()
-    holder.__array_interface__ = {"data": (tensor.data_ptr(), False), "shape": tuple(tensor.shape),
-                                  "typestr": dtype.str, "strides": None, "version": 3}
-    name = "bfloat16" if bf16 else dtype.name
-    host = ((np.asarray(holder),), (name,), tensor_layout(name, tuple(tensor.shape)))
-    _remember(tensor, generation(), host)
+    entry = _remember(tensor)
+    holder = _Interface()  # (its tensor slot left empty: the view does not hold the tensor)
+    holder.__array_interface__ = entry.interface
+    array = np.asarray(holder)
+    name = "bfloat16" if tensor.dtype == torch.bfloat16 else array.dtype.name
+    host = ((array.view(np.uint16) if name == "bfloat16" else array,), (name,),
+            tensor_layout(name, tuple(tensor.shape)))
+    _ENTRIES[id(tensor)] = entry._replace(generation=generation(), host=host)
     return host
 
 

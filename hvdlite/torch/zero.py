@@ -241,7 +241,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
             raise ValueError(f"rank {core.rank()}: load_state_dict: the state dict has groups of "
                              f"{[len(g['params']) for g in saved]} parameters, this optimizer {sizes}; load a "
                              f"dict saved for the same model and param groups")
-        self._buckets.drain()  # never leave a collective unwaited
+        self._buckets.finish(use=False)  # never leave a collective unwaited
         self._readiness.reset()
         for group, saved_group in zip(self.param_groups, saved):
             group.update({k: v for k, v in saved_group.items() if k != "params"})
