@@ -17,17 +17,9 @@ repetition starts with a barrier; its time is the slowest rank's; the figure is 
                         from the second step on), then synchronize(): bucketed, in place, through the comm hook.
   (f) hvd_module_async  (d) through --hvd-module NAME (e.g. horovod.torch), on torch tensors when the
                         module's name contains "torch", else on numpy arrays.
-  diagnostics:          mpi_fused_copy (copy into one buffer, chunked Allreduce, copy out: the cost of a
-                        fusion buffer), hvdlite_async_sum ((d) with Sum: no scaling pass); the transport's
-                        non-blocking collective on the flat buffer in the same chunks as (a): mpi_nb_wait_*
-                        (Iallreduce + Wait per chunk), mpi_nb_test_* (Iallreduce polled by Test, as the engine
-                        polls), mpi_nb_test_avg_* (the same, each chunk scaled by 1/size after it completes,
-                        Average as the engine did per chunk), mpi_nb_pipe_* and mpi_nb_pipe_avg_* (polled,
-                        with as many chunks in flight as the engine keeps: its pipeline without hvdlite),
-                        mpi_nb_pipe_avg_end_* (the same with Average's pass over the whole buffer at the end);
-                        hvdlite_optimizer_sum: (g) with Sum (no scaling pass); hvdlite_optimizer_predivide: (g)
-                        with gradient_predivide_factor=size (Average's division before the sum, on the rank's
-                        own gradients, instead of after it).
+  diagnostics:          hvdlite_optimizer_sum: (g) with Sum (no scaling pass); hvdlite_optimizer_predivide: (g)
+                        with gradient_predivide_factor=size (Average's division before the sum). The sync taken
+                        apart further (the transport driven as the engine drives it) is lab/grad_sync_parts.py.
 Tensors are submitted in reverse order, as backpropagation produces them. hvdlite methods use Average
 (as DistributedOptimizer does) unless --op sum. One JSON object per line: a machine line, then one line per
 model and method with ms, algorithm bandwidth (bytes/s) and the ratio to (a); per model a ``kind: summary`` line
@@ -51,17 +43,14 @@ import numpy as np  # noqa: E402
 import _common  # noqa: E402
 import hvdlite as hvd  # noqa: E402
 
-PIPE_DEPTH = 4  # chunk collectives the engine keeps in flight (hvdlite/core/engine/chunks.py)
-DIAG_PREFIXES = ("mpi_nb_", "hvdlite_optimizer_")  # probes and variants: diagnostics, never the limit
 GROUPS = {"mpi_flat_out_of_place": "a", "mpi_flat_in_place": "a", "mpi_per_tensor": "b",
           "gloo_per_tensor": "c", "gloo_flat": "c", "hvdlite_async": "d", "hvdlite_grouped": "e",
-          "hvd_module_async": "f", "hvdlite_optimizer": "g", "mpi_fused_copy": "diag", "hvdlite_async_sum": "diag"}
+          "hvd_module_async": "f", "hvdlite_optimizer": "g"}
 
 
 def group_of(method: str) -> str:
-    if method.startswith(DIAG_PREFIXES):
-        return "diag"
-    return "a" if method.startswith("mpi_flat_chunked") else GROUPS[method]
+    """A method's group; variants and probes are diagnostics (never the limit)."""
+    return "a" if method.startswith("mpi_flat_chunked") else GROUPS.get(method, "diag")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,7 +106,7 @@ class Bench:
         for fn in self.resets:
             fn()
 
-    def methods(self) -> dict[str, Callable[[], None]]:
+    def all_methods(self) -> dict[str, Callable[[], None]]:
         from mpi4py import MPI
         comm, flat = self.comm, self.flat
         out: dict[str, Callable[[], None]] = {
@@ -127,16 +116,7 @@ class Bench:
         for mb in [float(x) for x in self.args.chunk_mb.split(",") if x]:
             label = f"{mb:g}MB"
             out[f"mpi_flat_chunked_{label}"] = self._chunked(max(1, int(mb * 2 ** 20) // 4))
-        for mb in [float(x) for x in self.args.chunk_mb.split(",") if x]:
-            label, step = f"{mb:g}MB", max(1, int(mb * 2 ** 20) // 4)
-            out[f"mpi_nb_wait_{label}"] = self._nonblocking(step, "wait", False)
-            out[f"mpi_nb_test_{label}"] = self._nonblocking(step, "test", False)
-            out[f"mpi_nb_test_avg_{label}"] = self._nonblocking(step, "test", True)
-            out[f"mpi_nb_pipe_{label}"] = self._nonblocking(step, "pipe", False)
-            out[f"mpi_nb_pipe_avg_{label}"] = self._nonblocking(step, "pipe", True)
-            out[f"mpi_nb_pipe_avg_end_{label}"] = self._nonblocking(step, "pipe", True, at_end=True)
         out["mpi_per_tensor"] = self._mpi_per_tensor
-        out["mpi_fused_copy"] = self._fused_copy
         if not self.args.no_gloo:
             import torch.distributed as dist
             tensors, flat_t = self.torch_order, self.flat_t
@@ -147,7 +127,6 @@ class Bench:
             out["gloo_per_tensor"] = gloo_per_tensor
             out["gloo_flat"] = lambda: dist.all_reduce(flat_t)
         out["hvdlite_async"] = lambda: self._hvd_async(hvd, self.arrays, self.op, "")
-        out["hvdlite_async_sum"] = lambda: self._hvd_async(hvd, self.arrays, hvd.Sum, "sum.")
         out["hvdlite_optimizer"] = self._optimizer()
         out["hvdlite_optimizer_sum"] = self._optimizer("sum.", op=hvd.Sum)
         out["hvdlite_optimizer_predivide"] = self._optimizer("predivide.", gradient_predivide_factor=hvd.size())
@@ -163,6 +142,11 @@ class Bench:
                 # its runtime): up only for its own repetitions, since Horovod's idle thread polls
                 self.hvd_module.shutdown()
                 self.hooks["hvd_module_async"] = (self.hvd_module.init, self.hvd_module.shutdown)
+        return out
+
+    def methods(self) -> dict[str, Callable[[], None]]:
+        """all_methods(), or those --methods names (the mpi_flat limits always)."""
+        out = self.all_methods()
         if self.args.methods:
             wanted = [m for m in self.args.methods.split(",") if m]  # NAME, or PREFIX* for every match
             unknown = [m for m in wanted if m not in out and not (m.endswith("*") and
@@ -183,59 +167,10 @@ class Bench:
                 comm.Allreduce(MPI.IN_PLACE, piece, op=MPI.SUM)
         return run
 
-    def _nonblocking(self, step: int, how: str, scale: bool, at_end: bool = False) -> Callable[[], None]:
-        """The chunked in-place reduction with Iallreduce: completed by Wait, or polled by Test in a loop
-        (as the engine's polling.wait does while a user thread waits); ``how`` "pipe": polled, with the
-        engine's chunk pipeline depth (PIPE_DEPTH) outstanding, the oldest completed first; ``scale``:
-        each chunk is then multiplied by 1/size (Average's pass) as it completes, before the next starts,
-        or (``at_end``) the whole buffer in one pass once every chunk has completed."""
-        from mpi4py import MPI
-        comm, flat = self.comm, self.flat
-        pieces = [flat[i:i + step] for i in range(0, flat.size, step)]
-        factor = np.float32(1.0 / comm.Get_size())
-        depth = PIPE_DEPTH if how == "pipe" else 1
-
-        def complete(request: Any, piece: np.ndarray) -> None:
-            if how == "wait":
-                request.Wait()
-            else:
-                test = request.Test
-                while not test():
-                    pass
-            if scale and not at_end:
-                np.multiply(piece, factor, out=piece)
-
-        def run() -> None:
-            inflight: list[tuple[Any, np.ndarray]] = []
-            for piece in pieces:
-                inflight.append((comm.Iallreduce(MPI.IN_PLACE, piece, op=MPI.SUM), piece))
-                if len(inflight) >= depth:
-                    complete(*inflight.pop(0))
-            for request, piece in inflight:
-                complete(request, piece)
-            if scale and at_end:
-                np.multiply(flat, factor, out=flat)
-        return run
-
     def _mpi_per_tensor(self) -> None:
         from mpi4py import MPI
         for a in self.arrays:
             self.comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
-
-    def _fused_copy(self) -> None:
-        """What a fusion buffer costs at best: copy in, chunked in-place Allreduce, copy out."""
-        from mpi4py import MPI
-        flat, offset, spans = self.flat, 0, []
-        for a in self.arrays:
-            n = a.size
-            np.copyto(flat[offset:offset + n], a.reshape(-1))
-            spans.append((a, offset, n))
-            offset += n
-        step = 2 ** 20 // 4
-        for i in range(0, flat.size, step):
-            self.comm.Allreduce(MPI.IN_PLACE, flat[i:i + step], op=MPI.SUM)
-        for a, off, n in spans:
-            np.copyto(a.reshape(-1), flat[off:off + n])
 
     def _optimizer(self, prefix: str = "", **kwargs: Any) -> Callable[[], None]:
         """DistributedOptimizer over parameters of the model's shapes (SGD, lr 0: step() changes nothing),
@@ -267,8 +202,8 @@ class Bench:
             module.synchronize(h)
 
 
-def run_model(args: argparse.Namespace, comm: Any, model: str, output: _common.Output) -> None:
-    bench = Bench(args, comm, model)
+def run_model(args: argparse.Namespace, comm: Any, model: str, output: _common.Output, kind: type = Bench) -> None:
+    bench = kind(args, comm, model)
     methods = bench.methods()
     series = {name: _common.Series(name) for name in methods}
     hvd_stats = {name: [0, 0] for name in methods if name.startswith("hvdlite")}
@@ -328,7 +263,8 @@ def paired_ratio(comm: Any, num: list[float], den: list[float]) -> dict[str, flo
             "best_over_best": float(worst[0].min() / worst[1].min()), "rounds": len(ratios)}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, kind: type = Bench) -> None:
+    """The benchmark with ``kind``'s methods (a subclass of Bench adds its own)."""
     args = parse_args(argv)
     hvd.init(**_common.parse_settings(args.hvd_setting))
     from mpi4py import MPI
@@ -347,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         hvd.start_timeline(args.timeline, mark_cycles=True)
     start = time.perf_counter()
     for model in [m for m in args.models.split(",") if m]:
-        run_model(args, comm, model, output)
+        run_model(args, comm, model, output, kind)
     if args.timeline:
         hvd.stop_timeline()
     output.emit({"bench": "grad_sync", "kind": "done", "seconds": time.perf_counter() - start})

@@ -44,6 +44,7 @@ _SYNC = ("--no-gloo", "--reps", "11", "--warmup", "2", "--chunk-mb", "1", "--met
 _SYNC_SMOKE = ("--no-gloo", "--scale", "0.02", "--reps", "2", "--warmup", "1", "--chunk-mb", "1", "--methods",
                "mpi_nb_*,hvdlite_optimizer*")
 _CHECK = "tests/gpu_check.py"
+_PARTS = "benchmarks/lab/grad_sync_parts.py"
 
 BENCHMARKS: tuple[Bench, ...] = (
     Bench("small_ops", "one tiny allreduce's latency, 1,000 small allreduces in flight, idle engine CPU: hvdlite "
@@ -91,9 +92,8 @@ BENCHMARKS: tuple[Bench, ...] = (
     Bench("gpu_latency_fast_cycle", "the same with a 0.1 ms cycle", suite="gpu", ranks=1,
           script="benchmarks/gpu_latency.py", env=("HOROVOD_CYCLE_TIME=0.1",)),
     Bench("grad_sync_n2", "gradient sync taken apart on CPU tensors: raw non-blocking loops against "
-          "DistributedOptimizer", _SYNC, _SYNC_SMOKE, suite="gpu", ranks=2, script="benchmarks/grad_sync.py"),
-    Bench("grad_sync_n4", "the same at 4 ranks", _SYNC, _SYNC_SMOKE, suite="gpu", ranks=4,
-          script="benchmarks/grad_sync.py"),
+          "DistributedOptimizer", _SYNC, _SYNC_SMOKE, suite="gpu", ranks=2, script=_PARTS),
+    Bench("grad_sync_n4", "the same at 4 ranks", _SYNC, _SYNC_SMOKE, suite="gpu", ranks=4, script=_PARTS),
 )
 
 BY_NAME = {bench.name: bench for bench in BENCHMARKS}
