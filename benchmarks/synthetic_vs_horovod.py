@@ -67,8 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     python = str(Path(args.horovod_venv).resolve() / "bin" / "python") if args.horovod_venv else sys.executable
-    beside = Path(python).parent / "mpiexec"
-    mpiexec = str(beside) if beside.is_file() else "mpiexec"
+    mpiexec = _common.mpiexec_beside(python)
     check = subprocess.run([python, "-c", f"import {args.peer_module}"], capture_output=True, text=True,
                            env=dict(os.environ, PYTHONPATH=str(_common.ROOT)))
     if check.returncode != 0:

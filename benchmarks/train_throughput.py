@@ -86,7 +86,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
             print(message, file=sys.stderr, flush=True)
             output.emit({"bench": "train_throughput", "framework": framework, "kind": "skipped", "reason": message})
             continue
-        cmd = [_mpiexec(), "-n", str(args.np), sys.executable, str(HERE), *argv, "--worker", framework]
+        cmd = [_common.mpiexec_beside(), "-n", str(args.np), sys.executable, str(HERE), *argv, "--worker", framework]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_common.ROOT), env.get("PYTHONPATH")]))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -117,18 +117,6 @@ def _missing_framework(framework: str) -> str:
         if importlib.util.find_spec(module) is None:
             return module
     return ""
-
-
-def _mpiexec() -> str:
-    """The mpiexec beside this Python (a virtualenv's own MPI) if there is one, else the first on PATH."""
-    import shutil
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
-    if not found:
-        raise SystemExit("no mpiexec on PATH (pip install mpich)")
-    return found
 
 
 # -- shared worker pieces ------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ from benchmarks.registry import BENCHMARKS, BY_NAME, SUITES  # noqa: E402
 BENCH = ROOT / "benchmarks"
 LAB = BENCH / "lab"
 Records = Any  # list[dict] of JSON lines, or one JSON object (negotiation_scale's)
-#: files of benchmarks/ that are no benchmark of the registry themselves (helpers, the plot, the runner)
-HELPERS = frozenset({"__init__", "__main__", "_common", "registry", "shapes", "plot", "train_keras"})
+#: files of benchmarks/ that are no benchmark of the registry themselves (helpers, the tables, the runner)
+HELPERS = frozenset({"__init__", "__main__", "_common", "registry", "shapes", "tables", "train_keras"})
 #: the lab scripts smoked here (the cheap ones): ranks of mpiexec (None: the script starts its own jobs), arguments
 LAB_SMOKE: dict[str, tuple[Any, tuple[str, ...]]] = {
     "latency_breakdown": (2, ("--ops", "20")),
@@ -65,7 +65,7 @@ def entry_point(*args: str, timeout: float = 300) -> subprocess.CompletedProcess
 def smoke(name: str, tmp_path: Path, *extra: str, runner: tuple[str, ...] = ()) -> Records:
     """``python -m benchmarks --only NAME --smoke [RUNNER] [-- EXTRA]``: its results file (what the script printed),
     parsed."""
-    proc = entry_point("--only", name, "--smoke", "--no-plot", "--results", str(tmp_path), *runner,
+    proc = entry_point("--only", name, "--smoke", "--no-tables", "--results", str(tmp_path), *runner,
                        *(("--", *extra) if extra else ()))
     records = json_lines((tmp_path / f"{name}.json").read_text())
     assert json_lines(proc.stdout) == records
@@ -177,7 +177,7 @@ def test_a_failed_benchmark_leaves_the_next_to_run_and_the_exit_status_says_so(t
     benchmarks after it still run (a GPU check that fails leaves the timings to come)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "gpu_latency,gpu_latency_fast_cycle",
-                           "--no-plot", "--results", str(tmp_path), "--", "--no-such-flag"], capture_output=True,
+                           "--no-tables", "--results", str(tmp_path), "--", "--no-such-flag"], capture_output=True,
                           text=True, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 1, proc.stderr
     tail = proc.stderr.splitlines()[-2:]
@@ -255,8 +255,8 @@ def check_small_ops(records: Records, tmp_path: Path) -> None:
         assert s[f"{measure}_module_{'us' if measure == 'latency' else 'ms'}"] is None
         assert s[f"{measure}_hvdlite_torch_over_module"] is None and s[f"{measure}_module_over_mpi4py"] is None
         assert_positive(s, f"{measure}_hvdlite_torch_over_mpi4py")
-    # plot.py's tables from these results: the comparison with a module says it was not measured
-    tables = subprocess.run([sys.executable, str(BENCH / "plot.py"), "--results", str(tmp_path), "--tables"],
+    # tables.py's from these results: the comparison with a module says it was not measured
+    tables = subprocess.run([sys.executable, str(BENCH / "tables.py"), "--results", str(tmp_path)],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert tables.returncode == 0, tables.stderr
     assert "**small_ops, hvdlite.torch vs module (not measured)**" in tables.stdout
@@ -327,16 +327,14 @@ check("train_throughput")(lambda records, _: check_train_throughput("torch", rec
 check("train_throughput_keras")(lambda records, _: check_train_throughput("keras", records))
 
 
-def test_plot_regenerates_from_json(tmp_path: Path) -> None:
-    """plot.py draws the PNG from JSON lines in the benchmarks' format (here the committed results)."""
-    source = BENCH / "results"
-    if not (source / "grad_sync.json").exists():
-        pytest.fail("benchmarks/results/grad_sync.json is missing: run the benchmarks (see benchmarks/README.md)")
-    png = tmp_path / "plot.png"
-    proc = subprocess.run([sys.executable, str(BENCH / "plot.py"), "--results", str(source), "--out", str(png)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+def test_tables_regenerate_from_json() -> None:
+    """tables.py prints every headline table from JSON lines in the benchmarks' format (the committed results)."""
+    proc = subprocess.run([sys.executable, str(BENCH / "tables.py")], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    for table in ("**grad_sync, resnet50**", "**train_throughput**", "**small_ops**", "**peak_rss**",
+                  "**synthetic_vs_horovod**"):
+        assert table in proc.stdout, (table, proc.stdout)
 
 
 @check("hw_scaling")
