@@ -1,7 +1,7 @@
 """hvdlite.torch: a drop-in for ``horovod.torch`` (``import hvdlite.torch as hvd``)."""
 from __future__ import annotations
 
-from hvdlite.core import basics
+from hvdlite.core import allgather_object, basics, broadcast_object
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
 
 from .async_ops import (allgather_async, allreduce_, allreduce_async, allreduce_async_, alltoall_async, barrier,
@@ -11,7 +11,7 @@ from .async_ops import (allgather_async, allreduce_, allreduce_async, allreduce_
 from .collectives import (allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce,
                           grouped_reducescatter, reducescatter)
 from .compression import Compression, Compressor
-from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .functions import broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
 from .replicas import check_replicas
 from .sync_batch_norm import SyncBatchNorm

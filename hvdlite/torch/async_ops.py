@@ -9,7 +9,8 @@ import torch
 import hvdlite.core as core
 from hvdlite.core import basics
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
-from hvdlite.core import Adasum, Average, Handle, ProcessSet, ReduceOp, Sum, global_process_set  # noqa: F401 - Sum for the others
+from hvdlite.core import (Adasum, Average, Handle, ProcessSet, ReduceOp, Sum,  # noqa: F401 - Sum for the others
+                          barrier, global_process_set, join)
 from hvdlite.core.frontend import Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_allreduce
 
 from .tensors import (check_dtype, check_one_device, check_tensors, from_host, hints, on_plane, prepared,
@@ -296,19 +297,6 @@ def synchronize(handle: Any) -> Any:
         return handle()
     raise TypeError(f"synchronize() takes a handle returned by an *_async function, got "
                     f"{type(handle).__name__}")
-
-
-def join(device: int = -1) -> int:
-    """This rank has run out of data: until every rank joins, it contributes zeros to its peers'
-    allreduces (and nothing to allgathers). Blocks until all ranks joined; returns the last to join.
-    ``device`` is accepted for Horovod compatibility; zeros are always made in host memory.
-    """
-    return core.join(device)
-
-
-def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Block until every rank of ``process_set`` reaches the barrier."""
-    core.barrier(process_set)
 
 
 def handle_average_backwards_compatibility(op: Any, average: Optional[bool]) -> ReduceOp:

@@ -1,7 +1,7 @@
-"""Start-of-training helpers: broadcast_parameters, broadcast_optimizer_state, broadcast/allgather_object."""
+"""Start-of-training helpers: broadcast_parameters, broadcast_optimizer_state (the object helpers are the core's)."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 import torch
 
@@ -92,14 +92,3 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     if not is_root:
         groups = [dict(root, params=mine["params"]) for root, mine in zip(root_groups, state_dict["param_groups"])]
         optimizer.load_state_dict({"state": new_state, "param_groups": groups})
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set) -> Any:
-    """Broadcast any picklable object (cloudpickle) from root_rank; returns it on every rank."""
-    return core.broadcast_object(obj, root_rank, name, process_set)
-
-
-def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> list:
-    """Gather any picklable object from every rank of the set; returns the list ordered by rank."""
-    return core.allgather_object(obj, name, process_set)
