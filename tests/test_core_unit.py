@@ -724,32 +724,35 @@ def test_open_mpi_iallreduce_variable_is_set_only_while_mpi_starts_and_never_ove
     assert os.environ[var] == "1"
 
 
-def test_a_verdict_on_ranks_out_of_step_fails_the_largest_groups_name_and_keeps_the_others_one_period() -> None:
+def test_a_verdict_on_ranks_out_of_step_fails_the_looping_groups_name_and_keeps_the_others_one_period() -> None:
     """Disjoint groups each wait on a generated name the others have not submitted (a rank left a loop early):
-    the largest group's name fails, the rest stay one more stall period (the failed ranks reach them next); of
-    equal groups the one that waited longest fails; overlapping groups, a tie, a name in two groups (e.g. two
-    process sets) and names the user gave spare nothing."""
+    the names of the groups still in their loop (made from a line that made one before) fail, the rest stay one more
+    stall period (the failed ranks reach them next); groups all or none in loops, overlapping groups, a name in two
+    groups (e.g. two process sets) and names the user gave spare nothing."""
     from hvdlite.core.engine.negotiation import Stalled
     from hvdlite.core.engine.stalls import verdict
     cfg = Config(stall_shutdown_time_seconds=3.0)
 
-    def stalled(name: str, ready: list[int], age: float) -> Stalled:
+    def stalled(name: str, ready: list[int], age: float, again: bool = False) -> Stalled:
         sig = make_signature(Kind.ALLREDUCE, 0, hvd.Sum, 1.0, 1.0, -1, (("float32", (1,)),))
-        entry = Stalled(name, Kind.ALLREDUCE, ready, [r for r in range(3) if r not in ready], age, sig, None)
+        entry = Stalled(name, Kind.ALLREDUCE, ready, [r for r in range(3) if r not in ready], age, sig, None, again)
         entry._note = ""  # no round's table to explain it from (the text is not what is tested here)
         return entry
 
-    def failed(*names: tuple[str, list[int], float], spared: dict | None = None) -> list[str]:
+    def failed(*names: tuple, spared: dict | None = None) -> list[str]:
         return [r.name for r in verdict([stalled(*n) for n in names], cfg, spared)]
 
     spared: dict = {}
     loop, after = "reducescatter.noname.5", "add_process_set.noname.0"
-    assert failed((loop, [1, 2], 3.0), (after, [0], 3.0), spared=spared) == [loop]
+    assert failed((loop, [1, 2], 3.0, True), (after, [0], 3.0), spared=spared) == [loop]
     assert failed((after, [0], 3.1), spared=spared) == []  # kept: ranks 1 and 2 come to it after their error
     assert failed((after, [0], 6.0), spared=spared) == [after]  # one period only
-    assert failed((loop, [1], 3.0), (after, [0], 2.9)) == [loop]  # equal groups: the one that waited longest fails
-    assert sorted(failed(("a.noname.1", [1], 3.0), ("b.noname.0", [0], 3.0))) == ["a.noname.1", "b.noname.0"]  # tie
-    assert sorted(failed(("loop", [1, 2], 3.0), ("mine", [0], 2.9))) == ["loop", "mine"]  # names the user gave
-    assert sorted(failed(("t.noname.0", [1, 2], 3.0), ("t.noname.0", [0], 2.9))) == ["t.noname.0"] * 2  # one name
-    assert sorted(failed(("a", [0, 1], 3.0), ("b", [0], 3.0))) == ["a", "b"]  # overlapping groups
+    assert failed((loop, [0], 2.9, True), (after, [1, 2], 3.0)) == [loop]  # whatever the groups' sizes and ages
+    both = sorted([loop, after])
+    assert sorted(failed((loop, [0], 3.0, True), (after, [1, 2], 3.0, True))) == both  # both in loops: no telling
+    assert sorted(failed((loop, [0], 3.0), (after, [1, 2], 3.0))) == both  # neither in a loop
+    assert sorted(failed(("loop", [1, 2], 3.0, True), ("mine", [0], 2.9))) == ["loop", "mine"]  # names the user gave
+    assert sorted(failed(("t.noname.0", [1, 2], 3.0, True), ("t.noname.0", [0], 2.9))) == ["t.noname.0"] * 2
+    assert sorted(failed(("a.noname.0", [0, 1], 3.0, True), ("b.noname.0", [0], 3.0))) == ["a.noname.0",
+                                                                                          "b.noname.0"]  # overlap
     assert failed(("a", [1, 2], 1.0), ("b", [0], 2.0)) == []  # nothing past the shutdown time yet

@@ -24,6 +24,7 @@ class Names:
         #: (kind, set) -> ([(first, end), ...], until): per verdict, names first..end-1 move one on (learn())
         self._moves: dict[tuple[str, int], tuple[list[tuple[int, int]], float]] = {}
         self.moving = False  # whether any move is pending: the engine looks at submissions only then
+        self._seen: set[tuple[str, int, object]] = set()  # (kind, set, line) of every generated name made
 
     def name(self, kind: str, given: Optional[str], ps_id: int = 0) -> str:
         if given is not None:
@@ -33,6 +34,12 @@ class Names:
             n = self._next.get(key, 0)
             self._next[key] = n + 1
         return _generated(kind, ps_id, n)
+
+    def again(self, kind: str, ps_id: int, site: object) -> bool:
+        """Whether a line made a generated name of ``kind`` before: a loop (ranks out of step: stalls.py ahead())."""
+        seen = (kind, ps_id, site) in self._seen
+        self._seen.add((kind, ps_id, site))
+        return seen and site is not None
 
     def give_back(self, name: str, ps_id: int = 0) -> None:
         """A call refused before it submitted ``name`` consumes no name: if it is the last generated one of its
@@ -46,10 +53,9 @@ class Names:
                 self._next[key] = int(found["n"])
 
     def learn(self, failed_name: str, ps_id: int, submitted_here: bool = True) -> None:
-        """A stall verdict failed generated name ``failed_name`` on every rank: this rank's next name of that kind
-        and set comes after it. A rank that never submitted it may have made that name and later ones before its
-        engine read the verdict: those ops are the others' next ones, so each of those names moves one on
-        (moved(), when the engine takes the op)."""
+        """A stall verdict failed generated name ``failed_name`` on every rank: this rank's next one comes after it.
+        Names a rank that never submitted it made before its engine read the verdict are the others' next ones:
+        each moves one on (moved(), when the engine takes the op)."""
         found = _GENERATED.match(failed_name)
         if found is None or int(found["ps"] or 0) != ps_id:
             return

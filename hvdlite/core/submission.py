@@ -52,6 +52,7 @@ def submit(st: State, kind: Kind, name: Optional[str], ps_id: int, inputs: Seque
             req.held = held
         if generated:  # a name used once: its site travels with the request only (engine/callsite.py)
             req.site = callsite.capture()
+            req.again = st.names.again(kind.label, ps_id, req.site)
         elif callsite.known.get(name) is not memo[0]:  # a new name or signature: steady state skips the capture
             req.site = callsite.note(name, memo[0], key=req.key)
         st.engine.submit(req)

@@ -209,6 +209,33 @@ def test_a_rank_that_leaves_a_loop_early_meets_the_others_at_its_next_collective
     check_in_step("after leaving a loop early")
 
 
+@pytest.mark.parametrize("next_op", ["allgather", "allreduce"])
+def test_ranks_that_leave_a_loop_early_wait_for_the_rank_still_in_it(next_op: str,
+                                                                     reinit: Callable[..., None]) -> None:
+    """Horovod's test_torch.py at -n 3 (test_horovod_allgather_grad's check fails on ranks 1 and 2 only): every
+    rank but 0 leaves a loop of unnamed allgathers after its first op and runs the next test, whose first op is an
+    allgather of other arguments (the same generated name: a mismatch) or an allreduce (a stall), while rank 0 goes
+    on in the loop. Rank 0's op, from the loop's line again, fails; the others' waits for rank 0's next one, so
+    the next test is in step (before, the others' failed too, and every later test met rank 0 one test apart)."""
+    reinit(stall_shutdown_time_seconds=3.0)
+    hvd.barrier()
+    try:
+        for i in range(4):
+            same(hvd.allgather(np.full((1, 2), float(i))), np.full((N, 2), float(i)), f"loop {i}")
+            if R != 0:
+                raise KeyError("the test's check fails on this rank")
+        raise AssertionError("rank 0's loop completed alone")
+    except KeyError:
+        assert R != 0
+    except (hvd.TensorMismatchError, hvd.StallError) as error:
+        assert R == 0 and "allgather.noname." in str(error), error
+    if next_op == "allgather":  # the next test's first op
+        same(hvd.allgather(np.full((1, 3), R, np.int64)), np.repeat(np.arange(N), 3).reshape(N, 3), "allgather")
+    else:
+        same(hvd.allreduce(np.full(2, float(R)), op=hvd.Sum), np.full(2, N * (N - 1) / 2), "allreduce")
+    check_in_step(f"after leaving a loop early, then an {next_op}")
+
+
 def test_generated_names_start_again_after_an_engine_ending_error(reinit: Callable[..., None]) -> None:
     """A job-wide error that ends the engine (here: one rank shuts down while the others wait) ends it on
     every rank; the next init() on every rank starts a fresh engine whose generated names start again."""

@@ -1,5 +1,4 @@
-"""The engine's completing half: the pending table, running agreed responses in agreed order, and handing each
-request its result or error (an object the Engine holds)."""
+"""The engine's completing half: the pending table, agreed responses run in order, each request's result or error."""
 from __future__ import annotations
 
 from typing import Any, Optional, Protocol
@@ -24,18 +23,17 @@ class VerdictNames(Protocol):
 
     def learn(self, failed_name: str, ps_id: int, submitted_here: bool) -> None: ...
 
+    def give_back(self, name: str, ps_id: int) -> None: ...
+
     def moved(self, name: str, ps_id: int) -> Optional[str]: ...
 
     def single_use(self, name: str) -> bool: ...
 
 
 class Completion:
-    """The requests this rank has pending, and how each ends: batches of agreed work go to the MPI or plane
-    executor, and every request ends through ``finish`` (its name freed, then its handle completed).
-
-    ``inflight`` is the name table ``Engine.submit`` checks under the engine's lock (a name is in it from
-    submission until it finishes); ``pending`` holds the requests the engine thread has taken from its queue.
-    """
+    """The requests this rank has pending (``pending``: taken from the queue; ``inflight``: the names that
+    ``Engine.submit`` checks, from submission to ``finish``) and how each ends: agreed batches run on the MPI or
+    plane executor, and ``finish`` frees the name, then completes the handle."""
 
     def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
                  planes: PlaneExecutor, timeline: Timeline, names: Optional[VerdictNames], keep_times: bool) -> None:
@@ -52,8 +50,7 @@ class Completion:
         self.bits = PendingBits(cache, keep_times=keep_times)  # the pending requests' cache bits
 
     def execute(self, responses: list[Response]) -> None:
-        """Run agreed responses in agreed order. Data work is batched (fused) up to the next control op:
-        a process-set change runs only after the data work agreed before it has finished."""
+        """Run agreed responses in order: data work fused in batches up to the next control op, which runs after it."""
         work: list[tuple[Response, Optional[Request]]] = []
         pending, psets, tracing = self.pending, self.psets, self.timeline.enabled
         for resp in responses:
@@ -61,6 +58,10 @@ class Completion:
             if resp.error is not None:
                 if resp.error_kind in ("stall", "join") and self.names is not None:  # job-wide: every rank
                     self.names.learn(resp.name, resp.ps_id, req is not None)       # skips the name
+                elif resp.error_kind == "behind" and self.rank not in resp.joined:
+                    continue  # ranks out of step (negotiation.py): this rank's op waits for the looping ranks' next
+                elif resp.error_kind == "behind" and self.names is not None:
+                    self.names.give_back(resp.name, resp.ps_id)  # this rank's next op of the kind meets the others'
                 if req is not None:
                     kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
                     self.finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
@@ -119,8 +120,7 @@ class Completion:
                     self.finish(req, result=result)
 
     def _fail_batch(self, batch: list[Any], exc: Exception) -> None:
-        """Fail the requests of one batch that raised before or between its MPI calls. Every rank ran the
-        same batch on agreed shapes, dtypes and arguments, so every rank fails it the same way."""
+        """Fail the requests of one batch that raised before or between its MPI calls (alike on every rank)."""
         names = sorted({item.resp.name for item in batch})
         logger.error("collective(s) %s failed on this rank: %s: %s", ", ".join(names), type(exc).__name__, exc)
         for item in batch:
@@ -131,8 +131,7 @@ class Completion:
                 self.finish(item.req, error=error)
 
     def finish(self, req: Request, result: Any = None, error: Optional[BaseException] = None) -> None:
-        """Hand a result back. The name is freed before the handle completes, so the caller may reuse
-        it at once (the next training step submits the same names)."""
+        """Hand a result back, the name freed first: the caller may submit it again at once (the next step)."""
         key = req.key
         if self.pending.pop(key, None) is not None:
             self.bits.remove(req)

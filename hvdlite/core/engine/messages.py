@@ -10,12 +10,11 @@ __all__ = ["RankMessage", "name_table", "pending_message"]
 
 
 class RankMessage:
-    """One rank's pending requests as parallel lists (names; each one's index into the distinct signatures, age,
-    index into the distinct call-site texts or -1), then the round's fields: 1,000 names of one line and one
-    signature pickle as 1,000 strings, a few numbers each and one signature."""
+    """One rank's pending requests as parallel lists (names; index into the distinct signatures; age; index into
+    the distinct call-site texts or -1), then the round's fields: 1,000 names pickle as 1,000 strings."""
 
     __slots__ = ("names", "sig_index", "sigs", "ages", "site_index", "site_texts", "shutdown", "join_cycle", "tune",
-                 "elsewhere", "_by_key")
+                 "elsewhere", "again", "_by_key")
 
     def __init__(self, reqs: Sequence[tuple[str, Signature, float]] = (), shutdown: bool = False,
                  join_cycle: int = -1, tune: Optional[dict[Any, Any]] = None,
@@ -32,15 +31,16 @@ class RankMessage:
         self.join_cycle = join_cycle  # cycle at which this rank joined, -1 if it has not
         self.tune = tune  # rank 0 only: autotune settings every rank adopts after this round
         self.elsewhere = list(elsewhere)  # (set, name) pending in this rank's other engines (a stall's note)
+        self.again: list[int] = []  # the requests (indices) whose generated name comes from a line used before (a loop)
         self._by_key: Optional[dict[tuple[int, str], int]] = None  # made on the receiving side when an error reads it
 
     def __getstate__(self) -> tuple[Any, ...]:
         return (self.names, self.sig_index, self.sigs, self.ages, self.site_index, self.site_texts, self.shutdown,
-                self.join_cycle, self.tune, self.elsewhere)
+                self.join_cycle, self.tune, self.elsewhere, self.again)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         (self.names, self.sig_index, sigs, self.ages, self.site_index, self.site_texts, self.shutdown,
-         self.join_cycle, self.tune, self.elsewhere) = state
+         self.join_cycle, self.tune, self.elsewhere, self.again) = state
         self.sigs = [shared(sig) for sig in sigs]  # equal signatures of every rank are one object: ``is`` agrees
         self._by_key = None
 
@@ -80,4 +80,5 @@ def pending_message(pending: Collection[Any], now: float, **fields: Any) -> Rank
     msg.names, msg.sig_index, msg.sigs = name_table((req.name, req.sig) for req in pending)
     msg.ages = [now - req.submitted for req in pending]
     msg.site_index, msg.site_texts = callsite.site_table(pending)
+    msg.again = [i for i, req in enumerate(pending) if getattr(req, "again", False)]
     return msg

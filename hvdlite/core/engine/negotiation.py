@@ -30,11 +30,11 @@ class Stalled:
     """A name some members of its set have not submitted yet. Its ``note`` (the set the missing ranks used it in)
     and ``where`` (lines, what the missing ranks waited on instead) are worked out when a warning reads them."""
 
-    __slots__ = ("name", "kind", "ready_ranks", "missing_ranks", "age", "sig", "_note", "_where", "_context")
+    __slots__ = ("name", "kind", "ready_ranks", "missing_ranks", "age", "sig", "again", "_note", "_where", "_context")
 
     def __init__(self, name: str, kind: Kind, ready_ranks: list[int], missing_ranks: list[int], age: float,
-                 sig: Signature, context: Any) -> None:
-        self.name, self.kind, self.sig, self.age = name, kind, sig, age
+                 sig: Signature, context: Any, again: bool = False) -> None:
+        self.name, self.kind, self.sig, self.age, self.again = name, kind, sig, age, again  # again: from a loop
         self.ready_ranks, self.missing_ranks = ready_ranks, missing_ranks
         self._note: Optional[str] = None
         self._where = ""
@@ -51,13 +51,11 @@ class Stalled:
 
     @property
     def where(self) -> str:
-        _ = self.note  # works out both
-        return self._where
+        return self._where if self.note is not None else ""  # note works out both
 
 
 def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any]] = None) -> list[RankMessage]:
-    """Every rank's message, in rank order: the sizes (into ``sizes_out``), then the pickled bytes, each waited
-    on as an arrival (polling.wait: a peer computing Python can be tens of ms late; benchmarks/lab/peer_wait.py)."""
+    """Every rank's message, in rank order: the sizes (into ``sizes_out``), then the bytes, each an arrival wait."""
     payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     size = comm.Get_size()
     sizes = np.empty(size, dtype=np.int64)
@@ -128,7 +126,8 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         if not set(members) <= present | stand_ins:
             missing = sorted(set(members) - present - stand_ins)
             age = max(messages[rank].ages[index] for rank, index in entries.items())
-            stalled.append(Stalled(name, kind, sorted(present), missing, age, first_sig, context=(table, messages)))
+            stalled.append(Stalled(name, kind, sorted(present), missing, age, first_sig, (table, messages),
+                                   all(index in messages[rank].again for rank, index in entries.items())))
             continue
         sigs = {rank: sigs_of[rank][index] for rank, index in entries.items()}
         error = invalid_argument(name, sigs, members)
@@ -137,6 +136,12 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
                                       error_kind="invalid"))
             continue
         error = describe_mismatch(name, sigs)
+        behind = {r for r in entries if error is not None and entries[r] in messages[r].again}  # still in a loop
+        if behind and present - behind and not {sigs[r] for r in behind} & {sigs[r] for r in present - behind}:
+            responses.append(Response(name, first_sig, f"{error}{submitted_at(messages, key, present)} Ranks "
+                                      f"{sorted(present - behind)} left the loop ranks {sorted(behind)} are in: "
+                                      f"their {kind} waits for these ranks' next one", "behind", frozenset(behind)))
+            continue
         if error is not None:
             error += submitted_at(messages, key, present)
         if error is None and stand_ins and kind not in join_tolerant:

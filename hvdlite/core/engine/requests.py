@@ -155,8 +155,9 @@ class Request(Handle, _SignatureFields):
     that only the garbage collector could free)."""
 
     __slots__ = ("sig", "key", "inputs", "outputs", "splits", "submitted", "cache_bit", "cache_version", "results",
-                 "remaining", "site", "held")
+                 "remaining", "site", "held", "again")
     held: Any  # set by core/submission.submit when asked: what the inputs view, kept alive with the handle
+    again: bool  # a generated name's: submitted at a line that made one of its kind before (core/names.py)
 
     # Positional up to ``value``, so the one submit (core/submission.py) calls it without keywords on its memo's path:
     # calling a class with keywords packs them into a dict, +0.4-0.9 us per Request in timeit on the loaded

@@ -34,8 +34,7 @@ class Watchdog:
         self.rank, self.size = rank, size
         self.presence = presence
         self.waiting_names = waiting_names  # the names this rank waits on (pending or queued), sorted
-        #: Fault-tolerant jobs (ULFM): kills the processes of the given ranks that run on this host, so MPI sees
-        #: them as failed and the survivors recover (hvdlite/core/fencing.py); None elsewhere.
+        #: ULFM jobs: kills the given ranks' processes on this host, so the survivors recover (core/fencing.py)
         self.fence = fence
         self._fenced = False
         self.last_check = time.monotonic()  # the last full round (every full round looks for stalls)
@@ -43,12 +42,9 @@ class Watchdog:
         self._spared: dict[tuple[int, str], float] = {}  # see verdict()
 
     def watch(self, waited: float) -> bool:
-        """Between the polls of every engine wait: answer peers' presence probes; once a wait has lasted
-        longer than the stall shutdown time, probe the peers and fail with a StallError naming those that
-        do not answer (a round or collective never completes without them). In a fault-tolerant job the
-        first such verdict instead kills the silent ranks' processes on this host (survivors on other hosts
-        kill theirs) and waits once more: MPI then fails the wait as for any lost rank, and the survivors
-        recover. True restarts the count."""
+        """Between the polls of every engine wait: answer presence probes; past the stall shutdown time, end with
+        the peers that do not answer (Wedged), or in a fault-tolerant job first fence them once (MPI then fails
+        the wait as for any lost rank). True restarts the count."""
         self.presence.serve()
         cfg = self.config
         limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
@@ -69,14 +65,10 @@ class Watchdog:
         cfg = self.config
         if cfg.stall_check_disable or not pending:
             return False
-        period = cfg.stall_check_time_seconds
-        if cfg.stall_shutdown_time_seconds > 0:
-            period = min(period, cfg.stall_shutdown_time_seconds)
+        shutdown, period = cfg.stall_shutdown_time_seconds, cfg.stall_check_time_seconds
+        period = min(period, shutdown) if shutdown > 0 else period
         now = time.monotonic()
-        if now - self.last_check < period:
-            return False
-        oldest = min(req.submitted for req in pending)
-        return now - oldest >= period
+        return now - self.last_check >= period and now - min(req.submitted for req in pending) >= period
 
     def handle(self, stalled: list[Stalled]) -> list[Response]:
         """Rank 0 warns (at most once per check period); every rank returns the same verdicts."""
@@ -87,10 +79,8 @@ class Watchdog:
 
 
 def warn(stalled: list[Stalled], cfg: Config, since_last_warning: float) -> bool:
-    """On rank 0: log the stalled names with the ranks that did and did not submit them (at most once per
-    ``stall_check_time_seconds``). Returns whether it logged."""
-    worst = max(s.age for s in stalled)
-    if worst < cfg.stall_check_time_seconds or since_last_warning < cfg.stall_check_time_seconds:
+    """On rank 0, at most once per ``stall_check_time_seconds``: log who did not submit what. Whether it logged."""
+    if min(max(s.age for s in stalled), since_last_warning) < cfg.stall_check_time_seconds:
         return False
     lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
              f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "") + s.where
@@ -114,10 +104,8 @@ JOIN_HINT = ("If ranks got different numbers of batches (uneven data), a rank wh
 
 def verdict(stalled: list[Stalled], cfg: Config, spared: Optional[dict[tuple[int, str], float]] = None
             ) -> list[Response]:
-    """One verdict for the job, in this round: once any stalled name is past the shutdown time, every
-    stalled name fails now, so each rank waiting on one gets its StallError in the same cycle (not a
-    ShutdownError later, after a peer that got its StallError first has moved on and exited); but names ahead()
-    spares stay one period (``spared``, kept across verdicts: (set, name) -> agreed age when spared)."""
+    """Once any stalled name is past the shutdown time every stalled name fails, in the same cycle on every rank,
+    but those ahead() spares stay one period (``spared``, across verdicts: (set, name) -> agreed age then)."""
     limit = cfg.stall_shutdown_time_seconds
     if limit <= 0 or max(s.age for s in stalled) < limit:
         return []
@@ -139,19 +127,18 @@ def verdict(stalled: list[Stalled], cfg: Config, spared: Optional[dict[tuple[int
 
 
 def ahead(stalled: list[Stalled], limit: float) -> list[Stalled]:
-    """Ranks out of step (one left a loop of unnamed collectives early): disjoint groups each wait on a generated
-    name the others have not made yet. The largest group's (of equal ones, the longest-waiting) names fail; the
-    others' stay one more period, for the failed ranks to reach after their error. Else nothing is spared."""
-    waited: dict[tuple[int, ...], float] = {}
+    """Ranks out of step (some left a loop of unnamed collectives early): disjoint groups each wait on a generated
+    name the others have not made yet. The names of the groups still in their loop (``again``: each from a line
+    that made one of its kind before) fail; the others' stay one more period, for the failed ranks to reach after
+    their error. Else nothing is spared."""
+    looping: dict[tuple[int, ...], bool] = {}
     for s in stalled:
-        waited[tuple(s.ready_ranks)] = max(waited.get(tuple(s.ready_ranks), 0.0), s.age)
-    members = [rank for group in waited for rank in group]
-    if len(waited) < 2 or len(members) != len(set(members)) or len({s.name for s in stalled}) != len(stalled):
+        looping[tuple(s.ready_ranks)] = looping.get(tuple(s.ready_ranks), True) and s.again
+    members = [rank for group in looping for rank in group]
+    if len(members) != len(set(members)) or len({s.name for s in stalled}) != len(stalled) \
+            or all(looping.values()) or not any(looping.values()):
         return []
-    first, second = sorted(waited, key=lambda group: (len(group), waited[group]), reverse=True)[:2]
-    if (len(first), waited[first]) == (len(second), waited[second]):
-        return []
-    return [s for s in stalled if tuple(s.ready_ranks) != first and ".noname." in s.name and s.age < 2 * limit]
+    return [s for s in stalled if not looping[tuple(s.ready_ranks)] and ".noname." in s.name and s.age < 2 * limit]
 
 
 def wedged_message(rank: int, size: int, absent: list[int], waited: float, limit: float, names: list[str]) -> str:
