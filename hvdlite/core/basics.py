@@ -57,10 +57,8 @@ def engine_stats() -> dict[str, int]:
 
 
 def straggler_report() -> dict[str, Any]:
-    """Per rank, how late it submitted the last ``straggler_window_ops`` agreed ops (exchanged every that many
-    ops and every ``straggler_window_seconds``): mean and p95 milliseconds after the first rank, the share of ops
-    it submitted last, and the rank named as the straggler (or None). The same dict on every rank read at the
-    same point of the program; zeros before the first exchange."""
+    """How late the latest ranks submitted the last ``straggler_window_ops`` agreed ops, and the straggler (or
+    None): the same dict on every rank read at the same point of the program (engine/stragglers.py)."""
     return state().engine.stragglers.report()
 
 

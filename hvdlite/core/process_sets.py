@@ -10,12 +10,8 @@ def is_comm(obj: Any) -> bool:
 
 
 class ProcessSet:
-    """A set of ranks. ``ProcessSet([0, 2])`` names ranks of the global communicator;
-    ``ProcessSet(comm)`` takes the ranks of an mpi4py communicator (as Horovod's ``ranks_or_comm``).
-
-    It becomes usable after ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set(...)``
-    registers it on every rank; ``process_set_id`` is then set.
-    """
+    """A set of ranks: ``ProcessSet([0, 2])`` or ``ProcessSet(comm)`` (an mpi4py communicator's ranks), usable
+    once ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set(...)`` registered it on every rank."""
 
     def __init__(self, ranks_or_comm: Any = None) -> None:
         self.mpi_comm: Any = None

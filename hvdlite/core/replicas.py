@@ -110,10 +110,8 @@ def _different_layouts(layout: list[Any], ranks: list[int], process_set: Process
 
 
 def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
-    """Check that every rank holds bit-identical copies of the numpy arrays (and numbers) in ``obj``, a
-    mapping, list or tuple of them, nested or not; returns how many tensors were compared. Raises
-    ReplicaDivergenceError on every rank, naming the first differing tensor, the ranks that differ and the
-    largest absolute difference (only that tensor is gathered; the rest is compared by 64-bit digests)."""
+    """Check that every rank holds bit-identical copies of the numpy arrays (and numbers) in ``obj`` (nested
+    mappings, lists, tuples); returns how many were compared, or raises ReplicaDivergenceError on every rank."""
     return check_named(flatten(obj, numpy_leaf), process_set)
 
 

@@ -9,15 +9,10 @@ from .. import runtime
 
 
 class ElasticShards:
-    """The framework-free part of ``ElasticSampler``.
-
-    An epoch's order is a permutation seeded by ``seed + epoch``. The samples the job has processed in
-    this epoch (``record_batch``) are left out; the rest is padded to a multiple of the world size (as
-    DistributedSampler does; no padding is needed when it divides evenly) and dealt out round-robin.
-    ``record_batch(i, b)`` marks batch ``i`` of *every* rank as processed: in synchronous data-parallel
-    training all ranks take batch ``i`` in the same step, so the record needs no communication and is
-    the same on every rank, hence in every host's commit.
-    """
+    """The framework-free part of ``ElasticSampler``: an epoch's permutation (seeded by ``seed + epoch``) less
+    the samples processed, padded to a multiple of the world size and dealt out round-robin. ``record_batch(i,
+    b)`` marks batch ``i`` of every rank processed (all ranks take batch ``i`` in the same step), so the record
+    needs no communication and is the same in every host's commit."""
 
     elastic_resettable = True
 

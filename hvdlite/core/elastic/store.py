@@ -13,11 +13,8 @@ from ..log import logger
 
 
 class CommitStore:
-    """``<dir>/hvdlite-elastic-<job>/<hostname>/commit.pkl``: the newest commit this host holds.
-
-    The host name is part of the path so that hosts which happen to share a file system (or the pretend
-    hosts of the tests) still keep separate copies, as real hosts with local disks would.
-    """
+    """``<dir>/hvdlite-elastic-<job>/<hostname>/commit.pkl``: the newest commit this host holds (the host name
+    keeps hosts that share a file system apart, as local disks would)."""
 
     def __init__(self, configured_dir: str, job: str) -> None:
         self.configured_dir, self.job = configured_dir, job
