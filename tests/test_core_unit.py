@@ -641,7 +641,7 @@ def test_an_uncaught_rank_death_waits_out_the_other_survivors_naming_before_the_
     besides the usual second; any other error the second."""
     from hvdlite.core import abort
     from hvdlite.core.engine.loop import LOST_RANKS_WAIT_S
-    from hvdlite.core.errors import ProcessFailedError
+    from hvdlite.core.errors import ProcessFailedError, lost_rank
     death = ProcessFailedError("rank 1: rank 2 (host h) of this job died", (2,), ("h",))
     try:
         try:
@@ -649,9 +649,9 @@ def test_an_uncaught_rank_death_waits_out_the_other_survivors_naming_before_the_
         except ProcessFailedError as exc:
             raise RuntimeError("UnknownError: wrapped") from exc
     except RuntimeError as wrapped:
-        assert abort._lost_rank(death) and abort._lost_rank(wrapped)
-    assert not abort._lost_rank(ValueError("no")) and not abort._lost_rank(None)
-    assert abort._lost_rank(RuntimeError("UnknownError: not chained"), ended=death)  # the engine ended with it
+        assert lost_rank(death) is death and lost_rank(wrapped) is death
+    assert not lost_rank(ValueError("no")) and not lost_rank(None)
+    assert lost_rank(RuntimeError("UnknownError: not chained"), ended=death) is death  # the engine ended with it
     assert abort._LOST_RANK_GRACE_S == LOST_RANKS_WAIT_S + abort._ABORT_GRACE_S >= 3.0
 
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .engine import callsite, mpi
 from .engine.loop import LOST_RANKS_WAIT_S
-from .errors import ProcessFailedError
+from .errors import lost_rank
 
 __all__ = ["install_excepthook"]
 
@@ -46,7 +46,7 @@ def install_excepthook(current: Callable[[], Any]) -> None:
         if state is not None and state.size > 1 and not issubclass(exc_type, KeyboardInterrupt):
             # The launcher forwards this rank's output and its abort request on separate channels; when
             # the abort wins, the traceback above can be lost. Give the output a moment to get through.
-            time.sleep(_LOST_RANK_GRACE_S if _lost_rank(exc, state.engine.error) else _ABORT_GRACE_S)
+            time.sleep(_LOST_RANK_GRACE_S if lost_rank(exc, state.engine.error) else _ABORT_GRACE_S)
             mpi.abort(1)
             # MPICH's MPI_Abort can return while the launcher tears the job down; exiting through the
             # interpreter would run hvdlite's shutdown and bury this error under "shut down" on the peers.
@@ -72,19 +72,6 @@ def install_excepthook(current: Callable[[], Any]) -> None:
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # a script's own handler stays
         signal.signal(signal.SIGINT, _on_sigint)
-
-
-def _lost_rank(exc: BaseException | None, ended: BaseException | None = None) -> bool:
-    """Whether ``exc`` comes from a rank's death under ULFM: it is or was raised from one, or the engine ended
-    with one (``ended``; recovery.lost_rank's rule, which cannot be imported here: recovery imports runtime)."""
-    if isinstance(ended, ProcessFailedError):
-        return True
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, ProcessFailedError):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
 
 
 def _on_sigint(signum: int, frame: Any) -> None:

@@ -43,6 +43,18 @@ class ProcessFailedError(HvdliteError):
         self.seen_at = seen_at
 
 
+def lost_rank(exc: BaseException | None, ended: BaseException | None = None) -> ProcessFailedError | None:
+    """The lost-rank error behind ``exc`` (it, or one it was raised from), else ``ended`` if it is one: the error
+    the engine ended with, which TensorFlow re-raises as its own UnknownError, not chained."""
+    for _ in range(8):
+        if exc is None or isinstance(exc, ProcessFailedError):
+            break
+        exc = exc.__cause__ or exc.__context__
+    if isinstance(exc, ProcessFailedError):
+        return exc
+    return ended if isinstance(ended, ProcessFailedError) else None
+
+
 class ReplicaDivergenceError(HvdliteError):
     """``check_replicas`` found a tensor that is not bit-identical on every rank (raised on every rank):
     ``tensor`` the first, ``ranks`` those that differ from the most common copy, by up to ``max_abs_diff``."""

@@ -12,6 +12,7 @@ from typing import Optional
 from . import log, runtime
 from .engine import mpi
 from .fencing import Peer, fence
+from . import errors
 from .errors import HvdliteError, ProcessFailedError
 from .log import logger
 from .process_sets import ProcessSet
@@ -36,15 +37,8 @@ class Recovery:
 
 
 def lost_rank(exc: BaseException) -> Optional[ProcessFailedError]:
-    """The lost-rank error behind ``exc``: itself, or the error the engine ended with (TensorFlow turns an
-    exception inside a ``tf.numpy_function`` into its own UnknownError)."""
-    if isinstance(exc, ProcessFailedError):
-        return exc
-    if runtime.is_initialized():
-        ended = runtime.state().engine.error
-        if isinstance(ended, ProcessFailedError):
-            return ended
-    return None
+    """errors.lost_rank of ``exc`` and of the error the running engine ended with."""
+    return errors.lost_rank(exc, runtime.state().engine.error if runtime.is_initialized() else None)
 
 
 def can_recover(error: BaseException) -> bool:

@@ -36,10 +36,7 @@ def run(func: F) -> F:
         except HostsUpdatedInterrupt:
             logger.info("hosts changed: leaving at commit %d so the job restarts at its new size",
                         state.commit_counter)
-            lk.send(op="resize", commit=state.commit_counter)
-            runtime.shutdown()
-            lk.close()
-            sys.exit(RESIZE_EXIT_CODE)
+            _leave(state)
         lk.send(op="done")
         state.finish()
         return result
@@ -85,6 +82,11 @@ def _leave_below_min_np(state: State, size: int) -> None:
         return
     logger.warning("%d rank(s) left, below --min-np %d: leaving at commit %d without training on; hvdlite-run "
                    "starts the job again from it once %d slots are usable", size, min_np, state.commit_counter, min_np)
+    _leave(state)
+
+
+def _leave(state: State) -> None:
+    """End this process for the driver to start the job again from the last commit (at the size it then has)."""
     driver.link().send(op="resize", commit=state.commit_counter)
     runtime.shutdown()
     driver.link().close()
