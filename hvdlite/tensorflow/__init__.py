@@ -24,12 +24,10 @@ from . import elastic  # noqa: E402  (hvd.elastic)
 
 
 def _library_code_for_autograph() -> None:
-    """Have AutoGraph call hvdlite's functions as they are, as it does TensorFlow's and Keras' own: a user's
-    tf.function that calls ``DistributedOptimizer.apply`` (or any collective) otherwise has every hvdlite function
-    it reaches parsed and transformed on its first trace (their control flow is on Python values: nothing to
-    convert). A Keras custom loop's first trace: 1.49 -> 0.32 s (one process, 2-core machine). The rule table is
-    AutoGraph's own (``tensorflow.python.autograph.core.config``); where a TensorFlow lacks it, only that time is
-    lost."""
+    """Have AutoGraph call hvdlite's functions as they are (their control flow is on Python values), as it does
+    TensorFlow's and Keras' own, instead of converting every one a user's tf.function reaches: a Keras custom
+    loop's first trace 1.49 -> 0.32 s (one process, 2-core machine). A TensorFlow without that rule table only
+    loses that time."""
     try:
         from tensorflow.python.autograph.core import config
     except ImportError:
@@ -56,12 +54,15 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
     gradients, in a graph and eagerly. A Keras 3 or tf-keras optimizer gets
     ``hvdlite.tensorflow.keras.DistributedOptimizer``.
     """
-    from .optimizer_v1 import is_tf1_optimizer
+    import tensorflow as tf
 
-    if is_tf1_optimizer(optimizer):
-        return _tf1_distributed(optimizer, name, use_locking, compression, sparse_as_dense,
-                                backward_passes_per_step, op, gradient_predivide_factor,
-                                average_aggregated_gradients, groups, process_set, scale_local_gradients)
+    from .optimizer_v1 import DistributedTF1Optimizer
+    from .reduction import gradient_settings
+
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):  # GradientDescentOptimizer, MomentumOptimizer, ...
+        settings = gradient_settings(op, gradient_predivide_factor, groups, compression, sparse_as_dense, process_set,
+                                     scale_local_gradients, backward_passes_per_step, average_aggregated_gradients)
+        return DistributedTF1Optimizer(optimizer, settings, name=name, use_locking=use_locking)
 
     from .keras_families import family_of
     from .keras.optimizer import DistributedOptimizer as _keras_distributed
@@ -78,27 +79,6 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
                               backward_passes_per_step=backward_passes_per_step,
                               average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
                               groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
-
-
-def _tf1_distributed(optimizer: Any, name: Any, use_locking: bool, compression: type, sparse_as_dense: bool,
-                     backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
-                     average_aggregated_gradients: bool, groups: Any, process_set: ProcessSet,
-                     scale_local_gradients: bool) -> Any:
-    """The TF1 DistributedOptimizer (optimizer_v1.py), with its arguments checked as Horovod checks them."""
-    from hvdlite.core import Adasum, Sum
-    from hvdlite.core.frontend import check_gradient_options
-    from .optimizer_v1 import DistributedTF1Optimizer
-
-    reduce_op, passes = check_gradient_options(op, gradient_predivide_factor, backward_passes_per_step)
-    if reduce_op not in (Average, Sum, Adasum):
-        raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")
-    if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
-        raise ValueError("groups must be a positive integer or a list of lists of tf.Variable")
-    settings = dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=reduce_op,
-                    gradient_predivide_factor=float(gradient_predivide_factor), backward_passes_per_step=passes,
-                    average_aggregated_gradients=bool(average_aggregated_gradients), process_set=process_set,
-                    scale_local_gradients=bool(scale_local_gradients))
-    return DistributedTF1Optimizer(optimizer, settings, name=name, use_locking=use_locking)
 
 
 __all__ = [

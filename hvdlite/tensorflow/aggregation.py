@@ -1,4 +1,5 @@
-"""Local gradient aggregation (``backward_passes_per_step``), shared by every DistributedOptimizer.
+"""Every DistributedOptimizer's gradient combination (TF1, Keras 3, tf-keras): :class:`Combiner`, with the local
+aggregation of ``backward_passes_per_step``.
 
 ``aggregate`` adds one backward pass' gradients to this rank's sums and, on every N-th pass, returns the sums
 reduced over the ranks (the other passes: the sums so far); ``on_reduced_pass`` then runs the real update only
@@ -7,21 +8,87 @@ on the pass that reduced. Both are built from ``tf.cond`` on a counter variable,
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
 from .mpi_ops import dense
+from .reduction import reduce_gradients
 
-__all__ = ["new_state_variable", "aggregate", "on_reduced_pass"]
+__all__ = ["Combiner", "aggregate", "on_reduced_pass"]
 
 
-def new_state_variable(initial: Any, name: str) -> tf.Variable:
-    """A non-trainable variable made outside any function or cond branch being built; in a ``tf.compat.v1``
-    graph a local variable (initialised by ``local_variables_initializer`` or a MonitoredTrainingSession,
-    never checkpointed)."""
+class Combiner:
+    """One optimizer's gradient combination: its settings, the variables whose gradients stay local, and the
+    ``backward_passes_per_step`` sums and counter (``counter``: Horovod's ``_agg_helper.counter``)."""
+
+    def __init__(self, settings: dict, graph_locals: bool) -> None:
+        self.settings = settings
+        self.graph_locals = graph_locals  # in a tf.compat.v1 graph, the state is made of local variables
+        self.local_vars: set = set()
+        self.accumulators: dict = {}
+        self.counter: Optional[tf.Variable] = None
+        self.prepared: list = []  # tf-keras: the gradients _compute_gradients reduced, until applied
+
+    def reduce(self, grads: list[Any], variables: list[Any], generic_names: bool = False) -> list[Any]:
+        """``grads`` (of ``variables``; None entries stay None) reduced; local ones stay on this rank, divided by
+        the set size if ``scale_local_gradients``. The reductions are named after the variables (Keras 3's path,
+        else the name), or with ``generic_names`` after their positions (for variables named differently per
+        rank): stable across steps, so the response cache hits."""
+        s = self.settings
+        local = [id(v) in self.local_vars for v in variables]
+        shared = [v for v, is_local in zip(variables, local) if not is_local]
+        names = [str(getattr(v, "path", None) or getattr(v, "name", None) or f"source.{i}") if not generic_names
+                 else f"source.{i}" for i, v in enumerate(shared)]
+        reduced = iter(reduce_gradients([g for g, is_local in zip(grads, local) if not is_local], s["compression"],
+                                        s["sparse_as_dense"], s["op"], s["gradient_predivide_factor"],
+                                        s["process_set"], names))
+        size = s["process_set"].size()
+        out = []
+        for g, is_local in zip(grads, local):
+            if not is_local:
+                out.append(next(reduced))
+            elif g is not None and s["scale_local_gradients"] and size > 1:
+                out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
+                           if isinstance(g, tf.IndexedSlices) else g / size)
+            else:
+                out.append(g)
+        return out
+
+    def combine(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        """``grads`` reduced; with ``backward_passes_per_step=N``, summed locally and reduced every N-th call
+        (the other calls: the sums so far, see :func:`aggregate`)."""
+        s = self.settings
+        if s["backward_passes_per_step"] == 1:
+            return self.reduce(grads, variables)
+        if self.counter is None:
+            self.counter = _state_variable(partial(tf.constant, 0, tf.int64), "hvdlite_backward_passes",
+                                           self.graph_locals)
+        for v, g in zip(variables, grads):
+            if g is not None and id(v) not in self.accumulators:
+                self.accumulators[id(v)] = _state_variable(partial(tf.zeros, v.shape, tf.as_dtype(v.dtype).base_dtype),
+                                                           "hvdlite_gradient_accumulator", self.graph_locals)
+        return aggregate(grads, [self.accumulators.get(id(v)) for v in variables], self.counter,
+                         s["backward_passes_per_step"], s["average_aggregated_gradients"],
+                         lambda sums, at: self.reduce(sums, [variables[i] for i in at]))
+
+    def apply(self, grads: list[Any], variables: list[Any], apply: Callable[[list[Any], list[Any]], Any],
+              skip: Callable[[], Any]) -> Any:
+        """``apply(combined gradients, variables)``; with N > 1 only on every N-th call, ``skip()`` on the others."""
+        combined = self.combine(grads, variables)
+        if self.settings["backward_passes_per_step"] == 1:
+            return apply(combined, variables)
+        return on_reduced_pass(self.counter, combined, lambda: apply(combined, variables), skip)
+
+
+def _state_variable(make: Callable[[], Any], name: str, graph_local: bool) -> tf.Variable:
+    """A non-trainable variable of value ``make()``, made outside any function or cond branch being built; in a
+    ``tf.compat.v1`` graph (``graph_local``) a local variable (initialised by ``local_variables_initializer`` or
+    a MonitoredTrainingSession, never checkpointed)."""
     with tf.init_scope():
-        if tf.executing_eagerly():
+        initial = make()
+        if tf.executing_eagerly() or not graph_local:
             return tf.Variable(initial, trainable=False, name=name)
         return tf.compat.v1.Variable(initial, trainable=False, name=name, use_resource=True,
                                      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])

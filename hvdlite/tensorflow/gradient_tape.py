@@ -6,38 +6,30 @@ from typing import Any, Iterable, Optional
 import tensorflow as tf
 
 from hvdlite.core import Average, ProcessSet, global_process_set
-from hvdlite.core.frontend import check_gradient_options, mixin_class
+from hvdlite.core.frontend import mixin_class
 
 from .compression import Compression
 from .mpi_ops import check_not_xla
-from .reduction import reduce_partially, variable_names
+from .aggregation import Combiner
+from .reduction import gradient_settings
 
 
 class _DistributedTape:
     """Mixed in front of the wrapped tape's own class, so ``isinstance(tape, tf.GradientTape)`` holds."""
 
-    _hvd_options: dict
-    _hvd_local_sources: set
+    _hvd: Combiner
 
     def register_local_source(self, source: Any) -> None:
         """Keep the gradient of ``source`` local: it is not reduced (only scaled, see scale_local_gradients)."""
-        self._hvd_local_sources.add(id(source))
+        self._hvd.local_vars.add(id(source))
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
         """The local gradients, then averaged (or summed, per ``op``) over the ranks of the process set."""
         grads = super().gradient(target, sources, output_gradients,  # type: ignore[misc]
                                  unconnected_gradients=unconnected_gradients)
-        opts = self._hvd_options
         check_not_xla("DistributedGradientTape.gradient()")
-        flat_sources = tf.nest.flatten(sources)
-        local = [id(s) in self._hvd_local_sources for s in flat_sources]
-        shared_sources = [src for src, is_local in zip(flat_sources, local) if not is_local]
-        names = [f"source.{i}" for i in range(len(shared_sources))] if use_generic_names \
-            else variable_names(shared_sources)
-        out = reduce_partially(tf.nest.flatten(grads), local, names, opts["compression"], opts["sparse_as_dense"],
-                               opts["op"], opts["gradient_predivide_factor"], opts["process_set"],
-                               opts["scale_local_gradients"])
+        out = self._hvd.reduce(tf.nest.flatten(grads), tf.nest.flatten(sources), use_generic_names)
         return tf.nest.pack_sequence_as(grads, out)
 
     def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
@@ -50,7 +42,7 @@ class _DistributedTape:
         local_pairs: list[tuple[Any, Any]] = []
         shared_pairs: list[tuple[Any, Any]] = []
         for source, grad in zip(flat_sources, grads):
-            (local_pairs if id(source) in self._hvd_local_sources else shared_pairs).append((source, grad))
+            (local_pairs if id(source) in self._hvd.local_vars else shared_pairs).append((source, grad))
         return local_pairs, shared_pairs
 
 
@@ -67,16 +59,13 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     ``groups``/``num_groups`` are accepted for compatibility: every gradient already goes in one group.
     ``device_dense``/``device_sparse`` are ignored (hvdlite reduces on the CPU).
     """
-    reduce_op, _ = check_gradient_options(op, gradient_predivide_factor)
-    if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
-        raise ValueError("groups must be a positive integer or a list of lists of tf.Variable")
     cls = mixin_class(_DistributedTape, getattr(type(gradtape), "_hvd_base", type(gradtape)))
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
-    tape._hvd_options = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=reduce_op,
-                             gradient_predivide_factor=gradient_predivide_factor, process_set=process_set,
-                             scale_local_gradients=scale_local_gradients)
-    tape._hvd_local_sources = set(getattr(gradtape, "_hvd_local_sources", ()))
+    tape._hvd = Combiner(gradient_settings(op, gradient_predivide_factor, groups, compression, sparse_as_dense,
+                                           process_set, scale_local_gradients, optimizer=False), graph_locals=False)
+    if isinstance(gradtape, _DistributedTape):  # wrapped again: its local sources stay local
+        tape._hvd.local_vars |= gradtape._hvd.local_vars
     return tape
 
 

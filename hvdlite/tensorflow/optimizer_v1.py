@@ -14,17 +14,9 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from hvdlite.core import ProcessSet
+from .aggregation import Combiner, on_reduced_pass
 
-from .aggregation import aggregate, new_state_variable, on_reduced_pass
-from .reduction import reduce_partially, variable_names
-
-__all__ = ["DistributedTF1Optimizer", "is_tf1_optimizer"]
-
-
-def is_tf1_optimizer(optimizer: Any) -> bool:
-    """Whether ``optimizer`` is a TF1 optimizer (``tf.compat.v1.train.Optimizer``, e.g. GradientDescentOptimizer)."""
-    return isinstance(optimizer, tf.compat.v1.train.Optimizer)
+__all__ = ["DistributedTF1Optimizer"]
 
 
 class DistributedTF1Optimizer(tf.compat.v1.train.Optimizer):
@@ -34,58 +26,28 @@ class DistributedTF1Optimizer(tf.compat.v1.train.Optimizer):
                  use_locking: bool = False) -> None:
         super().__init__(use_locking=use_locking, name=name or f"Distributed{type(optimizer).__name__}")
         self._optimizer = optimizer
-        self._hvd_settings = dict(settings)
-        self._hvd_local_vars: set = set()
-        self._hvd_accumulators: dict = {}
-        self._hvd_counter: Optional[tf.Variable] = None
+        self._hvd = Combiner(dict(settings), graph_locals=True)
 
     def register_local_var(self, var: Any) -> None:
         """Keep the gradient of ``var`` local (not reduced; divided by the set size if scale_local_gradients)."""
-        self._hvd_local_vars.add(id(var))
-
-    # -- reduction ----------------------------------------------------------------------------------------
-    def _hvd_reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        s = self._hvd_settings
-        local = [id(v) in self._hvd_local_vars for v in variables]
-        names = variable_names([v for v, is_local in zip(variables, local) if not is_local])
-        process_set: ProcessSet = s["process_set"]
-        return reduce_partially(grads, local, names, s["compression"], s["sparse_as_dense"], s["op"],
-                                s["gradient_predivide_factor"], process_set, s["scale_local_gradients"])
+        self._hvd.local_vars.add(id(var))
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
         """The wrapped optimizer's gradients, combined over the ranks (see Optimizer.compute_gradients)."""
         pairs = list(self._optimizer.compute_gradients(*args, **kwargs))
         if not pairs:
             return pairs
-        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        if self._hvd_settings["backward_passes_per_step"] == 1:
-            reduced = self._hvd_reduce(grads, variables)
-        else:
-            reduced = self._hvd_aggregate(grads, variables)
-        return list(zip(reduced, variables))
-
-    def _hvd_aggregate(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        """Sum ``grads`` locally; every N-th call return the reduced sums (aggregation.py)."""
-        s = self._hvd_settings
-        if self._hvd_counter is None:
-            self._hvd_counter = new_state_variable(tf.constant(0, tf.int32), "hvdlite_aggregation_counter")
-        for v, g in zip(variables, grads):
-            if g is not None and id(v) not in self._hvd_accumulators:
-                self._hvd_accumulators[id(v)] = new_state_variable(tf.zeros(v.shape, dtype=v.dtype.base_dtype),
-                                                                   "hvdlite_gradient_accumulator")
-        accumulators = [self._hvd_accumulators.get(id(v)) for v in variables]
-        return aggregate(grads, accumulators, self._hvd_counter, s["backward_passes_per_step"],
-                         s["average_aggregated_gradients"],
-                         lambda sums, at: self._hvd_reduce(sums, [variables[i] for i in at]))
+        variables = [v for _, v in pairs]
+        return list(zip(self._hvd.combine([g for g, _ in pairs], variables), variables))
 
     def apply_gradients(self, grads_and_vars: Any, global_step: Any = None, name: Optional[str] = None) -> Any:
         """The wrapped optimizer's apply_gradients (with backward_passes_per_step > 1: only on the calls whose
         compute_gradients reduced; the others only advance ``global_step``)."""
-        if self._hvd_settings["backward_passes_per_step"] == 1 or self._hvd_counter is None:
+        if self._hvd.counter is None:  # backward_passes_per_step == 1, or nothing computed yet
             return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
         pairs = list(grads_and_vars)
         applied = on_reduced_pass(
-            self._hvd_counter, [g for g, _ in pairs],
+            self._hvd.counter, [g for g, _ in pairs],
             lambda: self._optimizer.apply_gradients(pairs, global_step=global_step, name=name),
             lambda: None if global_step is None else global_step.assign_add(1, read_value=False))
         return applied if tf.executing_eagerly() else tf.group(applied, name=name)

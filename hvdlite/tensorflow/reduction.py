@@ -7,9 +7,9 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core import Average, ReduceOp, Sum, rank
-from hvdlite.core.frontend import (accumulation_of, check_sparse, check_sparse_compression, gradient_scales,
-                                   resolve_op, sparse_allgather_async)
+from hvdlite.core import Adasum, Average, ReduceOp, Sum, rank
+from hvdlite.core.frontend import (accumulation_of, check_gradient_options, check_sparse, check_sparse_compression,
+                                   gradient_scales, resolve_op, sparse_allgather_async)
 
 from .compression import Compression, Compressor
 from .errors import as_list, as_tensor, as_tensors
@@ -113,6 +113,23 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: type = Compr
     return compression.decompress(reduced, ctx)
 
 
+def gradient_settings(op: Any, gradient_predivide_factor: float, groups: Any, compression: type,
+                      sparse_as_dense: bool, process_set: ProcessSet, scale_local_gradients: bool,
+                      backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                      optimizer: bool = True) -> dict:
+    """The settings of a DistributedOptimizer (TF1 or Keras) or, ``optimizer=False``, of a
+    DistributedGradientTape, checked as Horovod checks them."""
+    reduce_op, passes = check_gradient_options(op, gradient_predivide_factor, backward_passes_per_step)
+    if optimizer and reduce_op not in (Average, Sum, Adasum):
+        raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")
+    if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
+        raise ValueError("groups must be a positive integer or a list of lists of variables")
+    return dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=reduce_op,
+                gradient_predivide_factor=float(gradient_predivide_factor), backward_passes_per_step=passes,
+                average_aggregated_gradients=bool(average_aggregated_gradients), process_set=process_set,
+                scale_local_gradients=bool(scale_local_gradients))
+
+
 def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none, sparse_as_dense: bool = False,
                      op: Any = Average, gradient_predivide_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set,
@@ -123,22 +140,17 @@ def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none,
     step, so the response cache hits and the timeline does not grow a new entry per step.
     """
     reduce_op = resolve_op(op)
-    grads = list(grads)
-    if sparse_as_dense:
-        grads = [dense(g) if g is not None else None for g in grads]
+    grads = [dense(g) if sparse_as_dense and g is not None else g for g in grads]
     if not process_set.included() or process_set.size() == 1:
         return grads  # nothing to combine (Horovod skips the collective the same way)
     prescale, postscale = gradient_scales(reduce_op, gradient_predivide_factor)
-    present = [i for i, g in enumerate(grads) if g is not None]
-    if not present:
-        return grads
-    sparse_at = [i for i in present if isinstance(grads[i], tf.IndexedSlices)]
-    dense_at = [i for i in present if i not in sparse_at]
+    sparse_at = [i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)]
+    dense_at = [i for i, g in enumerate(grads) if g is not None and i not in sparse_at]
     reduced = grouped_allreduce([grads[i] for i in dense_at], compression=compression,
                                 op=reduce_op, prescale_factor=prescale, postscale_factor=postscale,
                                 process_set=process_set, name=_group_name("grads", names, dense_at))
     out = list(grads)
-    for i, r in zip([i for i in present if i not in sparse_at], reduced):
+    for i, r in zip(dense_at, reduced):
         out[i] = r
     if sparse_at:
         check_sparse_compression(compression, f"the gradient of {names[sparse_at[0]] if names else sparse_at[0]!r}",
@@ -158,35 +170,5 @@ def _group_name(kind: str, names: Optional[Sequence[str]], picked: Sequence[int]
     return f"{kind}.{len(picked)}.{hashlib.sha1(joined.encode()).hexdigest()[:16]}"
 
 
-def reduce_partially(grads: Sequence[Any], local: Sequence[bool], names: Sequence[str], compression: type,
-                     sparse_as_dense: bool, op: Any, gradient_predivide_factor: float, process_set: ProcessSet,
-                     scale_local_gradients: bool) -> list[Any]:
-    """Reduce the gradients not marked ``local`` (named ``names``, one per such gradient) as
-    :func:`reduce_gradients` does; local ones stay on this rank, divided by the set size if
-    ``scale_local_gradients`` (PartialDistributedGradientTape's and PartialDistributedOptimizer's rule)."""
-    shared = iter(reduce_gradients([g for g, is_local in zip(grads, local) if not is_local], compression,
-                                   sparse_as_dense, op, gradient_predivide_factor, process_set, names))
-    size = process_set.size()
-    out = []
-    for g, is_local in zip(grads, local):
-        if not is_local:
-            out.append(next(shared))
-        elif g is not None and scale_local_gradients and size > 1:
-            out.append(tf.IndexedSlices(g.values / size, g.indices, g.dense_shape)
-                       if isinstance(g, tf.IndexedSlices) else g / size)
-        else:
-            out.append(g)
-    return out
-
-
-def variable_names(variables: Sequence[Any]) -> list[str]:
-    """Stable names for gradient ops: each variable's path (Keras 3) or name, else its position."""
-    out = []
-    for i, v in enumerate(variables):
-        name = getattr(v, "path", None) or getattr(v, "name", None)
-        out.append(str(name) if name else f"source.{i}")
-    return out
-
-
-__all__ = ["variable_names", "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter",
-           "reduce_gradients", "reduce_partially", "Compressor"]
+__all__ = ["gradient_settings", "allreduce", "grouped_allreduce", "reducescatter", "grouped_reducescatter",
+           "reduce_gradients", "Compressor"]

@@ -173,7 +173,7 @@ def test_autograph_calls_hvdlite_unconverted_and_a_custom_loop_still_trains(rank
 
     import hvdlite.tensorflow.keras as hvd_keras
     from hvdlite.tensorflow import reduction
-    for function in (reduction.reduce_partially, hvd.allreduce, hvd.DistributedGradientTape,
+    for function in (reduction.reduce_gradients, hvd.allreduce, hvd.DistributedGradientTape,
                      hvd_keras.DistributedOptimizer):
         assert conversion.is_allowlisted(function), function
     variable = tf.Variable([1.0, 2.0])

@@ -9,30 +9,18 @@ plain optimizer) or with ``hvd.load_model`` (wrapped).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import keras
-import tensorflow as tf
 
-from hvdlite.core import Adasum, Average, ProcessSet, Sum, global_process_set
-from hvdlite.core.frontend import check_gradient_options, logger, mixin_class
+from hvdlite.core import Average, ProcessSet, global_process_set
+from hvdlite.core.frontend import logger, mixin_class
 
-from ..aggregation import aggregate, on_reduced_pass
+from ..aggregation import Combiner
 from ..compression import Compression
 from ..keras_families import KERAS3, Family, family_of, same_family, tf_keras_family
 from ..mpi_ops import check_not_xla
-from ..reduction import reduce_partially, variable_names
-
-
-class _HvdState:
-    """Per-optimizer hvdlite state, kept off Keras' variable tracking (it is never saved)."""
-
-    def __init__(self, settings: dict) -> None:
-        self.settings = settings
-        self.local_vars: set = set()
-        self.accumulators: dict = {}
-        self.counter: Optional[tf.Variable] = None
-        self.prepared: list = []  # tf-keras: the gradients _compute_gradients reduced, until applied
+from ..reduction import gradient_settings
 
 
 class DistributedOptimizerMixin:
@@ -43,57 +31,25 @@ class DistributedOptimizerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._hvd = _HvdState(dict(type(self)._hvd_settings))
+        self._hvd = Combiner(dict(type(self)._hvd_settings), graph_locals=False)  # never saved with the optimizer
 
     def register_local_var(self, var: Any) -> None:
         """Keep the gradient of ``var`` local (not reduced; divided by the set size if scale_local_gradients)."""
         self._hvd.local_vars.add(id(var))
 
-    def _hvd_make_accumulators(self, variables: Sequence[Any]) -> None:
-        if self._hvd.settings["backward_passes_per_step"] == 1 or self._hvd.counter is not None:
-            return
-        with tf.init_scope():  # created once, outside any tf.function being traced
-            for v in variables:
-                self._hvd.accumulators[id(v)] = tf.Variable(tf.zeros(v.shape, dtype=v.dtype), trainable=False,
-                                                            name="hvdlite_gradient_accumulator")
-            self._hvd.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvdlite_backward_passes")
-
-    def _hvd_reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        s = self._hvd.settings
-        local = [id(v) in self._hvd.local_vars for v in variables]
-        names = variable_names([v for v, is_local in zip(variables, local) if not is_local])
-        return reduce_partially(grads, local, names, s["compression"], s["sparse_as_dense"], s["op"],
-                                s["gradient_predivide_factor"], s["process_set"], s["scale_local_gradients"])
-
     @property
-    def _agg_helper(self) -> Optional[_HvdState]:
+    def _agg_helper(self) -> Optional[Combiner]:
         """Horovod's name for the aggregation state (``_agg_helper.counter``: the backward passes summed since
         the last reduction); None without ``backward_passes_per_step``."""
         return self._hvd if self._hvd.settings["backward_passes_per_step"] > 1 else None
 
-    def _hvd_aggregate(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        """Sum ``grads`` locally; every ``backward_passes_per_step``-th call the reduced sums (aggregation.py)."""
-        s = self._hvd.settings
-        self._hvd_make_accumulators(variables)
-        return aggregate(grads, [self._hvd.accumulators[id(v)] for v in variables], self._hvd.counter,
-                         s["backward_passes_per_step"], s["average_aggregated_gradients"],
-                         lambda sums, at: self._hvd_reduce(sums, [variables[i] for i in at]))
-
-    def _hvd_accumulate_and_apply(self, grads: list[Any], variables: list[Any],
-                                  apply: Callable[[list[Any], list[Any]], Any]) -> Any:
-        """Sum ``grads`` locally; every ``backward_passes_per_step``-th call reduce the sums and ``apply`` them
-        (the plain optimizer's own apply), the other calls only advance ``iterations``."""
-        aggregated = self._hvd_aggregate(grads, variables)
-        return on_reduced_pass(self._hvd.counter, aggregated, lambda: apply(aggregated, variables),
-                               lambda: self.iterations.assign_add(1))  # type: ignore[attr-defined]
+    def _hvd_skip(self) -> Any:
+        """A backward pass that only added to the sums: the step count moves on."""
+        return self.iterations.assign_add(1)  # type: ignore[attr-defined]
 
 
 class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
     """Keras 3: ``apply`` (which ``apply_gradients`` calls) reduces the gradients."""
-
-    def build(self, variables: Sequence[Any]) -> None:
-        super().build(variables)  # type: ignore[misc]
-        self._hvd_make_accumulators(variables)
 
     def _hvd_apply_plain(self, grads: list[Any], variables: list[Any]) -> Any:
         return super(DistributedOptimizerMixin, self).apply(grads, variables)  # type: ignore[misc]
@@ -110,12 +66,10 @@ class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
             variables = list(self._trainable_variables)  # type: ignore[attr-defined]
         else:
             variables = list(trainable_variables)
-        if self._hvd.settings["backward_passes_per_step"] == 1:
-            return super().apply(self._hvd_reduce(grads, variables), variables)  # type: ignore[misc]
-        if not self.built:  # type: ignore[attr-defined]
+        if not self.built:  # type: ignore[attr-defined]  # built outside the cond of backward_passes_per_step
             with keras.name_scope(self.name, caller=self):  # type: ignore[attr-defined]
-                self.build(variables)
-        return self._hvd_accumulate_and_apply(grads, variables, self._hvd_apply_plain)
+                self.build(variables)  # type: ignore[attr-defined]
+        return self._hvd.apply(grads, variables, self._hvd_apply_plain, self._hvd_skip)
 
 
 #: The distributed mixin of each Keras family but Keras 3's (optimizer_keras2.py adds tf-keras' on import).
@@ -148,16 +102,12 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     Returns a new optimizer of a subclass of ``type(optimizer)`` built from ``optimizer.get_config()``.
     ``op`` is hvd.Average (default), hvd.Sum or hvd.Adasum (the gradients are combined with Adasum, which
     needs a power-of-two number of ranks; do not scale the learning rate by the number of ranks). With
-    ``backward_passes_per_step=N`` gradients are summed
-    locally (averaged if ``average_aggregated_gradients``) and reduced and applied every N-th step; the
-    other steps only advance ``optimizer.iterations``. ``groups``, ``device_*`` are accepted and ignored.
+    ``backward_passes_per_step=N`` gradients are summed locally (averaged if ``average_aggregated_gradients``)
+    and reduced and applied every N-th step; the other steps only advance ``optimizer.iterations``.
+    ``groups``, ``device_*`` are accepted and ignored.
     """
-    reduce_op, backward_passes_per_step = check_gradient_options(op, gradient_predivide_factor,
-                                                                 backward_passes_per_step)
-    if reduce_op not in (Average, Sum, Adasum):
-        raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")
-    if groups is not None and not (isinstance(groups, list) or int(groups) > 0):
-        raise ValueError("groups must be a positive integer or a list of lists of variables")
+    settings = gradient_settings(op, gradient_predivide_factor, groups, compression, sparse_as_dense, process_set,
+                                 scale_local_gradients, backward_passes_per_step, average_aggregated_gradients)
     family = family_of(optimizer, "optimizer", "DistributedOptimizer")
     if family is not tf_keras_family():  # legitimate, but mostly a mix-up that compile() reports obscurely
         logger.warning(f"DistributedOptimizer: wrapping a {family.name} optimizer ({type(optimizer).__module__}."
@@ -165,11 +115,6 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
                        f"with it must be {family.name} too (TF_USE_LEGACY_KERAS=1 before TensorFlow's import makes "
                        f"tf.keras tf-keras; `import keras` is always Keras 3)")
     base = getattr(type(optimizer), "_hvd_base", type(optimizer))
-    settings = dict(compression=compression, sparse_as_dense=bool(sparse_as_dense), op=reduce_op,
-                    gradient_predivide_factor=float(gradient_predivide_factor),
-                    backward_passes_per_step=int(backward_passes_per_step),
-                    average_aggregated_gradients=bool(average_aggregated_gradients), process_set=process_set,
-                    scale_local_gradients=bool(scale_local_gradients))
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -203,16 +148,3 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
             wrapped.register_local_var(weight)
     return wrapped
 
-
-def copy_optimizer_state(source: Any, target: Any, trainable_variables: Sequence[Any]) -> None:
-    """Build ``target`` on ``trainable_variables`` and give it ``source``'s slot variables and step count."""
-    family = family_of(source, "optimizer", "copy_optimizer_state")
-    if not family.optimizer_built(source):
-        return
-    family.build_optimizer(target, trainable_variables)
-    theirs, ours = family.optimizer_variables(source), family.optimizer_variables(target)
-    if len(theirs) != len(ours):
-        raise ValueError(f"cannot carry the state of optimizer {source.name!r} over: it has "
-                         f"{len(theirs)} variables, the distributed one {len(ours)}")
-    for src, dst in zip(theirs, ours):
-        dst.assign(src)

@@ -33,11 +33,8 @@ class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
                                  f"use a tf.keras.optimizers.legacy optimizer, or compute the gradients with "
                                  f"tf.GradientTape and call apply_gradients(), which reduces them")
         pairs = list(compute(loss, var_list, grad_loss=grad_loss, tape=tape))
-        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        if self._hvd.settings["backward_passes_per_step"] == 1:
-            reduced = self._hvd_reduce(grads, variables)
-        else:
-            reduced = self._hvd_aggregate(grads, variables)
+        variables = [v for _, v in pairs]
+        reduced = self._hvd.combine([g for g, _ in pairs], variables)
         self._hvd.prepared = [g for g in reduced if g is not None]
         return list(zip(reduced, variables))
 
@@ -56,20 +53,15 @@ class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
                     pairs, name, *args, **kwargs)
             if self._hvd.settings["backward_passes_per_step"] == 1:
                 return plain()
-            return on_reduced_pass(self._hvd.counter, [g for g, _ in pairs], plain,
-                                   lambda: self.iterations.assign_add(1))  # type: ignore[attr-defined]
+            return on_reduced_pass(self._hvd.counter, [g for g, _ in pairs], plain, self._hvd_skip)
         if not pairs or self._hvd_caller_aggregates(args, kwargs):
             return super().apply_gradients(pairs, name, *args, **kwargs)  # type: ignore[misc]
         check_not_xla("DistributedOptimizer.apply_gradients()")
-        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
 
         def apply(reduced: list[Any], on: list[Any]) -> Any:
             return super(Keras2DistributedOptimizerMixin, self).apply_gradients(  # type: ignore[misc]
                 list(zip(reduced, on)), name, *args, **kwargs)
-
-        if self._hvd.settings["backward_passes_per_step"] == 1:
-            return apply(self._hvd_reduce(grads, variables), variables)
-        return self._hvd_accumulate_and_apply(grads, variables, apply)
+        return self._hvd.apply([g for g, _ in pairs], [v for _, v in pairs], apply, self._hvd_skip)
 
     def _hvd_caller_aggregates(self, args: tuple, kwargs: dict) -> bool:
         """Whether the caller turned the optimizer's own gradient aggregation off."""

@@ -6,8 +6,8 @@ from typing import Any, Optional, Sequence
 from hvdlite.core.frontend import logger
 
 from ..compression import Compression
-from ..keras_families import KERAS2, KERAS3, tf_keras_family
-from .optimizer import DistributedOptimizer, DistributedOptimizerMixin, copy_optimizer_state
+from ..keras_families import KERAS3, tf_keras_family
+from .optimizer import DistributedOptimizer, DistributedOptimizerMixin
 
 
 def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
@@ -32,23 +32,8 @@ def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or isinstance(optimizer, DistributedOptimizerMixin):
         return model
+    # the loaded optimizer keeps its restored (tf-keras: maybe still pending) state: it becomes the distributed one
     wrapped = DistributedOptimizer(optimizer, compression=compression)
-    if family is KERAS2:  # the optimizer keeps its restored (or still pending) state: it becomes the wrapper
-        _become(optimizer, wrapped)
-        return model
-    copy_optimizer_state(optimizer, wrapped, model.trainable_variables)
-    model.optimizer = wrapped
-    compile_config = getattr(model, "_compile_config", None)
-    if compile_config is not None and isinstance(getattr(compile_config, "config", None), dict):
-        compile_config.config["optimizer"] = wrapped  # so that saving the model again saves this optimizer
-    return model
-
-
-def _become(optimizer: Any, wrapped: Any) -> None:
-    """Turn ``optimizer`` into an instance of ``wrapped``'s class with its hvdlite state, in place.
-
-    tf-keras restores an optimizer's state by the object (an .h5 file's variables, a checkpoint's pending slot
-    values), so the loaded optimizer itself, not a copy of its variables, becomes the distributed one.
-    """
     optimizer.__class__ = type(wrapped)
     optimizer._hvd = wrapped._hvd
+    return model
