@@ -19,7 +19,6 @@ class Family:
     """Keras 3 (``keras``): optimizers build their state with ``build()`` and list it in ``.variables``."""
 
     name = "Keras 3"
-    package = "keras"
 
     def module(self) -> Any:
         return keras
@@ -63,7 +62,6 @@ class _TfKeras(Family):
     """tf-keras 2 (``tf.keras`` with TF_USE_LEGACY_KERAS=1): the 2.11+ optimizers and ``optimizers.legacy``."""
 
     name = "tf-keras (Keras 2)"
-    package = "tf_keras"
 
     def module(self) -> Any:
         import tf_keras

@@ -1,4 +1,5 @@
-"""SyncBatchNormalization: a Keras 3 BatchNormalization whose training statistics cover every rank's batch."""
+"""SyncBatchNormalization: a Keras 3 BatchNormalization (or, under TF_USE_LEGACY_KERAS=1, a tf-keras one) whose
+training statistics cover every rank's batch."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -6,14 +7,39 @@ from typing import Any, Optional
 import keras
 import tensorflow as tf
 
-from hvdlite.core import ProcessSet, global_process_set
-from hvdlite.core.frontend import logger
+from hvdlite.core import ProcessSet, Sum, global_process_set
+from hvdlite.core.frontend import logger, sync_moments
 
 from .keras_families import KERAS2, tf_keras_family
-from .batch_norm_stats import synced_moments
+from .mpi_ops import _grouped_allreduce
 
 #: Keyword arguments of Keras 2's BatchNormalization that Keras 3 dropped, with the value that means "off".
 _DROPPED = {"virtual_batch_size": None, "adjustment": None}
+
+
+def synced_moments(inputs: tf.Tensor, axes: list[int], mask: Any, process_set: ProcessSet,
+                   keep_dims: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    """Mean and variance of ``inputs`` over ``axes`` and over every rank of ``process_set`` (the core's
+    sync_moments), weighted by ``mask`` (batch-shaped, or None); half precision is computed in float32."""
+    x = tf.convert_to_tensor(inputs)
+    original = x.dtype
+    if original in (tf.float16, tf.bfloat16):
+        x = tf.cast(x, tf.float32)
+    weights = None
+    if mask is not None:
+        weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), x.dtype), tf.shape(x))
+    kept_shape = [1 if i in axes else (x.shape[i] if x.shape[i] is not None else -1) for i in range(x.shape.rank)]
+
+    def allreduce_sum(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+        return _grouped_allreduce(tensors, op=Sum, process_set=process_set)
+
+    mean, variance, _ = sync_moments(x, weights, lambda t: tf.reduce_sum(t, axis=axes), allreduce_sum,
+                                     lambda t: tf.reshape(t, kept_shape))
+    if keep_dims:
+        mean, variance = tf.reshape(mean, kept_shape), tf.reshape(variance, kept_shape)
+    if original != x.dtype:
+        mean, variance = tf.cast(mean, original), tf.cast(variance, original)
+    return mean, variance
 
 
 class _SyncBatchNormalizationMeta(type):
@@ -21,8 +47,7 @@ class _SyncBatchNormalizationMeta(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls is SyncBatchNormalization and tf_keras_family() is KERAS2:
-            from .sync_batch_norm_keras2 import SyncBatchNormalization as TfKerasSyncBatchNormalization
-            return TfKerasSyncBatchNormalization(*args, **kwargs)
+            return _tf_keras_class()(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
 
@@ -38,7 +63,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization, metaclass=_SyncBat
 
     ``fused`` (Horovod's default False) is accepted with any value and ignored: Keras 3 has no fused kernel.
     When ``tf.keras`` is tf-keras (TF_USE_LEGACY_KERAS=1), this builds the tf-keras layer of the same name
-    (sync_batch_norm_keras2.py), as Horovod's is a ``tf.keras`` layer.
+    (:func:`_tf_keras_class`), as Horovod's is a ``tf.keras`` layer.
     """
 
     def __init__(self, fused: Optional[bool] = False, process_set: ProcessSet = global_process_set,
@@ -70,3 +95,41 @@ class SyncBatchNormalization(keras.layers.BatchNormalization, metaclass=_SyncBat
         config = super().get_config()
         config.pop("synchronized", None)
         return config
+
+
+_tf_keras_layer: list[type] = []
+
+
+def _tf_keras_class() -> type:
+    """The tf-keras SyncBatchNormalization, made on first use (tf-keras is imported only once its user did): it
+    works wherever tf-keras layers do (eagerly, tf.function, tf.compat.v1 sessions)."""
+    if not _tf_keras_layer:
+        tf_keras: Any = KERAS2.module()
+
+        @tf_keras.utils.register_keras_serializable(package="hvdlite")
+        class SyncBatchNormalization(tf_keras.layers.BatchNormalization):
+            """As the Keras 3 layer; ``fused`` is accepted with any value and ignored (a fused kernel would compute
+            its own statistics)."""
+
+            def __init__(self, fused: Optional[bool] = False, process_set: ProcessSet = global_process_set,
+                         **kwargs: Any) -> None:
+                if fused is not False:
+                    logger.debug("SyncBatchNormalization: fused=%r ignored (statistics from every rank)", fused)
+                kwargs.setdefault("name", "sync_batch_normalization")
+                super().__init__(fused=False, **kwargs)
+                self.process_set = process_set
+
+            def _calculate_mean_and_var(self, inputs: Any, reduction_axes: Any, keep_dims: bool,
+                                        mask: Any = None) -> Any:
+                ps = self.process_set
+                if not ps.included() or ps.size() == 1:
+                    return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
+                return synced_moments(inputs, [int(a) for a in reduction_axes], mask, ps, keep_dims)
+
+            def get_config(self) -> dict:
+                config = super().get_config()
+                config.pop("fused", None)
+                return config
+
+        _tf_keras_layer.append(SyncBatchNormalization)
+    return _tf_keras_layer[0]

@@ -178,17 +178,13 @@ class LearningRateScheduleCallback(AnyKerasCallback):
             factor = float(multiplier)
             self.multiplier = lambda epoch: factor ** (epoch - start_epoch)
 
-    def _autodetect_steps_per_epoch(self) -> int:
-        steps = (self.params or {}).get("steps")
-        if steps:
-            return int(steps)
-        raise ValueError(f"Could not autodetect the number of steps per epoch (fit() was given no length); "
-                         f"pass steps_per_epoch= to {type(self).__name__}()")
-
     def on_train_begin(self, logs: Optional[dict] = None) -> None:
         model_family(self.model, type(self).__name__)
         if not self.staircase and not self.steps_per_epoch:
-            self.steps_per_epoch = self._autodetect_steps_per_epoch()
+            self.steps_per_epoch = int((self.params or {}).get("steps") or 0)
+            if not self.steps_per_epoch:
+                raise ValueError(f"Could not autodetect the number of steps per epoch (fit() was given no length); "
+                                 f"pass steps_per_epoch= to {type(self).__name__}()")
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         self.current_epoch = epoch

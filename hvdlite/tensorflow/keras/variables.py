@@ -27,13 +27,7 @@ def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> l
             family.build_optimizer(optimizer, model.trainable_variables)
         if family.optimizer_built(optimizer):
             variables += family.optimizer_variables(optimizer)
-    seen: set = set()
-    unique = []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            unique.append(v)
-    return unique
+    return list({id(v): v for v in variables}.values())  # each once, where it came first
 
 
 def broadcast_global_variables(root_rank: int) -> None:
@@ -45,19 +39,15 @@ def broadcast_global_variables(root_rank: int) -> None:
     by name: give each model its own).
     """
     gc.collect()
-    variables: list[Any] = []
-    keys: list[str] = []
-    seen: set = set()
+    found: dict[int, tuple[Any, str]] = {}  # id -> (variable, its name), each variable once
     for family in (f for f in FAMILIES if f.available()):
         model_classes = family.kinds()["model"]
         models = sorted((o for o in gc.get_objects() if isinstance(o, model_classes)), key=lambda m: m.name)
         for model in models:
             for v in model_and_optimizer_variables(model):
-                if id(v) not in seen:
-                    seen.add(id(v))
-                    variables.append(v)
-                    keys.append(family.variable_key(v))
-    signature = [(key, tuple(v.shape), str(v.dtype)) for key, v in zip(keys, variables)]
+                found.setdefault(id(v), (v, family.variable_key(v)))
+    variables = [v for v, _ in found.values()]
+    signature = [(key, tuple(v.shape), str(v.dtype)) for v, key in found.values()]
     everyone = core.allgather_object(signature)
     for other_rank, other in enumerate(everyone):
         if other != signature:
