@@ -1,10 +1,7 @@
 """hvdlite-run: start one hvdlite process per slot with mpiexec, mpirun or srun (``python -m hvdlite.run``).
 
-This package is also Horovod's ``horovod.run`` function: ``hvdlite.run(fn, args=(), kwargs=None, np=2)``
-calls ``hvdlite.run.run`` (see ``func.py``). Horovod exposes a function where hvdlite has its launcher
-package; so that both spellings work, the package module's class is a ``ModuleType`` subclass with
-``__call__`` (Python allows assigning a module's ``__class__`` to such a subclass), instead of renaming
-either one.
+The package is also Horovod's ``horovod.run`` function: ``hvdlite.run(fn, args=(), kwargs=None, np=2)`` calls
+``hvdlite.run.run`` (func.py), through the package module's class: a ``ModuleType`` subclass with ``__call__``.
 """
 from __future__ import annotations
 

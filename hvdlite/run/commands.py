@@ -102,13 +102,9 @@ def child_environment(base: Mapping[str, str], plan: Plan, launcher: Launcher) -
 
 def build_command(launcher: Launcher, plan: Plan, env: Mapping[str, str]) -> list[str]:
     """The full command line for ``launcher``; ``env`` is the child environment (for Open MPI's -x list)."""
-    if launcher.kind == MPICH:
-        return mpich_command(launcher.path, plan)
     if launcher.kind == OPENMPI:
         return openmpi_command(launcher.path, plan, env)
-    if launcher.kind == SRUN:
-        return srun_command(launcher.path, plan)
-    raise ValueError(f"unknown launcher kind {launcher.kind!r}")
+    return {MPICH: mpich_command, SRUN: srun_command}[launcher.kind](launcher.path, plan)
 
 
 def mpich_command(path: str, plan: Plan) -> list[str]:

@@ -1,20 +1,14 @@
 """Per-rank sentinel of hvdlite-run: run the rank's program as a child and name the rank if a signal kills it.
 
-hvdlite-run puts ``python -S .../hvdlite/run/sentinel.py -- PROGRAM ARGS`` in front of every rank's program
-(under mpiexec, mpirun and srun alike). The sentinel forks the program (same argv, environment and open
-files, so the launcher's PMI connection and the console reach it unchanged), arranges for the program to
-be killed if the sentinel dies (``PR_SET_PDEATHSIG``: when the launcher kills the job, it kills the
-sentinels and their programs go with them), stops the program (SIGTERM) if the launcher's daemon that
-started the sentinel dies without cleaning up (the launcher was killed with ``kill -9``), forwards the
-signals launchers send to stop or notify a job, and waits. When the program ends by a signal the sentinel
-did not forward (``kill -9``, the kernel's out-of-memory killer, a crash), it writes one line naming the
-rank, pid, host and signal, and exits with 128+signal, so the launcher still sees a failure and stops the
-other ranks. An exit code passes through
-unchanged (a non-zero one is reported with the rank, in one line).
+hvdlite-run puts ``python -S .../hvdlite/run/sentinel.py -- PROGRAM ARGS`` in front of every rank's program.
+The program is forked (same argv, environment and open files: the launcher's PMI connection and the console
+reach it unchanged), dies with the sentinel (``PR_SET_PDEATHSIG``), is stopped (SIGTERM) when the launcher's
+daemon dies, and gets the signals launchers send. A death by a signal nobody forwarded (``kill -9``, the OOM
+killer, a crash) and a non-zero exit are reported in one line naming the rank; the exit status passes on
+(128+signal after a signal), so the launcher still stops the other ranks.
 
-The launcher runs this file by path, not with ``-m``: ``-m`` would import the ``hvdlite`` package (numpy,
-mpi4py) into a process that lives as long as the rank. It imports only the standard library and
-``hvdlite.core.launch_check`` (for the rank), loaded without the packages' ``__init__`` modules. Linux only
+Run by path, not with ``-m``, which would import the ``hvdlite`` package (numpy, mpi4py) into a process that
+lives as long as the rank: it imports only the standard library and ``hvdlite.core.launch_check``. Linux only
 (elsewhere the program is simply not killed with a killed sentinel).
 """
 from __future__ import annotations
