@@ -56,11 +56,6 @@ class GradBucket:
         return f"GradBucket({self.name}, index {self._index}, {self._buffer.numel()} elements)"
 
 
-def allreduce_hook(state: Any, bucket: GradBucket) -> Any:
-    """Average the bucket over its process set, in place (the default)."""
-    return _allreduce(bucket.buffer(), bucket.name, Average, 1.0, 1.0, bucket.process_set, True)
-
-
 class Reduction:
     """One started reduction of (compressed) tensors: its handle, and what decompressed() needs afterwards."""
 
@@ -140,6 +135,8 @@ def _averaging(compression: Any, name: str, doc: str) -> CommHook:
     return hook
 
 
+allreduce_hook = _averaging(Compression.none, "allreduce_hook", "Average the bucket over its process set, in "
+                            "place (the default).")
 fp16_compress_hook = _averaging(Compression.fp16, "fp16_compress_hook", "Average the bucket sent as float16 (half "
                                 "the bytes; range up to 65504), then cast back.")
 bf16_compress_hook = _averaging(Compression.bf16, "bf16_compress_hook", "Average the bucket sent as bfloat16 (half "
