@@ -213,14 +213,12 @@ def _parse(key: str, raw: str, kind: Any) -> Any:
 
 
 def environ() -> MutableMapping[str, str]:
-    """The process environment, for the launcher and the launch checks (read-only by convention, except that
-    launch_check.openmpi_iallreduce sets Open MPI's variable while MPI starts, then takes it out again)."""
+    """The process environment (read-only, but for launch_check.openmpi_iallreduce while MPI starts)."""
     return os.environ
 
 
 def mpi_ft_launched() -> bool:
-    """Whether the MPI launcher turned fault tolerance on for this process (Open MPI's ``mpiexec --with-ft
-    ulfm`` sets OMPI_MCA_mpi_ft_enable=1 for its ranks)."""
+    """Whether the launcher turned fault tolerance on here (``mpiexec --with-ft ulfm``: OMPI_MCA_mpi_ft_enable=1)."""
     return os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() in _TRUE
 
 

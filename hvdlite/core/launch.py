@@ -26,14 +26,12 @@ __all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "libra
 
 
 def probe_mpi_library() -> Optional[tuple[str, tuple[int, int]]]:
-    """(MPI_Get_library_version's text, (major, minor)) of the library mpi4py loads, without initializing
-    MPI; None without mpi4py."""
+    """(MPI_Get_library_version's text, (major, minor)) of mpi4py's MPI, without starting it; None without mpi4py."""
     from .engine import mpi  # the one module that loads mpi4py
     return mpi.probe_library()
 
 
 def probe_ulfm() -> tuple[bool, str]:
-    """Whether the MPI library mpi4py loads has ULFM that hvdlite uses for in-process elastic recovery (Open
-    MPI 5), and why; without initializing MPI."""
+    """Whether mpi4py's MPI has the ULFM that in-process elastic recovery uses (Open MPI 5), and why."""
     from .engine import mpi
     return mpi.ulfm_library()

@@ -135,13 +135,10 @@ _atexit_registered = False
 
 
 def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = None, **settings: Any) -> None:
-    """Start hvdlite: bring up MPI, work out the topology and start the engine thread.
-
-    ``comm``: an mpi4py communicator or a list of ranks of MPI_COMM_WORLD; ``process_sets``: ProcessSets to
-    register; other keywords override settings (``Config``). Calling init() again does nothing, unless the
-    engine ended with an error (which ends it on every rank): then it starts afresh; a call with
-    ``process_sets`` (or after the last list was refused) registers its list, on every rank.
-    """
+    """Start hvdlite: bring up MPI, work out the topology and start the engine thread. ``comm``: an mpi4py
+    communicator or a list of ranks of MPI_COMM_WORLD; other keywords override settings (``Config``). Again
+    while up, it starts afresh only after the engine ended with an error (which ends it on every rank), and
+    registers ``process_sets`` if given (or if the last list was refused), on every rank."""
     global _state
     if isinstance(process_sets, str):
         if process_sets != "dynamic":

@@ -129,8 +129,7 @@ class State:
             return None
         return CommitStore(runtime.state().config.elastic_commit_dir, job)
 
-    def finish(self) -> None:
-        """The run is over: drop this host's commit."""
+    def finish(self) -> None:  # the run is over: drop this host's commit
         store = self._store()
         if store is not None and runtime.local_rank() == 0:
             store.remove()
