@@ -4,22 +4,22 @@ seconds, kills a random rank of the running job with SIGKILL (or, a --stop-fract
 SIGSTOP: a hang the survivors must find) until --failures were injected; the training then runs to its end.
 
 Run:   python benchmarks/elastic_soak.py --ompi-python VENV/bin/python [--failures 100] [--interval 5 15]
-           [--stop-fraction 0.2] [--epochs 60] [--reference]
+           [--stop-fraction 0.2] [--epochs 60]      (--failures 0: the same job undisturbed, the reference)
 
 ``--ompi-python``: a Python whose mpi4py loads pip's Open MPI 5 (benchmarks/elastic_recovery.py says how). The
-job is tests/workers/elastic_inprocess.py with ``--soak``: rank 0 prints every step (its number, the size, the
-time), each epoch counts every sample processed, and every rank reports its final weights' hash and the
-training-set accuracy. ``--reference`` first runs the same job undisturbed (throughput and accuracy to compare).
+job is tests/workers/elastic_inprocess.py --soak: rank 0 prints every step (number, size, time), each epoch
+counts every sample processed, every rank reports its final weights' hash and the training-set accuracy.
 
-Prints one JSON object (``kind``: soak; and ``kind``: reference before it): failures injected and survived (each
-named by the driver as failed, or fenced, and the job finished: exit 0, every epoch processed every sample (some
-twice: ElasticSampler pads, as Horovod's, padded_samples), identical final weights on every rank), per failure
-the recovery time (the kill to the next step) and the regrowth time (to the next step at 4 ranks), the steps lost
-(done again after a rollback), steps per second, the final accuracy. tests/test_elastic_soak.py runs a short one.
+Prints one JSON object: failures injected and survived (each named by the driver as failed, or fenced, and the
+job finished: exit 0, every epoch processed every sample (ElasticSampler pads, as Horovod's: padded_samples),
+identical final weights), per failure the recovery time (the kill to the next step) and the regrowth time (to the
+next step at 4 ranks; REGROWTH_PHASES), the steps lost (done again after a rollback), steps per second, the final
+accuracy. tests/test_elastic_soak.py runs a short one.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -44,17 +44,17 @@ FINAL = re.compile(r"^final orig=\d+ rank=(\d+) size=(\d+) pid=(\d+) .*sha=(\w+)
 class Chaos:
     """The job's output, line by line, and the failures injected into its newest job's ranks."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], failures: int, interval: tuple[float, float],
-                 stop_fraction: float, seed: int, min_np: int, log: str = "") -> None:
-        self.rng = random.Random(seed)
-        self.failures, self.interval, self.stop_fraction, self.min_np = failures, interval, stop_fraction, min_np
+    def __init__(self, cmd: list[str], env: dict[str, str], args: argparse.Namespace) -> None:
+        self.rng = random.Random(args.seed)
+        self.failures, self.interval, self.stop_fraction = args.failures, tuple(args.interval), args.stop_fraction
         self.lines: list[str] = []
+        self.times: list[float] = []  # when each line arrived (time.time(): the kills' and steps' clock)
         self.ranks: dict[int, int] = {}  # rank -> pid of the newest job's ranks that joined and were not hit
         self.size = 0
         self.all_joined = False  # every rank of the newest job joined (those not hit since are candidates)
         self.injected: list[dict[str, Any]] = []
         self.lock = threading.Lock()
-        self.log = open(log, "w") if log else None  # noqa: SIM115 - written line by line while the job runs
+        self.log = open(args.log, "w", buffering=1) if args.log else None  # noqa: SIM115 - line by line while the job runs
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -66,9 +66,9 @@ class Chaos:
             line = raw.rstrip("\n")
             if self.log is not None:
                 self.log.write(raw)
-                self.log.flush()
             with self.lock:
                 self.lines.append(line)
+                self.times.append(time.time())
                 if "elastic: starting" in line or "elastic: hosts changed" in line or "below --min-np" in line:
                     self.ranks, self.all_joined = {}, False  # (a job leaving or stopped: its ranks are no targets)
                 elif (match := JOINED.search(line)) is not None:
@@ -117,10 +117,8 @@ class Chaos:
         self.reader.join(timeout=30)
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def job_command(args: argparse.Namespace, script: Path, stop_file: Path) -> list[str]:
@@ -133,73 +131,82 @@ def job_command(args: argparse.Namespace, script: Path, stop_file: Path) -> list
 
 
 def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs: int, samples: int,
-            wall_s: float) -> dict[str, Any]:
+            wall_s: float, times: Optional[list[float]] = None) -> dict[str, Any]:
     """The figures of one run (see the module's docstring)."""
     out = "\n".join(lines)
     steps = [(int(m.group(1)), int(m.group(2)), float(m.group(3))) for m in map(STEP.match, lines) if m]
     finals = [m for m in map(FINAL.match, lines) if m]
-    recovery, regrowth = [], []
-    for failure in injected:
-        after = [s for s in steps if s[2] > failure["t"]]
-        recovery.append(after[0][2] - failure["t"] if after else None)
-        full = [s for s in after if s[1] == 4]
-        regrowth.append(full[0][2] - failure["t"] if full else None)
+    after = [[s for s in steps if s[2] > f["t"]] for f in injected]
+    recovery = [a[0][2] - f["t"] if a else None for f, a in zip(injected, after)]
+    regrowth = [next((s[2] - f["t"] for s in a if s[1] == 4), None) for f, a in zip(injected, after)]
     lost = [prev - (nxt - 1) for (prev, _, _), (nxt, _, _) in zip(steps, steps[1:]) if nxt <= prev]
     named = sum(1 for f in injected if re.search(rf"\(pid {f['pid']}\) (failed|was declared failed)", out))
     report_line = next((line for line in reversed(lines) if line.startswith("{\"final\"")), "")
-    epochs_seen = json.loads(report_line)["final"]["epochs"] if report_line else []
+    report = json.loads(report_line)["final"] if report_line else {"epochs": [], "accuracy": None}
+    epochs_seen = report["epochs"]
     exact = 0 < len(epochs_seen) <= epochs and all(e["unique"] == samples and 0 <= e["samples"] - samples < 4
                                                    for e in epochs_seen)
     shas = {m.group(4) for m in finals}
     span = steps[-1][2] - steps[0][2] if len(steps) > 1 else 0.0
-    done = [r for r in recovery if r is not None]
-    grown = [r for r in regrowth if r is not None]
     return {"exit_code": code, "finished": "job finished on" in out, "failures": len(injected),
             "kills": sum(f["kind"] == "kill" for f in injected), "stops": sum(f["kind"] == "stop" for f in injected),
             "rank0_failures": sum(f["rank"] == 0 for f in injected), "named_by_driver": named,
             "survived": named if code == 0 and exact and len(shas) == 1 else 0,
-            "recovery_s": {"median": _median(done), "p90": _pct(done, 0.9), "max": max(done, default=None)},
-            "regrowth_s": {"median": _median(grown), "p90": _pct(grown, 0.9), "max": max(grown, default=None)},
+            "recovery_s": _spread(recovery), "regrowth_s": _spread(regrowth),
             "steps_lost": {"total": sum(lost), "max": max(lost, default=0), "rollbacks": len(lost)},
             "final_step": steps[-1][0] if steps else 0, "steps_per_s": (steps[-1][0] / span) if span else None,
             "wall_s": wall_s, "restarts": out.count("elastic: starting ") - 1,
             "epochs_exact": exact, "padded_samples": sum(e["samples"] - samples for e in epochs_seen),
             "final_ranks": len(finals), "weights_identical": len(shas) == 1,
-            "accuracy": _accuracy(lines), "per_failure": [
+            "accuracy": report["accuracy"], "regrowth_phases_s": _regrowth_phases(lines, times or [], injected),
+            "per_failure": [
                 {**f, "recovery_s": r, "regrowth_s": g} for f, r, g in zip(injected, recovery, regrowth)]}
 
 
-def _median(values: list[float]) -> Optional[float]:
-    return statistics.median(values) if values else None
+#: A regrowth's phases after the kill (medians): slots listed again, the new job started, its ranks joined, resumed.
+REGROWTH_PHASES = {"hosts_changed": "elastic: hosts changed", "new_job_started": "elastic: starting ",
+                   "all_joined": " joined from host ", "resumed": "resumed from commit"}
 
 
-def _pct(values: list[float], q: float) -> Optional[float]:
-    return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else None
+def _regrowth_phases(lines: list[str], times: list[float], injected: list[dict[str, Any]]) -> dict[str, Any]:
+    found: dict[str, list[float]] = {name: [] for name in REGROWTH_PHASES}
+    for failure, nxt in zip(injected, [f["t"] for f in injected[1:]] + [float("inf")]):
+        after = [(t, line) for t, line in zip(times, lines) if failure["t"] < t < nxt]
+        at = {name: [t for t, line in after if text in line] for name, text in REGROWTH_PHASES.items()}
+        start = next(iter(at["new_job_started"]), None)
+        resumed = next((t for t in at["resumed"] if start is not None and t > start), None)
+        if start is None or resumed is None:
+            continue
+        joined = [t for t in at["all_joined"] if start < t <= resumed]
+        for name, t in (("hosts_changed", at["hosts_changed"][:1]), ("new_job_started", [start]),
+                        ("all_joined", joined[-1:]), ("resumed", [resumed])):
+            found[name] += [x - failure["t"] for x in t]
+    return {name: statistics.median(values) if values else None for name, values in found.items()}
 
 
-def _accuracy(lines: list[str]) -> Optional[float]:
-    found = [line for line in lines if line.startswith("{\"final\"")]
-    return float(json.loads(found[-1])["final"]["accuracy"]) if found else None
+def _spread(values: list[Optional[float]]) -> dict[str, Optional[float]]:
+    done = sorted(v for v in values if v is not None)
+    if not done:
+        return {"median": None, "p90": None, "max": None}
+    return {"median": statistics.median(done), "p90": done[min(len(done) - 1, int(0.9 * len(done)))], "max": done[-1]}
 
 
-def run_once(args: argparse.Namespace, failures: int) -> dict[str, Any]:
+def run_once(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="hvdlite-soak-") as tmp:
         script = Path(tmp) / "discover.sh"
         script.write_text("#!/bin/sh\necho localhost:4\n")
         script.chmod(0o755)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               "OMP_NUM_THREADS": "1",
-               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+               "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
         stop_file = Path(tmp) / "stop"
-        chaos = Chaos(job_command(args, script, stop_file), env, failures, tuple(args.interval), args.stop_fraction,
-                      args.seed, args.min_np, args.log)
+        chaos = Chaos(job_command(args, script, stop_file), env, args)
         started = time.monotonic()
         try:
             chaos.run(args.inject_s, args.end_s, stop_file if args.until_failures else None)
         finally:
             chaos.stop()
         return analyse(chaos.lines, chaos.injected, chaos.proc.returncode, args.epochs, args.samples,
-                       time.monotonic() - started)
+                       time.monotonic() - started, chaos.times)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -215,19 +222,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--sleep", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--reference", action="store_true", help="first run the same job undisturbed")
     parser.add_argument("--inject-s", type=float, default=float("inf"), help="stop injecting failures after this")
-    parser.add_argument("--end-s", type=float, default=float("inf"),
-                        help="stop the job after this (the figures are then those of what ran: finished false)")
-    parser.add_argument("--until-failures", action="store_true",
-                        help="end the training at the first epoch's end after the last failure, once at 4 ranks again")
+    parser.add_argument("--end-s", type=float, default=float("inf"), help="stop the job after this (finished: false)")
+    parser.add_argument("--until-failures", action="store_true", help="end the training once whole after the last")
     parser.add_argument("--log", default="", help="write the chaos run's output here")
     args = parser.parse_args(argv)
-    if args.reference:
-        reference = run_once(argparse.Namespace(**{**vars(args), "log": ""}), 0)
-        print(json.dumps({"kind": "reference", **{k: v for k, v in reference.items() if k != "per_failure"}}),
-              flush=True)
-    print(json.dumps({"kind": "soak", **run_once(args, args.failures)}), flush=True)
+    print(json.dumps({"kind": "soak", **run_once(args)}), flush=True)
     return 0
 
 
