@@ -18,7 +18,7 @@ import numpy as np
 
 from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, scale_inplace
 from . import polling
-from .deterministic import DONE, POLL_CAP, slices
+from .deterministic import slices
 from .mpi import MPIOps, counts_displacements
 
 
@@ -125,8 +125,8 @@ class AccumulatingComm:
     def Iallreduce(self, send: Any, recv: list[Any], mpi_op: Any) -> Any:  # noqa: N802 - mpi4py's name
         dst = recv[0]
         src = dst if send is self._mpi_ops.IN_PLACE else send[0]
-        allreduce(self.comm, src, dst, self._dtype, self._acc, self._pre, self._post, self._mpi_ops, _wait)
-        return DONE
+        allreduce(self.comm, src, dst, self._dtype, self._acc, self._pre, self._post, self._mpi_ops, polling.wait)
+        return polling.DONE
 
 
 def batch_comm(comm: Any, mpi_ops: MPIOps, dtype: str, extra: Any, pre: float,
@@ -155,10 +155,6 @@ def plane_allreduce(plane: Any, rank: int, size: int, flat32: Any, acc: Accumula
         total = cast(cast(total, "float64") * float(post), "float32")
     part = total if acc.gather == "float32" else cast(total, acc.wire)
     return plane.allgather([part], [[c] for c in counts])[0]
-
-
-def _wait(request: Any) -> None:
-    polling.wait(request, POLL_CAP)
 
 
 __all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "plane_allreduce", "to_float32", "to_wire",

@@ -15,11 +15,7 @@ import numpy as np
 
 from . import polling
 
-POLL_CAP = 1e-4  # seconds between polls while the training thread computes
 _TAG = 0x5ADA
-
-
-
 
 
 class LevelComms:
@@ -50,11 +46,6 @@ class LevelComms:
         self._by_comm.clear()
 
 
-def _wait_all(requests: list[Any]) -> None:
-    for request in requests:
-        polling.wait(request, POLL_CAP)
-
-
 def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tuple[int, int]],
            sum_op: Any, float64: Any, count_call: Callable[[], None]) -> None:
     """Adasum-reduce ``buf`` (float32 or float64, 1-D, identical length on every rank) in place.
@@ -73,14 +64,15 @@ def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tupl
         left = rank & d == 0  # the left rank keeps the first half and holds "a"
         keep_lo, keep_hi = (lo, mid) if left else (mid, hi)
         give_lo, give_hi = (mid, hi) if left else (lo, mid)
-        _wait_all([comm.Isend(buf[give_lo:give_hi], neighbour, _TAG + level),
-                   comm.Irecv(recv[keep_lo:keep_hi], neighbour, _TAG + level)])
+        for request in (comm.Isend(buf[give_lo:give_hi], neighbour, _TAG + level),
+                        comm.Irecv(recv[keep_lo:keep_hi], neighbour, _TAG + level)):
+            polling.wait(request)
         count_call()
         mine, theirs = buf[keep_lo:keep_hi], recv[keep_lo:keep_hi]
         a, b = (mine, theirs) if left else (theirs, mine)
         parts = _partials(a, b, keep_lo, bounds)
         totals = np.empty_like(parts)
-        polling.wait(level_comms[level].Iallreduce([parts, float64], [totals, float64], sum_op), POLL_CAP)
+        polling.wait(level_comms[level].Iallreduce([parts, float64], [totals, float64], sum_op))
         count_call()
         _combine(a, b, mine, keep_lo, bounds, totals)
         history.append((neighbour, left, lo, mid, hi))
@@ -91,8 +83,9 @@ def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tupl
     for level in reversed(range(len(history))):
         neighbour, left, lo, mid, hi = history[level]
         (keep_lo, keep_hi), (other_lo, other_hi) = ((lo, mid), (mid, hi)) if left else ((mid, hi), (lo, mid))
-        _wait_all([comm.Isend(buf[keep_lo:keep_hi], neighbour, _TAG + 64 + level),
-                   comm.Irecv(buf[other_lo:other_hi], neighbour, _TAG + 64 + level)])
+        for request in (comm.Isend(buf[keep_lo:keep_hi], neighbour, _TAG + 64 + level),
+                        comm.Irecv(buf[other_lo:other_hi], neighbour, _TAG + 64 + level)):
+            polling.wait(request)
         count_call()
 
 

@@ -16,7 +16,6 @@ import numpy as np
 
 from ..reduce_ops import scale_inplace
 
-DATA_POLL_CAP = 1e-4  # seconds between polls of a data reduction while the training thread computes
 #: Chunk collectives outstanding at once (IN_FLIGHT x allreduce_chunk_bytes of MPI's buffers in use).
 #: While the oldest is polled, MPI progresses the later ones too. benchmarks/HISTORY.md has the measurements
 #: (grad_sync.py's hvdlite_optimizer_inflight* diagnostics run the same sync at other depths).
@@ -138,4 +137,4 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
 
 
-__all__ = ["ChunkPipeline", "DATA_POLL_CAP", "IN_FLIGHT", "shortest_fast_length", "start_allreduce"]
+__all__ = ["ChunkPipeline", "IN_FLIGHT", "shortest_fast_length", "start_allreduce"]

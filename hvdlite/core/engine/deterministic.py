@@ -11,6 +11,7 @@ The engine's executor sees only communicators: with the setting on, each is wrap
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -19,8 +20,6 @@ from ..reduce_ops import (HALF_DTYPES, Max, Min, Product, ReduceOp, Sum, bf16_to
                           storage_dtype)
 from . import polling
 from .mpi import MPIOps, counts_displacements
-
-POLL_CAP = 1e-4  # seconds between polls while the training thread computes (as the MPI path)
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -69,27 +68,17 @@ def rank_order(rows: Sequence[Any], op: ReduceOp, out: Any = None) -> Any:
     """``((rows[0] op rows[1]) op rows[2]) ...`` element by element, each step rounded to the rows' dtype, into
     ``out`` (else a new array). Only the arrays' own operators are used, so numpy arrays and a data plane's
     framework tensors (on their device) combine by the same rule."""
-    product = op is Product
-    acc = out
+    combine = operator.imul if op is Product else operator.iadd
     if out is None:
         if len(rows) == 1:
             return rows[0]
-        acc = rows[0] * rows[1] if product else rows[0] + rows[1]
+        acc, rest = rows[0] * rows[1] if op is Product else rows[0] + rows[1], rows[2:]
     else:
         if out is not rows[0]:
             out[...] = rows[0]
-        if len(rows) > 1:
-            acc = _combine(acc, rows[1], product)
-    for row in rows[2:]:
-        acc = _combine(acc, row, product)
-    return acc
-
-
-def _combine(acc: Any, row: Any, product: bool) -> Any:
-    if product:
-        acc *= row
-    else:
-        acc += row
+        acc, rest = out, rows[1:]
+    for row in rest:
+        acc = combine(acc, row)
     return acc
 
 
@@ -113,20 +102,6 @@ def allreduce(comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
     mine = reduce_scatter(comm, dst.copy() if src is None else src, counts, dtype, op, datatype, wait)
     recv_counts, recv_displs = counts_displacements(counts)
     wait(comm.Iallgatherv([mine, datatype], [dst, (recv_counts, recv_displs), datatype]))
-
-
-class _Done:
-    """A finished request (the reduction ran before it was returned): what a wrapped communicator's
-    non-blocking call returns when it reduced in place of MPI (here and in engine/accumulate.py)."""
-
-    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
-        return True
-
-    def Wait(self) -> None:  # noqa: N802 - mpi4py's name
-        return None
-
-
-DONE = _Done()
 
 
 class OrderedComm:
@@ -156,8 +131,8 @@ class OrderedComm:
             return self.comm.Iallreduce(send, recv, mpi_op)
         dtype, op = kind
         src = None if send is self._mpi_ops.IN_PLACE else send[0]
-        allreduce(self.comm, src, recv[0], dtype, op, recv[1], _wait)
-        return DONE
+        allreduce(self.comm, src, recv[0], dtype, op, recv[1], polling.wait)
+        return polling.DONE
 
     def Split(self, color: int, key: int) -> "OrderedComm":  # noqa: N802 - mpi4py's name
         """A sub-communicator (Adasum's tree levels) that reduces in rank order too."""
@@ -168,21 +143,14 @@ class OrderedComm:
         if kind is None:
             return self.comm.Ireduce_scatter(send, recv, counts, mpi_op)
         dtype, op = kind
-        reduce_scatter(self.comm, send[0], list(counts), dtype, op, recv[1], _wait, out=recv[0])
-        return DONE
-
-
-def _wait(request: Any) -> None:
-    polling.wait(request, POLL_CAP)
+        reduce_scatter(self.comm, send[0], list(counts), dtype, op, recv[1], polling.wait, out=recv[0])
+        return polling.DONE
 
 
 def comms(comm_of: Callable[[int], Any], mpi_ops: MPIOps, enabled: bool) -> Callable[[int], Any]:
     """The executor's ``comm_of`` (process set id -> communicator): wrapped in OrderedComms when ``enabled``."""
-    return ordered(comm_of, mpi_ops) if enabled else comm_of
-
-
-def ordered(comm_of: Callable[[int], Any], mpi_ops: MPIOps) -> Callable[[int], Any]:
-    """``comm_of`` (process set id -> communicator) with each communicator wrapped in an OrderedComm."""
+    if not enabled:
+        return comm_of
     wrapped: dict[int, OrderedComm] = {}
 
     def ordered_comm_of(ps_id: int) -> Any:
@@ -194,5 +162,5 @@ def ordered(comm_of: Callable[[int], Any], mpi_ops: MPIOps) -> Callable[[int], A
     return ordered_comm_of
 
 
-__all__ = ["DONE", "FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "ordered", "plane_allreduce",
-           "rank_order", "reduce_scatter", "slices"]
+__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "plane_allreduce", "rank_order",
+           "reduce_scatter", "slices"]

@@ -13,7 +13,7 @@ import numpy as np
 from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16,
                           scale_inplace, scaled_copy, storage_dtype)
 from . import accumulate, adasum, deterministic, polling, row_exec
-from .chunks import DATA_POLL_CAP, ChunkPipeline, start_allreduce
+from .chunks import ChunkPipeline, start_allreduce
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
 from .mpi import MPIOps
 from .requests import Kind
@@ -51,7 +51,7 @@ class Executor:
         return self._table[first.resp.kind](batch)
 
     def _wait(self, request: Any) -> None:
-        polling.wait(request, DATA_POLL_CAP)
+        polling.wait(request)
         self.mpi_calls += 1
 
     # -- allreduce ------------------------------------------------------------------------------

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from ..errors import HvdliteError
 from .planes import DataPlane, PlaneTable
 from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, Adasum, Average, average_scale, resolve_op
-from . import deterministic, mpi, polling
+from . import deterministic, mpi, polling, row_exec
 from .fusion import Item
 from .requests import Kind
 from .timeline import Timeline
-
-POLL_CAP = 1e-4
 
 
 class PlaneExecutor:
@@ -86,10 +82,7 @@ class PlaneExecutor:
         return plane.allreduce(self._payloads(batch), outputs, batch[0].dtype, op, sig.prescale, post)
 
     def _allgather(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
-        comm = self.comm_of(batch[0].resp.ps_id)
-        rows = np.array([item.src.shape[0] for item in batch], dtype=np.int64)
-        all_rows = np.empty((comm.Get_size(), len(batch)), dtype=np.int64)
-        polling.wait(comm.Iallgather(rows, all_rows), POLL_CAP)
+        all_rows = row_exec.row_counts(self.comm_of(batch[0].resp.ps_id), batch, polling.wait)
         return plane.allgather(self._payloads(batch), all_rows.tolist())
 
     def _broadcast(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
@@ -109,14 +102,7 @@ class PlaneExecutor:
 
     def _alltoall(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         item = batch[0]
-        comm = self.comm_of(item.resp.ps_id)
-        n = comm.Get_size()
-        assert item.req is not None
-        splits = item.req.splits
-        if splits is None:
-            splits = np.full(n, item.src.shape[0] // n, dtype=np.int64)
-        recv = np.empty(n, dtype=np.int64)
-        polling.wait(comm.Ialltoall(np.ascontiguousarray(splits, dtype=np.int64), recv), POLL_CAP)
+        splits, recv = row_exec.splits_of(self.comm_of(item.resp.ps_id), item, polling.wait)
         out = plane.alltoall(_payload(item.src), [int(s) for s in splits], [int(r) for r in recv])
         return [(out, recv)]
 
@@ -126,8 +112,6 @@ class PlaneExecutor:
 
 def _payload(buffer: Any) -> Any:
     return getattr(buffer, "payload", buffer)
-
-
 
 
 def plane_failure(rank: int, plane: str, batch: list[Item], exc: Exception) -> str:

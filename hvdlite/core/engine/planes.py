@@ -121,7 +121,7 @@ class Bootstrap:
     def wait(test: Callable[[], bool]) -> None:
         """Wait until ``test()`` is true the way the engine waits for MPI: polled, with the stall watch
         running between polls (a plane's wait that a vanished peer holds ends in the StallError)."""
-        polling.wait(_Test(test), POLL_CAP_S)
+        polling.wait(polling.Polled(test))
 
 
 def in_rank_order(boot: Bootstrap, dtype: str, op: ReduceOp) -> bool:
@@ -142,16 +142,6 @@ def accumulated_allreduce(plane: DataPlane, boot: Bootstrap, flat32: Any, acc: A
     """An accumulating compression on a data plane: engine/accumulate.py's rule over the plane's all-to-all
     and all-gather (see accumulate.plane_allreduce); returns the 1-D result in ``acc.gather``."""
     return accumulate.plane_allreduce(plane, boot.rank, boot.size, flat32, acc, post, cast)
-
-
-class _Test:
-    __slots__ = ("Test",)
-
-    def __init__(self, test: Callable[[], bool]) -> None:
-        self.Test = test
-
-
-POLL_CAP_S = 1e-4  # longest sleep between polls of a plane's work
 
 
 class PlaneFactory:

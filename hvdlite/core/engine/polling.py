@@ -8,6 +8,8 @@ from typing import Any, Callable, Optional
 
 from .handles import threads_waiting
 
+#: The longest sleep between polls of a data collective while the training thread computes.
+POLL_CAP = 1e-4
 #: MPI polls without sleeping while a user thread waits (a few tens of microseconds).
 SPIN_POLLS = 200
 #: While spinning, yield the core every this many polls (as MPI libraries do when oversubscribed). Each
@@ -75,6 +77,19 @@ _FINE_SLACK = True
 _SPIN_WHILE_WAITED = True
 
 
+class Polled:
+    """A request that ``wait`` completes when ``Test()`` is true: a plane's own work, or DONE (a wrapped
+    communicator's call that reduced before it returned: engine/deterministic.py, engine/accumulate.py)."""
+
+    __slots__ = ("Test",)
+
+    def __init__(self, test: Callable[[], bool]) -> None:
+        self.Test = test
+
+
+DONE = Polled(lambda: True)
+
+
 def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
     """The calling thread's watch (see _watches)."""
     _watches.watch = watch
@@ -85,7 +100,7 @@ def stalled_pause(waited: float) -> float:
     return min(LONG_WAIT_CAP_S, LONG_WAIT_RATE * waited * waited)
 
 
-def wait(request: Any, cap: float, arrival: bool = False) -> None:
+def wait(request: Any, cap: float = POLL_CAP, arrival: bool = False) -> None:
     """Complete ``request``. While a user thread is blocked on a handle its core is idle, so poll
     continuously (on a crowded node only SPIN_POLLS times: the other ranks need the core); otherwise sleep
     between polls, backing off to ``cap`` seconds, so a training thread computing the backward pass keeps its

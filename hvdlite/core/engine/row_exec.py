@@ -17,15 +17,34 @@ Wait = Callable[[Any], None]  # completes one MPI request (the executor's, which
 RowCollective = Callable[[MPIOps, Any, list[Item], Timeline, Wait], list[tuple[Item, Any]]]
 
 
+def row_counts(comm: Any, items: list[Item], wait: Wait) -> np.ndarray:
+    """Every rank's rows of each tensor of an allgather batch: ``[rank, tensor]`` (here and engine/plane_exec.py)."""
+    rows = np.array([item.src.shape[0] for item in items], dtype=np.int64)
+    all_rows = np.empty((comm.Get_size(), len(items)), dtype=np.int64)
+    wait(comm.Iallgather(rows, all_rows))
+    return all_rows
+
+
+def splits_of(comm: Any, item: Item, wait: Wait) -> tuple[np.ndarray, np.ndarray]:
+    """An alltoall's rows sent to each rank (its splits, even by default) and received from each."""
+    nranks = comm.Get_size()
+    assert item.req is not None
+    splits = item.req.splits
+    if splits is None:
+        splits = np.full(nranks, item.src.shape[0] // nranks, dtype=np.int64)
+    splits = np.ascontiguousarray(splits, dtype=np.int64)
+    recv_splits = np.empty(nranks, dtype=np.int64)
+    wait(comm.Ialltoall(splits, recv_splits))
+    return splits, recv_splits
+
+
 def allgather(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline, wait: Wait) -> list[tuple[Item, Any]]:
     """Every rank's rows of each tensor, in rank order: the row counts travel first, then one Iallgatherv."""
     BYTE = ops.BYTE
     nranks = comm.Get_size()
-    rows = np.array([item.src.shape[0] for item in items], dtype=np.int64)
-    all_rows = np.empty((nranks, len(items)), dtype=np.int64)
     for item in items:
         timeline.begin(item.resp.name, "MPI_ALLGATHER")
-    wait(comm.Iallgather(rows, all_rows))
+    all_rows = row_counts(comm, items, wait)
     row_bytes = np.array([math.prod(item.shape) * storage_dtype(item.dtype).itemsize
                           for item in items], dtype=np.int64)
     per_rank, displs = counts_displacements((all_rows * row_bytes).sum(axis=1))
@@ -117,15 +136,9 @@ def alltoall(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline, wait
     """One tensor's rows sent by its splits (even by default): the splits travel first, then one Ialltoallv."""
     BYTE = ops.BYTE
     item = items[0]
-    nranks = comm.Get_size()
     src = item.src
-    assert item.req is not None
-    splits = item.req.splits
-    if splits is None:
-        splits = np.full(nranks, src.shape[0] // nranks, dtype=np.int64)
-    recv_splits = np.empty(nranks, dtype=np.int64)
     timeline.begin(item.resp.name, "MPI_ALLTOALL")
-    wait(comm.Ialltoall(np.ascontiguousarray(splits, dtype=np.int64), recv_splits))
+    splits, recv_splits = splits_of(comm, item, wait)
     row_bytes = math.prod(src.shape[1:]) * src.itemsize
     scounts = splits * row_bytes
     rcounts = recv_splits * row_bytes
@@ -149,4 +162,4 @@ def _at(part: np.ndarray, whole: np.ndarray, offset: int) -> bool:
             and offset + part.nbytes <= whole.nbytes)
 
 
-__all__ = ["RowCollective", "Wait", "allgather", "alltoall", "reducescatter"]
+__all__ = ["RowCollective", "Wait", "allgather", "alltoall", "reducescatter", "row_counts", "splits_of"]
