@@ -68,7 +68,7 @@ def rank_order(rows: Sequence[Any], op: ReduceOp, out: Any = None) -> Any:
     """``((rows[0] op rows[1]) op rows[2]) ...`` element by element, each step rounded to the rows' dtype, into
     ``out`` (else a new array). Only the arrays' own operators are used, so numpy arrays and a data plane's
     framework tensors (on their device) combine by the same rule."""
-    combine = operator.imul if op is Product else operator.iadd
+    combine: Callable[[Any, Any], Any] = operator.imul if op is Product else operator.iadd
     if out is None:
         if len(rows) == 1:
             return rows[0]
