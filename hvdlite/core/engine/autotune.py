@@ -210,7 +210,7 @@ class Autotuner:
         """Count this cycle's agreed data collectives (before they run) into steps and samples."""
         if self.rank != 0 or not self.active or self._waiting:
             return
-        keys = {(r.ps_id, r.name) for r in responses if r.error is None and r.sig.tensors}
+        keys = {r.key for r in responses if r.error is None and r.sig.tensors}
         if not keys:
             return
         if keys & self._seen:
@@ -219,7 +219,7 @@ class Autotuner:
         self._seen |= keys
         if self._started:
             self._bytes += sum(_nbytes(r.sig.tensors) for r in responses
-                               if r.error is None and r.kind not in _ROW_SHAPED)
+                               if r.error is None and r.sig.kind not in _ROW_SHAPED)
 
     def _boundary(self, now: float) -> None:
         if not self._started:

@@ -57,11 +57,11 @@ class Completion:
             req = pending.get(resp.key)
             if resp.error is not None:
                 if resp.error_kind in ("stall", "join") and self.names is not None:  # job-wide: every rank
-                    self.names.learn(resp.name, resp.ps_id, req is not None)       # skips the name
+                    self.names.learn(resp.name, resp.sig.ps_id, req is not None)       # skips the name
                 elif resp.error_kind == "behind" and self.rank not in resp.joined:
                     continue  # ranks out of step (negotiation.py): this rank's op waits for the looping ranks' next
                 elif resp.error_kind == "behind" and self.names is not None:
-                    self.names.give_back(resp.name, resp.ps_id)  # this rank's next op of the kind meets the others'
+                    self.names.give_back(resp.name, resp.sig.ps_id)  # this rank's next op of the kind meets the others'
                 if req is not None:
                     kind = _ERROR_KINDS.get(resp.error_kind, TensorMismatchError)
                     self.finish(req, error=kind(f"rank {self.rank}: {resp.error}"))
@@ -124,8 +124,8 @@ class Completion:
         names = sorted({item.resp.name for item in batch})
         logger.error("collective(s) %s failed on this rank: %s: %s", ", ".join(names), type(exc).__name__, exc)
         for item in batch:
-            if item.req is not None and item.req.handle is not None:
-                error = HvdliteError(f"rank {self.rank}: {item.resp.kind} of {item.resp.name!r} failed: "
+            if item.req is not None:
+                error = HvdliteError(f"rank {self.rank}: {item.resp.sig.kind} of {item.resp.name!r} failed: "
                                      f"{type(exc).__name__}: {exc}")
                 error.__cause__ = exc
                 self.finish(item.req, error=error)

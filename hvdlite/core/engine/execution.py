@@ -46,9 +46,9 @@ class Executor:
     def run(self, batch: list[Any]) -> Iterable[tuple[Any, Any]]:
         """Run one batch; returns (item, result) pairs for the engine to hand back."""
         first = batch[0]
-        if isinstance(first, Marker) and first.resp.kind.multi_tensor:
+        if isinstance(first, Marker) and first.resp.sig.kind.multi_tensor:
             return [(first, [])]  # an empty group: nothing to move, the result is an empty list
-        return self._table[first.resp.kind](batch)
+        return self._table[first.resp.sig.kind](batch)
 
     def _wait(self, request: Any) -> None:
         polling.wait(request)
@@ -57,14 +57,14 @@ class Executor:
     # -- allreduce ------------------------------------------------------------------------------
     def _allreduce(self, items: list[Item]) -> Iterable[tuple[Item, Any]]:
         first = items[0].resp
-        comm = self.comm_of(first.ps_id)
+        comm = self.comm_of(first.sig.ps_id)
         op = first.sig.op
         assert op is not None  # resolved at submit for every reduction
         pre, post = first.sig.prescale, first.sig.postscale
         if op is Adasum:
             return self._adasum(comm, items, pre, post)
         if op is Average:
-            post = average_scale(post, self.size_of(first.ps_id))
+            post = average_scale(post, self.size_of(first.sig.ps_id))
         if first.sig.extra is not None:  # an accumulating compression: its own Iallreduce applies the factors
             dtypes = {item.dtype: None for item in items}
             if len(dtypes) > 1:  # fusion off: one batch of a grouped op's tensors; one dtype at a time
@@ -221,8 +221,8 @@ class Executor:
     def _broadcast(self, items: list[Item]) -> list[tuple[Item, Any]]:
         BYTE = self.ops.BYTE
         first = items[0].resp
-        comm = self.comm_of(first.ps_id)
-        root = self.members_of(first.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
+        comm = self.comm_of(first.sig.ps_id)
+        root = self.members_of(first.sig.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
         is_root = comm.Get_rank() == root
         packed: list[Item] = []
         for item in items:
@@ -264,11 +264,11 @@ class Executor:
 
     # -- allgather, reducescatter, alltoall (engine/row_exec.py) --------------------------------------
     def _rows(self, run: row_exec.RowCollective, items: list[Item]) -> list[tuple[Item, Any]]:
-        return run(self.ops, self.comm_of(items[0].resp.ps_id), items, self.timeline, self._wait)
+        return run(self.ops, self.comm_of(items[0].resp.sig.ps_id), items, self.timeline, self._wait)
 
     # -- the rest, one response at a time --------------------------------------------------------
     def _barrier(self, items: list[Any]) -> list[tuple[Any, Any]]:
-        self._wait(self.comm_of(items[0].resp.ps_id).Ibarrier())
+        self._wait(self.comm_of(items[0].resp.sig.ps_id).Ibarrier())
         return [(items[0], None)]
 
     def _join(self, items: list[Any]) -> list[tuple[Any, Any]]:

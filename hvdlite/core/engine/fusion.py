@@ -42,7 +42,7 @@ class Item:
             self.src: np.ndarray = req.inputs[index]
             self.dst: Any = req.outputs[index]  # an np.ndarray, or None until the executor allocates it
         else:  # a joined rank stands in: zeros for allreduce/broadcast, no rows for allgather
-            gather = resp.kind is Kind.ALLGATHER
+            gather = resp.sig.kind is Kind.ALLGATHER
             self.src = np.zeros((0,) + tuple(shape) if gather else tuple(shape), dtype=storage_dtype(dtype))
             self.dst = None if gather else aligned_empty(self.src.shape, self.src.dtype)
 

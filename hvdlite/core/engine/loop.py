@@ -301,7 +301,7 @@ class Engine:
             if req.sig.kind is Kind.JOIN:
                 self.join_cycle = self.cycles
             if tracing:
-                self.timeline.begin(req.name, negotiate_activity(req.kind, req.op), kind=req.kind.label)
+                self.timeline.begin(req.name, negotiate_activity(req.sig.kind, req.sig.op), kind=req.sig.kind.label)
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_EXPLAIN if shutdown else 0
@@ -337,7 +337,7 @@ class Engine:
             self._agreed_at = time.monotonic()
             self.observer.before_run(responses, pending, self._agreed_at, self.comm, known)
             self.completion.execute(responses)
-            if self.join_cycle >= 0 and any(r.error is None and r.kind is Kind.JOIN for r in responses):
+            if self.join_cycle >= 0 and any(r.error is None and r.sig.kind is Kind.JOIN for r in responses):
                 self.join_cycle = -1
             self.observer.after_run()
 

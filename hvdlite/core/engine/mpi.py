@@ -20,7 +20,6 @@ THREAD_LEVELS = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALI
 
 def start(before_init: Optional[Callable[[str], None]] = None) -> Any:
     """Initialise MPI (asking for MPI_THREAD_MULTIPLE) and check the level granted; return the module.
-
     ``before_init(library_text)``, when given, looks at the library before MPI_Init (and may raise)."""
     global _MPI
     if _MPI is None:
@@ -157,6 +156,15 @@ def finalize() -> None:
 
 
 # -- datatypes and ops ---------------------------------------------------------------------------------
+def _datatypes() -> dict[str, Any]:
+    """The MPI datatype of each dtype name (float16 and bfloat16 travel as their uint16 bits)."""
+    MPI = _MPI
+    return {"uint8": MPI.UINT8_T, "int8": MPI.INT8_T, "uint16": MPI.UINT16_T, "int16": MPI.INT16_T,
+            "uint32": MPI.UINT32_T, "int32": MPI.INT32_T, "uint64": MPI.UINT64_T, "int64": MPI.INT64_T,
+            "float32": MPI.FLOAT, "float64": MPI.DOUBLE, "bool": MPI.C_BOOL, "float16": MPI.UINT16_T,
+            "bfloat16": MPI.UINT16_T}
+
+
 class MPIOps:
     """MPI datatypes and ops for each dtype, created once per process after MPI is up."""
 
@@ -167,12 +175,7 @@ class MPIOps:
         self.IN_PLACE = MPI.IN_PLACE
         self.BOR = MPI.BOR
         self.tree = "Open MPI" in MPI.Get_library_version()  # short vectors: chunks.start_allreduce
-        self.datatypes = {
-            "uint8": MPI.UINT8_T, "int8": MPI.INT8_T, "uint16": MPI.UINT16_T, "int16": MPI.INT16_T,
-            "uint32": MPI.UINT32_T, "int32": MPI.INT32_T, "uint64": MPI.UINT64_T, "int64": MPI.INT64_T,
-            "float32": MPI.FLOAT, "float64": MPI.DOUBLE, "bool": MPI.C_BOOL,
-            "float16": MPI.UINT16_T, "bfloat16": MPI.UINT16_T,
-        }
+        self.datatypes = _datatypes()
         self._builtin = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
         self._bool = {Sum: MPI.LOR, Max: MPI.LOR, Min: MPI.LAND, Product: MPI.LAND}
         self._half: dict[tuple[str, ReduceOp], Any] = {}
@@ -202,18 +205,13 @@ class MPIOps:
 
 
 def _half_op(kind: str, ufunc: Callable[..., Any]) -> Callable[[Any, Any, Any], None]:
-    if kind == "float16":
-        def reduce_f16(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-            a = np.frombuffer(inbuf, dtype=np.float16)
-            b = np.frombuffer(inoutbuf, dtype=np.float16)
-            ufunc(a, b, out=b)
-        return reduce_f16
-
-    def reduce_bf16(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-        a = np.frombuffer(inbuf, dtype=np.uint16)
-        b = np.frombuffer(inoutbuf, dtype=np.uint16)
-        b[...] = f32_to_bf16(ufunc(bf16_to_f32(a), bf16_to_f32(b)))
-    return reduce_bf16
+    def reduce(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        a, b = np.frombuffer(inbuf, dtype=np.uint16), np.frombuffer(inoutbuf, dtype=np.uint16)
+        if kind == "float16":
+            ufunc(a.view(np.float16), b.view(np.float16), out=b.view(np.float16))
+        else:
+            b[...] = f32_to_bf16(ufunc(bf16_to_f32(a), bf16_to_f32(b)))
+    return reduce
 
 
 def counts_displacements(counts: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -224,10 +222,9 @@ def counts_displacements(counts: Sequence[int] | np.ndarray) -> tuple[np.ndarray
 
 # -- device buffers (CUDA-aware MPI) -------------------------------------------------------------------
 def cuda_aware(override: str = "auto") -> tuple[bool, str]:
-    """Whether the MPI library mpi4py loaded takes CUDA device buffers, and how that was found (after MPI is
-    up). ``override`` is the mpi_cuda_aware setting: "on"/"off" are taken as they are; "auto" asks the
-    library: MPI 4.1's ``mpi_memory_alloc_kinds`` (a "cuda" kind), else ``MPIX_Query_cuda_support()`` (Open
-    MPI, MPICH), looked up in the loaded libmpi; a library that answers neither is taken as not CUDA-aware."""
+    """Whether the loaded MPI library takes CUDA device buffers, and how that was found (after MPI is up).
+    ``override`` (the mpi_cuda_aware setting) "on"/"off" says so; "auto" asks MPI 4.1's
+    ``mpi_memory_alloc_kinds``, else ``MPIX_Query_cuda_support()``; neither answering means no."""
     library = " ".join(library_version().split())
     if override in ("on", "off"):
         return override == "on", f"{library}; HVDLITE_MPI_CUDA_AWARE={override} says so"
@@ -273,13 +270,11 @@ class BufferComm:
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm.Dup()
-        MPI = _MPI
-        self._types = {"uint8": MPI.UINT8_T, "int8": MPI.INT8_T, "int16": MPI.INT16_T, "int32": MPI.INT32_T,
-                       "int64": MPI.INT64_T, "float32": MPI.FLOAT, "float64": MPI.DOUBLE}
-        self._ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
+        self._types = _datatypes()
+        self._ops = {"sum": _MPI.SUM, "min": _MPI.MIN, "max": _MPI.MAX, "product": _MPI.PROD}
 
     def allreduce(self, buf: Any, dtype: str, op: str) -> None:
-        """In place; ``dtype`` one of the fixed-size numeric names above, ``op`` sum/min/max/product."""
+        """In place; ``dtype`` a fixed-size numeric name, ``op`` sum/min/max/product."""
         self.comm.Allreduce(_MPI.IN_PLACE, [buf, self._types[dtype]], op=self._ops[op])
 
     def allgather(self, send: Any, recv: Any) -> None:
@@ -299,10 +294,8 @@ class BufferComm:
 
 # -- fault tolerance (ULFM: MPIX_Comm_revoke/shrink/agree) -----------------------------------------------
 def ulfm_library() -> tuple[bool, str]:
-    """Whether the MPI library mpi4py loaded can recover in-process (ULFM), and why; MPI need not be up.
-
-    Needs ULFM's MPIX_Comm_revoke/shrink/agree in the library, and Open MPI (5): MPICH exports them too, but
-    pip's MPICH 5 fails an assertion in MPI_Init_thread with MPIR_CVAR_ENABLE_FT=1, so it is not used."""
+    """Whether the loaded MPI library can recover in-process (ULFM: MPIX_Comm_shrink, and Open MPI 5), and why;
+    MPI need not be up."""
     if _MPI is not None:
         library = library_version()
     else:
@@ -352,9 +345,7 @@ def revoke(comm: Any) -> None:
 
 def progress() -> None:
     """One turn of MPI's progress engine (an Iprobe on COMM_SELF): news of a dead peer arrives only inside MPI
-    calls. Over shared memory a survivor that learnt of a loss from a revoke and asked only Get_failed never
-    named the dead rank in 3 of 8 jobs of 4 ranks; with a turn per query, the non-elastic naming test went from
-    5 failures in 10 runs to none in 10 (docs/elastic.md, "Which transport")."""
+    calls (without it a survivor often never named the dead rank: docs/elastic.md, "Which transport")."""
     try:
         _MPI.COMM_SELF.Iprobe(_MPI.ANY_SOURCE, _MPI.ANY_TAG)
     except _MPI.Exception:  # only a turn of progress is wanted; the caller asks Get_failed next

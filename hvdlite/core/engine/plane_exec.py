@@ -36,16 +36,16 @@ class PlaneExecutor:
     def run(self, batch: list[Item]) -> list[tuple[Item, Any]]:
         first = batch[0].resp
         assert self.table is not None, "a batch names a data plane but the engine has no plane table"
-        plane = self.table.plane(first.sig.plane, first.ps_id)
+        plane = self.table.plane(first.sig.plane, first.sig.ps_id)
         for item in batch:
             if item.req is None:  # a joined rank stands in with zeros (no rows for allgather)
                 item.src = plane.zeros(item.dtype, item.src.shape)
                 item.dst = None
-            self.timeline.begin(item.resp.name, f"{plane.name.upper()}_{first.kind.label.upper()}")
+            self.timeline.begin(item.resp.name, f"{plane.name.upper()}_{first.sig.kind.label.upper()}")
         ready = [getattr(item.src, "ready", None) for item in batch]
         plane.wait_ready([event for event in ready if event is not None])
         try:
-            results = self._table[first.kind](plane, batch)
+            results = self._table[first.sig.kind](plane, batch)
         except (HvdliteError, self.job_ends):
             raise
         except Exception as exc:  # noqa: BLE001 - the plane is in an unknown state: the job ends, as after a
@@ -82,13 +82,13 @@ class PlaneExecutor:
         return plane.allreduce(self._payloads(batch), outputs, batch[0].dtype, op, sig.prescale, post)
 
     def _allgather(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
-        all_rows = row_exec.row_counts(self.comm_of(batch[0].resp.ps_id), batch, polling.wait)
+        all_rows = row_exec.row_counts(self.comm_of(batch[0].resp.sig.ps_id), batch, polling.wait)
         return plane.allgather(self._payloads(batch), all_rows.tolist())
 
     def _broadcast(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
         first = batch[0].resp
-        root = self.members_of(first.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
+        root = self.members_of(first.sig.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
         return plane.broadcast(self._payloads(batch), outputs, root)
 
     def _reducescatter(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
@@ -102,12 +102,12 @@ class PlaneExecutor:
 
     def _alltoall(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         item = batch[0]
-        splits, recv = row_exec.splits_of(self.comm_of(item.resp.ps_id), item, polling.wait)
+        splits, recv = row_exec.splits_of(self.comm_of(item.resp.sig.ps_id), item, polling.wait)
         out = plane.alltoall(_payload(item.src), [int(s) for s in splits], [int(r) for r in recv])
         return [(out, recv)]
 
     def _size(self, batch: list[Item]) -> int:
-        return int(self.comm_of(batch[0].resp.ps_id).Get_size())
+        return int(self.comm_of(batch[0].resp.sig.ps_id).Get_size())
 
 
 def _payload(buffer: Any) -> Any:
@@ -117,6 +117,6 @@ def _payload(buffer: Any) -> Any:
 def plane_failure(rank: int, plane: str, batch: list[Item], exc: Exception) -> str:
     """The message a plane's failure ends the engine with (the plane is in an unknown state afterwards)."""
     names = ", ".join(sorted({item.resp.name for item in batch}))
-    return (f"rank {rank}: the {plane} data plane failed in {batch[0].resp.kind} of {names}: "
+    return (f"rank {rank}: the {plane} data plane failed in {batch[0].resp.sig.kind} of {names}: "
             f"{type(exc).__name__}: {exc}. Every pending and later collective raises this error; fix the "
             f"cause and restart the job (HOROVOD_GPU_OPERATIONS / HOROVOD_CPU_OPERATIONS choose the planes)")

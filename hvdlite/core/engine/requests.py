@@ -45,9 +45,7 @@ class Kind(enum.Enum):
     def __reduce__(self) -> Any:  # pickle by name: the tuple values are not unique identifiers to pickle
         return (Kind.__getitem__, (self.name,))
 
-    # Members are singletons compared by identity, so they hash by identity, in C: Enum's own __hash__ is Python
-    # code (hash of the name), run for every signature and fusion key hashed, several times per op in a round of
-    # new names (a cProfile of the engine thread over cold bursts: 36,000 calls, ~3% of its time).
+    # Singletons compared by identity hash by identity, in C (Enum's __hash__ is Python code, run per key hashed).
     __hash__ = object.__hash__
 
 
@@ -130,26 +128,7 @@ _LAYOUTS: dict[Any, Any] = {}
 _BATCH_KEYS: dict[Signature, tuple[Any, ...]] = {}
 
 
-class _SignatureFields:
-    """Named access to the signature fields the engine reads most (shared by Request and Response)."""
-
-    __slots__ = ()
-    sig: Signature
-
-    @property
-    def kind(self) -> Kind:
-        return self.sig.kind
-
-    @property
-    def ps_id(self) -> int:
-        return self.sig.ps_id
-
-    @property
-    def op(self) -> Optional[ReduceOp]:
-        return self.sig.op
-
-
-class Request(Handle, _SignatureFields):
+class Request(Handle):
     """One named collective submitted on this rank, waiting for the engine. It is also the handle the
     caller waits on: one object per tensor operation, built on the per-op path (few allocations, none
     that only the garbage collector could free)."""
@@ -159,16 +138,12 @@ class Request(Handle, _SignatureFields):
     held: Any  # set by core/submission.submit when asked: what the inputs view, kept alive with the handle
     again: bool  # a generated name's: submitted at a line that made one of its kind before (core/names.py)
 
-    # Positional up to ``value``, so the one submit (core/submission.py) calls it without keywords on its memo's path:
-    # calling a class with keywords packs them into a dict, +0.4-0.9 us per Request in timeit on the loaded
-    # 2-core machine (a keyword-only version: 1.1-1.7 against 0.45-0.5 us), and small_ops.py's warm in-flight
-    # run showed the submitting thread's CPU per op up by a median 1.13x with it. Handle.__init__'s call costs
-    # ~0.05 us. The rarer arguments are keywords.
+    # Positional up to ``value``: the one submit calls it without keywords (keywords cost a dict per call).
     def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
                  outputs: Sequence[Optional[np.ndarray]], key: Optional[tuple[int, str]] = None, value: Any = UNSET,
                  *, splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None) -> None:
         Handle.__init__(self, name, finalize, value)  # ``value``: see Handle.returning()
-        self.sig = sig  # its op and kind are the request's (see _SignatureFields)
+        self.sig = sig
         self.key = (sig.ps_id, name) if key is None else key  # the engine's tables' key: (process set, name)
         self.inputs = inputs
         self.outputs = outputs
@@ -180,12 +155,8 @@ class Request(Handle, _SignatureFields):
         self.remaining = len(inputs)
         self.site: Optional[tuple[str, int]] = None  # the user's (file, line), captured on a response-cache miss only
 
-    @property
-    def handle(self) -> Handle:
-        return self
 
-
-class Response(_SignatureFields):
+class Response:
     """A decision every rank reached identically: run ``name`` now, or fail it with ``error``.
     Successful cached decisions are reused every cycle (the response cache keeps one per name)."""
 

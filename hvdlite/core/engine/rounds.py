@@ -65,12 +65,12 @@ def remember(engine: Engine, responses: list[Response]) -> None:
         if resp.error is not None:
             continue
         if single_use is not None and single_use(resp.name):  # never submitted again
-            last[(resp.ps_id, resp.name.rpartition(".noname.")[0])] = resp
+            last[(resp.sig.ps_id, resp.name.rpartition(".noname.")[0])] = resp
         else:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
             plain = resp if not resp.joined and resp.last_joined < 0 else None
-            cache.put(resp.name, resp.sig, members.get(resp.ps_id, []), engine.cycles, plain)
+            cache.put(resp.name, resp.sig, members.get(resp.sig.ps_id, []), engine.cycles, plain)
     for resp in last.values():
-        cache.put_stream(resp.name, resp.sig, members.get(resp.ps_id, []), engine.cycles)
+        cache.put_stream(resp.name, resp.sig, members.get(resp.sig.ps_id, []), engine.cycles)
 
 
 def _elsewhere(engine: Engine) -> list[tuple[int, str]]:
