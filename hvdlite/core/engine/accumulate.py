@@ -1,14 +1,9 @@
 """bf16/fp16 on the wire, float32 sums: the allreduce of an accumulating compression (reduce_ops.Accumulation).
 
-The shape is deterministic=True's (engine/deterministic.py): a piece is cut into one slice per rank
-(``deterministic.slices``); an all-to-all gives each rank every rank's contribution to its slice; the rank adds
-them in rank order, here in float32 whatever the wire dtype, scales the sum (Average's divisor, the
-postscale) and rounds it once; an all-gather returns the slices. Every contribution is rounded once, to the
-wire dtype, and every result once, to the gather dtype, so the error does not grow with the number of ranks
-as a reduction in bf16 does (one rounding per addition). The bytes moved are a ring allreduce's in the wire
-dtype (the gather's in float32 when asked). Each element's result depends only on the ranks' values and their
-number, never on fusion, chunking or the cycle time. The executor sees only a communicator: a batch whose
-signature names an Accumulation reduces through an AccumulatingComm (engine/execution.py).
+The shape is deterministic=True's (engine/deterministic.py): slices, an all-to-all, rank-order sums (here in
+float32 whatever the wire dtype, then scaled and rounded once), an all-gather. Every contribution is rounded once
+to the wire dtype and every result once to the gather dtype, so the error does not grow with the number of ranks.
+A batch whose signature names an Accumulation reduces through an AccumulatingComm (engine/execution.py).
 """
 from __future__ import annotations
 

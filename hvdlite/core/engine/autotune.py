@@ -1,21 +1,12 @@
 """Autotune: rank 0 scores the engine's settings while training runs and proposes better ones (GP + EI).
 
-Tuned: ``fusion_threshold_bytes``, ``cycle_time_ms`` and ``allreduce_chunk_bytes``, the settings the engine reads on
-every cycle. (``gradient_overlap`` is not tuned: a frontend reads it once, when its optimizer is built, and
-"auto" is agreed by a collective of the training threads; the engine cannot switch it between cycles.)
-
-A *step* is what the engine sees without framework help: it ends when a name (per process set) that already
-ran since the last step boundary runs again; a training loop submits each gradient name once per step.
-A *sample* is ``autotune_steps_per_sample`` whole steps run under one set of settings; its score is the
-bytes of the allreduce, reducescatter and broadcast tensors of those steps divided by the seconds from the first
-to the last boundary.
-The first ``autotune_warmup_samples`` samples are discarded; then the start settings, two fixed test points
-and Gaussian-process proposals (expected improvement, scikit-learn) are scored up to
-``autotune_bayes_opt_max_samples`` samples, and the best one is kept.
-
-The agreement rule: only rank 0 measures and decides. A proposal travels in rank 0's message of a full
-negotiation round (rank 0 asks for one); every rank adopts it right after that round, before the cycle's
-collectives run, so all ranks switch at the same cycle. The step in progress at a switch is not scored.
+Tuned: ``fusion_threshold_bytes``, ``cycle_time_ms`` and ``allreduce_chunk_bytes``, which the engine reads each cycle.
+A *step* ends when a name that already ran since the last step boundary runs again; a *sample* is
+``autotune_steps_per_sample`` steps under one set of settings, scored in bytes (allreduce, reducescatter, broadcast)
+per second. After ``autotune_warmup_samples`` discarded samples, the start settings, two test points and
+Gaussian-process proposals (expected improvement) are scored up to ``autotune_bayes_opt_max_samples``; the best is kept.
+Only rank 0 measures and decides; its proposal travels in its message of a full round, and every rank adopts it
+right after that round, so all switch at the same cycle.
 """
 from __future__ import annotations
 

@@ -14,12 +14,9 @@ __all__ = ["PendingBits", "ResponseCache"]
 
 class ResponseCache:
     """Names agreed before, each holding one bit; identical on every rank (changed only by agreed decisions).
-    Generated names (``<kind>[.ps<id>].noname.<n>``) are made in call order on every rank, so unnamed ops of a
-    loop are agreed by position: one bit per (set, kind) stream stands for its next name with the signature last
-    agreed, set by a rank holding exactly that, and moves on each time it runs; any other takes a vote.
-
-    Bit sets are numpy bool arrays of ``64 * words`` entries (``bits()``), packed into uint64 words only
-    for the all-reduce, so per-cycle work is a few whole-array operations whatever the number of names.
+    Generated names (``<kind>[.ps<id>].noname.<n>``) are agreed by position: one bit per (set, kind) stream stands
+    for its next name with the signature last agreed, and moves on each time it runs.
+    Bit sets are numpy bool arrays (``bits()``), packed into uint64 words only for the all-reduce.
     """
 
     def __init__(self, capacity: int, my_rank: int) -> None:

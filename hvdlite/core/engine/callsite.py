@@ -76,8 +76,7 @@ def capture(depth: int = 2) -> Optional[Site]:
 def note(name: str, sig: Any, depth: int = 2, key: Optional[tuple[int, str]] = None) -> Optional[Site]:
     """A name submitted for the first time or with another signature (the caller checked ``known``): capture
     its site and keep it for later errors about the same name (``key``: its (process set, name), if made),
-    whose submissions are not captured. Each line's site is one object, and the key the request's own: a burst
-    of new names leaves no new objects per name but the table entries (fewer for the garbage collector)."""
+    whose submissions are not captured. Each line's site is one shared object."""
     site = capture(depth)
     if len(_remembered) >= _REMEMBER_LIMIT:
         _remembered.clear()
@@ -112,14 +111,12 @@ def show(site: Optional[Site], cwd: Optional[str] = None) -> str:
 
 def site_table(requests: Iterable[Any]) -> tuple[list[int], list[str]]:
     """For a full negotiation round: each pending request's site as an index into a list of distinct texts
-    (-1: unknown), and that list. A round may carry a thousand pending ops from a few lines: each line's text
-    is made once per working directory and travels once per round."""
+    (-1: unknown), and that list (each line's text made once per working directory, sent once per round)."""
     indices: list[int] = []
     texts_sent: list[str] = []
     index_of: dict[Site, int] = {}
     cwd = os.getcwd()
-    texts = _texts if _texts_cwd and _texts_cwd[0] == cwd else _start_texts(cwd)
-    remembered = _remembered
+    texts, remembered = _texts, _remembered
     for req in requests:
         site = req.site if req.site is not None else remembered.get(req.key)
         if site is None:
@@ -127,25 +124,18 @@ def site_table(requests: Iterable[Any]) -> tuple[list[int], list[str]]:
             continue
         index = index_of.get(site)
         if index is None:
-            text = texts.get(site)
+            text = texts.get((cwd, site))
             if text is None:
                 if len(texts) >= _REMEMBER_LIMIT:
                     texts.clear()
-                text = texts[site] = show(site, cwd)
+                text = texts[(cwd, site)] = show(site, cwd)
             index = index_of[site] = len(texts_sent)
             texts_sent.append(text)
         indices.append(index)
     return indices, texts_sent
 
 
-_texts: dict[Site, str] = {}  # site -> show(site) for the working directory in _texts_cwd
-_texts_cwd: list[str] = []
-
-
-def _start_texts(cwd: str) -> dict[Site, str]:
-    _texts.clear()
-    _texts_cwd[:] = [cwd]
-    return _texts
+_texts: dict[tuple[str, Site], str] = {}  # (working directory, site) -> show(site, that directory)
 
 
 def describe(sites: dict[int, Optional[str]]) -> str:

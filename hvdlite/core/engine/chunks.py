@@ -1,10 +1,8 @@
 """Chunked reductions, several chunks in flight: each chunk is scaled as it completes while later ones travel.
 
-The executor cuts large reductions into chunks of ``allreduce_chunk_bytes``. Waiting for each chunk before
-starting the next leaves the transport idle while the engine scales the finished chunk (Average's pass) and
-while the request is handed back; here up to ``IN_FLIGHT`` chunk collectives are outstanding, so one is always
-travelling. Every rank starts the same chunks in the same order (the chunks come from agreed batches), so the
-collectives match whatever the depth: the depth changes only when this rank waits, never what is sent.
+Up to ``IN_FLIGHT`` chunk collectives (of ``allreduce_chunk_bytes``) are outstanding, so one is always travelling
+while the engine scales a finished one. Every rank starts the same chunks in the same order (agreed batches), so
+the collectives match whatever the depth: it changes only when this rank waits, never what is sent.
 """
 from __future__ import annotations
 
@@ -16,9 +14,7 @@ import numpy as np
 
 from ..reduce_ops import scale_inplace
 
-#: Chunk collectives outstanding at once (IN_FLIGHT x allreduce_chunk_bytes of MPI's buffers in use).
-#: While the oldest is polled, MPI progresses the later ones too. benchmarks/HISTORY.md has the measurements
-#: (grad_sync.py's hvdlite_optimizer_inflight* diagnostics run the same sync at other depths).
+#: Chunk collectives outstanding at once (measurements: benchmarks/HISTORY.md).
 IN_FLIGHT = 4
 
 

@@ -1,13 +1,10 @@
 """Reproducible reductions (``deterministic=True``): hvdlite, not MPI, sums each element, in rank order.
 
-Every element's result is ``((x_0 + x_1) + x_2) + ...`` over the ranks of the process set, in rank order,
-whatever buffer, chunk or fused batch the element travels in: a piece of a buffer is split into one slice per
-rank; an all-to-all gives each rank every rank's contribution to its slice; it combines them in rank order
-and an all-gather returns the slices (a reduce-scatter stops before the all-gather). The bytes moved are a
-ring allreduce's; the result depends only on the number of ranks, never on fusion, chunking, the cycle
-time, the autotune, submission order or the MPI library's algorithms. Only floating-point sums and products
-take this path: integers, booleans, Min and Max are exact in any order, so MPI reduces them as usual.
-The engine's executor sees only communicators: with the setting on, each is wrapped in an OrderedComm.
+Every element's result is ``((x_0 + x_1) + x_2) + ...`` over the set's ranks, whatever buffer, chunk or batch
+it travels in: a piece is split into one slice per rank, an all-to-all gives each rank every rank's contribution
+to its slice, it combines them in rank order, and an all-gather returns the slices (a ring allreduce's bytes).
+Only floating-point sums and products take this path (the rest is exact in any order). The executor sees only
+communicators: with the setting on, each is wrapped in an OrderedComm.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The response cache's eviction order: its least recently used bit in O(log n) amortised, not O(n) per name.
 
-The victim is the bit with the smallest ``(last_used, bit)``, as a scan of every bit would find it, so it is
-the same bit on every rank. The bits are sorted once by that key; later victims are popped from the sorted list
-while the popped key is still exact and below every key handed out since the sort (``put`` calls ``touched``;
-``ready`` raises ticks above the sort's, and records its first tick); else the list is sorted again.
+The victim is the bit with the smallest ``(last_used, bit)`` (the same on every rank). Victims are popped from a
+list sorted by that key while the popped key is exact and below every key handed out since the sort; else it is
+sorted again.
 """
 from __future__ import annotations
 

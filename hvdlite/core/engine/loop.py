@@ -37,8 +37,7 @@ from .timeline import Timeline, negotiate_activity
 
 #: Seconds a survivor waits for its failure detector to name the lost ranks before it fails the handles.
 LOST_RANKS_WAIT_S = 2.0
-#: The longest pause of an idle rank's engine while other ranks wait for ops: its own submission ends the pause
-#: at once, so the ops waited for complete as soon as it submits; the waiting ranks sit in the open round.
+#: The longest pause of an idle rank's engine while other ranks wait for ops (its own submission ends it).
 IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S = 0.1
 
 
@@ -106,8 +105,7 @@ class Engine:
 
     # -- user threads -----------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        """The one way into the engine, for every request (each built by core/submission.submit, which notes
-        its call site)."""
+        """The one way into the engine, for every request (each built by core/submission.submit)."""
         if self.set_engines and req.key[0] in self.set_engines:  # a partial set's: its members' engine
             return self.set_engines[req.key[0]].submit(req)
         key, inflight = req.key, self.completion.inflight
@@ -155,10 +153,10 @@ class Engine:
             while self._wait_for_work():
                 self._cycle()
         except Wedged as wedged:
-            logger.error("%s", wedged.message)
-            self._fail_everything(StallError(wedged.message))
+            logger.error("%s", wedged)
+            self._fail_everything(StallError(str(wedged)))
         except Stop as stop:
-            self._fail_everything(ShutdownError(stop.message))
+            self._fail_everything(ShutdownError(str(stop)))
         except Exception as exc:  # noqa: BLE001 - a lost peer (ULFM) first, any other failure below
             if not mpi.is_process_failure(exc) and not self._peer_died():
                 self._failed(exc)
@@ -186,9 +184,8 @@ class Engine:
         self._fail_everything(error)
 
     def _peer_died(self) -> bool:
-        """After a failure that is not MPI's (a data plane's backend, e.g. gloo, lost its connection to a peer):
-        whether, in a fault-tolerant job, MPI knows of a dead peer, waiting up to LOST_RANKS_WAIT_S for its
-        failure detector. Then the failure is that peer's loss, and the survivors can recover from it."""
+        """After a failure that is not MPI's (e.g. a gloo plane lost a peer): whether, in a fault-tolerant job, MPI
+        knows of a dead peer within LOST_RANKS_WAIT_S (then the survivors can recover from that loss)."""
         if not self.fault_tolerant:
             return False
         deadline = time.monotonic() + LOST_RANKS_WAIT_S
@@ -203,9 +200,8 @@ class Engine:
         return True
 
     def _lost_peer(self, exc: BaseException) -> ProcessFailedError:
-        """MPI reported a dead peer (ULFM): revoke the engine's communicators, so every survivor's pending
-        and next call fails at once instead of waiting for the dead rank, and name the lost ranks (this
-        rank's failure detector knows them within about a second of the death)."""
+        """MPI reported a dead peer (ULFM): revoke the engine's communicators, so every survivor's calls fail at
+        once, and name the lost ranks (the failure detector knows them within about a second)."""
         seen_at = time.time()
         for comm in (self.comm, self.presence.comm, *self.psets.comms.values()):
             if comm is not None:
@@ -224,16 +220,10 @@ class Engine:
         return ProcessFailedError(message, tuple(lost), hosts, seen_at)
 
     def _wait_for_work(self) -> bool:
-        """Sleep while there is nothing to do; return when a cycle should run.
-
-        Every cycle is a round of this engine's ranks (the whole job's, or a partial set's members in its own
-        engine), and each op needs every one's own submission, so an idle rank waits for its own (no empty
-        round after each op): it backs off, doubling its pause from the cycle time up to
-        IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S while others are busy (up to ``idle_heartbeat_seconds`` while none is);
-        a local submission ends the pause at once.
-        With ops of its own pending and no round agreeing any for a while (peers absent), it backs off
-        (polling.stalled_pause of the time since the last agreement, or since its first op after none pending).
-        """
+        """Sleep while there is nothing to do; return when a cycle should run. An idle rank waits for its own
+        submission (which ends the pause at once), doubling its pause from the cycle time up to
+        IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S while others are busy, ``idle_heartbeat_seconds`` while none is. With ops
+        pending and no round agreeing any (peers absent), it paces rounds by polling.stalled_pause."""
         cycle_s = self.config.cycle_time_ms / 1000.0
         with self._cv:
             if self.completion.pending:  # left over: pace cycles so waiting for peers does not spin

@@ -1,10 +1,8 @@
 """Data planes: the interface a frontend implements to move an agreed batch's bytes off MPI's host path.
 
-Negotiation (MPI) decides *what* runs; a data plane moves the bytes. The core knows a plane only through
-``DataPlane`` and the buffers it hands in (``PlaneBuffer``: an opaque framework tensor with its agreed dtype
-name and shape). A request's plane is part of its signature, so every rank agrees on it like on its dtype:
-the engine runs a batch on the plane its requests name, and a rank that named another plane for the same
-tensor gets a mismatch error instead of a hang. ``""`` is the default plane: MPI on host buffers.
+Negotiation (MPI) decides *what* runs; a data plane moves the bytes of the framework tensors handed in
+(``PlaneBuffer``). A request's plane is part of its signature, agreed like its dtype (``""``: MPI on host
+buffers), so a rank that named another plane for the same tensor gets a mismatch error, not a hang.
 """
 from __future__ import annotations
 
@@ -131,16 +129,13 @@ def in_rank_order(boot: Bootstrap, dtype: str, op: ReduceOp) -> bool:
 
 
 def rank_order_allreduce(plane: DataPlane, boot: Bootstrap, flat: Any, op: ReduceOp) -> None:
-    """deterministic=True on a data plane: reduce the 1-D tensor ``flat`` in place across the plane's members
-    in rank order, element by element (engine/deterministic.py's rule, moved by the plane's alltoall and
-    allgather), so its bits depend only on the number of ranks, as on the MPI path."""
+    """deterministic=True on a plane: engine/deterministic.py's rule over the plane's moves, ``flat`` in place."""
     deterministic.plane_allreduce(plane, boot.rank, boot.size, flat, op)
 
 
 def accumulated_allreduce(plane: DataPlane, boot: Bootstrap, flat32: Any, acc: Accumulation, post: float,
                           cast: Callable[[Any, str], Any]) -> Any:
-    """An accumulating compression on a data plane: engine/accumulate.py's rule over the plane's all-to-all
-    and all-gather (see accumulate.plane_allreduce); returns the 1-D result in ``acc.gather``."""
+    """An accumulating compression on a plane: engine/accumulate.py's rule over the plane's moves (1-D result)."""
     return accumulate.plane_allreduce(plane, boot.rank, boot.size, flat32, acc, post, cast)
 
 
@@ -231,9 +226,8 @@ class PlaneTable:
 
     def close(self, clean: bool = True) -> None:
         """Close every plane, then let the factories end the job's rendezvous together. After a failure
-        (``clean`` False: a peer may be gone or stuck inside a plane's collective) the planes are left as they
-        are until the process exits: closing them, or waiting for the peers, could block forever; each is
-        only told to ``abandon()`` what it can release alone (an NCCL communicator is aborted)."""
+        (``clean`` False: a peer may be gone or stuck) closing could block forever: each plane only
+        ``abandon()``s what it can release alone and is kept until the process exits."""
         if not clean:
             for plane in self._planes.values():
                 plane.abandon()

@@ -12,11 +12,7 @@ from .requests import Request, Response
 
 
 class Stop(Exception):
-    """Ends the engine loop: the job is shutting down (a rank called shutdown() or exited)."""
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0])
+    """Ends the engine loop: the job is shutting down (a rank called shutdown() or exited); str() says why."""
 
 
 class Wedged(Stop):
