@@ -13,8 +13,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import polling
-
 _TAG = 0x5ADA
 
 
@@ -47,11 +45,12 @@ class LevelComms:
 
 
 def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tuple[int, int]],
-           sum_op: Any, float64: Any, count_call: Callable[[], None]) -> None:
+           sum_op: Any, float64: Any, wait: Callable[[Any], None]) -> None:
     """Adasum-reduce ``buf`` (float32 or float64, 1-D, identical length on every rank) in place.
 
     ``bounds`` lists each tensor's [start, end) in ``buf``; each is combined as its own vector. ``sum_op`` and
-    ``float64`` (MPI's datatype) sum the dot products and norms over each level's ranks.
+    ``float64`` (MPI's datatype) sum the dot products and norms over each level's ranks; ``wait`` completes
+    one MPI request (the executor's, which counts the calls).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     lo, hi = 0, buf.size
@@ -66,14 +65,12 @@ def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tupl
         give_lo, give_hi = (mid, hi) if left else (lo, mid)
         for request in (comm.Isend(buf[give_lo:give_hi], neighbour, _TAG + level),
                         comm.Irecv(recv[keep_lo:keep_hi], neighbour, _TAG + level)):
-            polling.wait(request)
-        count_call()
+            wait(request)
         mine, theirs = buf[keep_lo:keep_hi], recv[keep_lo:keep_hi]
         a, b = (mine, theirs) if left else (theirs, mine)
         parts = _partials(a, b, keep_lo, bounds)
         totals = np.empty_like(parts)
-        polling.wait(level_comms[level].Iallreduce([parts, float64], [totals, float64], sum_op))
-        count_call()
+        wait(level_comms[level].Iallreduce([parts, float64], [totals, float64], sum_op))
         _combine(a, b, mine, keep_lo, bounds, totals)
         history.append((neighbour, left, lo, mid, hi))
         lo, hi = keep_lo, keep_hi
@@ -85,8 +82,7 @@ def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tupl
         (keep_lo, keep_hi), (other_lo, other_hi) = ((lo, mid), (mid, hi)) if left else ((mid, hi), (lo, mid))
         for request in (comm.Isend(buf[keep_lo:keep_hi], neighbour, _TAG + 64 + level),
                         comm.Irecv(buf[other_lo:other_hi], neighbour, _TAG + 64 + level)):
-            polling.wait(request)
-        count_call()
+            wait(request)
 
 
 def _overlaps(lo: int, hi: int, bounds: list[tuple[int, int]]) -> list[tuple[int, int, int]]:

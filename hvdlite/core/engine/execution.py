@@ -66,9 +66,6 @@ class Executor:
         if op is Average:
             post = average_scale(post, self.size_of(first.sig.ps_id))
         if first.sig.extra is not None:  # an accumulating compression: its own Iallreduce applies the factors
-            dtypes = {item.dtype: None for item in items}
-            if len(dtypes) > 1:  # fusion off: one batch of a grouped op's tensors; one dtype at a time
-                return [pair for dtype in dtypes for pair in self._allreduce([i for i in items if i.dtype == dtype])]
             accumulating = accumulate.batch_comm(comm, self.ops, items[0].dtype, first.sig.extra, pre, post)
             if accumulating is not None:
                 comm, pre, post = accumulating, 1.0, 1.0
@@ -112,7 +109,7 @@ class Executor:
         for item in items:
             self.timeline.begin(item.resp.name, "ADASUM_ALLREDUCE")
         adasum.reduce(comm, self.adasum_levels.levels(comm), buf, bounds, self.ops.op("float64", Sum),
-                      self.ops.datatypes["float64"], self._count_call)
+                      self.ops.datatypes["float64"], self._wait)
         if post != 1.0:
             buf *= work(post)
         for item, (lo, hi) in zip(items, bounds):
@@ -124,15 +121,6 @@ class Executor:
             else:
                 np.copyto(item.dst.reshape(-1), out)
         return [(item, item.dst) for item in items]
-
-    def _count_call(self) -> None:
-        self.mpi_calls += 1
-
-    def _reduce_small(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
-        """A lone small tensor needs no fusion buffer (and no copies); several share one MPI call."""
-        if len(items) > 1:
-            return self._reduce_fused(comm, items, op, pre, post)
-        self._reduce_direct(comm, items[0], op, pre, post)
 
     def _reduce_direct(self, comm: Any, item: Item, op: ReduceOp, pre: float, post: float) -> None:
         tl = self.timeline
@@ -171,9 +159,11 @@ class Executor:
             self._fusion = np.empty(max(nbytes, self.fusion_threshold_bytes), dtype=np.uint8)
         return self._fusion[:nbytes]
 
-    def _reduce_fused(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
-        """Pack, reduce with as few MPI calls as the chunk size allows, unpack. When no item has an output yet
-        (out-of-place ops) the packed block itself becomes the outputs: each result is a view of it."""
+    def _reduce_small(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
+        """Pack, reduce with as few MPI calls as the chunk size allows, unpack (a lone tensor: no packing). When no
+        item has an output yet (out-of-place ops) the packed block itself becomes the outputs: views of it."""
+        if len(items) == 1:
+            return self._reduce_direct(comm, items[0], op, pre, post)
         tl = self.timeline
         tracing = tl.enabled
         dtype = items[0].dtype

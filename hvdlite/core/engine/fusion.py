@@ -89,8 +89,11 @@ def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold_byt
                 batch.append(item)
                 if capped:
                     filled[key] += nbytes
-        else:
-            order.append([Item(resp, req, i) for i in range(len(keys))])
+        else:  # fusion off: a grouped op's tensors, one batch per key (a reduction's per dtype)
+            groups: dict[tuple[Any, ...], list[Any]] = {}
+            for index, key in enumerate(keys):
+                groups.setdefault(key, []).append(Item(resp, req, index))
+            order += groups.values()
     return order
 
 

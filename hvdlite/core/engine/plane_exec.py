@@ -68,13 +68,6 @@ class PlaneExecutor:
             raise NotImplementedError("hvd.Adasum runs on MPI host buffers only; reduce these tensors with "
                                       "hvd.Average or hvd.Sum, or move them to the CPU")
         post = average_scale(sig.postscale, self._size(batch)) if op is Average else sig.postscale
-        if type(sig.extra) is Accumulation and any(item.dtype != batch[0].dtype for item in batch):
-            # fusion off: one batch of a grouped op's tensors; one dtype at a time, as on the MPI path
-            done: dict[int, Any] = {}
-            for dtype in {item.dtype: None for item in batch}:
-                part = [item for item in batch if item.dtype == dtype]
-                done.update(zip(map(id, part), self._allreduce(plane, part)))
-            return [done[id(item)] for item in batch]
         outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
         if type(sig.extra) is Accumulation and batch[0].dtype in ACCUMULABLE_DTYPES:  # engine/accumulate.py's rule
             return plane.allreduce_accumulated(self._payloads(batch), outputs, batch[0].dtype, sig.extra,
