@@ -23,7 +23,6 @@ from .completion import Completion, VerdictNames
 from .execution import Executor
 from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
-from .presence import Presence
 from .negotiation import FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE
 from .vote import uncached_flags
 from .cache import ResponseCache
@@ -31,7 +30,7 @@ from .chunks import start_allreduce
 from .observers import CycleObserver
 from .psets import Registry, Scope
 from .requests import Kind, Request
-from .stalls import Stop, Watchdog, Wedged
+from .stalls import Presence, Stop, Watchdog, Wedged
 from .timeline import Timeline, negotiate_activity
 
 

@@ -23,7 +23,7 @@ ARRIVAL_SPIN_S = 0.002
 #: Whether the last arrival wait ended within ARRIVAL_SPIN_S: only then does the next one spin that long.
 _arrivals_prompt = True
 #: A wait for absent peers looks again at most every LONG_WAIT_RATE * waited**2 s, up to LONG_WAIT_CAP_S (within
-#: presence.GRACE_S): a peer that comes after t seconds is seen at most LONG_WAIT_RATE * t seconds late.
+#: stalls.GRACE_S): a peer that comes after t seconds is seen at most LONG_WAIT_RATE * t seconds late.
 LONG_WAIT_RATE = 0.02
 LONG_WAIT_CAP_S = 0.5
 #: Per engine thread: what runs between the polls of every wait with the seconds waited so far (answering presence
