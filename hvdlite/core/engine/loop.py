@@ -285,19 +285,18 @@ class Engine:
             self._idle_pause = 0.0  # this rank's own work: its next idle pause starts at the cycle time again
             if not pending:  # its waits for peers count from here, not from the last op before an idle spell
                 self._agreed_at = self._last_cycle
-        for req in new:
-            pending[req.key] = req
-            if req.sig.kind is Kind.JOIN:
-                self.join_cycle = self.cycles
-            if tracing:
-                self.timeline.begin(req.name, negotiate_activity(req.sig.kind, req.sig.op), kind=req.sig.kind.label)
+        pending.update([(req.key, req) for req in new])
+        for req in new if tracing else ():
+            self.timeline.begin(req.name, negotiate_activity(req.sig.kind, req.sig.op), kind=req.sig.kind.label)
         self.timeline.cycle(self.cycles)
 
         flags = FLAG_SHUTDOWN | FLAG_EXPLAIN if shutdown else 0
         cache = self.cache
         mine = bits.add(new, pending)
-        if bits.uncached:
+        if bits.uncached:  # (a join is never cached)
             flags |= uncached_flags(pending, self.scope.agrees)
+            if any(req.sig.kind is Kind.JOIN for req in new):
+                self.join_cycle = self.cycles
         if self.watchdog.check_due(pending.values()) or self.join_cycle >= 0:
             flags |= FLAG_EXPLAIN
         if pending:

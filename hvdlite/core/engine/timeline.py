@@ -66,7 +66,7 @@ class Timeline:
         self._stop_flushing.set()
         if self._file is None:
             return
-        now = self._now()
+        now = self.now()
         for name in list(self._open):  # close phases left open so the trace stays well formed
             self._write({"ph": "E", "ts": now, "pid": self._rows[name], "tid": 0})
         self._file.write(json.dumps({"name": "timeline_end", "ph": "i", "ts": now, "pid": 0, "tid": 0,
@@ -76,20 +76,19 @@ class Timeline:
         self.enabled = False
         self._open.clear()
 
-    def now(self) -> float:
-        """Microseconds since the timeline's origin, as its events are stamped."""
-        return self._now()
-
     def counter(self, name: str, ts: float, values: dict[str, Any]) -> None:
         """A counter event (one line per key in the trace viewer) at time ``ts`` (from ``now()``)."""
-        if not self.enabled:
-            return
+        if self.enabled:
+            self._emit({"name": name, "ph": "C", "ts": ts, "pid": 0, "tid": 0, "args": values})
+
+    def now(self) -> float:
+        """Microseconds since the timeline's origin, as its events are stamped."""
+        return round((time.perf_counter() - self._t0) * 1e6, 3)
+
+    def _emit(self, event: dict[Any, Any]) -> None:
         with self._lock:
             if self._file is not None:
-                self._write({"name": name, "ph": "C", "ts": ts, "pid": 0, "tid": 0, "args": values})
-
-    def _now(self) -> float:
-        return round((time.perf_counter() - self._t0) * 1e6, 3)
+                self._write(event)
 
     def _write(self, event: dict[Any, Any]) -> None:
         assert self._file is not None
@@ -113,8 +112,8 @@ class Timeline:
                 return
             row = self._row(name)
             if name in self._open:
-                self._write({"ph": "E", "ts": self._now(), "pid": row, "tid": 0})
-            event = {"name": phase, "ph": "B", "ts": self._now(), "pid": row, "tid": 0}
+                self._write({"ph": "E", "ts": self.now(), "pid": row, "tid": 0})
+            event = {"name": phase, "ph": "B", "ts": self.now(), "pid": row, "tid": 0}
             if args:
                 event["args"] = args
             self._write(event)
@@ -126,12 +125,9 @@ class Timeline:
         with self._lock:
             if self._file is None or self._open.pop(name, None) is None:
                 return
-            self._write({"ph": "E", "ts": self._now(), "pid": self._rows[name], "tid": 0})
+            self._write({"ph": "E", "ts": self.now(), "pid": self._rows[name], "tid": 0})
 
     def cycle(self, number: int) -> None:
-        if not (self.enabled and self.mark_cycles):
-            return
-        with self._lock:
-            if self._file is not None:
-                self._write({"name": "CYCLE_START", "ph": "i", "ts": self._now(), "pid": 0, "tid": 0,
-                             "s": "g", "args": {"cycle": number}})
+        if self.enabled and self.mark_cycles:
+            self._emit({"name": "CYCLE_START", "ph": "i", "ts": self.now(), "pid": 0, "tid": 0, "s": "g",
+                        "args": {"cycle": number}})
