@@ -138,10 +138,7 @@ class Completion:
         if self.timeline.enabled:
             self.timeline.end(req.name)
         self.inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
-        if error is not None:
-            req.set_error(error)
-        else:
-            req.set_result(result)
+        req.settle(result, error)
 
     def take_all(self) -> list[Request]:
         """Every pending request, the tables emptied (the engine's end: it fails them). Under the engine's lock."""

@@ -37,22 +37,14 @@ class Handle:
         self._finalize = finalize
         self._value: Any = value  # what wait() returns once the op succeeded (see returning()), else UNSET
 
-    def set_result(self, result: Any) -> None:
+    def settle(self, result: Any = None, error: Optional[BaseException] = None) -> None:
+        """Complete the handle with ``result``, or with ``error`` when one is given (once: later calls do nothing)."""
         if not self._done:
-            self._result = result
-            self._complete()
-
-    def set_error(self, error: BaseException) -> None:
-        if not self._done:
-            self._error = error
-            self._complete()
-
-    def _complete(self) -> None:
-        self._done = True
-        waiters = self._waiters
-        if waiters:
-            for lock in list(waiters):
-                lock.release()
+            self._result, self._error, self._done = result, error, True
+            waiters = self._waiters
+            if waiters:
+                for lock in list(waiters):
+                    lock.release()
 
     def done(self) -> bool:
         return self._done

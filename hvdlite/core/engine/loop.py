@@ -171,7 +171,7 @@ class Engine:
             waiting = self.completion.take_all() + list(self._queue)
             self._queue.clear()
         for req in waiting:
-            req.set_error(error)
+            req.settle(error=error)
         self.timeline.stop()
 
     def _failed(self, exc: BaseException) -> None:
