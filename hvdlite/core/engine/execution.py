@@ -169,7 +169,7 @@ class Executor:
         dtype = items[0].dtype
         store = storage_dtype(dtype)
         total = sum(item.src.size for item in items)
-        fresh = [item.dst for item in items].count(None) == len(items)
+        fresh = all([item.dst is None for item in items])  # a list: no generator call per tensor
         buf = aligned_empty((total,), store) if fresh else \
             self._fusion_buffer(total * store.itemsize).view(store)
         self._chunks.clear(item.src for item in items)
