@@ -26,17 +26,15 @@ def start(before_init: Optional[Callable[[str], None]] = None) -> Any:
         import sys
         import mpi4py
         mpi4py.rc.thread_level = "multiple"
-        if "mpi4py.MPI" not in sys.modules and before_init is not None:
-            mpi4py.rc.initialize = False
-            mpi4py.rc.finalize = True  # as if mpi4py had started MPI itself
-            from mpi4py import MPI
+        looking = "mpi4py.MPI" not in sys.modules and before_init is not None
+        if looking:
+            mpi4py.rc.initialize, mpi4py.rc.finalize = False, True  # as if mpi4py had started MPI itself
+        from mpi4py import MPI
+        if before_init is not None and looking:
             before_init(MPI.Get_library_version())
-            if not MPI.Is_initialized():
-                MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        else:
-            from mpi4py import MPI
-            if not MPI.Is_initialized():  # loaded without starting MPI (probe_library, in this process)
-                MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        if not MPI.Is_initialized():  # (also: loaded without starting MPI by probe_library, in this process)
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+            if not looking:
                 atexit.register(finalize)
         _MPI = MPI
     level = _MPI.Query_thread()
