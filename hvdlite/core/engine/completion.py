@@ -75,7 +75,7 @@ class Completion:
                     self.cache.remove_process_set(sig.extra)
                 self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
                 if req is not None:
-                    self.finish(req, result=result)
+                    self.finish(req, result)
                 continue
             if req is None:
                 if not psets.is_member(sig.ps_id):
@@ -107,7 +107,7 @@ class Completion:
                     continue
                 if req.sig.kind.multi_tensor and type(item) is Item:
                     if req.remaining == 1 and req.results is None:  # one tensor: a list only if wait() reads it
-                        self.finish(req, result=[result] if req.reads_result() else None)
+                        self.finish(req, [result] if req.reads_result() else None)
                         continue
                     listed = req.results
                     if listed is None:
@@ -115,9 +115,9 @@ class Completion:
                     listed[item.index] = result
                     req.remaining -= 1
                     if req.remaining == 0:
-                        self.finish(req, result=listed)
+                        self.finish(req, listed)
                 else:
-                    self.finish(req, result=result)
+                    self.finish(req, result)
 
     def _fail_batch(self, batch: list[Any], exc: Exception) -> None:
         """Fail the requests of one batch that raised before or between its MPI calls (alike on every rank)."""
