@@ -62,7 +62,7 @@ class Engine:
         self.psets = process_sets
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
-        self.presence = Presence(presence_comm)
+        self.presence = Presence(presence_comm, mpi_ops)
         self.executor = Executor(mpi_ops, deterministic.comms(process_sets.comm, mpi_ops, config.deterministic),
                                  process_sets.size, config.fusion_threshold_bytes, config.allreduce_chunk_bytes,
                                  timeline, process_sets.members)

@@ -129,14 +129,6 @@ def split_member(comm: Any, member: bool, key: int) -> Optional[Any]:
     return None if sub == _MPI.COMM_NULL else sub
 
 
-def status() -> Any:
-    return _MPI.Status()
-
-
-def ANY_SOURCE() -> int:  # noqa: N802 - MPI's name
-    return int(_MPI.ANY_SOURCE)
-
-
 def abort(code: int = 1) -> None:
     _MPI.COMM_WORLD.Abort(code)
 
@@ -177,6 +169,7 @@ class MPIOps:
         self._builtin = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
         self._bool = {Sum: MPI.LOR, Max: MPI.LOR, Min: MPI.LAND, Product: MPI.LAND}
         self._half: dict[tuple[str, ReduceOp], Any] = {}
+        self._user: dict[Callable[[Any, Any, Any], None], Any] = {}
         for half in HALF_DTYPES:
             for op in (Sum, Min, Max, Product):
                 self._half[(half, op)] = MPI.Op.Create(_half_op(half, numpy_reduction(op)), commute=True)
@@ -196,10 +189,17 @@ class MPIOps:
         """The user-defined MPI ops of float16 and bfloat16, by (dtype, op)."""
         return dict(self._half)
 
+    def user_op(self, function: Callable[[Any, Any, Any], None]) -> Any:
+        """The commutative MPI op of ``function``, made once, freed at shutdown (mpi4py holds few at a time)."""
+        if function not in self._user:
+            self._user[function] = self.MPI.Op.Create(function, commute=True)
+        return self._user[function]
+
     def free(self) -> None:
-        for op in self._half.values():
+        for op in [*self._half.values(), *self._user.values()]:
             op.Free()
         self._half.clear()
+        self._user.clear()
 
 
 def _half_op(kind: str, ufunc: Callable[..., Any]) -> Callable[[Any, Any, Any], None]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import Config
 from ..log import logger
-from . import mpi
+from .mpi import MPIOps
 from .negotiation import Stalled
 from .requests import Request, Response
 
@@ -172,17 +172,16 @@ GRACE_S = 2.0  # how long a prober waits for answers (answering takes one poll o
 class Presence:
     """Answers peers' probes, and probes peers. Used only by the engine thread."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, mpi_ops: MPIOps) -> None:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._ids = itertools.count(1)
         self._sends: list[Any] = []
-        self._status = mpi.status()
-        self._box = np.zeros(1, dtype=np.int64)
+        self._status, self._any = mpi_ops.MPI.Status(), mpi_ops.MPI.ANY_SOURCE
 
     def serve(self) -> None:
         """Answer every probe that has arrived (cheap when none has: one Iprobe)."""
-        while self.comm.Iprobe(source=mpi.ANY_SOURCE(), tag=_PROBE, status=self._status):
+        while self.comm.Iprobe(source=self._any, tag=_PROBE, status=self._status):
             source = self._status.Get_source()
             probe = np.zeros(1, dtype=np.int64)
             self.comm.Recv(probe, source=source, tag=_PROBE)

@@ -154,7 +154,7 @@ class Stragglers:
         """Every rank's summaries (all held ops, the steady ones) reduced to the TOP_RANKS latest of the first
         (latest first), then the latest of the second: one all-reduce of a fixed-size record (_merge)."""
         if self._op is None:
-            self._op = self._mpi.MPI.Op.Create(_merge, commute=True)
+            self._op = self._mpi.user_op(_merge)
             self._type = self._mpi.MPI.DOUBLE.Create_contiguous(4 * (TOP_RANKS + 1)).Commit()
         record = np.array([mine, *[_NONE] * (TOP_RANKS - 1), steady])
         out = np.empty_like(record)
