@@ -8,7 +8,7 @@ import tensorflow as tf
 from hvdlite import core
 from hvdlite.core import ProcessSet, global_process_set
 
-from .mpi_ops import broadcast_, broadcast_group
+from .mpi_ops import broadcast_group
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: ProcessSet = global_process_set,
@@ -19,15 +19,11 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: P
     ``inplace`` is accepted for Horovod compatibility; the values are always assigned in place.
     """
     variables = list(variables)
-    if not variables:
-        return None if tf.executing_eagerly() else tf.no_op()
-    if tf.executing_eagerly():
-        broadcast_(variables, root_rank, process_set=process_set)
-        return None
+    values = broadcast_group(variables, root_rank, process_set=process_set, what="broadcast_variables")
     # in a graph (tf.function or a tf.compat.v1 session), the returned op runs the assignments themselves
-    values = broadcast_group(variables, root_rank, process_set=process_set)
-    return tf.group(*[v.assign(val, read_value=False) if isinstance(v, tf.Variable) else v.assign(val)
-                      for v, val in zip(variables, values)])
+    assigned = [v.assign(val, read_value=False) if isinstance(v, tf.Variable) else v.assign(val)
+                for v, val in zip(variables, values)]
+    return None if tf.executing_eagerly() else tf.group(*assigned)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Optional[str] = None,

@@ -220,15 +220,11 @@ def _allgather_grad(xs: list[tf.Tensor], dys: list[tf.Tensor], process_set: Proc
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Copy ``tensor`` from ``root_rank`` (a rank of the whole job, as in Horovod) to every member."""
-    check_process_set(process_set, "broadcast")
     root = int(root_rank)
-
-    def bcast(array: np.ndarray) -> list[np.ndarray]:
-        return [core.broadcast(array, root, name=name, process_set=process_set)]
 
     @tf.custom_gradient
     def forward(x: tf.Tensor) -> Any:
-        y = _set_shape(run_collective("broadcast", bcast, [x], [x.dtype])[0], x.shape)
+        y = broadcast_group([x], root, name, process_set, "broadcast")[0]
 
         def grad(dy: Any) -> tf.Tensor:
             # Horovod's gradient: the average of the upstream gradients, kept on the root, zero elsewhere.
@@ -254,7 +250,7 @@ def broadcast_group(tensors: Sequence[Any], root_rank: int, name: Optional[str] 
     root = int(root_rank)
 
     def bcast(*arrays: np.ndarray) -> list[np.ndarray]:
-        handles = [core.broadcast_async(a, root, name=None if name is None else f"{name}.{i}",
+        handles = [core.broadcast_async(a, root, name=f"{name}.{i}" if name is not None and len(arrays) > 1 else name,
                                         process_set=process_set) for i, a in enumerate(arrays)]
         return [h.wait() for h in handles]
 
