@@ -108,7 +108,7 @@ def main() -> None:
         if proc.returncode or not lines:
             sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         results.append(json.loads(lines[0][7:]))
-        print(f"# {n} ranks done", file=sys.stderr, flush=True)
+        print(f"# {n} ranks done: {json.dumps(results[-1])}", file=sys.stderr, flush=True)  # kept if a later size fails
     print(json.dumps({"benchmark": "negotiation_scale", "cpus": os.cpu_count(), "launcher": args.launcher,
                       "results": results}, indent=1))
 
