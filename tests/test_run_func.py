@@ -87,9 +87,9 @@ def test_run_without_hvd_init_and_by_reference(nproc: int) -> None:
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"np": 2, "num_proc": 3}, "hvdlite.run: num_proc=3 and np=2 disagree; give one of them"),
-    ({"np": 2, "min_np": 1}, "hvdlite.run: min_np: elastic training is not available in hvdlite yet"),
+    ({"np": 2, "min_np": 1}, "hvdlite.run: min_np: no elastic form: use hvdlite-run --min-np/--max-np"),
     ({"np": 2, "max_num_proc": 4, "reset_limit": 1},
-     "hvdlite.run: max_num_proc, reset_limit: elastic training is not available in hvdlite yet"),
+     "hvdlite.run: max_num_proc, reset_limit: no elastic form: use hvdlite-run --min-np/--max-np"),
     ({"np": 2, "use_gloo": True},
      "hvdlite.run(use_gloo=True): hvdlite-run starts the ranks with MPI only (mpiexec, mpirun or srun); Gloo in "
      "hvdlite (--check-build's \"Gloo\") is torch.distributed's gloo, which carries hvdlite.torch's CPU tensors "

@@ -119,7 +119,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dic
                "reset_limit": reset_limit, "cooldown_range": cooldown_range, "min_np": min_np, "max_np": max_np}
     given = [name for name, value in elastic.items() if value is not None]
     if given:
-        raise ValueError(f"hvdlite.run: {', '.join(given)}: elastic training is not available in hvdlite yet")
+        raise ValueError(f"hvdlite.run: {', '.join(given)}: no elastic form: use hvdlite-run --min-np/--max-np")
     if hosts is not None and hostfile is not None:
         raise ValueError("hvdlite.run: give hosts or hostfile, not both")
     if use_gloo:
