@@ -55,13 +55,8 @@ BENCHMARKS: tuple[Bench, ...] = (
           "Allreduce), per tensor, gloo and Horovod",
           smoke=("--scale", "0.0005", "--reps", "2", "--warmup", "1", "--hvd-module", "hvdlite.torch"), peer="module"),
     Bench("train_throughput", "torch training samples/s (ResNet-50, a transformer): hvdlite against one process, "
-          "DDP, Horovod and the machine's own limit", ("--np", "{np}", "--frameworks", "torch"),
-          ("--np", "{np}", "--frameworks", "torch", "--tiny", "--steps", "2", "--rounds", "1", "--warmup", "1",
-           "--models", "transformer", "--hvd-module", "hvdlite.torch"), ranks=None, peer="module"),
-    Bench("train_throughput_keras", "Keras training samples/s: hvdlite against one process and the machine's own "
-          "limit", ("--np", "{np}", "--frameworks", "keras"),
-          ("--np", "{np}", "--frameworks", "keras", "--tiny", "--steps", "2", "--rounds", "1", "--warmup", "1",
-           "--models", "transformer"), ranks=None, script="benchmarks/train_throughput.py"),
+          "DDP, Horovod and the machine's own limit", smoke=("--tiny", "--steps", "2", "--rounds", "1", "--warmup",
+          "1", "--models", "transformer", "--hvd-module", "hvdlite.torch"), peer="module"),
     Bench("synthetic_vs_horovod", "examples/pytorch_synthetic_benchmark.py's img/s with hvdlite.torch against "
           "Horovod, alternating launches", ("--np", "{np}"),
           ("--np", "{np}", "--rounds", "1", "--peer-module", "hvdlite.torch", "--", "--model", "resnet18",

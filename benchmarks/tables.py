@@ -1,7 +1,7 @@
 """The benchmarks' figures as Markdown tables, from the JSON lines of a run (python -m benchmarks prints them).
 
 Run: python benchmarks/tables.py [--results benchmarks/results]
-Reads grad_sync, train_throughput(_keras), small_ops, peak_rss and synthetic_vs_horovod's .json (any may be missing).
+Reads grad_sync, train_throughput, small_ops, peak_rss and synthetic_vs_horovod's .json (any may be missing).
 """
 from __future__ import annotations
 
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default=str(HERE / "results"), help="folder with the JSON-line files")
     folder = Path(p.parse_args(argv).results)
-    train = load(folder / "train_throughput.json") + load(folder / "train_throughput_keras.json")
-    print(markdown_tables(load(folder / "grad_sync.json"), train, load(folder / "small_ops.json")))
+    print(markdown_tables(load(folder / "grad_sync.json"), load(folder / "train_throughput.json"),
+                          load(folder / "small_ops.json")))
     print(more_tables(load(folder / "peak_rss.json"), load(folder / "synthetic_vs_horovod.json")))
 
 

@@ -1,35 +1,25 @@
-"""Training throughput on synthetic data (like Horovod's synthetic benchmark): hvdlite against torch DDP.
+"""torch training throughput on synthetic data (like Horovod's synthetic benchmark): hvdlite against DDP and Horovod.
 
-Run:   python benchmarks/train_throughput.py --np 2 [--out benchmarks/results/train_throughput.json]
-Smoke: python benchmarks/train_throughput.py --np 2 --tiny
+Run:   mpiexec -n 2 python benchmarks/train_throughput.py [--out benchmarks/results/train_throughput.json]
+Smoke: mpiexec -n 2 python benchmarks/train_throughput.py --tiny
 
-The command launches what it needs itself: one ``mpiexec -n NP`` job for torch, one for Keras. Within a job
-the methods run interleaved, a round of --steps steps each, so that load from elsewhere hits all alike:
-  torch  single       one process, no communication (rank 0 alone; the other ranks wait without spinning)
-         independent  every rank trains its own copy at once, no communication: the machine's own limit
-                      (hw_scaling.py's measure, here interleaved with the others in the same run)
-         hvdlite      hvdlite.torch DistributedOptimizer at NP ranks
-         ddp          torch DistributedDataParallel over gloo at NP ranks (no buffer broadcast per step: like
-                      Horovod, only gradients are averaged)
-         hvd_module   --hvd-module NAME's DistributedOptimizer (e.g. horovod.torch), if given
-  keras  single       model.fit on one process
-         independent  model.fit on every rank at once, no communication
-         hvdlite      model.fit with hvdlite.tensorflow.keras DistributedOptimizer at NP ranks
-Models: a ResNet-50 (plain torch / keras.applications) on 64x64 images, and a small BERT-style transformer
-(4 layers, width 256, sequence 64). Each rank uses --threads threads (default: cores // NP, at least 1),
-and so does the single-process baseline. Reported per method: samples/s over all ranks (median round),
-scaling efficiency = throughput(NP) / (NP x throughput(1)); of_machine = a method's throughput / independent's
-(its scaling efficiency as a fraction of the machine's own, the target's ">= 0.95 of what two independent
-trainings reach"); for torch the ratios hvdlite / ddp and hvdlite / hvd_module.
-A framework this Python cannot import (TensorFlow in the Horovod virtualenv) is skipped with a message on
-stderr and a ``kind: skipped`` line; mpiexec is the one beside this Python when there is one.
+The methods run interleaved, a round of --steps steps each, so that load from elsewhere hits all alike:
+  single       one process, no communication (rank 0 alone; the other ranks wait without spinning)
+  independent  every rank trains its own copy at once, no communication: the machine's own limit
+  hvdlite      hvdlite.torch DistributedOptimizer
+  ddp          torch DistributedDataParallel over gloo (no buffer broadcast per step: like Horovod, only
+               gradients are averaged)
+  hvd_module   --hvd-module NAME's DistributedOptimizer (e.g. horovod.torch), if given
+Models: a ResNet-50 on 64x64 images, and a small BERT-style transformer (4 layers, width 256, sequence 64). Each
+rank uses --threads threads (default: cores // ranks), and so does the single-process baseline. Reported per
+method: samples/s over all ranks (median round), scaling efficiency = throughput(N) / (N x throughput(1)),
+of_machine = a method's throughput / independent's, and the ratios hvdlite / ddp and hvdlite / hvd_module.
+lab/keras_throughput.py is the same measure for Keras.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,84 +29,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
 
-HERE = Path(__file__).resolve()
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--np", type=int, default=2, help="ranks of the distributed runs")
     p.add_argument("--models", default="resnet50,transformer", help="comma-separated: resnet50, transformer")
-    p.add_argument("--keras-models", default="", help="models of the Keras runs (default: --models)")
-    p.add_argument("--frameworks", default="torch,keras", help="comma-separated: torch, keras")
     p.add_argument("--batch", type=int, default=0, help="samples per rank per step (default: per model)")
     p.add_argument("--image-size", type=int, default=64, help="ResNet input resolution")
     p.add_argument("--seq-len", type=int, default=64, help="transformer sequence length")
     p.add_argument("--steps", type=int, default=3, help="steps per timed round")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per method (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per method first")
-    p.add_argument("--threads", type=int, default=0, help="torch/TF threads per rank (default cores // np)")
+    p.add_argument("--threads", type=int, default=0, help="torch/TF threads per rank (default cores // ranks)")
     p.add_argument("--tiny", action="store_true", help="tiny models and sizes, for smoke tests")
     p.add_argument("--hvd-module", default="", help="a Horovod-compatible torch module to measure too")
     p.add_argument("--hvd-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="hvdlite init() setting, e.g. cycle_time_ms=0.5 (repeatable)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds allowed per mpiexec job")
     p.add_argument("--out", default="", help="also write the JSON lines to this file")
-    p.add_argument("--worker", choices=("torch", "keras"), default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
-def default_threads(args: argparse.Namespace) -> int:
-    return args.threads or max(1, (os.cpu_count() or 1) // max(1, args.np))
+def default_threads(args: argparse.Namespace, ranks: int) -> int:
+    return args.threads or max(1, (os.cpu_count() or 1) // ranks)
 
 
 def default_batch(args: argparse.Namespace, model: str) -> int:
     return args.batch or (2 if args.tiny else 16)
-
-
-# -- launcher -----------------------------------------------------------------------------------------
-def launch(args: argparse.Namespace, argv: list[str]) -> int:
-    output = _common.Output(0, args.out)
-    records: list[dict[str, Any]] = []
-    status = 0
-    for framework in [f for f in args.frameworks.split(",") if f]:
-        missing = _missing_framework(framework)
-        if missing:
-            message = (f"skipping the {framework} runs: {missing} is not importable by {sys.executable} "
-                       f"(run them with a Python that has it, e.g. --frameworks {framework} from the system Python)")
-            print(message, file=sys.stderr, flush=True)
-            output.emit({"bench": "train_throughput", "framework": framework, "kind": "skipped", "reason": message})
-            continue
-        cmd = [_common.mpiexec_beside(), "-n", str(args.np), sys.executable, str(HERE), *argv, "--worker", framework]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_common.ROOT), env.get("PYTHONPATH")]))
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-        except subprocess.TimeoutExpired:
-            output.emit({"bench": "train_throughput", "framework": framework, "kind": "error",
-                         "error": f"timed out after {args.timeout} s"})
-            status = 1
-            continue
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                records.append(record)
-                output.emit(record)
-        if proc.returncode != 0:
-            status = proc.returncode
-            output.emit({"bench": "train_throughput", "framework": framework, "kind": "error",
-                         "returncode": proc.returncode, "stderr_tail": proc.stderr[-3000:]})
-    output.close()
-    return status
-
-
-def _missing_framework(framework: str) -> str:
-    """The module a framework's worker needs that this Python cannot import ('' when all are there)."""
-    import importlib.util
-    for module in {"torch": ("torch",), "keras": ("tensorflow", "keras")}.get(framework, ()):
-        if importlib.util.find_spec(module) is None:
-            return module
-    return ""
 
 
 # -- shared worker pieces ------------------------------------------------------------------------------
@@ -214,11 +151,11 @@ def torch_worker(args: argparse.Namespace) -> None:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    threads = default_threads(args)
+    threads = default_threads(args, size)
     torch.set_num_threads(threads)
     _common.init_gloo(comm)
     module = _common.load_hvd_module(args.hvd_module) if args.hvd_module else None
-    output = _common.Output(rank, None)
+    output = _common.Output(rank, args.out)
     output.emit(_common.machine_info("train_throughput", size, framework="torch", threads_per_rank=threads,
                                      steps=args.steps, rounds=args.rounds, warmup=args.warmup,
                                      image_size=args.image_size, seq_len=args.seq_len, tiny=args.tiny))
@@ -285,6 +222,7 @@ def torch_worker(args: argparse.Namespace) -> None:
             output.emit(record)
         del methods, single_model, hvd_model, hvd_opt, ddp_model
     output.emit({"bench": "train_throughput", "framework": "torch", "kind": "done"})
+    output.close()
     dist.destroy_process_group()
     hvd.shutdown()
 
@@ -298,19 +236,7 @@ def ddp_no_buffer_sync() -> dict[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.worker == "torch":
-        torch_worker(args)
-    elif args.worker == "keras":
-        from train_keras import keras_worker
-        keras_worker(args)
-    else:
-        forward = [a for a in argv if not a.startswith("--out")]
-        if "--out" in argv:  # drop "--out PATH" (the launcher writes the file)
-            i = argv.index("--out")
-            forward = argv[:i] + argv[i + 2:]
-        return launch(args, forward)
+    torch_worker(parse_args(argv))
     return 0
 
 

@@ -27,7 +27,7 @@ BENCH = ROOT / "benchmarks"
 LAB = BENCH / "lab"
 Records = Any  # list[dict] of JSON lines, or one JSON object (negotiation_scale's)
 #: files of benchmarks/ that are no benchmark of the registry themselves (helpers, the tables, the runner)
-HELPERS = frozenset({"__init__", "__main__", "_common", "registry", "shapes", "tables", "train_keras"})
+HELPERS = frozenset({"__init__", "__main__", "_common", "registry", "shapes", "tables"})
 #: the lab scripts smoked here (the cheap ones): ranks of mpiexec (None: the script starts its own jobs), arguments
 LAB_SMOKE: dict[str, tuple[Any, tuple[str, ...]]] = {
     "latency_breakdown": (2, ("--ops", "20")),
@@ -38,6 +38,7 @@ LAB_SMOKE: dict[str, tuple[Any, tuple[str, ...]]] = {
     "negotiation_scale": (None, ("--sizes", "2", "--tensors", "2", "--steps", "3")),
     "profile_step": (2, ("--model", "transformer", "--batch", "2", "--rounds", "1")),
     "hw_scaling": (2, ("--tiny", "--steps", "1", "--rounds", "1")),
+    "keras_throughput": (2, ("--tiny", "--steps", "2", "--rounds", "1", "--warmup", "1", "--models", "transformer")),
     "gpu_overhead": (1, ("--rounds", "1")),
     "zero_memory": (None, ("--ranks", "1,2", "--scale", "0.001", "--steps", "1", "--timeout", "240")),
 }
@@ -156,8 +157,6 @@ def test_the_entry_point_plans_every_suite_with_and_without_a_horovod_venv(tmp_p
     for name in ("small_ops", "grad_sync", "train_throughput"):
         assert f"{venv}/bin/python" in lines[name] and lines[name].endswith("--hvd-module horovod.torch"), lines[name]
     assert lines["small_ops"].startswith(f"{venv}/bin/mpiexec -n 2 ")
-    assert lines["train_throughput_keras"].startswith(f"{sys.executable} ")
-    assert "--hvd-module" not in lines["train_throughput_keras"]
     for name in ("peak_rss", "synthetic_vs_horovod"):
         assert lines[name].endswith(f"--horovod-venv {venv}"), lines[name]
     assert f"--hvdlite-path {ROOT} " in lines["peak_rss"]
@@ -324,7 +323,7 @@ def check_train_throughput(framework: str, records: Records) -> None:
 
 
 check("train_throughput")(lambda records, _: check_train_throughput("torch", records))
-check("train_throughput_keras")(lambda records, _: check_train_throughput("keras", records))
+check("keras_throughput")(lambda records, _: check_train_throughput("keras", records))
 
 
 def test_tables_regenerate_from_json() -> None:

@@ -1,19 +1,28 @@
-"""The Keras half of train_throughput.py: model.fit alone, on every rank alone, and with hvdlite's DistributedOptimizer.
+"""Keras training samples/s: model.fit alone, on every rank alone, and with hvdlite's DistributedOptimizer.
 
-Run through ``python benchmarks/train_throughput.py --np 2`` (it launches this worker under mpiexec).
+Run:   mpiexec -n 2 python benchmarks/lab/keras_throughput.py [--tiny] (train_throughput.py's flags and records)
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-import _common
-from train_throughput import default_batch, default_threads, run_rounds, summarize
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common  # noqa: E402
+from train_throughput import default_batch, default_threads, parse_args, run_rounds, summarize  # noqa: E402
 
 
 def keras_worker(args: argparse.Namespace) -> None:
-    threads = default_threads(args)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    threads = default_threads(args, size)
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -22,14 +31,11 @@ def keras_worker(args: argparse.Namespace) -> None:
     import hvdlite.tensorflow.keras as hvd
     BatchTimer = _batch_timer_class()
     hvd.init(**_common.parse_settings(args.hvd_setting))
-    from mpi4py import MPI
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    output = _common.Output(rank, None)
+    output = _common.Output(rank, args.out)
     output.emit(_common.machine_info("train_throughput", size, framework="keras", keras=keras.__version__,
                                      tensorflow=tf.__version__, threads_per_rank=threads, steps=args.steps,
                                      rounds=args.rounds, warmup=args.warmup, tiny=args.tiny))
-    for model_name in [m for m in (args.keras_models or args.models).split(",") if m]:
+    for model_name in [m for m in args.models.split(",") if m]:
         batch = default_batch(args, model_name)
         rng = np.random.default_rng(1234 + rank)
         if model_name == "resnet50":
@@ -84,6 +90,7 @@ def keras_worker(args: argparse.Namespace) -> None:
         for record in summarize("keras", model_name, batch, size, times, args.steps, {"single"}, extra):
             output.emit(record)
     output.emit({"bench": "train_throughput", "framework": "keras", "kind": "done"})
+    output.close()
     hvd.shutdown()
 
 
@@ -127,3 +134,7 @@ def keras_transformer(keras: Any, vocab: int, seq: int, hidden: int, layers: int
         h = keras.layers.LayerNormalization(epsilon=1e-12)(h + ff)
     pooled = keras.layers.Dense(hidden, activation="tanh")(h[:, 0])
     return keras.Model(ids, keras.layers.Dense(10)(pooled))
+
+
+if __name__ == "__main__":
+    keras_worker(parse_args())
