@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     _timed(loop.Engine, "_cycle", before="cycle_start")
     _timed(loop.Engine, "_allreduce_or", before="negotiation_start", after="negotiation_end")
     _timed(completion.Completion, "_run_work", before="data_start", when=lambda work: bool(work))
-    _timed(handles.Handle, "_complete", before="completed")
+    _timed(handles.Handle, "settle", before="completed")
     hvd.init()
     output = _common.Output(hvd.rank(), args.out)
     output.emit(_common.machine_info("latency_breakdown", hvd.size(), ops=args.ops, elems=args.elems))
