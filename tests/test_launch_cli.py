@@ -418,10 +418,10 @@ def test_output_filename_logs_the_sentinel_line_of_a_killed_rank(tmp_path: Path)
 
 
 def test_rank_labels_are_padded_as_horovodrun() -> None:
-    from hvdlite.run.rank_output import rank_label
-    assert [rank_label(r, 12) for r in (0, 3, 11)] == ["00", "03", "11"]
-    assert [rank_label(r, 10) for r in (0, 9)] == ["0", "9"]
-    assert rank_label(0, 1) == "0" and rank_label(7, 101) == "007"
+    from hvdlite.run.sentinel import padded_rank
+    assert [padded_rank(r, 12) for r in (0, 3, 11)] == ["00", "03", "11"]
+    assert [padded_rank(r, 10) for r in (0, 9)] == ["0", "9"]
+    assert padded_rank(0, 1) == "0" and padded_rank(7, 101) == "007"
 
 
 def test_prefix_output_with_timestamp(tmp_path: Path) -> None:

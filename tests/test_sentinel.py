@@ -1,8 +1,9 @@
 """hvdlite-run's per-rank sentinel on its own (no MPI): exit codes, the line naming the rank, signal
-forwarding, the program dying with it, and what it imports."""
+forwarding, the program dying with it, --exec with the output files, and what it imports."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,10 +19,10 @@ from hvdlite.run.commands import SENTINEL
 HOST = os.uname().nodename
 
 
-def sentinel(program: list, env: dict, **kwargs: object) -> subprocess.Popen:
+def sentinel(program: list, env: dict, flags: tuple = (), **kwargs: object) -> subprocess.Popen:
     full = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK",
                                                                  "SLURM_PROCID")}
-    return subprocess.Popen([sys.executable, "-S", SENTINEL, "--", *program], env={**full, **env}, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-S", SENTINEL, *flags, "--", *program], env={**full, **env}, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -105,6 +106,21 @@ def test_the_program_stops_when_the_sentinels_parent_dies(tmp_path: Path) -> Non
     proc.kill()
     proc.wait()
     assert wait_gone([child, watcher], 10) == [], "the sentinel or its program outlived the daemon that started it"
+
+
+def test_exec_becomes_the_program_and_still_writes_the_output_files(tmp_path: Path) -> None:
+    """--exec (--no-launch-sentinel) with --dir and --timestamp: the program is this process (same pid), its
+    exit code is the process's with no line, and every line, the last one without newline too, is stamped on
+    the console and in DIR/rank.<rank>/."""
+    program = "import os, sys; print(os.getpid()); print('err', file=sys.stderr); sys.stdout.write('end'); sys.exit(5)"
+    proc = sentinel([sys.executable, "-c", program], {"PMI_RANK": "2", "PMI_SIZE": "12"},
+                    ("--exec", "--dir", str(tmp_path), "--timestamp"))
+    code, out, err = finish(proc)
+    stamp = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}\[2\]"
+    assert code == 5 and re.fullmatch(rf"{stamp}<stdout>:{proc.pid}\n{stamp}<stdout>:end", out), out
+    assert re.fullmatch(rf"{stamp}<stderr>:err\n", err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank.02"]
+    assert (tmp_path / "rank.02" / "stdout").read_text() == out and (tmp_path / "rank.02" / "stderr").read_text() == err
 
 
 def test_the_sentinel_imports_neither_hvdlite_nor_numpy() -> None:

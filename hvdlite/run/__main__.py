@@ -7,8 +7,8 @@ from typing import Mapping, Optional, Sequence
 
 from ..core.launch import Config, environ, launcher_mismatch
 from .args import env_assignments, is_elastic, jsrun_refusal, no_effect_warnings, parse_args, tuning_environment
-from .commands import (Plan, build_command, child_environment, format_command, is_root, output_wrapper,
-                       resolve_program, sentinel_wrapper, split_mpi_args, ssh_arguments)
+from .commands import (Plan, build_command, child_environment, format_command, is_root, rank_wrapper,
+                       resolve_program, split_mpi_args, ssh_arguments)
 from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
 from .launchers import (MPICH, SRUN, Launcher, LaunchError, choose_srun_mpi, find_mpi_launcher,
                         find_srun, mpi_library, srun_plugins, srun_version)
@@ -70,10 +70,9 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
         ssh_args = []
     if args.start_timeout is not None and args.start_timeout < 1:
         raise ValueError(f"--start-timeout must be at least 1 second, got {args.start_timeout}")
-    command = output_wrapper(args.output_filename, args.prefix_output_with_timestamp, sys.executable)
     sentinel = getattr(args, "launch_sentinel", None)
     sentinel = Config.setting("launch_sentinel", env) if sentinel is None else sentinel
-    command += sentinel_wrapper(sentinel, sys.executable)  # after the output wrapper: its line is logged too
+    command = rank_wrapper(sentinel, args.output_filename, args.prefix_output_with_timestamp, sys.executable)
     plan = Plan(num_proc=num_proc, command=command + resolve_program(args.command, env), hosts=hosts,
                 extra_env=extra_env,
                 mpi_args=split_mpi_args(args.mpi_args), network_interfaces=list(args.nics or []),

@@ -47,25 +47,21 @@ def ssh_arguments(port: Optional[int], identity_file: Optional[str], start_timeo
     return args
 
 
-def output_wrapper(directory: Optional[str], timestamp: bool, python: str) -> list[str]:
-    """What goes in front of the program for --output-filename / --prefix-output-with-timestamp."""
-    if not directory and not timestamp:
+#: The per-rank wrapper, run by path so that it does not import the hvdlite package (see its docstring).
+SENTINEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sentinel.py")
+
+
+def rank_wrapper(sentinel: bool, directory: Optional[str], timestamp: bool, python: str) -> list[str]:
+    """What goes in front of the program: the sentinel that names a rank a signal kills (launch_sentinel), which
+    also copies the output for --output-filename / --prefix-output-with-timestamp."""
+    if not (sentinel or directory or timestamp):
         return []
-    wrapper = [python, "-m", "hvdlite.run.rank_output"]
+    wrapper = [python, "-S", SENTINEL]
     if directory:
         wrapper += ["--dir", os.path.abspath(directory)]
     if timestamp:
         wrapper.append("--timestamp")
-    return wrapper + ["--"]
-
-
-#: The per-rank sentinel, run by path so that it does not import the hvdlite package (see its docstring).
-SENTINEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sentinel.py")
-
-
-def sentinel_wrapper(enabled: bool, python: str) -> list[str]:
-    """What goes in front of the program so that a rank killed by a signal is named (launch_sentinel)."""
-    return [python, "-S", SENTINEL, "--"] if enabled else []
+    return wrapper + ([] if sentinel else ["--exec"]) + ["--"]
 
 
 def resolve_program(command: Sequence[str], env: Mapping[str, str]) -> list[str]:

@@ -1,21 +1,27 @@
-"""Per-rank sentinel of hvdlite-run: run the rank's program as a child and name the rank if a signal kills it.
+"""Per-rank wrapper of hvdlite-run: name the rank a signal kills, and copy the rank's output to files if asked.
 
-hvdlite-run puts ``python -S .../hvdlite/run/sentinel.py -- PROGRAM ARGS`` in front of every rank's program.
-The program is forked (same argv, environment and open files: the launcher's PMI connection and the console
-reach it unchanged), dies with the sentinel (``PR_SET_PDEATHSIG``), is stopped (SIGTERM) when the launcher's
-daemon dies, and gets the signals launchers send. A death by a signal nobody forwarded (``kill -9``, the OOM
-killer, a crash) and a non-zero exit are reported in one line naming the rank; the exit status passes on
+hvdlite-run puts ``python -S .../hvdlite/run/sentinel.py [--dir DIR] [--timestamp] [--exec] -- PROGRAM ARGS`` in
+front of every rank's program. With --dir (``--output-filename``) or --timestamp, a forked forwarder first takes
+over stdout and stderr: every line goes to the console (after ``<time>[rank]<stdout>:`` with --timestamp) and to
+``DIR/rank.<rank>/stdout`` and ``stderr`` (rank zero-padded so the names sort, as horovodrun). With --exec
+(``--no-launch-sentinel``) this process then becomes the program. Otherwise the program is forked (same argv,
+environment and open files), dies with the sentinel (``PR_SET_PDEATHSIG``), is stopped (SIGTERM) when the
+launcher's daemon dies, and gets the signals launchers send. A death by a signal nobody forwarded (``kill -9``,
+the OOM killer, a crash) and a non-zero exit are reported in one line naming the rank; the exit status passes on
 (128+signal after a signal), so the launcher still stops the other ranks.
 
-Run by path, not with ``-m``, which would import the ``hvdlite`` package (numpy, mpi4py) into a process that
-lives as long as the rank: it imports only the standard library and ``hvdlite.core.launch_check``. Linux only
-(elsewhere the program is simply not killed with a killed sentinel).
+Run by path, not with ``-m`` (which would import numpy and mpi4py into a process that lives as long as the rank):
+it imports only the standard library and ``hvdlite.core.launch_check``. Linux only (elsewhere the program is
+simply not killed with a killed sentinel).
 """
 from __future__ import annotations
 
+import argparse
 import os
+import select
 import signal
 import sys
+import time
 from types import FrameType, ModuleType
 from typing import Any, Callable, Optional, Sequence
 
@@ -93,12 +99,95 @@ def _write(line: str) -> None:
         pass
 
 
+def padded_rank(rank: int, size: Optional[int]) -> str:
+    """The rank, zero-padded to the width of the largest rank (rank.03 of 12 ranks)."""
+    width = len(str(max((size or 1) - 1, 0)))
+    return str(rank).zfill(width)
+
+
+def _forward(sources: dict[int, tuple[str, int, Optional[int]]], rank: int, stamp: bool) -> None:
+    """Copy lines from each pipe (read fd -> stream name, console fd, file fd) until every pipe is closed."""
+    pending = {fd: b"" for fd in sources}
+
+    def emit(fd: int, data: bytes) -> None:
+        name, console, file = sources[fd]
+        if stamp:
+            prefix = f"{time.strftime('%a %b %d %H:%M:%S %Y')}[{rank}]<{name}>:".encode()
+            data = b"".join(prefix + line for line in data.splitlines(keepends=True))
+        for target in (console, file):
+            if target is not None:
+                view = memoryview(data)
+                while view:
+                    try:
+                        view = view[os.write(target, view):]
+                    except OSError:
+                        break
+
+    while pending:
+        ready, _, _ = select.select(list(pending), [], [])
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                if pending[fd]:
+                    emit(fd, pending[fd])
+                del pending[fd]
+                continue
+            data = pending[fd] + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                emit(fd, data[:cut])
+            pending[fd] = data[cut:]
+
+
+def redirect_output(directory: Optional[str], stamp: bool) -> None:
+    """Point stdout and stderr at pipes to a forked forwarder that copies them to the console and the files."""
+    rank, size = launch_check().launcher_rank()
+    rank = 0 if rank is None else rank
+    files: dict[str, Optional[int]] = {"stdout": None, "stderr": None}
+    if directory:
+        folder = os.path.join(directory, f"rank.{padded_rank(rank, size)}")
+        os.makedirs(folder, exist_ok=True)
+        for name in files:
+            files[name] = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pipes = {name: os.pipe() for name in ("stdout", "stderr")}
+    consoles = {"stdout": os.dup(1), "stderr": os.dup(2)}
+    if os.fork() == 0:  # the forwarder: keep only its pipes, the console and the files
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # drain the program's last words after Ctrl-C
+        keep = {pipes[n][0] for n in pipes} | set(consoles.values()) | {f for f in files.values() if f is not None}
+        for fd in range(max(keep) + 1):  # stdin, stdout and stderr included
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.closerange(max(keep) + 1, 65536)
+        try:
+            _forward({pipes[n][0]: (n, consoles[n], files[n]) for n in pipes}, rank, stamp)
+        finally:
+            os._exit(0)
+    for target, name in ((1, "stdout"), (2, "stderr")):
+        os.dup2(pipes[name][1], target)
+    for fd in [*(fd for pair in pipes.values() for fd in pair), *consoles.values(),
+               *(f for f in files.values() if f is not None)]:
+        os.close(fd)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    command = args[1:] if args[:1] == ["--"] else args
+    parser = argparse.ArgumentParser(prog="python -S sentinel.py", allow_abbrev=False)
+    parser.add_argument("--dir", help="also write DIR/rank.<rank>/stdout and stderr")
+    parser.add_argument("--timestamp", action="store_true", help="prefix each line with time, rank, stream")
+    parser.add_argument("--exec", action="store_true", help="become the program instead of watching it")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        _write("usage: python sentinel.py -- PROGRAM [ARGS...]")
-        return 2
+        parser.error("give the program to run after --")
+    if args.dir or args.timestamp:
+        redirect_output(args.dir, args.timestamp)
+    if args.exec:
+        _exec(command, os.getppid(), lambda: None, ())
     state: dict[str, Any] = {"child": 0, "pending": [], "forwarded": set()}
 
     def forward(signum: int, _frame: Optional[FrameType]) -> None:
@@ -152,7 +241,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _exec(command: Sequence[str], parent: int, arm: Callable[[], None], caught: Sequence[int]) -> None:
-    """In the forked child: default signal handling, die with the sentinel, become the program. Never returns."""
+    """In the forked child (or instead of it, --exec): default signal handling, die with the sentinel, become the
+    program. Never returns."""
     try:
         for sig in (*caught, *RESTORED):
             signal.signal(sig, signal.SIG_DFL)
