@@ -27,7 +27,7 @@ def test_every_horovod_log_level(raw: str, name: str, number: int) -> None:
     assert Config.from_env({}, log_level=raw).log_level == name
     before = log.logger.level
     try:
-        log.set_level(raw)
+        log.set_level(Config.from_env({}, log_level=raw).log_level)  # as init() does
         assert log.logger.level == number
         assert logging.getLevelName(number) == ("CRITICAL" if name == "FATAL" else name)
     finally:
