@@ -13,7 +13,7 @@ import numpy as np
 
 from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, scale_inplace
 from . import polling
-from .deterministic import slices
+from .deterministic import exchange, plane_slices, slices
 from .mpi import MPIOps, counts_displacements
 
 
@@ -66,9 +66,8 @@ def allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: str, acc: Accu
               post: float, mpi_ops: MPIOps, wait: Callable[[Any], None]) -> None:
     """``dst`` = ``post`` * the rank-order float32 sum over ``comm`` of every rank's ``pre * src`` rounded to
     the wire dtype, rounded once to the gather dtype (then to ``dtype``); ``src`` may be ``dst`` (in place)."""
-    size, me = comm.Get_size(), comm.Get_rank()
     n = dst.shape[0]
-    counts = slices(n, size)
+    counts = slices(n, comm.Get_size())
     if dtype == acc.wire and pre == 1.0:
         send = src.view(np.uint16)  # already in the wire dtype: its bits go as they are
     elif pre == 1.0:
@@ -76,16 +75,12 @@ def allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: str, acc: Accu
     else:  # Horovod's rounding of a scaled float: float32(double(x) * factor), then the wire's
         wide = from_wire(src, "bfloat16") if dtype == "bfloat16" else src
         send = to_wire((wide.astype(np.float64) * float(pre)).astype(np.float32), acc.wire, True)
-    mine = counts[me]
-    received = np.empty((size, mine), dtype=np.uint16)
     u16 = mpi_ops.datatypes["uint16"]
-    wait(comm.Ialltoallv([send, counts_displacements(counts), u16],
-                         [received, counts_displacements([mine] * size), u16]))
+    received = exchange(comm, send, counts, u16, np.uint16, wait)
     total = from_wire(received[0], acc.wire)
-    if size > 1:
-        term = np.empty(mine, dtype=np.float32)
-        for r in range(1, size):  # rank order, in float32: the only order, so every rank gets the same bits
-            total += from_wire(received[r], acc.wire, out=term)
+    term = np.empty(received.shape[1], dtype=np.float32)
+    for row in received[1:]:  # rank order, in float32: the only order, so every rank gets the same bits
+        total += from_wire(row, acc.wire, out=term)
     scale_inplace(total, "float32", post)
     if acc.gather == "float32":
         datatype, part = mpi_ops.datatypes["float32"], total
@@ -139,17 +134,14 @@ def plane_allreduce(plane: Any, rank: int, size: int, flat32: Any, acc: Accumula
     float32(double(x) * prescale)) is cast to the
     wire dtype, moved by the plane's all-to-all, summed in float32 in rank order, multiplied by ``post`` and
     all-gathered in ``acc.gather`` (returned, 1-D). ``cast(tensor, dtype name)`` is the framework's cast."""
-    n = int(flat32.shape[0])
-    counts = slices(n, size)
-    mine = counts[rank]
-    received = plane.alltoall(cast(flat32, acc.wire), counts, [mine] * size)
-    total = cast(received[0:mine], "float32")
-    for r in range(1, size):  # rank order, in float32
-        total += cast(received[r * mine:(r + 1) * mine], "float32")
-    if post != 1.0:  # float32(double(x) * factor), as scale_inplace on the MPI path: the same bits
-        total = cast(cast(total, "float64") * float(post), "float32")
-    part = total if acc.gather == "float32" else cast(total, acc.wire)
-    return plane.allgather([part], [[c] for c in counts])[0]
+    def reduce(parts: list[Any]) -> Any:
+        total = cast(parts[0], "float32")
+        for part in parts[1:]:  # rank order, in float32
+            total += cast(part, "float32")
+        if post != 1.0:  # float32(double(x) * factor), as scale_inplace on the MPI path: the same bits
+            total = cast(cast(total, "float64") * float(post), "float32")
+        return total if acc.gather == "float32" else cast(total, acc.wire)
+    return plane_slices(plane, rank, size, cast(flat32, acc.wire), reduce)
 
 
 __all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "plane_allreduce", "to_float32", "to_wire",

@@ -41,18 +41,12 @@ _sites: dict[Site, Site] = {}  # each captured site, shared
 known: dict[str, Any] = {}
 
 
-def _is_internal(filename: str) -> bool:
-    if filename.startswith("<"):  # <frozen ...>, <string>: no line a user could open
-        return True
-    path = os.path.realpath(filename) if os.path.isabs(filename) else os.path.abspath(filename)
-    if path.startswith(_PREFIXES):
-        return True
-    return path.startswith(_STDLIB) and "-packages" + os.sep not in path
-
-
 def is_users(filename: str) -> bool:
     """Whether a frame of this file is the user's own (not hvdlite's, a framework's or the standard library's)."""
-    return not _is_internal(filename)
+    if filename.startswith("<"):  # <frozen ...>, <string>: no line a user could open
+        return False
+    path = os.path.realpath(filename) if os.path.isabs(filename) else os.path.abspath(filename)
+    return not path.startswith(_PREFIXES) and not (path.startswith(_STDLIB) and "-packages" + os.sep not in path)
 
 
 def capture(depth: int = 2) -> Optional[Site]:
@@ -66,18 +60,18 @@ def capture(depth: int = 2) -> Optional[Site]:
         if skip is None:
             if len(internal) >= _REMEMBER_LIMIT:
                 internal.clear()
-            skip = internal[code] = _is_internal(code.co_filename)
+            skip = internal[code] = not is_users(code.co_filename)
         if not skip:
             return (code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None
 
 
-def note(name: str, sig: Any, depth: int = 2, key: Optional[tuple[int, str]] = None) -> Optional[Site]:
+def note(name: str, sig: Any, key: tuple[int, str]) -> Optional[Site]:
     """A name submitted for the first time or with another signature (the caller checked ``known``): capture
-    its site and keep it for later errors about the same name (``key``: its (process set, name), if made),
-    whose submissions are not captured. Each line's site is one shared object."""
-    site = capture(depth)
+    its site and keep it for later errors about the same name (``key``: its (process set, name)), whose
+    submissions are not captured. Each line's site is one shared object."""
+    site = capture()
     if len(_remembered) >= _REMEMBER_LIMIT:
         _remembered.clear()
         known.clear()
@@ -85,7 +79,7 @@ def note(name: str, sig: Any, depth: int = 2, key: Optional[tuple[int, str]] = N
     known[name] = sig
     if site is not None:
         site = _sites.setdefault(site, site)
-        _remembered[(sig.ps_id, name) if key is None else key] = site
+        _remembered[key] = site
     return site
 
 

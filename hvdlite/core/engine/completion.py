@@ -9,7 +9,6 @@ from . import mpi
 from .cache import PendingBits, ResponseCache
 from .execution import Executor
 from .fusion import Item, batches
-from .plane_exec import PlaneExecutor
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .stalls import Stop
@@ -36,13 +35,12 @@ class Completion:
     plane executor, and ``finish`` frees the name, then completes the handle."""
 
     def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
-                 planes: PlaneExecutor, timeline: Timeline, names: Optional[VerdictNames], keep_times: bool) -> None:
+                 timeline: Timeline, names: Optional[VerdictNames], keep_times: bool) -> None:
         self.rank = rank
         self.comm = comm
         self.psets = psets
         self.cache = cache
         self.executor = executor
-        self.planes = planes
         self.timeline = timeline
         self.names = names  # told of every name a stall verdict or join error fails, on every rank
         self.inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
@@ -73,7 +71,8 @@ class Completion:
                 result = psets.apply(sig.kind, sig.extra, self.comm)
                 if sig.kind is Kind.REMOVE_PROCESS_SET:
                     self.cache.remove_process_set(sig.extra)
-                self.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
+                if self.executor.planes is not None:  # a set's planes are made and closed with it
+                    self.executor.planes.set_changed(sig.kind is Kind.ADD_PROCESS_SET, result, psets.comms.get(result))
                 if req is not None:
                     self.finish(req, result)
                 continue
@@ -91,9 +90,8 @@ class Completion:
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
         for batch in batches(work, self.executor.fusion_threshold_bytes):
-            runner: Any = self.planes if batch[0].resp.sig.plane else self.executor  # a failing plane ends the job
             try:
-                results = runner.run(batch)
+                results = self.executor.run(batch)  # (a failing data plane ends the job)
             except (HvdliteError, Stop):  # the job's end (a wedged wait included), not this batch's error
                 raise
             except Exception as exc:  # noqa: BLE001 - an error of one batch fails that batch only

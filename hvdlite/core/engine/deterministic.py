@@ -28,7 +28,7 @@ def applies(dtype: str, op: ReduceOp) -> bool:
 
 def slices(n: int, parts: int) -> list[int]:
     """Elements of each rank's slice of an ``n``-element piece (the first ``n % parts`` one more); also each
-    rank's rows of a reducescatter (engine/row_exec.py, engine/plane_exec.py), as Horovod splits them."""
+    rank's rows of a reducescatter (engine/row_exec.py, and a data plane's), as Horovod splits them."""
     base, extra = divmod(n, parts)
     return [base + (1 if r < extra else 0) for r in range(parts)]
 
@@ -37,19 +37,13 @@ def reduce_scatter(comm: Any, send: np.ndarray, counts: list[int], dtype: str, o
                    wait: Callable[[Any], None], out: Optional[np.ndarray] = None) -> np.ndarray:
     """This rank's slice (``counts[rank]`` elements, slices in rank order in ``send``) of the rank-order
     reduction of every rank's ``send``."""
-    nranks, me = comm.Get_size(), comm.Get_rank()
-    mine = counts[me]
     store = storage_dtype(dtype)
-    received = np.empty((nranks, mine), dtype=store)
-    send_counts, send_displs = counts_displacements(counts)
-    recv_counts, recv_displs = counts_displacements([mine] * nranks)
-    wait(comm.Ialltoallv([send, (send_counts, send_displs), datatype],
-                         [received, (recv_counts, recv_displs), datatype]))
+    received = exchange(comm, send, counts, datatype, store, wait)
     if dtype == "bfloat16":
         combine = numpy_reduction(op)  # rounded to bfloat16 after every step, as the MPI path's operator does
         acc = bf16_to_f32(received[0])
-        for r in range(1, nranks):
-            acc = bf16_to_f32(f32_to_bf16(combine(acc, bf16_to_f32(received[r]))))
+        for row in received[1:]:
+            acc = bf16_to_f32(f32_to_bf16(combine(acc, bf16_to_f32(row))))
         result = f32_to_bf16(acc)
         if out is None:
             return result
@@ -59,6 +53,17 @@ def reduce_scatter(comm: Any, send: np.ndarray, counts: list[int], dtype: str, o
     rows = list(view)
     summed: np.ndarray = rank_order(rows, op, rows[0] if out is None else out.view(view.dtype))
     return summed.view(store) if dtype in HALF_DTYPES else summed
+
+
+def exchange(comm: Any, send: np.ndarray, counts: list[int], datatype: Any, store: Any,
+             wait: Callable[[Any], None]) -> np.ndarray:
+    """Every rank's part of this rank's slice, one row per rank (slices of ``counts[r]`` elements, in rank order
+    in ``send``): the all-to-all of the rank-order rule."""
+    size, mine = comm.Get_size(), counts[comm.Get_rank()]
+    received = np.empty((size, mine), dtype=store)
+    wait(comm.Ialltoallv([send, counts_displacements(counts), datatype],
+                         [received, counts_displacements([mine] * size), datatype]))
+    return received
 
 
 def rank_order(rows: Sequence[Any], op: ReduceOp, out: Any = None) -> Any:
@@ -79,17 +84,14 @@ def rank_order(rows: Sequence[Any], op: ReduceOp, out: Any = None) -> Any:
     return acc
 
 
-def plane_allreduce(plane: Any, rank: int, size: int, flat: Any, op: ReduceOp) -> None:
-    """Reduce the 1-D framework tensor ``flat`` in place across a data plane's members in rank order: the same
-    slices and combine as ``allreduce`` above, moved by the plane's own all-to-all and all-gather."""
-    n = int(flat.shape[0])
-    if n == 0:
-        return
-    counts = slices(n, size)
+def plane_slices(plane: Any, rank: int, size: int, flat: Any, reduce: Callable[[list[Any]], Any]) -> Any:
+    """The rank-order rule's moves on a data plane: ``flat`` (1-D) cut in slices, every rank's part of this rank's
+    slice by the plane's all-to-all, ``reduce(the parts, in rank order)``, the slices all-gathered (returned)."""
+    counts = slices(int(flat.shape[0]), size)
     mine = counts[rank]
     received = plane.alltoall(flat, counts, [mine] * size)
-    reduced = rank_order([received[r * mine:(r + 1) * mine] for r in range(size)], op)
-    flat[...] = plane.allgather([reduced], [[c] for c in counts])[0]
+    reduced = reduce([received[r * mine:(r + 1) * mine] for r in range(size)])
+    return plane.allgather([reduced], [[c] for c in counts])[0]
 
 
 def allreduce(comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str, op: ReduceOp, datatype: Any,
@@ -159,5 +161,5 @@ def comms(comm_of: Callable[[int], Any], mpi_ops: MPIOps, enabled: bool) -> Call
     return ordered_comm_of
 
 
-__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "plane_allreduce", "rank_order",
-           "reduce_scatter", "slices"]
+__all__ = ["FLOAT_DTYPES", "OrderedComm", "allreduce", "applies", "comms", "exchange", "plane_slices",
+           "rank_order", "reduce_scatter", "slices"]

@@ -1,4 +1,5 @@
-"""Running batches of agreed responses over MPI: chunked, fused reductions, broadcasts, barriers; by kind.
+"""Running batches of agreed responses, by kind: chunked, fused reductions, broadcasts, barriers over MPI, or on a
+data plane when their requests name one (the agreed row counts and splits over MPI, the bytes over the plane).
 
 Called only from the engine thread. Every MPI call here is non-blocking and polled (engine/polling.py),
 so one slow collective never freezes the engine inside MPI, and the training thread keeps its core.
@@ -10,47 +11,67 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16,
-                          scale_inplace, scaled_copy, storage_dtype)
-from . import accumulate, adasum, deterministic, polling, row_exec
+from ..config import Config
+from ..errors import HvdliteError
+from ..reduce_ops import (ACCUMULABLE_DTYPES, Accumulation, Adasum, Average, ReduceOp, Sum, average_scale,
+                          bf16_to_f32, f32_to_bf16, scale_inplace, scaled_copy, storage_dtype)
+from . import accumulate, adasum, deterministic, mpi, polling, row_exec
 from .chunks import ChunkPipeline, start_allreduce
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
-from .mpi import MPIOps
-from .requests import Kind
+from .planes import DataPlane, PlaneTable
+from .psets import Registry
+from .requests import Kind, Signature
+from .stalls import Stop
 from .timeline import Timeline
 
 
 class Executor:
-    """Runs batches built by engine/fusion.py; one method per kind, chosen by an explicit table."""
+    """Runs batches built by engine/fusion.py; one method per kind (and per data plane's kind), chosen by an
+    explicit table."""
 
-    def __init__(self, mpi_ops: MPIOps, comm_of: Callable[[int], Any], size_of: Callable[[int], int],
-                 fusion_threshold_bytes: int, chunk_bytes: int, timeline: Timeline,
-                 members_of: Callable[[int], list[int]]) -> None:
+    def __init__(self, mpi_ops: mpi.MPIOps, psets: Registry, config: Config, timeline: Timeline,
+                 planes: Optional[PlaneTable]) -> None:
         self.ops = mpi_ops
-        self.comm_of, self.size_of, self.members_of = comm_of, size_of, members_of  # by process set id
-        self.fusion_threshold_bytes = fusion_threshold_bytes
-        self.chunk_bytes = chunk_bytes
+        self.psets = psets
+        self.comm_of = deterministic.comms(psets.comm, mpi_ops, config.deterministic)  # by process set id
+        self.fusion_threshold_bytes = config.fusion_threshold_bytes
+        self.chunk_bytes = config.allreduce_chunk_bytes
         self.timeline = timeline
+        self.planes = planes  # this job's data planes (None: MPI only)
         self._fusion = np.empty(0, dtype=np.uint8)
-        self._chunks = ChunkPipeline(self._wait)
+        self._chunks = ChunkPipeline(self.wait)
         self.mpi_calls = 0
         self.adasum_levels = adasum.LevelComms()
         self._table: dict[Kind, Callable[[list[Any]], Iterable[tuple[Any, Any]]]] = {
             Kind.ALLREDUCE: self._allreduce, Kind.BROADCAST: self._broadcast,
-            Kind.ALLGATHER: functools.partial(self._rows, row_exec.allgather),
-            Kind.REDUCESCATTER: functools.partial(self._rows, row_exec.reducescatter),
-            Kind.ALLTOALL: functools.partial(self._rows, row_exec.alltoall),
+            Kind.ALLGATHER: functools.partial(row_exec.allgather, self),
+            Kind.REDUCESCATTER: functools.partial(row_exec.reducescatter, self),
+            Kind.ALLTOALL: functools.partial(row_exec.alltoall, self),
             Kind.BARRIER: self._barrier, Kind.JOIN: self._join,
         }
+        self._plane_table: dict[Kind, Callable[[DataPlane, list[Item]], list[Any]]] = {
+            Kind.ALLREDUCE: self._plane_allreduce, Kind.ALLGATHER: self._plane_allgather,
+            Kind.BROADCAST: self._plane_broadcast, Kind.REDUCESCATTER: self._plane_reducescatter,
+            Kind.ALLTOALL: self._plane_alltoall}
 
     def run(self, batch: list[Any]) -> Iterable[tuple[Any, Any]]:
         """Run one batch; returns (item, result) pairs for the engine to hand back."""
         first = batch[0]
         if isinstance(first, Marker) and first.resp.sig.kind.multi_tensor:
             return [(first, [])]  # an empty group: nothing to move, the result is an empty list
+        if first.resp.sig.plane:
+            return self._on_plane(batch)
         return self._table[first.resp.sig.kind](batch)
 
-    def _wait(self, request: Any) -> None:
+    def post(self, sig: Signature) -> float:
+        """The batch's postscale factor, Average's divisor (the set's size) folded in."""
+        return average_scale(sig.postscale, self.psets.size(sig.ps_id)) if sig.op is Average else sig.postscale
+
+    def _root(self, sig: Signature) -> int:
+        """A broadcast's root: the job's rank -> the set's (agreed valid)."""
+        return self.psets.members(sig.ps_id).index(sig.root)
+
+    def wait(self, request: Any) -> None:
         polling.wait(request)
         self.mpi_calls += 1
 
@@ -60,11 +81,9 @@ class Executor:
         comm = self.comm_of(first.sig.ps_id)
         op = first.sig.op
         assert op is not None  # resolved at submit for every reduction
-        pre, post = first.sig.prescale, first.sig.postscale
+        pre, post = first.sig.prescale, self.post(first.sig)
         if op is Adasum:
             return self._adasum(comm, items, pre, post)
-        if op is Average:
-            post = average_scale(post, self.size_of(first.sig.ps_id))
         if first.sig.extra is not None:  # an accumulating compression: its own Iallreduce applies the factors
             accumulating = accumulate.batch_comm(comm, self.ops, items[0].dtype, first.sig.extra, pre, post)
             if accumulating is not None:
@@ -109,7 +128,7 @@ class Executor:
         for item in items:
             self.timeline.begin(item.resp.name, "ADASUM_ALLREDUCE")
         adasum.reduce(comm, self.adasum_levels.levels(comm), buf, bounds, self.ops.op("float64", Sum),
-                      self.ops.datatypes["float64"], self._wait)
+                      self.ops.datatypes["float64"], self.wait)
         if post != 1.0:
             buf *= work(post)
         for item, (lo, hi) in zip(items, bounds):
@@ -151,7 +170,7 @@ class Executor:
             send = self.ops.IN_PLACE if src is None else [src[start:start + step], datatype]
             # Non-blocking on every rank (a blocking and a non-blocking collective never match); polled
             # continuously while a user thread waits, with short sleeps while the training thread computes.
-            request = start_allreduce(comm, self.ops.tree, send, piece, datatype, mpi_op, self._wait)
+            request = start_allreduce(comm, self.ops.tree, send, piece, datatype, mpi_op, self.wait)
             self._chunks.post(request, piece, dtype, post, on_done if start + step >= n else None)
 
     def _fusion_buffer(self, nbytes: int) -> np.ndarray:
@@ -212,7 +231,7 @@ class Executor:
         BYTE = self.ops.BYTE
         first = items[0].resp
         comm = self.comm_of(first.sig.ps_id)
-        root = self.members_of(first.sig.ps_id).index(first.sig.root)  # the job's rank -> the set's (agreed valid)
+        root = self._root(first.sig)
         is_root = comm.Get_rank() == root
         packed: list[Item] = []
         for item in items:
@@ -226,7 +245,7 @@ class Executor:
             if packable(item.dst.nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
                 packed.append(item)
             elif item.dst.nbytes:
-                self._wait(comm.Ibcast([item.dst.reshape(-1).view(np.uint8), BYTE], root=root))
+                self.wait(comm.Ibcast([item.dst.reshape(-1).view(np.uint8), BYTE], root=root))
         start = 0
         while start < len(packed):  # pack up to the fusion threshold per Bcast
             group: list[Item] = []
@@ -242,7 +261,7 @@ class Executor:
                 for item in group:
                     buf[offset:offset + item.dst.nbytes] = item.dst.reshape(-1).view(np.uint8)
                     offset += item.dst.nbytes
-            self._wait(comm.Ibcast([buf, BYTE], root=root))
+            self.wait(comm.Ibcast([buf, BYTE], root=root))
             offset = 0
             if not is_root:
                 for item in group:
@@ -252,17 +271,84 @@ class Executor:
             self.timeline.end(item.resp.name)
         return [(item, item.dst) for item in items]
 
-    # -- allgather, reducescatter, alltoall (engine/row_exec.py) --------------------------------------
-    def _rows(self, run: row_exec.RowCollective, items: list[Item]) -> list[tuple[Item, Any]]:
-        return run(self.ops, self.comm_of(items[0].resp.sig.ps_id), items, self.timeline, self._wait)
-
     # -- the rest, one response at a time --------------------------------------------------------
     def _barrier(self, items: list[Any]) -> list[tuple[Any, Any]]:
-        self._wait(self.comm_of(items[0].resp.sig.ps_id).Ibarrier())
+        self.wait(self.comm_of(items[0].resp.sig.ps_id).Ibarrier())
         return [(items[0], None)]
 
     def _join(self, items: list[Any]) -> list[tuple[Any, Any]]:
         return [(items[0], items[0].resp.last_joined)]
+
+    # -- a data plane's batch ---------------------------------------------------------------------------
+    def _on_plane(self, batch: list[Item]) -> list[tuple[Item, Any]]:
+        sig = batch[0].resp.sig
+        assert self.planes is not None, "a batch names a data plane but the engine has no plane table"
+        plane = self.planes.plane(sig.plane, sig.ps_id)
+        for item in batch:
+            if item.req is None:  # a joined rank stands in with zeros (no rows for allgather)
+                item.src = plane.zeros(item.dtype, item.src.shape)
+                item.dst = None
+            self.timeline.begin(item.resp.name, f"{plane.name.upper()}_{sig.kind.label.upper()}")
+        ready = [getattr(item.src, "ready", None) for item in batch]
+        plane.wait_ready([event for event in ready if event is not None])
+        try:
+            results = self._plane_table[sig.kind](plane, batch)
+        except (HvdliteError, Stop):  # what ends the engine anyway (a wedged wait inside a plane included)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the plane is in an unknown state: the job ends, as after a
+            # failed MPI call, with the plane's error on this rank (its peers' waits end in the StallError)
+            if mpi.is_process_failure(exc):  # a lost peer (ULFM), seen by the stall watch of the plane's wait
+                raise
+            names = ", ".join(sorted({item.resp.name for item in batch}))
+            raise HvdliteError(
+                f"rank {self.psets.world_rank}: the {plane.name} data plane failed in {sig.kind} of {names}: "
+                f"{type(exc).__name__}: {exc}. Every pending and later collective raises this error; fix the "
+                f"cause and restart the job (HOROVOD_GPU_OPERATIONS / HOROVOD_CPU_OPERATIONS choose the planes)"
+            ) from exc
+        finally:
+            for item in batch:
+                self.timeline.end(item.resp.name)
+        return list(zip(batch, results))
+
+    def _plane_allreduce(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        sig = batch[0].resp.sig
+        if sig.op is Adasum:
+            raise NotImplementedError("hvd.Adasum runs on MPI host buffers only; reduce these tensors with "
+                                      "hvd.Average or hvd.Sum, or move them to the CPU")
+        assert sig.op is not None  # resolved at submit for every reduction
+        outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
+        if type(sig.extra) is Accumulation and batch[0].dtype in ACCUMULABLE_DTYPES:  # engine/accumulate.py's rule
+            return plane.allreduce_accumulated(_payloads(batch), outputs, batch[0].dtype, sig.extra,
+                                               sig.prescale, self.post(sig))
+        return plane.allreduce(_payloads(batch), outputs, batch[0].dtype, sig.op, sig.prescale, self.post(sig))
+
+    def _plane_allgather(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        all_rows = row_exec.row_counts(self.comm_of(batch[0].resp.sig.ps_id), batch, polling.wait)
+        return plane.allgather(_payloads(batch), all_rows.tolist())
+
+    def _plane_broadcast(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
+        return plane.broadcast(_payloads(batch), outputs, self._root(batch[0].resp.sig))
+
+    def _plane_reducescatter(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        sig = batch[0].resp.sig
+        assert sig.op is not None  # resolved at submit for every reduction
+        n = self.psets.size(sig.ps_id)
+        splits = [deterministic.slices(item.src.shape[0], n) for item in batch]  # as the MPI path's
+        return plane.reducescatter(_payloads(batch), batch[0].dtype, sig.op, sig.prescale, self.post(sig), splits)
+
+    def _plane_alltoall(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
+        item = batch[0]
+        splits, recv = row_exec.splits_of(self.comm_of(item.resp.sig.ps_id), item, polling.wait)
+        return [(plane.alltoall(_payload(item.src), [int(s) for s in splits], [int(r) for r in recv]), recv)]
+
+
+def _payload(buffer: Any) -> Any:
+    return getattr(buffer, "payload", buffer)
+
+
+def _payloads(batch: list[Item]) -> list[Any]:
+    return [_payload(item.src) for item in batch]
 
 
 __all__ = ["Executor"]

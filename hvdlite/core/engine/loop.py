@@ -18,10 +18,9 @@ import numpy as np
 from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
-from . import deterministic, mpi, polling, rounds
+from . import mpi, polling, rounds
 from .completion import Completion, VerdictNames
 from .execution import Executor
-from .plane_exec import PlaneExecutor
 from .mpi import MPIOps
 from .negotiation import FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE
 from .vote import uncached_flags
@@ -63,15 +62,12 @@ class Engine:
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm, mpi_ops)
-        self.executor = Executor(mpi_ops, deterministic.comms(process_sets.comm, mpi_ops, config.deterministic),
-                                 process_sets.size, config.fusion_threshold_bytes, config.allreduce_chunk_bytes,
-                                 timeline, process_sets.members)
-        self.planes = PlaneExecutor(planes, process_sets.comm, process_sets.members, timeline, Stop)
+        self.executor = Executor(mpi_ops, process_sets, config, timeline, planes)
         self._lock = threading.Lock()  # a plain lock: submit() takes it per op (a Condition's own is Python code)
         self._cv = threading.Condition(self._lock)
         self._queue: collections.deque[Request] = collections.deque()
-        self.completion = Completion(self.rank, comm, process_sets, self.cache, self.executor, self.planes, timeline,
-                                     names, keep_times=config.straggler_window_ops > 0)
+        self.completion = Completion(self.rank, comm, process_sets, self.cache, self.executor, timeline, names,
+                                     keep_times=config.straggler_window_ops > 0)
         self.names = names
         self._shutdown_requested = False
         self._sleeping = False  # the engine waits on _cv: a submission must notify it
@@ -187,30 +183,30 @@ class Engine:
         knows of a dead peer within LOST_RANKS_WAIT_S (then the survivors can recover from that loss)."""
         if not self.fault_tolerant:
             return False
+        try:
+            return bool(self._failed_ranks(self.presence.serve))  # (answering probes drives MPI's progress)
+        except Exception as exc:  # noqa: BLE001 - only MPI's report of a lost peer counts
+            return mpi.is_process_failure(exc)
+
+    def _failed_ranks(self, progress: Callable[[], None]) -> list[int]:
+        """The ranks MPI knows to have failed, after up to LOST_RANKS_WAIT_S of ``progress()`` (news of a death
+        arrives only inside MPI calls: its failure detector names them within about a second)."""
         deadline = time.monotonic() + LOST_RANKS_WAIT_S
-        while not mpi.failed_ranks(self.comm):
-            try:
-                self.presence.serve()  # drives MPI's progress, which brings the news of a death
-            except Exception as exc:  # noqa: BLE001 - only MPI's report of a lost peer counts
-                return mpi.is_process_failure(exc)
-            if time.monotonic() > deadline:
-                return False
+        lost = mpi.failed_ranks(self.comm)
+        while not lost and time.monotonic() < deadline:
+            progress()
             time.sleep(0.01)
-        return True
+            lost = mpi.failed_ranks(self.comm)
+        return lost
 
     def _lost_peer(self, exc: BaseException) -> ProcessFailedError:
         """MPI reported a dead peer (ULFM): revoke the engine's communicators, so every survivor's calls fail at
-        once, and name the lost ranks (the failure detector knows them within about a second)."""
+        once, and name the lost ranks."""
         seen_at = time.time()
         for comm in (self.comm, self.presence.comm, *self.psets.comms.values()):
             if comm is not None:
                 mpi.revoke(comm)
-        deadline = time.monotonic() + LOST_RANKS_WAIT_S
-        lost = mpi.failed_ranks(self.comm)
-        while not lost and time.monotonic() < deadline:
-            mpi.progress()
-            time.sleep(0.01)
-            lost = mpi.failed_ranks(self.comm)
+        lost = self._failed_ranks(mpi.progress)
         hosts = tuple(self.hosts[r] if r < len(self.hosts) else "?" for r in lost)
         who = ", ".join(f"rank {r} (host {h})" for r, h in zip(lost, hosts)) or "a rank (not yet known here)"
         message = (f"rank {self.rank}: {who} of this job died ({exc}); every pending and later collective "
@@ -245,7 +241,7 @@ class Engine:
         psets = self.psets
         if kind is Kind.ADD_PROCESS_SET and psets.partial(ps_id) and psets.is_member(ps_id):
             self.set_engines[ps_id] = Engine(psets.comms[ps_id], self.mpi_ops, self.config, self.timeline, psets,
-                                              psets.comms[ps_id], self.names, self.planes.table, self.hosts,
+                                              psets.comms[ps_id], self.names, self.executor.planes, self.hosts,
                                               scope=ps_id, parent=self)  # (its comm's probes: its thread's only)
         elif kind is Kind.REMOVE_PROCESS_SET and ps_id in self.set_engines:
             self.set_engines.pop(ps_id).stop(drain=True)  # the set's ops submitted before its removal run first

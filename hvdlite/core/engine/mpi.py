@@ -169,7 +169,7 @@ class MPIOps:
         self._builtin = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
         self._bool = {Sum: MPI.LOR, Max: MPI.LOR, Min: MPI.LAND, Product: MPI.LAND}
         self._half: dict[tuple[str, ReduceOp], Any] = {}
-        self._user: dict[Callable[[Any, Any, Any], None], Any] = {}
+        self._user: dict[tuple[Callable[[Any, Any, Any], None], int], tuple[Any, Any]] = {}
         for half in HALF_DTYPES:
             for op in (Sum, Min, Max, Product):
                 self._half[(half, op)] = MPI.Op.Create(_half_op(half, numpy_reduction(op)), commute=True)
@@ -189,15 +189,21 @@ class MPIOps:
         """The user-defined MPI ops of float16 and bfloat16, by (dtype, op)."""
         return dict(self._half)
 
-    def user_op(self, function: Callable[[Any, Any, Any], None]) -> Any:
-        """The commutative MPI op of ``function``, made once, freed at shutdown (mpi4py holds few at a time)."""
-        if function not in self._user:
-            self._user[function] = self.MPI.Op.Create(function, commute=True)
-        return self._user[function]
+    def record_op(self, function: Callable[[Any, Any, Any], None], doubles: int) -> tuple[Any, Any]:
+        """The commutative MPI op of ``function`` and the datatype of its record (``doubles`` float64s), made once
+        and freed at shutdown (mpi4py holds few user-defined ops at a time)."""
+        key = (function, doubles)
+        if key not in self._user:
+            self._user[key] = (self.MPI.Op.Create(function, commute=True),
+                               self.MPI.DOUBLE.Create_contiguous(doubles).Commit())
+        return self._user[key]
 
     def free(self) -> None:
-        for op in [*self._half.values(), *self._user.values()]:
+        for op in self._half.values():
             op.Free()
+        for op, datatype in self._user.values():
+            op.Free()
+            datatype.Free()
         self._half.clear()
         self._user.clear()
 

@@ -129,8 +129,11 @@ def in_rank_order(boot: Bootstrap, dtype: str, op: ReduceOp) -> bool:
 
 
 def rank_order_allreduce(plane: DataPlane, boot: Bootstrap, flat: Any, op: ReduceOp) -> None:
-    """deterministic=True on a plane: engine/deterministic.py's rule over the plane's moves, ``flat`` in place."""
-    deterministic.plane_allreduce(plane, boot.rank, boot.size, flat, op)
+    """deterministic=True on a plane: engine/deterministic.py's rule (its slices and combine) over the plane's own
+    all-to-all and all-gather, the 1-D ``flat`` in place."""
+    if int(flat.shape[0]):
+        flat[...] = deterministic.plane_slices(plane, boot.rank, boot.size, flat,
+                                               lambda parts: deterministic.rank_order(parts, op))
 
 
 def accumulated_allreduce(plane: DataPlane, boot: Bootstrap, flat32: Any, acc: Accumulation, post: float,

@@ -24,9 +24,6 @@ class Registry:
         global_process_set.ranks = list(range(world_size))
         global_process_set._my_rank = world_rank
 
-    def members_table(self) -> dict[int, list[int]]:
-        return self.ranks
-
     def members(self, ps_id: int) -> list[int]:
         return self.ranks.get(ps_id, [])
 

@@ -19,7 +19,7 @@ __all__ = ["explaining_round", "remember", "vote_round"]
 
 def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
     """The cached responses, then the names voted through (vote.py); or the explaining round's."""
-    voted = vote(engine.comm, engine.mpi_ops, engine.rank, engine.scope.proposer, engine.psets.members_table(),
+    voted = vote(engine.comm, engine.mpi_ops, engine.rank, engine.scope.proposer, engine.psets.ranks,
                  engine.completion.pending, {resp.key for resp in cached}, engine.scope.local)
     engine.vote_bytes += voted.received_bytes
     engine.negotiation_calls += voted.calls
@@ -45,7 +45,7 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
     if stopping:
         raise Stop(stalls.shutdown_message(engine.rank, stopping))
     engine.observer.adopt(messages[0].tune, engine.cycles)  # every rank switches here, at the same cycle
-    responses, stalled = decide(messages, engine.psets.members_table(), len(messages), engine.join_tolerant)
+    responses, stalled = decide(messages, engine.psets.ranks, len(messages), engine.join_tolerant)
     engine.watchdog.last_check = now
     if stalled and not engine.config.stall_check_disable:
         failed = engine.watchdog.handle(stalled)
@@ -58,7 +58,7 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
 
 def remember(engine: Engine, responses: list[Response]) -> None:
     """Keep the agreed names in the response cache: a name as itself, a generated one as its stream's next."""
-    cache, members, names = engine.cache, engine.psets.members_table(), engine.names
+    cache, members, names = engine.cache, engine.psets.ranks, engine.names
     single_use = names.single_use if names is not None else None
     last: dict[tuple[int, str], Response] = {}  # each stream's last generated name agreed: its next one is kept
     for resp in responses:

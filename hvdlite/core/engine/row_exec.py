@@ -2,23 +2,23 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from ..reduce_ops import Average, average_scale, scale_inplace, scaled_copy, storage_dtype
+from ..reduce_ops import scale_inplace, scaled_copy, storage_dtype
 from . import deterministic
 from .fusion import Item, aligned_empty
-from .mpi import MPIOps, counts_displacements
-from .timeline import Timeline
+from .mpi import counts_displacements
 
-Wait = Callable[[Any], None]  # completes one MPI request (the executor's, which counts the calls)
-#: The signature of the three: (ops, the process set's communicator, the batch, timeline, wait) -> pairs.
-RowCollective = Callable[[MPIOps, Any, list[Item], Timeline, Wait], list[tuple[Item, Any]]]
+if TYPE_CHECKING:
+    from .execution import Executor
+
+Wait = Callable[[Any], None]  # completes one MPI request
 
 
 def row_counts(comm: Any, items: list[Item], wait: Wait) -> np.ndarray:
-    """Every rank's rows of each tensor of an allgather batch: ``[rank, tensor]`` (here and engine/plane_exec.py)."""
+    """Every rank's rows of each tensor of an allgather batch: ``[rank, tensor]`` (also a data plane's)."""
     rows = np.array([item.src.shape[0] for item in items], dtype=np.int64)
     all_rows = np.empty((comm.Get_size(), len(items)), dtype=np.int64)
     wait(comm.Iallgather(rows, all_rows))
@@ -38,8 +38,9 @@ def splits_of(comm: Any, item: Item, wait: Wait) -> tuple[np.ndarray, np.ndarray
     return splits, recv_splits
 
 
-def allgather(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline, wait: Wait) -> list[tuple[Item, Any]]:
+def allgather(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
     """Every rank's rows of each tensor, in rank order: the row counts travel first, then one Iallgatherv."""
+    ops, comm, timeline, wait = ex.ops, ex.comm_of(items[0].resp.sig.ps_id), ex.timeline, ex.wait
     BYTE = ops.BYTE
     nranks = comm.Get_size()
     for item in items:
@@ -83,16 +84,14 @@ def allgather(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline, wai
     return results
 
 
-def reducescatter(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline,
-                  wait: Wait) -> list[tuple[Item, Any]]:
+def reducescatter(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
     """This rank's rows (``deterministic.slices``) of each tensor's reduction, in one Ireduce_scatter."""
-    first = items[0].resp
+    sig = items[0].resp.sig
+    ops, comm, timeline = ex.ops, ex.comm_of(sig.ps_id), ex.timeline
     nranks, me = comm.Get_size(), comm.Get_rank()
-    op = first.sig.op
+    op = sig.op
     assert op is not None  # resolved at submit for every reduction
-    pre, post = first.sig.prescale, first.sig.postscale
-    if op is Average:
-        post = average_scale(post, nranks)
+    pre, post = sig.prescale, ex.post(sig)
     dtype = items[0].dtype
     store = storage_dtype(dtype)
     splits = [deterministic.slices(item.src.shape[0], nranks) for item in items]
@@ -115,7 +114,7 @@ def reducescatter(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline,
     recv = dst.reshape(-1) if into else np.empty(counts[me], dtype=store)
     for item in items:
         timeline.begin(item.resp.name, "MPI_REDUCESCATTER")
-    wait(comm.Ireduce_scatter([send, ops.datatype(dtype)], [recv, ops.datatype(dtype)], counts, ops.op(dtype, op)))
+    ex.wait(comm.Ireduce_scatter([send, ops.datatype(dtype)], [recv, ops.datatype(dtype)], counts, ops.op(dtype, op)))
     scale_inplace(recv, dtype, post)
     if into:
         timeline.end(items[0].resp.name)
@@ -132,18 +131,16 @@ def reducescatter(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline,
     return results
 
 
-def alltoall(ops: MPIOps, comm: Any, items: list[Item], timeline: Timeline, wait: Wait) -> list[tuple[Item, Any]]:
+def alltoall(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
     """One tensor's rows sent by its splits (even by default): the splits travel first, then one Ialltoallv."""
-    BYTE = ops.BYTE
+    BYTE, comm, timeline, wait = ex.ops.BYTE, ex.comm_of(items[0].resp.sig.ps_id), ex.timeline, ex.wait
     item = items[0]
     src = item.src
     timeline.begin(item.resp.name, "MPI_ALLTOALL")
     splits, recv_splits = splits_of(comm, item, wait)
     row_bytes = math.prod(src.shape[1:]) * src.itemsize
-    scounts = splits * row_bytes
-    rcounts = recv_splits * row_bytes
-    scounts, sdispls = counts_displacements(scounts)
-    rcounts, rdispls = counts_displacements(rcounts)
+    scounts, sdispls = counts_displacements(splits * row_bytes)
+    rcounts, rdispls = counts_displacements(recv_splits * row_bytes)
     out = aligned_empty((int(recv_splits.sum()),) + tuple(src.shape[1:]), src.dtype)
     wait(comm.Ialltoallv([src.reshape(-1).view(np.uint8), (scounts, sdispls), BYTE],
                          [out.reshape(-1).view(np.uint8), (rcounts, rdispls), BYTE]))
@@ -162,4 +159,4 @@ def _at(part: np.ndarray, whole: np.ndarray, offset: int) -> bool:
             and offset + part.nbytes <= whole.nbytes)
 
 
-__all__ = ["RowCollective", "Wait", "allgather", "alltoall", "reducescatter", "row_counts", "splits_of"]
+__all__ = ["Wait", "allgather", "alltoall", "reducescatter", "row_counts", "splits_of"]

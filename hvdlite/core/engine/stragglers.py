@@ -63,7 +63,6 @@ class Stragglers:
         self._fresh: Optional[tuple[np.ndarray, int, list[float], np.ndarray, list[int]]] = None  # settle()'s
         self._report = _report(np.array([(0.0, 0.0, 0.0, r) for r in range(min(size, TOP_RANKS))]), 0, 0, 0,
                                config.straggler_threshold_ms, size)
-        self._merge: Any = None  # the summaries' (MPI op, datatype) (_reduce), made at the first exchange
         self._named: Optional[int] = None  # the rank last named in the log
         self._named_at = -1  # the ops exchanged when it was named (-1: never)
         self._due = False  # rank 0 asked for an exchange: the next cycle with agreed ops makes one
@@ -152,10 +151,7 @@ class Stragglers:
         """Every rank's summaries (all held ops, the steady ones) reduced to the TOP_RANKS latest of the first
         (latest first), then the latest of the second: one all-reduce of a fixed-size record (_merge)."""
         record = np.array([mine, *[_NONE] * (TOP_RANKS - 1), steady])
-        if self._merge is None:
-            mpi = self._mpi
-            self._merge = (mpi.user_op(_merge), mpi.MPI.DOUBLE.Create_contiguous(record.size).Commit())
-        op, dtype = self._merge
+        op, dtype = self._mpi.record_op(_merge, record.size)
         out = np.empty_like(record)
         _wait(start_allreduce(comm, self._mpi.tree, [record, dtype], out, dtype, op, _wait))
         return out
