@@ -258,7 +258,7 @@ def _instrumented(comm: Any, args: argparse.Namespace,
         return timed_call
     for name in methods:
         setattr(tracker, name, timing(name, getattr(tracker, name)))
-    from hvdlite.core.engine import rounds as engine_rounds  # the rounds beyond the bit vector: votes, explaining
+    from hvdlite.core.engine import negotiation as engine_rounds  # the rounds beyond the bit vector: votes, explaining
     for round_kind in ("vote_round", "explaining_round"):
         setattr(engine_rounds, round_kind, timing("full_round", getattr(engine_rounds, round_kind)))
     probe = timing("probe", lambda: None)

@@ -17,13 +17,6 @@ from .deterministic import exchange, plane_slices, slices
 from .mpi import MPIOps, counts_displacements
 
 
-def to_float32(values: np.ndarray, dtype: str) -> np.ndarray:
-    """A float32 copy of ``values`` (storage of dtype ``dtype``: bfloat16 as uint16 bits)."""
-    if dtype == "bfloat16":
-        return from_wire(values, "bfloat16")
-    return np.asarray(values).astype(np.float32)
-
-
 def to_wire(values32: np.ndarray, wire: str, scratch: bool = False) -> np.ndarray:
     """float32 values rounded (to nearest even) to the wire dtype, as uint16 bits; ``scratch``: ``values32`` is
     this module's own temporary, which the bfloat16 rounding may overwrite (no whole-buffer temporaries)."""
@@ -71,7 +64,8 @@ def allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: str, acc: Accu
     if dtype == acc.wire and pre == 1.0:
         send = src.view(np.uint16)  # already in the wire dtype: its bits go as they are
     elif pre == 1.0:
-        send = to_wire(src, acc.wire) if dtype == "float32" else to_wire(to_float32(src, dtype), acc.wire, True)
+        wide = from_wire(src, "bfloat16") if dtype == "bfloat16" else src.astype(np.float32, copy=False)
+        send = to_wire(wide, acc.wire, scratch=wide is not src)  # a float32 copy made here is scratch
     else:  # Horovod's rounding of a scaled float: float32(double(x) * factor), then the wire's
         wide = from_wire(src, "bfloat16") if dtype == "bfloat16" else src
         send = to_wire((wide.astype(np.float64) * float(pre)).astype(np.float32), acc.wire, True)
@@ -144,5 +138,4 @@ def plane_allreduce(plane: Any, rank: int, size: int, flat32: Any, acc: Accumula
     return plane_slices(plane, rank, size, cast(flat32, acc.wire), reduce)
 
 
-__all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "plane_allreduce", "to_float32", "to_wire",
-           "write"]
+__all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "plane_allreduce", "to_wire", "write"]

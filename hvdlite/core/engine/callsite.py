@@ -134,12 +134,18 @@ _texts: dict[tuple[str, Site], str] = {}  # (working directory, site) -> show(si
 
 def describe(sites: dict[int, Optional[str]]) -> str:
     """`` Submitted at: rank 0: train.py:12; rank 1: train.py:15.`` (ranks sharing a line grouped)."""
-    groups: dict[str, list[int]] = {}
-    for rank, site in sorted(sites.items()):
-        groups.setdefault(site or "an unknown line", []).append(rank)
-    parts = [f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {site}"
-             for site, ranks in groups.items()]
-    return f" Submitted at: {'; '.join(parts)}." if parts else ""
+    text = grouped({rank: site or "an unknown line" for rank, site in sites.items()})
+    return f" Submitted at: {text}." if text else ""
 
 
-__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "forget_all", "known", "note", "show", "site_table"]
+def grouped(values: dict[int, Any]) -> str:
+    """``rank 0: a; ranks 1, 2: b``: each rank's value, the ranks with equal values grouped (error texts)."""
+    groups: dict[Any, list[int]] = {}
+    for rank, value in sorted(values.items()):
+        groups.setdefault(value, []).append(rank)
+    return "; ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {value}"
+                     for value, ranks in groups.items())
+
+
+__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "forget_all", "grouped", "known", "note", "show",
+           "site_table"]

@@ -110,10 +110,7 @@ class OrderedComm:
     def __init__(self, comm: Any, mpi_ops: MPIOps) -> None:
         self.comm = comm
         self._mpi_ops = mpi_ops
-        dt, mpi = mpi_ops.datatypes, mpi_ops.MPI
-        self._kinds = [(dt["float32"], mpi.SUM, "float32", Sum), (dt["float64"], mpi.SUM, "float64", Sum),
-                       (dt["float32"], mpi.PROD, "float32", Product), (dt["float64"], mpi.PROD, "float64", Product)]
-        self._kinds += [(dt[d], mpi_op, d, op) for (d, op), mpi_op in mpi_ops.half_ops().items() if applies(d, op)]
+        self._kinds = [(mpi_ops.datatypes[d], mpi_ops.op(d, op), d, op) for d in FLOAT_DTYPES for op in (Sum, Product)]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)

@@ -116,12 +116,9 @@ class Executor:
             return [pair for item in items for pair in self._adasum(comm, [item], pre, post)]
         dtype = items[0].dtype
         work: type[np.floating[Any]] = np.float64 if dtype == "float64" else np.float32
-        sizes = [item.src.size for item in items]
-        bounds, start = [], 0
-        for n in sizes:
-            bounds.append((start, start + n))
-            start += n
-        buf = np.empty(start, dtype=work)
+        ends = np.cumsum([item.src.size for item in items]).tolist()
+        bounds = list(zip([0, *ends[:-1]], ends))  # each tensor's [start, end) in the buffer
+        buf = np.empty(ends[-1], dtype=work)
         for item, (lo, hi) in zip(items, bounds):
             values = bf16_to_f32(item.src.reshape(-1)) if dtype == "bfloat16" else item.src.reshape(-1)
             np.multiply(values, pre, out=buf[lo:hi], casting="unsafe")
@@ -161,7 +158,7 @@ class Executor:
     def _chunked_allreduce(self, comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
                            op: ReduceOp, post: float, on_done: Optional[Callable[[], None]] = None) -> None:
         """Start reducing ``dst`` (or ``src`` into it) in chunk_bytes pieces; engine/chunks.py completes them."""
-        datatype = self.ops.datatype(dtype)
+        datatype = self.ops.datatypes[dtype]
         mpi_op = self.ops.op(dtype, op)
         step = max(1, self.chunk_bytes // max(1, dst.itemsize))
         n = dst.shape[0]
@@ -237,9 +234,7 @@ class Executor:
         for item in items:
             if item.dst is None:
                 item.dst = aligned_empty(item.src.shape, item.src.dtype)
-                if is_root:
-                    np.copyto(item.dst, item.src)
-            elif is_root and item.dst is not item.src:
+            if is_root and item.dst is not item.src:
                 np.copyto(item.dst, item.src)
             self.timeline.begin(item.resp.name, "MPI_BCAST")
             if packable(item.dst.nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
@@ -256,11 +251,8 @@ class Executor:
                 nbytes += packed[start].dst.nbytes
                 start += 1
             buf = self._fusion_buffer(nbytes)
-            offset = 0
             if is_root:
-                for item in group:
-                    buf[offset:offset + item.dst.nbytes] = item.dst.reshape(-1).view(np.uint8)
-                    offset += item.dst.nbytes
+                np.concatenate([item.dst.reshape(-1).view(np.uint8) for item in group], out=buf)
             self.wait(comm.Ibcast([buf, BYTE], root=root))
             offset = 0
             if not is_root:

@@ -18,12 +18,12 @@ import numpy as np
 from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
-from . import mpi, polling, rounds
+from . import mpi, negotiation, polling
 from .completion import Completion, VerdictNames
 from .execution import Executor
 from .mpi import MPIOps
-from .negotiation import FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE
-from .vote import uncached_flags
+from .negotiation import (FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE,
+                          uncached_flags)
 from .cache import ResponseCache
 from .chunks import start_allreduce
 from .observers import CycleObserver
@@ -311,11 +311,11 @@ class Engine:
 
         full = bool(all_flags & (FLAG_FULL | FLAG_EXPLAIN))
         if all_flags & FLAG_EXPLAIN:
-            responses = rounds.explaining_round(self, shutdown)
+            responses = negotiation.explaining_round(self, shutdown)
         else:
             responses = cache.ready(missing, self.cycles)
             if full:
-                responses = rounds.vote_round(self, responses)
+                responses = negotiation.vote_round(self, responses)
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
             known = None if full or not self.psets.only_global() else bits.times_of(cache.ready_bits)
             self._agreed_at = time.monotonic()

@@ -174,9 +174,6 @@ class MPIOps:
             for op in (Sum, Min, Max, Product):
                 self._half[(half, op)] = MPI.Op.Create(_half_op(half, numpy_reduction(op)), commute=True)
 
-    def datatype(self, dtype: str) -> Any:
-        return self.datatypes[dtype]
-
     def op(self, dtype: str, op: ReduceOp) -> Any:
         """The MPI.Op for ``op`` on ``dtype`` (the submit checks have refused combinations without one)."""
         if dtype == "bool":
@@ -184,10 +181,6 @@ class MPIOps:
         if dtype in HALF_DTYPES:
             return self._half[(dtype, Sum if op is Average else op)]
         return self._builtin[op]
-
-    def half_ops(self) -> dict[tuple[str, ReduceOp], Any]:
-        """The user-defined MPI ops of float16 and bfloat16, by (dtype, op)."""
-        return dict(self._half)
 
     def record_op(self, function: Callable[[Any, Any, Any], None], doubles: int) -> tuple[Any, Any]:
         """The commutative MPI op of ``function`` and the datatype of its record (``doubles`` float64s), made once

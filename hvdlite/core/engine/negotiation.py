@@ -1,68 +1,48 @@
-"""Negotiation: the round's flags and the explaining round (``decide``): every rank agrees, identically, what runs.
+"""Negotiation: every rank agrees, identically, what runs: the round's flags, the vote and the explaining round.
 
-A cycle's bit-vector all-reduce (engine/cache.py) agrees names seen before; new ones take a vote (vote.py); only
-a mismatch, a stall check, join, shutdown or autotune's switch gathers every rank's table here."""
+A cycle's bit-vector all-reduce (engine/cache.py) agrees names seen before; new ones take a vote (``vote_round``,
+one proposal in, bits out); only a mismatch, a stall check, join, shutdown or autotune's switch gathers every
+rank's table (``explaining_round``, decided by ``decide``)."""
 from __future__ import annotations
 
+import functools
 import pickle
-from typing import Any, Optional, Sequence
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import polling
-from .messages import RankMessage
+from .callsite import grouped
+from .chunks import start_allreduce
+from .messages import RankMessage, name_table, pending_message
 from .mpi import counts_displacements
-from .mismatch import describe_mismatch, invalid_argument, submitted_at, used_elsewhere, waiting_instead
-from .requests import Kind, Response, Signature
+from .requests import FIELD_LABELS, Kind, Request, Response, Signature, shared
+from .stalls import Stalled, Stop, shutdown_message, submitted_at
 
-FLAG_FULL = 1        # some rank has requests without a cache bit: a vote this cycle (engine/vote.py)
+if TYPE_CHECKING:
+    from .loop import Engine
+
+FLAG_FULL = 1        # some rank has requests without a cache bit: a vote this cycle (vote_round)
 FLAG_SHUTDOWN = 2    # some rank is shutting down
 FLAG_BUSY = 4        # some rank has requests pending (idle ranks keep cycling promptly)
 FLAG_EXCHANGE = 8    # rank 0: exchange straggler times at the next cycle with agreed ops (engine/stragglers.py)
 FLAG_EXPLAIN = 16    # some rank needs the explaining round (stall check, join, shutdown, autotune's switch)
 NEGOTIATION_POLL_CAP = 0.001  # seconds between polls of a negotiation message exchange
 
-__all__ = ["FLAG_BUSY", "FLAG_EXCHANGE", "FLAG_EXPLAIN", "FLAG_FULL", "FLAG_SHUTDOWN",
-           "JOIN_TOLERANT", "JOIN_TOLERANT_PERMISSIVE", "Stalled", "allgather_messages", "decide"]
+__all__ = ["FLAG_BUSY", "FLAG_EXCHANGE", "FLAG_EXPLAIN", "FLAG_FULL", "FLAG_SHUTDOWN", "JOIN_TOLERANT",
+           "JOIN_TOLERANT_PERMISSIVE", "Stalled", "allgather_messages", "decide", "describe_mismatch",
+           "explaining_round", "invalid_argument", "remember", "uncached_flags", "vote_round"]
 
 
-class Stalled:
-    """A name some members of its set have not submitted yet. Its ``note`` (the set the missing ranks used it in)
-    and ``where`` (lines, what the missing ranks waited on instead) are worked out when a warning reads them."""
-
-    __slots__ = ("name", "kind", "ready_ranks", "missing_ranks", "age", "sig", "again", "_note", "_where", "_context")
-
-    def __init__(self, name: str, kind: Kind, ready_ranks: list[int], missing_ranks: list[int], age: float,
-                 sig: Signature, context: Any, again: bool = False) -> None:
-        self.name, self.kind, self.sig, self.age, self.again = name, kind, sig, age, again  # again: from a loop
-        self.ready_ranks, self.missing_ranks = ready_ranks, missing_ranks
-        self._note: Optional[str] = None
-        self._where = ""
-        self._context = context  # (the round's table, its messages): what note and where are made from
-
-    @property
-    def note(self) -> str:
-        if self._note is None:
-            table, messages = self._context
-            key = (self.sig.ps_id, self.name)
-            self._note = used_elsewhere(table, messages, key[0], self.name, self.missing_ranks)
-            self._where = submitted_at(messages, key, self.ready_ranks) + waiting_instead(messages, self.missing_ranks)
-        return self._note
-
-    @property
-    def where(self) -> str:
-        return self._where if self.note is not None else ""  # note works out both
-
-
-def allgather_messages(comm: Any, msg: RankMessage, sizes_out: Optional[list[Any]] = None) -> list[RankMessage]:
+def allgather_messages(comm: Any, msg: RankMessage, sizes_out: list[Any]) -> list[RankMessage]:
     """Every rank's message, in rank order: the sizes (into ``sizes_out``), then the bytes, each an arrival wait."""
     payload = np.frombuffer(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
     size = comm.Get_size()
     sizes = np.empty(size, dtype=np.int64)
     polling.wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), NEGOTIATION_POLL_CAP,
                  arrival=True)
-    if sizes_out is not None:
-        sizes_out[:] = sizes.tolist()
+    sizes_out[:] = sizes.tolist()
     sizes, displs = counts_displacements(sizes)
     data = np.empty(int(sizes.sum()), dtype=np.uint8)
     polling.wait(comm.Iallgatherv(payload, [data, (sizes, displs)]), NEGOTIATION_POLL_CAP, arrival=True)
@@ -162,3 +142,165 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         sig = sigs_of[first_rank][entries[first_rank]]
         responses.append(Response(join_name, sig, last_joined=last))
     return responses, stalled
+
+
+# -- mismatch text: what differs between the ranks' arguments for one name, arguments no member can use ---------
+def invalid_argument(name: str, sigs: dict[int, Signature], members: list[int]) -> Optional[str]:
+    """An argument some member passed that cannot work, checked here where every member sees every member's
+    arguments: each member fails the op with the same ValueError (none raises alone, none stalls)."""
+    first = sigs[min(sigs)]
+    if first.kind is Kind.BROADCAST:
+        bad = {rank: sig.root for rank, sig in sigs.items() if sig.root not in members}
+        if bad:
+            return (f"broadcast of {name!r}: root_rank is not a member of the process set ({grouped(bad)}); the set's "
+                    f"ranks are {members}. root_rank is a rank of the whole job (as in Horovod), also with "
+                    f"process_set=; pass one of the set's ranks")
+    return None
+
+
+def describe_mismatch(name: str, sigs: dict[int, Signature]) -> Optional[str]:
+    """None if all ranks agree, else a message naming what differs and on which ranks."""
+    if len(set(sigs.values())) == 1:
+        return None
+    kind = sigs[min(sigs)].kind
+    for field, label in FIELD_LABELS.items():
+        values = {rank: getattr(sig, field) for rank, sig in sigs.items()}
+        if len(set(values.values())) == 1:
+            continue
+        if field == "tensors":
+            label, values = _tensor_difference(kind, values)
+        detail = grouped({rank: _show(value) for rank, value in values.items()})
+        return (f"Mismatched {kind} for tensor {name!r}: the {label} differs across ranks ({detail}). "
+                f"Every rank must submit a name with the same {label}; give different tensors "
+                f"different names.")
+    return f"Mismatched {kind} for tensor {name!r}: ranks submitted different arguments"
+
+
+def _tensor_difference(kind: Kind, values: dict[int, tuple[Any, ...]]) -> tuple[str, dict[int, object]]:
+    if len({len(v) for v in values.values()}) > 1:
+        return "number of tensors", {r: len(v) for r, v in values.items()}
+    if len({tuple(t[0] for t in v) for v in values.values()}) > 1:
+        return "dtype", {r: _one(tuple(t[0] for t in v)) for r, v in values.items()}
+    label = "shape beyond the first dimension" if kind in (Kind.ALLGATHER, Kind.ALLTOALL) else "shape"
+    return label, {r: _one(tuple(t[1] for t in v)) for r, v in values.items()}
+
+
+def _one(values: tuple[Any, ...]) -> object:
+    return values[0] if len(values) == 1 else list(values)
+
+
+def _show(value: object) -> str:
+    return str(tuple(value)) if isinstance(value, tuple) and all(isinstance(x, int) for x in value) \
+        else str(value)
+
+
+def uncached_flags(pending: dict[tuple[int, str], Request], agrees: Callable[[int], bool]) -> int:
+    """FLAG_FULL for requests here without a cache bit; FLAG_EXPLAIN too if one's set is not this engine's."""
+    flags = FLAG_FULL
+    for req in pending.values():
+        if req.cache_bit < 0 and not agrees(req.sig.ps_id):
+            flags |= FLAG_EXPLAIN
+    return flags
+
+
+def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
+    """The cached responses, then the new names voted through, at a cost per rank that does not grow with the job:
+    the engine's lowest rank proposes its pending names but ``cached``'s, in submission order (size: one all-reduce;
+    names: one broadcast); every rank votes two bits a name (missing here / another signature) in one all-reduce.
+    Names no one misses run, in order; another signature or an unusable argument takes the explaining round."""
+    comm, mpi, pending, members_of = engine.comm, engine.mpi_ops, engine.completion.pending, engine.psets.ranks
+    mine = b""
+    if engine.rank == engine.scope.proposer:
+        skip = {resp.key for resp in cached}
+        mine = pickle.dumps(name_table((req.name, req.sig) for key, req in pending.items()
+                                       if key not in skip and req.sig.kind is not Kind.JOIN), protocol=5)
+    wait = functools.partial(polling.wait, cap=NEGOTIATION_POLL_CAP, arrival=True)
+    size = np.array([len(mine)], dtype=np.int64)
+    wait(start_allreduce(comm, mpi.tree, np.array(size), size, None, mpi.MPI.MAX, wait))
+    engine.vote_bytes += 8
+    engine.negotiation_calls += 1
+    if not size[0]:  # nothing proposed
+        engine.full_cycles += 1
+        return cached
+    buf = np.frombuffer(mine, dtype=np.uint8).copy() if mine else np.empty(int(size[0]), dtype=np.uint8)
+    wait(comm.Ibcast(buf, root=engine.scope.local(engine.scope.proposer)))
+    names, index, sigs = pickle.loads(buf.tobytes())
+    sigs = [shared(sig) for sig in sigs]  # equal signatures are one object: ``is`` decides the usual case
+    count, words = len(names), (len(names) + 63) // 64
+    bits = np.zeros(2 * 64 * words, dtype=bool)  # the missing bits, then the other-signature bits
+    for j, (name, i) in enumerate(zip(names, index)):
+        sig = sigs[i]
+        if engine.rank in members_of.get(sig.ps_id, ()):  # a non-member has no say
+            req = pending.get((sig.ps_id, name))
+            if req is None:
+                bits[j] = True
+            elif req.sig is not sig and req.sig != sig:
+                bits[64 * words + j] = True
+    vec = np.packbits(bits, bitorder="little").view(np.uint64)
+    result = np.empty_like(vec)
+    wait(start_allreduce(comm, mpi.tree, vec, result, None, mpi.BOR, wait))
+    engine.vote_bytes += int(size[0]) + result.nbytes
+    engine.negotiation_calls += 2
+    bits = np.unpackbits(result.view(np.uint8), bitorder="little").view(bool)
+    if bits[64 * words:64 * words + count].any():
+        return explaining_round(engine, False)  # another signature somewhere: the explaining round says which
+    responses = []
+    for j in np.flatnonzero(~bits[:count]).tolist():
+        sig = sigs[index[j]]
+        if sig.kind is Kind.BROADCAST and invalid_argument(names[j], {0: sig}, members_of.get(sig.ps_id, [])):
+            return explaining_round(engine, False)  # an argument no member can use: explained with the members' lines
+        responses.append(Response(names[j], sig))
+    engine.full_cycles += 1
+    remember(engine, responses)
+    return cached + responses
+
+
+def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
+    """Every member's whole message gathered (placed at its job rank) and decided from (``decide``)."""
+    engine.full_cycles += 1
+    engine.explain_cycles += 1
+    now = time.monotonic()
+    msg = pending_message(engine.completion.pending.values(), now, shutdown=shutdown, join_cycle=engine.join_cycle,
+                          tune=engine.observer.outgoing(), elsewhere=_elsewhere(engine))
+    sizes: list[int] = []
+    messages = engine.scope.job_ranks(allgather_messages(engine.comm, msg, sizes), RankMessage)
+    engine.full_path_bytes += sum(sizes) + 8 * len(sizes)
+    engine.negotiation_calls += 2
+    stopping = [r for r, m in enumerate(messages) if m.shutdown]
+    if stopping:
+        raise Stop(shutdown_message(engine.rank, stopping))
+    engine.observer.adopt(messages[0].tune, engine.cycles)  # every rank switches here, at the same cycle
+    responses, stalled = decide(messages, engine.psets.ranks, len(messages), engine.join_tolerant)
+    engine.watchdog.last_check = now
+    if stalled and not engine.config.stall_check_disable:
+        failed = engine.watchdog.handle(stalled)
+        responses.extend(failed)
+        if failed and (engine.parent or engine.set_engines):  # for this rank's other engines' stall notes
+            engine.recent_stalls = [(now, r.key) for r in failed if r.key in engine.completion.pending]
+    remember(engine, responses)
+    return responses
+
+
+def remember(engine: Engine, responses: list[Response]) -> None:
+    """Keep the agreed names in the response cache: a name as itself, a generated one as its stream's next."""
+    cache, members, names = engine.cache, engine.psets.ranks, engine.names
+    single_use = names.single_use if names is not None else None
+    last: dict[tuple[int, str], Response] = {}  # each stream's last generated name agreed: its next one is kept
+    for resp in responses:
+        if resp.error is not None:
+            continue
+        if single_use is not None and single_use(resp.name):  # never submitted again
+            last[(resp.sig.ps_id, resp.name.rpartition(".noname.")[0])] = resp
+        else:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
+            plain = resp if not resp.joined and resp.last_joined < 0 else None
+            cache.put(resp.name, resp.sig, members.get(resp.sig.ps_id, []), engine.cycles, plain)
+    for resp in last.values():
+        cache.put_stream(resp.name, resp.sig, members.get(resp.sig.ps_id, []), engine.cycles)
+
+
+def _elsewhere(engine: Engine) -> list[tuple[int, str]]:
+    """(set, name)s in flight in this rank's other engines or failed there lately by a stall verdict (stall notes)."""
+    since = time.monotonic() - max(engine.config.stall_shutdown_time_seconds, engine.config.stall_check_time_seconds)
+    world = engine.parent or engine
+    return [key for other in [world, *world.set_engines.values()] if other is not engine for key in  # list(set):
+            [*list(other.completion.inflight), *(key for when, key in other.recent_stalls if when >= since)]]  # atomic

@@ -205,9 +205,9 @@ class PlaneTable:
     def set_changed(self, added: bool, ps_id: int, comm: Any) -> None:
         """A process set was added (make its planes) or removed (close them): agreed, on the engine thread."""
         if added:
-            self.make_for_set(ps_id, comm)
-        else:
-            self.remove_set(ps_id)
+            return self.make_for_set(ps_id, comm)
+        for key in [k for k in self._planes if k[1] == ps_id]:
+            self._planes.pop(key).close()
 
     def plane(self, name: str, ps_id: int) -> DataPlane:
         plane = self._planes.get((name, ps_id))
@@ -222,10 +222,6 @@ class PlaneTable:
     def lacking(self, name: str) -> list[int]:
         """The ranks that cannot run plane ``name`` (why the job runs without it; [] where it is agreed)."""
         return [rank for rank, names in enumerate(self._offered) if name not in names]
-
-    def remove_set(self, ps_id: int) -> None:
-        for key in [k for k in self._planes if k[1] == ps_id]:
-            self._planes.pop(key).close()
 
     def close(self, clean: bool = True) -> None:
         """Close every plane, then let the factories end the job's rendezvous together. After a failure

@@ -50,10 +50,8 @@ def allgather(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
                           for item in items], dtype=np.int64)
     per_rank, displs = counts_displacements((all_rows * row_bytes).sum(axis=1))
     whole = [(int(all_rows[:, i].sum()),) + tuple(item.shape) for i, item in enumerate(items)]
-    if len(items) == 1:
-        send = items[0].src.reshape(-1).view(np.uint8)
-    else:
-        send = np.concatenate([item.src.reshape(-1).view(np.uint8) for item in items])
+    flats = [item.src.reshape(-1).view(np.uint8) for item in items]
+    send = flats[0] if len(items) == 1 else np.concatenate(flats)
     item = items[0]
     into = len(items) == 1 and _fits(item.dst, whole[0], item.dtype)
     recv = item.dst.reshape(-1).view(np.uint8) if into else aligned_empty((int(per_rank.sum()),), np.uint8)
@@ -68,17 +66,12 @@ def allgather(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
         return [(item, item.dst if into else recv.view(storage_dtype(item.dtype)).reshape(whole[0]))]
     results = []
     for i, item in enumerate(items):
-        store = storage_dtype(item.dtype)
         pieces = []
         for r in range(nranks):
             start = int(displs[r] + (all_rows[r, :i] * row_bytes[:i]).sum())
             pieces.append(recv[start:start + int(all_rows[r, i] * row_bytes[i])])
-        out = item.dst if _fits(item.dst, whole[i], item.dtype) else aligned_empty(whole[i], store)
-        flat = out.reshape(-1).view(np.uint8)
-        offset = 0
-        for piece in pieces:
-            flat[offset:offset + piece.size] = piece
-            offset += piece.size
+        out = item.dst if _fits(item.dst, whole[i], item.dtype) else aligned_empty(whole[i], storage_dtype(item.dtype))
+        np.concatenate(pieces, out=out.reshape(-1).view(np.uint8))
         timeline.end(item.resp.name)
         results.append((item, out))
     return results
@@ -114,7 +107,8 @@ def reducescatter(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
     recv = dst.reshape(-1) if into else np.empty(counts[me], dtype=store)
     for item in items:
         timeline.begin(item.resp.name, "MPI_REDUCESCATTER")
-    ex.wait(comm.Ireduce_scatter([send, ops.datatype(dtype)], [recv, ops.datatype(dtype)], counts, ops.op(dtype, op)))
+    datatype = ops.datatypes[dtype]
+    ex.wait(comm.Ireduce_scatter([send, datatype], [recv, datatype], counts, ops.op(dtype, op)))
     scale_inplace(recv, dtype, post)
     if into:
         timeline.end(items[0].resp.name)

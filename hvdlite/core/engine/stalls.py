@@ -8,15 +8,76 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, Collection, Iterable, Optional, Sequence
 
 import numpy as np
 
 from ..config import Config
 from ..log import logger
+from . import callsite
+from .messages import RankMessage
 from .mpi import MPIOps
-from .negotiation import Stalled
-from .requests import Request, Response
+from .requests import Kind, Request, Response, Signature
+
+
+class Stalled:
+    """A name some members of its set have not submitted yet. Its ``note`` (the set the missing ranks used it in)
+    and ``where`` (lines, what the missing ranks waited on instead) are worked out when a warning reads them."""
+
+    __slots__ = ("name", "kind", "ready_ranks", "missing_ranks", "age", "sig", "again", "_note", "_where", "_context")
+
+    def __init__(self, name: str, kind: Kind, ready_ranks: list[int], missing_ranks: list[int], age: float,
+                 sig: Signature, context: Any, again: bool = False) -> None:
+        self.name, self.kind, self.sig, self.age, self.again = name, kind, sig, age, again  # again: from a loop
+        self.ready_ranks, self.missing_ranks = ready_ranks, missing_ranks
+        self._note: Optional[str] = None
+        self._where = ""
+        self._context = context  # (the round's table, its messages): what note and where are made from
+
+    @property
+    def note(self) -> str:
+        if self._note is None:
+            table, messages = self._context
+            key = (self.sig.ps_id, self.name)
+            self._note = used_elsewhere(table, messages, key[0], self.name, self.missing_ranks)
+            self._where = submitted_at(messages, key, self.ready_ranks) + waiting_instead(messages, self.missing_ranks)
+        return self._note
+
+    @property
+    def where(self) -> str:
+        return self._where if self.note is not None else ""  # note works out both
+
+
+def submitted_at(messages: Sequence[RankMessage], key: tuple[int, str], ranks: Iterable[int]) -> str:
+    """Where each of ``ranks`` submitted ``key`` in the user's code (from their messages)."""
+    return callsite.describe({r: messages[r].site(key) for r in ranks})
+
+
+def waiting_instead(messages: Sequence[RankMessage], missing: list[int], most: int = 3) -> str:
+    """What each missing rank had pending instead of a stalled name, with its lines."""
+    parts = []
+    for rank in missing:
+        msg = messages[rank]
+        pending = [f"{name!r} at {msg.site((sig.ps_id, name)) or 'an unknown line'}"
+                   for name, sig in list(zip(msg.names, msg.signatures()))[:most]]
+        more = len(msg.names) - most
+        listed = ", ".join(pending) + (f" and {more} more" if more > 0 else "")
+        parts.append(f" Rank {rank} was waiting on {listed} instead." if pending
+                     else f" Rank {rank} had submitted nothing.")
+    return "".join(parts)
+
+
+def used_elsewhere(table: dict[tuple[int, str], dict[int, int]], messages: Sequence[RankMessage], ps_id: int,
+                   name: str, missing: list[int]) -> str:
+    """For a stalled name: which missing ranks have it pending under another process set (legal order, so shown,
+    not refused), in this round's table or in their other engines (``RankMessage.elsewhere``)."""
+    used: dict[int, set[int]] = {}
+    pairs = [(key, r) for key, entries in table.items() for r in entries if r in missing]
+    for (other_ps, other_name), rank in pairs + [(key, r) for r in missing for key in messages[r].elsewhere]:
+        if other_name == name and other_ps != ps_id:
+            used.setdefault(other_ps, set()).add(rank)
+    return "; ".join(f"rank(s) {sorted(ranks)} submitted it for process set {other_ps} instead"
+                     for other_ps, ranks in sorted(used.items()) if ranks)
 
 
 class Stop(Exception):
@@ -211,4 +272,5 @@ class Presence:
         return sorted(set(peers) - answered)
 
 
-__all__ = ["Presence", "Stop", "Watchdog", "Wedged", "shutdown_message", "verdict", "warn", "wedged_message"]
+__all__ = ["Presence", "Stalled", "Stop", "Watchdog", "Wedged", "shutdown_message", "submitted_at", "used_elsewhere",
+           "verdict", "waiting_instead", "warn", "wedged_message"]
