@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Any, Optional, Sequence, cast
 
 import numpy as np
@@ -30,9 +29,8 @@ class ResponseCache:
         self.names: list[Optional[str]] = [None] * capacity
         self.sigs: list[Optional[Signature]] = [None] * capacity
         self.responses: list[Optional[Response]] = [None] * capacity  # reused each time the bit is ready
-        self.last_used = [0] * capacity
+        self.last_used = np.zeros(capacity, dtype=np.int64)  # each bit's last tick: the least goes when all are in use
         self._free = list(range(capacity))  # a heap of the bits not in use: the lowest first
-        self._lru = LeastRecent(self.last_used)  # the victim when every bit is in use
         self.member = self.bits()  # bits whose process set includes this rank
         self.valid = self.bits()   # bits in use
         self.version = 0      # bumped when a bit changes meaning
@@ -88,7 +86,7 @@ class ResponseCache:
         """A bit for a new entry: the lowest free one, else the least recently used one's (evicted)."""
         if self._free:
             return heapq.heappop(self._free)
-        bit = self._lru.victim()  # the least (last_used, bit)
+        bit = int(np.argmin(self.last_used))  # the least (last_used, bit): argmin takes the first of equals
         self._forget(bit)
         return bit
 
@@ -105,7 +103,6 @@ class ResponseCache:
         self.sigs[bit] = sig
         self.responses[bit] = response
         self.last_used[bit] = tick
-        self._lru.touched(tick, bit)
         self.version += 1
         self.valid[bit] = True
         self.member[bit] = self.my_rank in members
@@ -135,14 +132,10 @@ class ResponseCache:
 
     def ready(self, missing_anywhere: np.ndarray, tick: int) -> list[Response]:
         """The responses of the entries no rank is missing, in bit order, each marked used at ``tick``."""
-        responses, last_used = self.responses, self.last_used
-        out = []
         self.ready_bits = np.flatnonzero(self.valid & ~missing_anywhere)  # the responses' bits, in their order
-        if tick < self._lru.ready_min:
-            self._lru.ready_min = tick
-        for bit in self.ready_bits.tolist():
-            last_used[bit] = tick
-            out.append(responses[bit])
+        self.last_used[self.ready_bits] = tick
+        responses = self.responses
+        out = [responses[bit] for bit in self.ready_bits.tolist()]
         if self.stream_of:
             self._advance()
         return cast(list[Response], out)  # valid bits hold a response
@@ -216,40 +209,3 @@ class PendingBits:
                 self.uncached -= 1
             else:
                 self.mine[req.cache_bit] = False
-
-
-_TOP = (math.inf, 0)
-
-
-class LeastRecent:
-    """The response cache's eviction order: its least recently used bit in O(log n) amortised, not O(n) per name.
-    The victim is the bit with the smallest ``(last_used, bit)`` (the same on every rank), popped from a list
-    sorted by that key while the popped key is exact and below every key handed out since the sort (else sorted
-    again); ``last_used`` is the cache's list."""
-
-    def __init__(self, last_used: list[int]) -> None:
-        self.last_used = last_used
-        self._order: list[tuple[int, int]] = []  # (last_used, bit) as sorted, largest first: pop() is the least
-        self._floor: tuple[float, int] = _TOP  # the least (tick, bit) put since the sort
-        self.ready_min: float = math.inf  # the first tick ready() marked bits at since the sort
-
-    def touched(self, tick: int, bit: int) -> None:
-        """``put`` gave ``bit`` the tick ``tick``."""
-        if (tick, bit) < self._floor:
-            self._floor = (tick, bit)
-
-    def victim(self) -> int:
-        """The bit with the least ``(last_used, bit)`` (every bit is in use)."""
-        last = self.last_used
-        order = self._order
-        while order:
-            used, bit = order.pop()
-            if last[bit] != used:
-                continue  # re-used since the sort: its new key is at least the floor or ready_min
-            if (used, bit) < self._floor and used < self.ready_min:
-                return bit
-            break
-        self._order = order = sorted(((used, bit) for bit, used in enumerate(last)), reverse=True)
-        self._floor, self.ready_min = _TOP, math.inf
-        return order.pop()[1]
-

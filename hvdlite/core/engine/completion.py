@@ -31,8 +31,8 @@ class VerdictNames(Protocol):
 
 class Completion:
     """The requests this rank has pending (``pending``: taken from the queue; ``inflight``: the names that
-    ``Engine.submit`` checks, from submission to ``finish``) and how each ends: agreed batches run on the MPI or
-    plane executor, and ``finish`` frees the name, then completes the handle."""
+    ``Engine.submit`` checks, from submission to ``finish``) and how each ends: agreed batches run on the executor,
+    and ``finish`` frees the name, then completes the handle."""
 
     def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
                  timeline: Timeline, names: Optional[VerdictNames], keep_times: bool) -> None:

@@ -77,10 +77,12 @@ def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold_byt
         if not keys:
             order.append([Marker(resp, req)])
         elif fusion_threshold_bytes > 0 and kind.fusable:
-            capped = kind is Kind.ALLGATHER or kind is Kind.REDUCESCATTER  # these copy a whole batch at once
+            # allgather and reducescatter copy a whole batch at once: cut at the threshold by the bytes every rank
+            # agrees on (the whole tensor for reducescatter, one row for allgather, whose row counts may differ)
+            capped = kind is Kind.ALLGATHER or kind is Kind.REDUCESCATTER
             for index, key in enumerate(keys):
                 item = Item(resp, req, index)
-                nbytes = _agreed_bytes(item) if capped else 0
+                nbytes = math.prod(item.shape) * storage_dtype(item.dtype).itemsize if capped else 0
                 batch = keyed.get(key)
                 if batch is None or (capped and over_cap(len(batch), filled[key], nbytes, fusion_threshold_bytes)):
                     batch = keyed[key] = []
@@ -95,10 +97,3 @@ def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold_byt
                 groups.setdefault(key, []).append(Item(resp, req, index))
             order += groups.values()
     return order
-
-
-def _agreed_bytes(item: Item) -> int:
-    """Bytes of ``item`` every rank agrees on: the whole tensor for reducescatter, one row (row counts may
-    differ between ranks) for allgather. Allgather and reducescatter batches are cut at the fusion
-    threshold by this measure, so their staging copies stay bounded and every rank cuts at the same place."""
-    return int(math.prod(item.shape)) * storage_dtype(item.dtype).itemsize

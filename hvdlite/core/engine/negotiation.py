@@ -70,14 +70,14 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
             table.setdefault((sig.ps_id, name), {})[rank] = index
 
     stalled: list[Stalled] = []
-    join_name: Optional[str] = None
+    join: Optional[tuple[str, Signature]] = None  # the join's name and signature
     for key, entries in table.items():
         ps_id, name = key
         first_rank = next(iter(entries))  # the lowest: ranks were entered in order
         first_sig = sigs_of[first_rank][entries[first_rank]]
         kind = first_sig.kind
         if kind is Kind.JOIN:
-            join_name = name
+            join = (name, first_sig)
             continue
         members = members_of.get(ps_id)
         # The usual case, decided without building sets: every member submitted the name with one signature
@@ -135,12 +135,9 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
         responses.append(Response(name, first_sig, error=error, joined=stand_ins,
                                   error_kind="join" if error is not None and stand_ins else "mismatch"))
 
-    if join_name is not None and len(joined) == world_size:
+    if join is not None and len(joined) == world_size:
         last = max(joined, key=lambda r: (messages[r].join_cycle, r))
-        entries = table[(0, join_name)]
-        first_rank = next(iter(entries))
-        sig = sigs_of[first_rank][entries[first_rank]]
-        responses.append(Response(join_name, sig, last_joined=last))
+        responses.append(Response(*join, last_joined=last))
     return responses, stalled
 
 
