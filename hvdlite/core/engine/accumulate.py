@@ -3,7 +3,8 @@
 The shape is deterministic=True's (engine/deterministic.py): slices, an all-to-all, rank-order sums (here in
 float32 whatever the wire dtype, then scaled and rounded once), an all-gather. Every contribution is rounded once
 to the wire dtype and every result once to the gather dtype, so the error does not grow with the number of ranks.
-A batch whose signature names an Accumulation reduces through an AccumulatingComm (engine/execution.py).
+A batch whose signature names an Accumulation reduces through an AccumulatingComm (engine/execution.py), a data
+plane's through planes.accumulated_allreduce.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from ..reduce_ops import ACCUMULABLE_DTYPES, Accumulation, scale_inplace
 from . import polling
-from .deterministic import exchange, plane_slices, slices
+from .deterministic import exchange, slices
 from .mpi import MPIOps, counts_displacements
 
 
@@ -122,20 +123,4 @@ def batch_comm(comm: Any, mpi_ops: MPIOps, dtype: str, extra: Any, pre: float,
     return AccumulatingComm(comm, mpi_ops, dtype, extra, pre, post)
 
 
-def plane_allreduce(plane: Any, rank: int, size: int, flat32: Any, acc: Accumulation, post: float,
-                    cast: Callable[[Any, str], Any]) -> Any:
-    """The same rule on a data plane: ``flat32`` (a 1-D float32 framework tensor, prescaled as
-    float32(double(x) * prescale)) is cast to the
-    wire dtype, moved by the plane's all-to-all, summed in float32 in rank order, multiplied by ``post`` and
-    all-gathered in ``acc.gather`` (returned, 1-D). ``cast(tensor, dtype name)`` is the framework's cast."""
-    def reduce(parts: list[Any]) -> Any:
-        total = cast(parts[0], "float32")
-        for part in parts[1:]:  # rank order, in float32
-            total += cast(part, "float32")
-        if post != 1.0:  # float32(double(x) * factor), as scale_inplace on the MPI path: the same bits
-            total = cast(cast(total, "float64") * float(post), "float32")
-        return total if acc.gather == "float32" else cast(total, acc.wire)
-    return plane_slices(plane, rank, size, cast(flat32, acc.wire), reduce)
-
-
-__all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "plane_allreduce", "to_wire", "write"]
+__all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "to_wire", "write"]

@@ -308,7 +308,7 @@ class Executor:
             raise NotImplementedError("hvd.Adasum runs on MPI host buffers only; reduce these tensors with "
                                       "hvd.Average or hvd.Sum, or move them to the CPU")
         assert sig.op is not None  # resolved at submit for every reduction
-        outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
+        outputs = [_payload(item.dst) for item in batch]  # (None: a new tensor)
         if type(sig.extra) is Accumulation and batch[0].dtype in ACCUMULABLE_DTYPES:  # engine/accumulate.py's rule
             return plane.allreduce_accumulated(_payloads(batch), outputs, batch[0].dtype, sig.extra,
                                                sig.prescale, self.post(sig))
@@ -319,8 +319,7 @@ class Executor:
         return plane.allgather(_payloads(batch), all_rows.tolist())
 
     def _plane_broadcast(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
-        outputs = [None if item.dst is None else _payload(item.dst) for item in batch]
-        return plane.broadcast(_payloads(batch), outputs, self._root(batch[0].resp.sig))
+        return plane.broadcast(_payloads(batch), [_payload(item.dst) for item in batch], self._root(batch[0].resp.sig))
 
     def _plane_reducescatter(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         sig = batch[0].resp.sig

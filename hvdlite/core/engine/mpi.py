@@ -138,11 +138,7 @@ def finalize() -> None:
     Called through ctypes, which lets other Python threads run meanwhile (mpi4py's Finalize holds the GIL)."""
     if _MPI is None or not _MPI.Is_initialized() or _MPI.Is_finalized():
         return
-    c_finalize = _mpi_symbol("MPI_Finalize")  # (ctypes' default result type, int, is MPI's)
-    if c_finalize is None:
-        _MPI.Finalize()
-    else:
-        c_finalize()
+    (_mpi_symbol("MPI_Finalize") or _MPI.Finalize)()  # (ctypes' default result type, int, is MPI's)
 
 
 # -- datatypes and ops ---------------------------------------------------------------------------------

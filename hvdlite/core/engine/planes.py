@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-from . import accumulate, deterministic, polling
+from . import deterministic, polling
 from .mpi import BufferComm
 
 from ..reduce_ops import Accumulation, ReduceOp
@@ -138,8 +138,18 @@ def rank_order_allreduce(plane: DataPlane, boot: Bootstrap, flat: Any, op: Reduc
 
 def accumulated_allreduce(plane: DataPlane, boot: Bootstrap, flat32: Any, acc: Accumulation, post: float,
                           cast: Callable[[Any, str], Any]) -> Any:
-    """An accumulating compression on a plane: engine/accumulate.py's rule over the plane's moves (1-D result)."""
-    return accumulate.plane_allreduce(plane, boot.rank, boot.size, flat32, acc, post, cast)
+    """An accumulating compression on a plane: engine/accumulate.py's rule over the plane's moves. ``flat32`` (a 1-D
+    float32 framework tensor, prescaled as float32(double(x) * prescale)) is cast to the wire dtype, moved by the
+    plane's all-to-all, summed in float32 in rank order, multiplied by ``post`` and all-gathered in ``acc.gather``
+    (returned, 1-D). ``cast(tensor, dtype name)`` is the framework's cast."""
+    def reduce(parts: list[Any]) -> Any:
+        total = cast(parts[0], "float32")
+        for part in parts[1:]:  # rank order, in float32
+            total += cast(part, "float32")
+        if post != 1.0:  # float32(double(x) * factor), as scale_inplace on the MPI path: the same bits
+            total = cast(cast(total, "float64") * float(post), "float32")
+        return total if acc.gather == "float32" else cast(total, acc.wire)
+    return deterministic.plane_slices(plane, boot.rank, boot.size, cast(flat32, acc.wire), reduce)
 
 
 class PlaneFactory:

@@ -13,7 +13,6 @@ ops agreed STEADY_AFTER_S after that, once there are STEADY_OPS.
 """
 from __future__ import annotations
 
-import functools
 import math
 import time
 from array import array
@@ -29,8 +28,6 @@ from .chunks import start_allreduce
 from .timeline import Timeline
 
 _KEY = attrgetter("key")
-POLL_CAP_S = 1e-4  # every rank starts the exchange in the same cycle: it ends within microseconds
-_wait = functools.partial(polling.wait, cap=POLL_CAP_S)
 #: The log line judges only ops agreed this long after the ranks first met (the first steps' lazy set-up aside)...
 STEADY_AFTER_S = 0.5
 #: ... and only once it has this many of them.
@@ -114,14 +111,14 @@ class Stragglers:
         del self._submitted[:count], self._agreed[:count]
         stamps, self._stamps = self._stamps[:count], self._stamps[count:]
         zero = np.concatenate((agreed, [self._met, len(stamps) == count]))  # rank 0's; and whether it traces
-        _wait(comm.Ibcast(zero, root=0))
+        polling.wait(comm.Ibcast(zero, root=0))
         held = self._held
         offsets = agreed - zero[:count] if held is None else \
             np.concatenate((held.agreed - held.agreed0, agreed - zero[:count]))
         mine = submitted - _quantile(offsets, 0.5)  # on rank 0's clock
         lacking = np.isnan(mine)
         spans = np.stack((np.where(lacking, math.inf, mine), np.where(lacking, math.inf, -mine), lacking * -1.0))
-        _wait(start_allreduce(comm, mpi.tree, spans.copy(), spans, None, mpi.MPI.MIN, _wait))
+        polling.wait(start_allreduce(comm, mpi.tree, spans.copy(), spans, None, mpi.MPI.MIN, polling.wait))
         valid = spans[2] == 0  # no rank lacked the op
         late, last = mine - spans[0], valid & (mine == -spans[1])
         held = self._keep(Held(zero[:count], agreed, late, last, valid))
@@ -134,7 +131,7 @@ class Stragglers:
         rows, ranks = np.zeros((TOP_RANKS, count)), top[:TOP_RANKS, 3]
         if zero[count + 1]:  # rank 0 traces: the report's ranks' lateness on each new op, for its timeline
             rows[ranks == self.rank] = np.where(valid, late, 0.0)
-            _wait(start_allreduce(comm, mpi.tree, rows.copy(), rows, None, mpi.MPI.SUM, _wait))
+            polling.wait(start_allreduce(comm, mpi.tree, rows.copy(), rows, None, mpi.MPI.SUM, polling.wait))
         if self.rank == 0:
             self._fresh = (top[TOP_RANKS], int(steady.sum()), stamps if valid.all() else [], rows,
                            [int(r) for r in ranks[np.isfinite(ranks)]])
@@ -153,7 +150,7 @@ class Stragglers:
         record = np.array([mine, *[_NONE] * (TOP_RANKS - 1), steady])
         op, dtype = self._mpi.record_op(_merge, record.size)
         out = np.empty_like(record)
-        _wait(start_allreduce(comm, self._mpi.tree, [record, dtype], out, dtype, op, _wait))
+        polling.wait(start_allreduce(comm, self._mpi.tree, [record, dtype], out, dtype, op, polling.wait))
         return out
 
     def settle(self, timeline: Timeline) -> None:
