@@ -83,8 +83,7 @@ class Completion:
                     raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
                                        f"is not pending here")
             elif tracing:
-                self.timeline.end(req.name)
-                self.timeline.begin(req.name, "QUEUE")
+                self.timeline.begin(req.name, "QUEUE")  # (ends its negotiation phase)
             work.append((resp, req))
         self._run_work(work)
 

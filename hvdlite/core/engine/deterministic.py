@@ -99,8 +99,7 @@ def allreduce(comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
     """Reduce ``dst`` (or ``src`` into ``dst``) across ``comm`` in rank order, element by element."""
     counts = slices(dst.shape[0], comm.Get_size())
     mine = reduce_scatter(comm, dst.copy() if src is None else src, counts, dtype, op, datatype, wait)
-    recv_counts, recv_displs = counts_displacements(counts)
-    wait(comm.Iallgatherv([mine, datatype], [dst, (recv_counts, recv_displs), datatype]))
+    wait(comm.Iallgatherv([mine, datatype], [dst, counts_displacements(counts), datatype]))
 
 
 class OrderedComm:

@@ -148,7 +148,6 @@ class Executor:
         if dst is not item.src and not out_of_place:
             tl.begin(item.resp.name, "MEMCPY_IN")
             scaled_copy(dst, item.src, item.dtype, pre)
-            tl.end(item.resp.name)
         elif dst is item.src and pre != 1.0:
             scale_inplace(dst, item.dtype, pre)
         tl.begin(item.resp.name, "MPI_ALLREDUCE")
@@ -202,14 +201,12 @@ class Executor:
                 offset += flat.size
         if tracing:
             for item in items:
-                tl.end(item.resp.name)
-                tl.begin(item.resp.name, "MPI_ALLREDUCE")
+                tl.begin(item.resp.name, "MPI_ALLREDUCE")  # (a phase begun ends the one before)
         self._chunked_allreduce(comm, None, buf, dtype, op, post)
         self._chunks.drain()  # the packed results are copied out (and the fusion buffer reused) next
         offset = 0
         for item, flat in zip(items, flats):
             if tracing:
-                tl.end(item.resp.name)
                 tl.begin(item.resp.name, "MEMCPY_OUT_FUSION_BUFFER")
             piece, offset = buf[offset:offset + flat.size], offset + flat.size
             if fresh:
