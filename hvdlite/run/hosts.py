@@ -37,7 +37,7 @@ def parse_hosts(spec: str) -> list[Host]:
         hosts.append(_host(name, slots, f"-H {spec!r}"))
     if not hosts:
         raise HostSpecError(f"-H {spec!r} names no host; write it as host1:slots,host2:slots")
-    return _merge(hosts)
+    return merge(hosts)
 
 
 _HOSTFILE_LINE = re.compile(r"^(?P<name>[^\s:]+)(?::(?P<colon>\S+)|\s+(?:slots|max_slots)\s*=\s*(?P<kw>\S+))?"
@@ -63,7 +63,7 @@ def parse_hostfile(path: str | Path) -> list[Host]:
         hosts.append(_host(match.group("name"), slots, f"{file}:{number}"))
     if not hosts:
         raise HostSpecError(f"hostfile {str(file)!r} names no host")
-    return _merge(hosts)
+    return merge(hosts)
 
 
 def _host(name: str, slots: str, where: str) -> Host:
@@ -78,7 +78,7 @@ def _host(name: str, slots: str, where: str) -> Host:
     return Host(name, count)
 
 
-def _merge(hosts: Sequence[Host]) -> list[Host]:
+def merge(hosts: Sequence[Host]) -> list[Host]:
     """Add up the slots of a host named twice, keeping first-seen order."""
     slots: dict[str, int] = {}
     for host in hosts:

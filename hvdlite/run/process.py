@@ -60,13 +60,7 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
 
 def stop_with(parent: int) -> Callable[[], None]:
     """A ``preexec_fn`` for a launcher started by ``parent``: SIGTERM it when ``parent`` dies."""
-    arm = die_with_parent(signal.SIGTERM)
-
-    def preexec() -> None:
-        arm()
-        if os.getppid() != parent:  # the parent died before the death signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-    return preexec
+    return die_with_parent(signal.SIGTERM, parent)
 
 
 def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -76,18 +76,21 @@ def exited_message(who: str, pid: int, host: str, code: int) -> str:
     return f"hvdlite-run: {who} (pid {pid} on host {host}) exited with code {code}"
 
 
-def die_with_parent(signum: int = signal.SIGKILL) -> Callable[[], None]:
+def die_with_parent(signum: int = signal.SIGKILL, parent: Optional[int] = None) -> Callable[[], None]:
     """A function for a (forked) child that asks Linux to send it ``signum`` when its parent dies
-    (``PR_SET_PDEATHSIG``); a no-op where prctl is unavailable."""
+    (``PR_SET_PDEATHSIG``; nothing where prctl is unavailable) and, given the ``parent`` it was forked from,
+    sends it at once when that parent died before the signal was armed."""
     try:
         import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
+        prctl: Optional[Callable[..., int]] = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError, ImportError):
-        return lambda: None
+        prctl = None
 
     def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+        if parent is not None and os.getppid() != parent:
+            os.kill(os.getpid(), signum)
     return arm
 
 
@@ -187,7 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dir or args.timestamp:
         redirect_output(args.dir, args.timestamp)
     if args.exec:
-        _exec(command, os.getppid(), lambda: None, ())
+        _exec(command, lambda: None, ())
     state: dict[str, Any] = {"child": 0, "pending": [], "forwarded": set()}
 
     def forward(signum: int, _frame: Optional[FrameType]) -> None:
@@ -212,13 +215,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.getppid() != launcher_daemon:
         state["pending"].append(signal.SIGTERM)
         state["forwarded"].add(signal.SIGTERM)
-    arm = die_with_parent()
-    parent = os.getpid()
+    arm = die_with_parent(signal.SIGKILL, os.getpid())
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _exec(command, parent, arm, caught)
+        _exec(command, arm, caught)
     state["child"] = pid
     pending, state["pending"] = state["pending"], []
     for sig in pending:  # signals that arrived before the child existed
@@ -240,15 +242,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return code
 
 
-def _exec(command: Sequence[str], parent: int, arm: Callable[[], None], caught: Sequence[int]) -> None:
-    """In the forked child (or instead of it, --exec): default signal handling, die with the sentinel, become the
-    program. Never returns."""
+def _exec(command: Sequence[str], arm: Callable[[], None], caught: Sequence[int]) -> None:
+    """In the forked child (or instead of it, --exec): default signal handling, die with the sentinel (``arm``),
+    become the program. Never returns."""
     try:
         for sig in (*caught, *RESTORED):
             signal.signal(sig, signal.SIG_DFL)
         arm()
-        if os.getppid() != parent:  # the sentinel died before the death signal was armed
-            os.kill(os.getpid(), signal.SIGKILL)
         os.execvp(command[0], list(command))
     except OSError as exc:
         _write(f"hvdlite-run: {rank_label()}: cannot start {command[0]}: {exc.strerror}")

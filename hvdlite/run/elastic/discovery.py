@@ -8,7 +8,8 @@ import subprocess
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
-from ..hosts import Host, HostSpecError, _merge, parse_hostfile, parse_hosts, slurm_allocation, total_slots
+from ..hosts import (Host, HostSpecError, _host, hosts_by_rank, merge, parse_hostfile, parse_hosts, slurm_allocation,
+                     total_slots)
 
 
 class DiscoveryError(RuntimeError):
@@ -41,13 +42,10 @@ def parse_discovered(text: str, slots_per_host: Optional[int], where: str) -> li
         elif slots_per_host is not None:
             slots = str(slots_per_host)  # --slots-per-host overrides, as in horovodrun
         try:
-            count = int(slots)
-        except ValueError:
-            raise DiscoveryError(f"{where}, line {number}: {raw!r} is not host:slots") from None
-        if not name or count < 1:
-            raise DiscoveryError(f"{where}, line {number}: {raw!r} is not host:slots with slots >= 1")
-        hosts.append(Host(name, count))
-    return _merge(hosts)
+            hosts.append(_host(name, slots, where))
+        except HostSpecError:
+            raise DiscoveryError(f"{where}, line {number}: {raw!r} is not host:slots with slots >= 1") from None
+    return merge(hosts)
 
 
 def slurm_nodes(env: Mapping[str, str]) -> list[str]:
@@ -151,15 +149,7 @@ def wait_for_slots(usable: Callable[[], list[Host]], min_np: int, timeout_s: flo
 
 def assign(hosts: Sequence[Host], num_proc: int) -> list[Host]:
     """The first ``num_proc`` slots, host by host (what the job runs on)."""
-    out: list[Host] = []
-    left = num_proc
-    for host in hosts:
-        if left <= 0:
-            break
-        take = min(host.slots, left)
-        out.append(Host(host.name, take))
-        left -= take
-    return out
+    return merge([Host(name, 1) for name in hosts_by_rank(hosts, num_proc)])
 
 
 class HostSource:

@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Optional
 
 from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm
 
-from ..hosts import Host, HostSpecError, hosts_by_rank
+from ..hosts import Host, HostSpecError, hosts_by_rank, merge
 from ..launchers import OPENMPI, Launcher, LaunchError
 from .server import RankInfo, is_local
 
@@ -195,7 +195,4 @@ def running_on(placed: list[Host], size: int, lost: set[tuple[int, int]]) -> lis
     start, pid)): the driver compares the usable hosts with them, so that the lost ranks' slots, usable again
     (a process that died is not a lost slot), make the job grow back at its next commit."""
     gone = {rank for rank, _ in lost}
-    left: dict[str, int] = {}
-    for rank, name in enumerate(hosts_by_rank(placed, size)):
-        left[name] = left.get(name, 0) + (rank not in gone)
-    return [Host(name, slots) for name, slots in left.items() if slots]
+    return merge([Host(name, 1) for rank, name in enumerate(hosts_by_rank(placed, size)) if rank not in gone])
