@@ -98,6 +98,8 @@ class ResponseCache:
             del self.streams[stream]
         else:
             del self.by_name[(old.ps_id, self.names[bit])]
+        self.names[bit] = self.sigs[bit] = self.responses[bit] = None
+        self.member[bit] = self.valid[bit] = False
 
     def _set(self, bit: int, sig: Signature, response: Response, members: Sequence[int], tick: int) -> None:
         self.sigs[bit] = sig
@@ -111,11 +113,6 @@ class ResponseCache:
         for bit, sig in enumerate(self.sigs):
             if sig is not None and sig.ps_id == ps_id:
                 self._forget(bit)
-                self.names[bit] = None
-                self.sigs[bit] = None
-                self.responses[bit] = None
-                self.member[bit] = False
-                self.valid[bit] = False
                 heapq.heappush(self._free, bit)
         self.version += 1
 

@@ -120,9 +120,13 @@ class Watchdog:
             self._fenced = True
             self.fence(absent)
             return True
-        if absent:
-            raise Wedged(wedged_message(self.rank, self.size, absent, waited + GRACE_S, limit,
-                                        self.waiting_names()))
+        if absent:  # this rank gives up: an MPI call waited past the limit and these ranks answer no probes
+            answered = [r for r in range(self.size) if r not in absent and r != self.rank]
+            raise Wedged(f"rank {self.rank}: an MPI call of the engine has waited {waited + GRACE_S:.1f} s "
+                         f"(stall_shutdown_time_seconds={limit:g}): rank(s) {absent} answer no messages (stopped, "
+                         f"or blocked with the GIL held); rank(s) {answered} did. Pending on this rank: "
+                         f"{self.waiting_names() or 'nothing'}. hvdlite cannot go on with this job: end it and look "
+                         f"at rank(s) {absent}.")
         return True  # everyone answered: they are busy, not gone
 
     def check_due(self, pending: Collection[Request]) -> bool:
@@ -136,29 +140,24 @@ class Watchdog:
         return now - self.last_check >= period and now - min(req.submitted for req in pending) >= period
 
     def handle(self, stalled: list[Stalled]) -> list[Response]:
-        """Rank 0 warns (at most once per check period); every rank returns the same verdicts."""
-        now = time.monotonic()
-        if self.rank == 0 and warn(stalled, self.config, now - self._last_warning):
+        """Rank 0 logs who did not submit what (at most once per ``stall_check_time_seconds``); every rank returns
+        the same verdicts."""
+        cfg, now = self.config, time.monotonic()
+        period = cfg.stall_check_time_seconds
+        if self.rank == 0 and min(max(s.age for s in stalled), now - self._last_warning) >= period:
             self._last_warning = now
-        return verdict(stalled, self.config, self._spared)
-
-
-def warn(stalled: list[Stalled], cfg: Config, since_last_warning: float) -> bool:
-    """On rank 0, at most once per ``stall_check_time_seconds``: log who did not submit what. Whether it logged."""
-    if min(max(s.age for s in stalled), since_last_warning) < cfg.stall_check_time_seconds:
-        return False
-    lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
-             f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "") + s.where
-             for s in stalled]
-    ending = ("these waits end the job with an error after %g s (stall_shutdown_time_seconds)"
-              % cfg.stall_shutdown_time_seconds if cfg.stall_shutdown_time_seconds > 0 else
-              "without HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S (hvdlite-run --stall-check-shutdown-time-seconds S) "
-              "these ranks wait forever; set it to fail the stalled ops after S s instead")
-    logger.warning("One or more collectives have waited over %g s for other ranks. The missing "
-                   "ranks have not submitted them (they may be stuck, have skipped the op, or "
-                   "used a different name):\n%s\n%s; %s.", cfg.stall_check_time_seconds, "\n".join(lines),
-                   JOIN_HINT, ending)
-    return True
+            lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
+                     f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "") + s.where
+                     for s in stalled]
+            ending = ("these waits end the job with an error after %g s (stall_shutdown_time_seconds)"
+                      % cfg.stall_shutdown_time_seconds if cfg.stall_shutdown_time_seconds > 0 else
+                      "without HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S (hvdlite-run --stall-check-shutdown-time-seconds "
+                      "S) these ranks wait forever; set it to fail the stalled ops after S s instead")
+            logger.warning("One or more collectives have waited over %g s for other ranks. The missing "
+                           "ranks have not submitted them (they may be stuck, have skipped the op, or "
+                           "used a different name):\n%s\n%s; %s.", period, "\n".join(lines),
+                           JOIN_HINT, ending)
+        return verdict(stalled, cfg, self._spared)
 
 
 #: The usual cause of a stall at the end of an epoch, and its fix (Horovod's hvd.join()).
@@ -204,15 +203,6 @@ def ahead(stalled: list[Stalled], limit: float) -> list[Stalled]:
             or all(looping.values()) or not any(looping.values()):
         return []
     return [s for s in stalled if not looping[tuple(s.ready_ranks)] and ".noname." in s.name and s.age < 2 * limit]
-
-
-def wedged_message(rank: int, size: int, absent: list[int], waited: float, limit: float, names: list[str]) -> str:
-    """Why this rank gives up: an MPI call waited past the limit and these ranks answer no probes."""
-    answered = [r for r in range(size) if r not in absent and r != rank]
-    return (f"rank {rank}: an MPI call of the engine has waited {waited:.1f} s "
-            f"(stall_shutdown_time_seconds={limit:g}): rank(s) {absent} answer no messages (stopped, "
-            f"or blocked with the GIL held); rank(s) {answered} did. Pending on this rank: "
-            f"{names or 'nothing'}. hvdlite cannot go on with this job: end it and look at rank(s) {absent}.")
 
 
 def shutdown_message(rank: int, stopping: list[int]) -> str:
@@ -273,4 +263,4 @@ class Presence:
 
 
 __all__ = ["Presence", "Stalled", "Stop", "Watchdog", "Wedged", "shutdown_message", "submitted_at", "used_elsewhere",
-           "verdict", "waiting_instead", "warn", "wedged_message"]
+           "verdict", "waiting_instead"]

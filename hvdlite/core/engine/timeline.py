@@ -38,8 +38,7 @@ class Timeline:
         with self._lock:
             if self._file is not None:
                 self._close_locked()
-            directory = os.path.dirname(os.path.abspath(path))
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._file = open(path, "w", encoding="utf-8")
             self._file.write("[\n")
             self._rows.clear()
