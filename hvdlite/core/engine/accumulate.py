@@ -114,13 +114,10 @@ class AccumulatingComm:
         return polling.DONE
 
 
-def batch_comm(comm: Any, mpi_ops: MPIOps, dtype: str, extra: Any, pre: float,
-               post: float) -> Optional[AccumulatingComm]:
-    """The communicator a batch of ``dtype`` with signature argument ``extra`` reduces through when that
-    names an Accumulation and the dtype is floating point (None: the executor's usual path)."""
-    if type(extra) is not Accumulation or dtype not in ACCUMULABLE_DTYPES:
-        return None
-    return AccumulatingComm(comm, mpi_ops, dtype, extra, pre, post)
+def accumulates(extra: Any, dtype: str) -> bool:
+    """Whether a batch of ``dtype`` with signature argument ``extra`` reduces by this rule, over MPI or a plane:
+    ``extra`` names an Accumulation and the dtype is floating point."""
+    return type(extra) is Accumulation and dtype in ACCUMULABLE_DTYPES
 
 
-__all__ = ["AccumulatingComm", "allreduce", "batch_comm", "from_wire", "to_wire", "write"]
+__all__ = ["AccumulatingComm", "accumulates", "allreduce", "from_wire", "to_wire", "write"]

@@ -13,8 +13,8 @@ import numpy as np
 
 from ..config import Config
 from ..errors import HvdliteError
-from ..reduce_ops import (ACCUMULABLE_DTYPES, Accumulation, Adasum, Average, ReduceOp, Sum, average_scale,
-                          bf16_to_f32, f32_to_bf16, scale_inplace, scaled_copy, storage_dtype)
+from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16, scale_inplace,
+                          scaled_copy, storage_dtype)
 from . import accumulate, adasum, deterministic, mpi, polling, row_exec
 from .chunks import ChunkPipeline, start_allreduce
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
@@ -84,10 +84,9 @@ class Executor:
         pre, post = first.sig.prescale, self.post(first.sig)
         if op is Adasum:
             return self._adasum(comm, items, pre, post)
-        if first.sig.extra is not None:  # an accumulating compression: its own Iallreduce applies the factors
-            accumulating = accumulate.batch_comm(comm, self.ops, items[0].dtype, first.sig.extra, pre, post)
-            if accumulating is not None:
-                comm, pre, post = accumulating, 1.0, 1.0
+        if accumulate.accumulates(first.sig.extra, items[0].dtype):  # its own Iallreduce applies the factors
+            comm = accumulate.AccumulatingComm(comm, self.ops, items[0].dtype, first.sig.extra, pre, post)
+            pre, post = 1.0, 1.0
         small: list[Item] = []
         small_bytes = 0
         threshold, chunk = self.fusion_threshold_bytes, self.chunk_bytes
@@ -306,7 +305,7 @@ class Executor:
                                       "hvd.Average or hvd.Sum, or move them to the CPU")
         assert sig.op is not None  # resolved at submit for every reduction
         outputs = [_payload(item.dst) for item in batch]  # (None: a new tensor)
-        if type(sig.extra) is Accumulation and batch[0].dtype in ACCUMULABLE_DTYPES:  # engine/accumulate.py's rule
+        if accumulate.accumulates(sig.extra, batch[0].dtype):
             return plane.allreduce_accumulated(_payloads(batch), outputs, batch[0].dtype, sig.extra,
                                                sig.prescale, self.post(sig))
         return plane.allreduce(_payloads(batch), outputs, batch[0].dtype, sig.op, sig.prescale, self.post(sig))

@@ -107,8 +107,7 @@ class Bootstrap:
         return self._comm.bcast(value, root=root)
 
     def allgather(self, value: Any) -> list[Any]:
-        values: list[Any] = self._comm.allgather(value)
-        return values
+        return list(self._comm.allgather(value))
 
     def buffers(self) -> BufferComm:
         """MPI collectives on the plane's own buffers (device memory under a CUDA-aware MPI), on a duplicate of
