@@ -1,7 +1,7 @@
 """Gradient compression's one algorithm for every frontend: cast floating-point tensors for the wire and back.
 
 A frontend subclasses ``CastCompressor`` with its framework's cast. ``AccumulatingCompressor`` (``bf16_fp32acc``...)
-casts nothing itself: the allreduce hands its ``Accumulation`` to the engine (core/engine/accumulate.py).
+casts nothing itself: the allreduce hands its ``Accumulation`` to the engine (core/engine/deterministic.py).
 """
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: boo
 
 
 class Accumulation(NamedTuple):
-    """bf16/fp16 on the wire, sums in float32 (engine/accumulate.py): each rank casts its floating-point
+    """bf16/fp16 on the wire, sums in float32 (engine/deterministic.py): each rank casts its floating-point
     contributions to ``wire`` once; a slice's owner sums them in float32, in rank order, and rounds the result
     once to ``gather``, the dtype the slices are all-gathered in (``wire``, or "float32")."""
 

@@ -15,7 +15,7 @@ from ..config import Config
 from ..errors import HvdliteError
 from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16, scale_inplace,
                           scaled_copy, storage_dtype)
-from . import accumulate, adasum, deterministic, mpi, polling, row_exec
+from . import adasum, deterministic, mpi, polling, row_exec
 from .chunks import ChunkPipeline, start_allreduce
 from .fusion import Item, Marker, aligned_empty, over_cap, packable
 from .planes import DataPlane, PlaneTable
@@ -84,8 +84,8 @@ class Executor:
         pre, post = first.sig.prescale, self.post(first.sig)
         if op is Adasum:
             return self._adasum(comm, items, pre, post)
-        if accumulate.accumulates(first.sig.extra, items[0].dtype):  # its own Iallreduce applies the factors
-            comm = accumulate.AccumulatingComm(comm, self.ops, items[0].dtype, first.sig.extra, pre, post)
+        if deterministic.accumulates(first.sig.extra, items[0].dtype):  # its own Iallreduce applies the factors
+            comm = deterministic.AccumulatingComm(comm, self.ops, items[0].dtype, first.sig.extra, pre, post)
             pre, post = 1.0, 1.0
         small: list[Item] = []
         small_bytes = 0
@@ -305,7 +305,7 @@ class Executor:
                                       "hvd.Average or hvd.Sum, or move them to the CPU")
         assert sig.op is not None  # resolved at submit for every reduction
         outputs = [_payload(item.dst) for item in batch]  # (None: a new tensor)
-        if accumulate.accumulates(sig.extra, batch[0].dtype):
+        if deterministic.accumulates(sig.extra, batch[0].dtype):
             return plane.allreduce_accumulated(_payloads(batch), outputs, batch[0].dtype, sig.extra,
                                                sig.prescale, self.post(sig))
         return plane.allreduce(_payloads(batch), outputs, batch[0].dtype, sig.op, sig.prescale, self.post(sig))

@@ -57,9 +57,9 @@ class DataPlane:
 
     def allreduce_accumulated(self, inputs: list[Any], outputs: list[Any], dtype: str, acc: Accumulation,
                               pre: float, post: float) -> list[Any]:
-        """Sum (Average's divisor in ``post``) with an accumulating compression: engine/accumulate.py's rule
-        (each rank's contribution rounded once to ``acc.wire``, float32 sums of each slice in rank order,
-        rounded once to ``acc.gather``), moved by the plane's own all-to-all and all-gather."""
+        """Sum (Average's divisor in ``post``) with an accumulating compression: engine/deterministic.py's
+        accumulating rule (each rank's contribution rounded once to ``acc.wire``, float32 sums of each slice in rank
+        order, rounded once to ``acc.gather``), moved by the plane's own all-to-all and all-gather."""
         raise NotImplementedError(f"the {self.name} data plane has no float32-accumulating allreduce; use "
                                   f"Compression.bf16, or reduce these tensors over MPI")
 
@@ -137,10 +137,10 @@ def rank_order_allreduce(plane: DataPlane, boot: Bootstrap, flat: Any, op: Reduc
 
 def accumulated_allreduce(plane: DataPlane, boot: Bootstrap, flat32: Any, acc: Accumulation, post: float,
                           cast: Callable[[Any, str], Any]) -> Any:
-    """An accumulating compression on a plane: engine/accumulate.py's rule over the plane's moves. ``flat32`` (a 1-D
-    float32 framework tensor, prescaled as float32(double(x) * prescale)) is cast to the wire dtype, moved by the
-    plane's all-to-all, summed in float32 in rank order, multiplied by ``post`` and all-gathered in ``acc.gather``
-    (returned, 1-D). ``cast(tensor, dtype name)`` is the framework's cast."""
+    """An accumulating compression on a plane: engine/deterministic.py's accumulating rule over the plane's moves.
+    ``flat32`` (a 1-D float32 framework tensor, prescaled as float32(double(x) * prescale)) is cast to the wire
+    dtype, moved by the plane's all-to-all, summed in float32 in rank order, multiplied by ``post`` and all-gathered
+    in ``acc.gather`` (returned, 1-D). ``cast(tensor, dtype name)`` is the framework's cast."""
     def reduce(parts: list[Any]) -> Any:
         total = cast(parts[0], "float32")
         for part in parts[1:]:  # rank order, in float32

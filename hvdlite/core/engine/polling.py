@@ -62,7 +62,7 @@ _SPIN_WHILE_WAITED = True
 
 class Polled:
     """A request that ``wait`` completes when ``Test()`` is true: a plane's own work, or DONE (a wrapped
-    communicator's call that reduced before it returned: engine/deterministic.py, engine/accumulate.py)."""
+    communicator's call that reduced before it returned: engine/deterministic.py)."""
 
     __slots__ = ("Test",)
 
