@@ -235,7 +235,9 @@ class Autotuner:
             index, best, best_score = self.tuner.best()
             self._write("final", [self._scored_ids[index], *best.values(), f"{best_score:.6g}", "", "", ""])
             self.current, proposal = best, dict(best, final=True)
-            self._close_log()
+            if self._log is not None:
+                self._log.close()
+                self._log = None
         else:
             self.current = self.tuner.ask()
             proposal = dict(self.current, final=False)
@@ -246,11 +248,6 @@ class Autotuner:
         if self._log is not None:
             self._writer.writerow([phase, *row])
             self._log.flush()
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 def _nbytes(tensors: Iterable[tuple[str, tuple[Any, ...]]]) -> int:
