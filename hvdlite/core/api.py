@@ -23,10 +23,29 @@ def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet]
     return state().names.name(kind, name, ps_id)
 
 
-def _give_back(given: Optional[str], name: str, process_set: Optional[ProcessSet]) -> None:
-    """A call that raised before it submitted consumes no generated name (Names.give_back)."""
-    if type(given) is not str:
-        state().names.give_back(name, 0 if process_set is None else (process_set.process_set_id or 0))
+class _Call:
+    """One call of a collective: its name (``_auto_name``) and the one submit (core/submission.py). As a context
+    manager: a call that raises before it submitted consumes no generated name (Names.give_back)."""
+
+    __slots__ = ("kind", "name", "generated", "process_set")
+
+    def __init__(self, kind: Kind, name: Optional[str], process_set: Optional[ProcessSet]) -> None:
+        self.kind, self.process_set, self.generated = kind, process_set, type(name) is not str
+        self.name = _auto_name(kind.label, name, process_set)
+
+    def __enter__(self) -> _Call:
+        return self
+
+    def __exit__(self, error: Optional[type], *_: Any) -> None:
+        if error is not None and self.generated:
+            ps = self.process_set
+            state().names.give_back(self.name, 0 if ps is None else (ps.process_set_id or 0))
+
+    def submit(self, ps_id: int, inputs: Sequence[Any], dtypes: Sequence[str], outputs: Optional[Sequence[Any]] = None,
+               rows: bool = False, **options: Any) -> Handle:
+        """``rows``: the first dimension may differ per rank."""
+        return submit(state(), self.kind, self.name, ps_id, inputs, dtypes, layout_of(inputs, dtypes, rows),
+                      outputs if outputs is not None else (None,) * len(inputs), generated=self.generated, **options)
 
 
 def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
@@ -68,21 +87,14 @@ def _prepare_all(arrays: Sequence[Any], hints: Optional[Sequence[Optional[str]]]
     return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
 
-def _submit(kind: Kind, given: Optional[str], name: str, ps_id: int, inputs: Sequence[Any], dtypes: Sequence[str],
-            outputs: Optional[Sequence[Any]] = None, rows: bool = False, **options: Any) -> Handle:
-    """The one submit (core/submission.py); ``rows``: the first dimension may differ per rank."""
-    return submit(state(), kind, name, ps_id, inputs, dtypes, layout_of(inputs, dtypes, rows),
-                  outputs if outputs is not None else (None,) * len(inputs), generated=type(given) is not str,
-                  **options)
-
-
-def _write_back(originals: Sequence[np.ndarray], prepared: Sequence[np.ndarray]) -> Callable[[Any], Any]:
-    """After an in-place op on a copy (non-contiguous input), copy results into the originals."""
+def _copy_back(targets: list[np.ndarray], direct: Sequence[Optional[np.ndarray]]) -> Callable[[Any], Any]:
+    """wait() returns ``targets`` (the caller's outputs, or the inputs of an in-place op run on copies), each
+    result the engine did not write into ``direct`` (the target itself, or its view) copied into its target."""
     def finalize(results: list[np.ndarray]) -> list[np.ndarray]:
-        for orig, prep, res in zip(originals, prepared, results):
-            if prep is not orig and res is not orig:
-                np.copyto(orig, res.reshape(orig.shape).view(orig.dtype), casting="unsafe")
-        return list(originals)
+        for target, into, result in zip(targets, direct, results):
+            if result is not into:
+                np.copyto(target, result.reshape(target.shape).view(target.dtype), casting="unsafe")
+        return list(targets)
     return finalize
 
 
@@ -100,13 +112,7 @@ def _into(kind: str, name: str, outputs: Optional[Sequence[Any]], dtype_hints: O
                         f"{[p[1] for p in prepared]} for inputs {dtypes}")
     views = [p[0] for p in prepared]
     direct = [v if np.may_share_memory(v, g) else None for v, g in zip(views, given)]  # else a copy
-
-    def finalize(results: list[np.ndarray]) -> list[np.ndarray]:
-        for g, d, r in zip(given, direct, results):
-            if r is not d:
-                np.copyto(g, r.reshape(g.shape).view(g.dtype), casting="unsafe")
-        return given
-    return direct, finalize
+    return direct, _copy_back(given, direct)
 
 
 def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = None, name: Optional[str] = None,
@@ -117,30 +123,24 @@ def grouped_allreduce_async(arrays: Sequence[Any], average: Optional[bool] = Non
                             accumulation: Optional[Accumulation] = None) -> Handle:
     """Reduce several arrays as one unit, into ``outputs`` (not overlapping the inputs) if given; with
     ``accumulation`` (Compression.bf16_fp32acc's...) floating-point arrays are summed in float32."""
-    given = name
-    name = _auto_name("allreduce", name, process_set)
-    try:
+    with _Call(Kind.ALLREDUCE, name, process_set) as call:
         reduce_op = resolve_op(op, average)
-        ps_id = _pset_id(process_set, "allreduce", name)
+        ps_id = _pset_id(process_set, "allreduce", call.name)
         inputs, dtypes = _prepare_all(arrays, dtype_hints)
         finalize = None  # (the reduction's checks: the one submit's, once per name)
         if outputs is not None and not inplace:
             if len(outputs) != len(inputs) or any(np.shape(o) != a.shape for o, a in zip(outputs, inputs)):
-                raise TypeError(f"allreduce {name!r}: outputs must be one array per input with the input's shape; "
+                raise TypeError(f"allreduce {call.name!r}: outputs must be one array per input with the input's shape; "
                                 f"got {[np.shape(o) for o in outputs]} for inputs {[a.shape for a in inputs]}")
-            outputs, finalize = _into("allreduce", name, outputs, dtype_hints, dtypes)
+            outputs, finalize = _into("allreduce", call.name, outputs, dtype_hints, dtypes)
         elif inplace:
             outputs = inputs
             if any(p is not a for p, a in zip(inputs, arrays)):
                 originals = [np.asarray(a) for a in arrays]
                 if any(p is not o for p, o in zip(inputs, originals)):
-                    finalize = _write_back(originals, inputs)
-        return _submit(Kind.ALLREDUCE, given, name, ps_id, inputs, dtypes, outputs=outputs, op=reduce_op,
-                       prescale=prescale_factor, postscale=postscale_factor, finalize=finalize,
-                       extra=accumulation)
-    except BaseException:
-        _give_back(given, name, process_set)
-        raise
+                    finalize = _copy_back(originals, originals)
+        return call.submit(ps_id, inputs, dtypes, outputs=outputs, op=reduce_op, prescale=prescale_factor,
+                           postscale=postscale_factor, finalize=finalize, extra=accumulation)
 
 
 def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
@@ -148,9 +148,8 @@ def allreduce_async(array: Any, average: Optional[bool] = None, name: Optional[s
                     process_set: ProcessSet = global_process_set, inplace: bool = False,
                     dtype_hint: Optional[str] = None) -> Handle:
     """Reduce ``array`` across the ranks of ``process_set``; the result is the reduced array."""
-    handle = grouped_allreduce_async([array], average, name, op, prescale_factor, postscale_factor,
-                                     process_set, inplace, [dtype_hint])
-    return handle.first()
+    return grouped_allreduce_async([array], average, name, op, prescale_factor, postscale_factor, process_set,
+                                   inplace, [dtype_hint]).first()
 
 
 def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
@@ -159,18 +158,12 @@ def grouped_allgather_async(arrays: Sequence[Any], name: Optional[str] = None,
                             outputs: Optional[Sequence[Any]] = None) -> Handle:
     """Concatenate each array's rows from every rank (the first dimension may differ per rank); into
     ``outputs`` (one array of the gathered shape per input; an input may be its own rows of it) if given."""
-    given = name
-    name = _auto_name("allgather", name, process_set)
-    try:
-        ps_id = _pset_id(process_set, "allgather", name)
+    with _Call(Kind.ALLGATHER, name, process_set) as call:
+        ps_id = _pset_id(process_set, "allgather", call.name)
         prepared, dtypes = _prepare_all(arrays, dtype_hints)
         inputs = [a.reshape(1) if a.ndim == 0 else a for a in prepared]
-        direct, finalize = _into("allgather", name, outputs, dtype_hints, dtypes)
-        return _submit(Kind.ALLGATHER, given, name, ps_id, inputs, dtypes, outputs=direct, rows=True,
-                       finalize=finalize)
-    except BaseException:
-        _give_back(given, name, process_set)
-        raise
+        direct, finalize = _into("allgather", call.name, outputs, dtype_hints, dtypes)
+        return call.submit(ps_id, inputs, dtypes, outputs=direct, rows=True, finalize=finalize)
 
 
 def allgather_async(array: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set,
@@ -182,49 +175,37 @@ def broadcast_async(array: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, inplace: bool = False,
                     dtype_hint: Optional[str] = None) -> Handle:
     """Copy ``array`` from ``root_rank`` (a rank of the whole job, as in Horovod) to every member of the set."""
-    given = name
-    name = _auto_name("broadcast", name, process_set)
-    try:
-        ps_id = _pset_id(process_set, "broadcast", name)
+    with _Call(Kind.BROADCAST, name, process_set) as call:
+        ps_id = _pset_id(process_set, "broadcast", call.name)
         root = operator.index(root_rank)
         a, dtype = _prepare(array, dtype_hint)
         outputs: list[Optional[np.ndarray]] = [a if inplace else None]
         finalize = None
-        if inplace and type(a) is not PlaneBuffer and a is not np.asarray(array):
-            finalize = _write_back([np.asarray(array)], [a])
-        handle = _submit(Kind.BROADCAST, given, name, ps_id, [a], [dtype], outputs=outputs, root=root,
-                         finalize=finalize)
-        return handle.first()
-    except BaseException:
-        _give_back(given, name, process_set)
-        raise
+        if inplace and type(a) is not PlaneBuffer and a is not (original := np.asarray(array)):
+            finalize = _copy_back([original], [original])
+        return call.submit(ps_id, [a], [dtype], outputs=outputs, root=root, finalize=finalize).first()
 
 
 def alltoall_async(array: Any, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set, dtype_hint: Optional[str] = None) -> Handle:
     """Send ``splits[i]`` rows to rank i. The result is ``(received array, received splits)``."""
-    given = name
-    name = _auto_name("alltoall", name, process_set)
-    try:
-        ps_id = _pset_id(process_set, "alltoall", name)
+    with _Call(Kind.ALLTOALL, name, process_set) as call:
+        ps_id = _pset_id(process_set, "alltoall", call.name)
         a, dtype = _prepare(array, dtype_hint)
         if a.ndim == 0:
-            raise ValueError(f"alltoall {name!r}: the tensor needs at least one dimension")
+            raise ValueError(f"alltoall {call.name!r}: the tensor needs at least one dimension")
         n = state().psets.size(ps_id)
         if splits is None:
             if a.shape[0] % n:
-                raise ValueError(f"alltoall {name!r}: the first dimension ({a.shape[0]}) is not divisible by the "
+                raise ValueError(f"alltoall {call.name!r}: the first dimension ({a.shape[0]}) is not divisible by the "
                                  f"number of ranks ({n}); pass splits= explicitly")
             split_arr = None
         else:
             split_arr = np.asarray(splits, dtype=np.int64).reshape(-1)
             if split_arr.size != n or (split_arr < 0).any() or split_arr.sum() != a.shape[0]:
-                raise ValueError(f"alltoall {name!r}: splits {split_arr.tolist()} must have one non-negative "
+                raise ValueError(f"alltoall {call.name!r}: splits {split_arr.tolist()} must have one non-negative "
                                  f"entry per rank ({n}) summing to the first dimension ({a.shape[0]})")
-        return _submit(Kind.ALLTOALL, given, name, ps_id, [a], [dtype], splits=split_arr, rows=True)
-    except BaseException:
-        _give_back(given, name, process_set)
-        raise
+        return call.submit(ps_id, [a], [dtype], splits=split_arr, rows=True)
 
 
 def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = None, op: Any = None,
@@ -234,22 +215,17 @@ def grouped_reducescatter_async(arrays: Sequence[Any], name: Optional[str] = Non
                                 outputs: Optional[Sequence[Any]] = None) -> Handle:
     """Reduce, then give rank r its share of the first dimension (earlier ranks take the remainder); into
     ``outputs`` (not overlapping the inputs) if given."""
-    given = name
-    name = _auto_name("reducescatter", name, process_set)
-    try:
+    with _Call(Kind.REDUCESCATTER, name, process_set) as call:
         reduce_op = resolve_op(op)
-        ps_id = _pset_id(process_set, "reducescatter", name)
+        ps_id = _pset_id(process_set, "reducescatter", call.name)
         inputs, dtypes = _prepare_all(arrays, dtype_hints)
         if any(a.ndim == 0 for a in inputs):
-            raise ValueError(f"reducescatter {name!r}: the tensor needs at least one dimension")
+            raise ValueError(f"reducescatter {call.name!r}: the tensor needs at least one dimension")
         if len(set(dtypes)) > 1:
-            raise TypeError(f"reducescatter {name!r}: all tensors of a group must share one dtype")
-        direct, finalize = _into("reducescatter", name, outputs, dtype_hints, dtypes)
-        return _submit(Kind.REDUCESCATTER, given, name, ps_id, inputs, dtypes, op=reduce_op, prescale=prescale_factor,
-                       postscale=postscale_factor, outputs=direct, finalize=finalize)
-    except BaseException:
-        _give_back(given, name, process_set)
-        raise
+            raise TypeError(f"reducescatter {call.name!r}: all tensors of a group must share one dtype")
+        direct, finalize = _into("reducescatter", call.name, outputs, dtype_hints, dtypes)
+        return call.submit(ps_id, inputs, dtypes, op=reduce_op, prescale=prescale_factor,
+                           postscale=postscale_factor, outputs=direct, finalize=finalize)
 
 
 def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,
@@ -260,17 +236,16 @@ def reducescatter_async(array: Any, name: Optional[str] = None, op: Any = None,
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    name = _auto_name("barrier", None, process_set)
-    ps_id = _pset_id(process_set, "barrier", name)
-    _submit(Kind.BARRIER, None, name, ps_id, [], []).wait()
+    call = _Call(Kind.BARRIER, None, process_set)
+    call.submit(_pset_id(process_set, "barrier", call.name), [], []).wait()
 
 
 def join(device: int = -1) -> int:
     """This rank has no more data: until every rank joins, its peers' allreduces get zeros from it. Returns the
     rank that joined last."""
-    name = _auto_name("join", None)
-    _pset_id(None, "join", name)
-    return int(_submit(Kind.JOIN, None, name, 0, [], []).wait())
+    call = _Call(Kind.JOIN, None, None)
+    _pset_id(None, "join", call.name)
+    return int(call.submit(0, [], []).wait())
 
 
 def poll(handle: Handle) -> bool:

@@ -4,11 +4,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 
-def is_comm(obj: Any) -> bool:
-    """Whether ``obj`` looks like an mpi4py communicator (duck-typed: frontends never import mpi4py)."""
-    return hasattr(obj, "Get_group") and hasattr(obj, "Get_size") and hasattr(obj, "Split")
-
-
 class ProcessSet:
     """A set of ranks: ``ProcessSet([0, 2])`` or ``ProcessSet(comm)`` (an mpi4py communicator's ranks), usable
     once ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set(...)`` registered it on every rank."""
@@ -16,8 +11,8 @@ class ProcessSet:
     def __init__(self, ranks_or_comm: Any = None) -> None:
         self.mpi_comm: Any = None
         self.ranks: Optional[list[int]] = None
-        if is_comm(ranks_or_comm):
-            self.mpi_comm = ranks_or_comm  # its ranks are resolved when the set is registered
+        if all(hasattr(ranks_or_comm, method) for method in ("Get_group", "Get_size", "Split")):  # (duck-typed)
+            self.mpi_comm = ranks_or_comm  # an mpi4py communicator: its ranks are resolved when the set is registered
         elif ranks_or_comm is not None:
             self.ranks = sorted({int(r) for r in ranks_or_comm})
             if not self.ranks:

@@ -21,7 +21,6 @@ __all__ = ["FINALIZE_TIMEOUT_S", "Recovery", "can_recover", "lost_rank", "recove
 
 #: Seconds MPI_Finalize may take at the exit of a process that recovered, before it exits without it.
 FINALIZE_TIMEOUT_S = 60.0
-_finalize_guarded = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +75,8 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
                 logger.warning("another rank was lost while recovering (%s): shrinking again", exc)
         lost = tuple(r for r in range(old.size) if r not in old_ranks)
         runtime._state = new
-        _guard_finalize()
+        atexit.unregister(_finalize_at_exit)  # a recovered process ends MPI itself at exit, once, before init()'s hook
+    atexit.register(_finalize_at_exit, FINALIZE_TIMEOUT_S)
     # ULFM also declares failed a rank that only stopped answering (SIGSTOP, missed heartbeats): end it, so that
     # it can neither come back into the job nor keep the launcher from ending
     fence(lost, old.peers, "was declared failed but its process is still there",
@@ -111,15 +111,6 @@ def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], sta
         else:
             ps.ranks = after
             state.add_process_set(ps)
-
-
-def _guard_finalize() -> None:
-    """Once a process has recovered, it ends MPI itself at exit (registered after init()'s exit hook, so it runs
-    first)."""
-    global _finalize_guarded
-    if not _finalize_guarded:
-        atexit.register(_finalize_at_exit, FINALIZE_TIMEOUT_S)
-        _finalize_guarded = True
 
 
 def _finalize_at_exit(timeout_s: float) -> None:

@@ -33,7 +33,7 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
-_BY_VALUE = {member.value: member for member in ReduceOp}
+_BY_NAME = {member.value.lower(): member for member in ReduceOp}
 _DTYPE_NAMES: dict[Any, Any] = {}
 
 #: dtype names a collective accepts; "bfloat16" travels as uint16 bits.
@@ -54,11 +54,8 @@ def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
         return Average
     if isinstance(op, ReduceOp):
         return op
-    if op in _BY_VALUE:
-        return _BY_VALUE[op]
-    for member in ReduceOp:
-        if op == member.value or (isinstance(op, str) and op.lower() == member.value.lower()):
-            return member
+    if isinstance(op, str) and op.lower() in _BY_NAME:
+        return _BY_NAME[op.lower()]
     raise ValueError(f"unknown reduce op {op!r}; use one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
                      f"hvd.Product")
 
@@ -139,11 +136,11 @@ class Accumulation(NamedTuple):
 
 
 def check_accumulation(kind: str, name: str, op: ReduceOp, dtypes: Any, accumulation: Optional[Accumulation],
-                       rank: Optional[int] = None) -> None:
+                       rank: int) -> None:
     """Refuse, at submit, an accumulating compression the engine cannot run (one check for every frontend)."""
     if accumulation is None:
         return
-    where = f"rank {rank}: " if rank is not None else ""
+    where = f"rank {rank}: "
     if kind != "allreduce":
         raise NotImplementedError(f"{where}{kind} {name!r}: float32 accumulation (Compression.*_fp32acc) is "
                                   f"defined for allreduce only; use Compression.bf16 or Compression.none")

@@ -158,7 +158,10 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
                 _state = None
                 state.close()
             state = _start(comm, settings)
-    _register_init_sets(state, process_sets)
+    # Horovod's init(process_sets=...), collective: a rank with a duplicate entry raises ValueError, the others
+    # registered, and hvdlite stays initialized (init_sets None) for the next init() to pass a list
+    state.init_sets = None
+    state.init_sets = state.register_sets(list(process_sets), set(), True) if process_sets else []
 
 
 def _start(comm: Any, settings: dict[str, Any]) -> State:
@@ -192,14 +195,6 @@ def _start(comm: Any, settings: dict[str, Any]) -> State:
     return state
 
 
-def _register_init_sets(state: State, process_sets: Optional[Sequence[ProcessSet]]) -> None:
-    """Register init()'s process sets as Horovod does (collective): a rank with a duplicate entry raises
-    ValueError, the others registered, and hvdlite stays initialized for the next init() to pass a list."""
-    state.init_sets = None
-    sets = list(process_sets or ())
-    state.init_sets = state.register_sets(sets, set(), True) if sets else []
-
-
 def shutdown() -> None:
     """Stop the engine on every rank. Idempotent; init() may be called again afterwards."""
     global _state
@@ -218,8 +213,7 @@ def _shutdown_at_exit() -> None:
 
 def generation() -> int:
     """A number that changes with every init(): what a frontend caches per tensor is valid within one."""
-    current = _state
-    return (current if current is not None else state()).generation  # state() raises: not initialized
+    return state().generation
 
 
 def state() -> State:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from hvdlite.core.elastic import store as store_module
-from hvdlite.core.elastic.store import CommitStore
+from hvdlite.core.elastic import state as store_module
+from hvdlite.core.elastic.state import CommitStore
 
 MPI_SIZES = (2, 3)
 

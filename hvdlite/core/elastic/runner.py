@@ -6,7 +6,6 @@ import sys
 from typing import Any, Callable, TypeVar
 
 from .. import recovery, runtime
-from ..errors import ProcessFailedError
 from ..log import logger
 from . import link as driver
 from .state import HostsUpdatedInterrupt, State
@@ -51,15 +50,14 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
         try:
             return func(state, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a lost rank, possibly wrapped by the framework (TensorFlow)
-            lost = recovery.lost_rank(exc)
-            if lost is None:
+            error = recovery.lost_rank(exc)
+            if error is None:
                 raise
-            error: BaseException = lost
-        while True:
+        while error is not None:
             if not recovery.can_recover(error):
                 raise error
             try:
-                done = recovery.recover(error if isinstance(error, ProcessFailedError) else None)
+                done = recovery.recover(error)
                 driver.link().send(op="recovered", lost=list(done.lost_ranks), size=done.new_size,
                                    rank=done.new_rank, old_rank=done.old_rank,
                                    lost_peers=[[p.host, p.pid, p.started] for p in done.lost_peers])
@@ -67,12 +65,11 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
                 state.restore()
                 state.on_reset()
                 state.sync_in_memory()
-                break
+                error = None
             except Exception as again:  # noqa: BLE001 - another rank lost during the recovery itself
-                lost = recovery.lost_rank(again)
-                if lost is None:
+                error = recovery.lost_rank(again)
+                if error is None:
                     raise
-                error = lost
 
 
 def _leave_below_min_np(state: State, size: int) -> None:

@@ -53,9 +53,8 @@ class ElasticShards:
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Mark batch ``batch_idx`` (of ``batch_size`` per rank) of every rank as processed."""
-        lo, hi = batch_idx * batch_size, (batch_idx + 1) * batch_size
-        for r in range(self.num_replicas):
-            self.processed.update(self._remaining[r::self.num_replicas][lo:hi])
+        for rows in self.batch_indices(batch_idx, batch_size):
+            self.processed.update(rows)
 
     def batch_indices(self, batch_idx: int, batch_size: int) -> list[list[int]]:
         """The samples of batch ``batch_idx`` on each rank (for checks and logs)."""

@@ -1,14 +1,63 @@
-"""Elastic training state: commit() keeps it on the rank's own host, sync() agrees on the newest commit."""
+"""Elastic training state: commit() keeps it in this host's CommitStore, sync() agrees on the newest commit."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterable, Optional
+import os
+import pickle
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, cast
 
 from .. import runtime
+from ..elastic_wire import job_dir, remove_host
 from ..log import logger
 from ..horovod_forms import allgather_object, broadcast_object
 from . import link as driver
-from .store import CommitStore
+
+
+class CommitStore:
+    """``<dir>/hvdlite-elastic-<job>/<hostname>/commit.pkl``: the newest commit this host holds (the host name
+    keeps hosts that share a file system apart, as local disks would)."""
+
+    def __init__(self, configured_dir: str, job: str) -> None:
+        self.configured_dir, self.job = configured_dir, job
+        self.job_dir = job_dir(configured_dir, job)
+        self.dir = self.job_dir / socket.gethostname()
+        self.path = self.dir / "commit.pkl"
+
+    def write(self, counter: int, payload: Any) -> None:
+        """Write (counter, payload) so that a reader sees the old or the new commit, never a torn one."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".commit-", dir=self.dir)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                pickle.dump({"counter": counter, "payload": payload}, handle, protocol=pickle.HIGHEST_PROTOCOL)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def read(self) -> tuple[int, Any]:
+        """(counter, payload) of the commit this host holds; (0, None) when none."""
+        try:
+            with open(self.path, "rb") as handle:
+                data = cast(dict[Any, Any], pickle.load(handle))
+            return int(data["counter"]), data["payload"]
+        except FileNotFoundError:
+            return 0, None
+        except Exception as exc:  # noqa: BLE001 - a damaged commit counts as none; another host has one
+            logger.warning("ignoring unreadable elastic commit %s: %s", self.path, exc)
+            return 0, None
+
+    def remove(self) -> None:
+        """Delete this host's copy (the run finished)."""
+        try:
+            remove_host(self.configured_dir, self.job)
+        except OSError as exc:
+            logger.warning("elastic commit %s not removed: %s", self.dir, exc)
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -27,7 +76,6 @@ class State:
     def __init__(self, bcast_object: Optional[Callable[..., Any]] = None,
                  get_rank: Optional[Callable[[], int]] = None) -> None:
         self._bcast_object = bcast_object or broadcast_object
-        self._allgather_object = allgather_object
         self._get_rank = get_rank or runtime.rank
         self._reset_callbacks: list[Callable[[], None]] = []
         self._saved: Any = None
@@ -87,7 +135,7 @@ class State:
         rank = self._get_rank()
         store = self._store()
         mine, payload = store.read() if store is not None else (0, None)
-        counters = self._allgather_object(mine, name="hvdlite.elastic.counters")
+        counters = allgather_object(mine, name="hvdlite.elastic.counters")
         newest = max(counters)
         if newest > 0:
             root = counters.index(newest)
@@ -110,8 +158,8 @@ class State:
         """After an in-process recovery: agree on the newest commit any survivor holds in memory (a rank lost
         mid-step may have left some a commit ahead) and take it from the lowest survivor holding it."""
         rank = self._get_rank()
-        counters = self._allgather_object(self.commit_counter if self._saved is not None else 0,
-                                          name="hvdlite.elastic.memory_counters")
+        counters = allgather_object(self.commit_counter if self._saved is not None else 0,
+                                    name="hvdlite.elastic.memory_counters")
         newest = max(counters)
         root = counters.index(newest)
         if min(counters) != newest:  # equal counters: every survivor restored the same commit already
