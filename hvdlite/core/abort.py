@@ -13,8 +13,6 @@ from .engine import callsite, mpi
 from .engine.loop import LOST_RANKS_WAIT_S
 from .errors import lost_rank
 
-__all__ = ["install_excepthook"]
-
 _previous_excepthook: Any = None
 _previous_threading_hook: Any = None
 _ABORT_GRACE_S = 1.0  # seconds between printing an uncaught exception and MPI_Abort

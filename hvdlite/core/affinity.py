@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cpu_cores", "core_sharing"]
-
 
 def cpu_cores() -> tuple[int, int]:
     """(cores this process may run on, cores of the machine)."""

@@ -8,9 +8,6 @@ from typing import Callable
 from . import runtime
 from .engine.planes import built
 
-__all__ = ["mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-           "cuda_built", "rocm_built", "gpu_available", "register_gpu_probe"]
-
 #: framework name -> whether it sees a CUDA device here
 _gpu_probes: dict[str, Callable[[], bool]] = {}
 

@@ -9,9 +9,6 @@ from typing import Any, Optional
 
 from .reduce_ops import HALF_DTYPES, Accumulation
 
-__all__ = ["Compressor", "NoneCompressor", "CastCompressor", "AccumulatingCompressor", "accumulating",
-           "accumulation_of", "check_sparse_compression"]
-
 
 class Compressor:
     """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx) -> tensor``."""

@@ -26,9 +26,6 @@ SECRET_VARIABLE = "HVDLITE_ELASTIC_SECRET"
 #: hvdlite-run's --min-np: survivors of an in-process recovery fewer than it leave instead of training on.
 MIN_NP_VARIABLE = "HVDLITE_ELASTIC_MIN_NP"
 
-__all__ = ["DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE", "SECRET_VARIABLE",
-           "MIN_NP_VARIABLE", "signature", "base_dir", "job_dir", "remove_job", "remove_host", "remover_command"]
-
 
 def signature(secret: str, nonce: str, message: dict[str, Any]) -> str:
     """The HMAC-SHA256 (hex) of ``message`` (without its "mac") on the connection that sent ``nonce``."""

@@ -14,8 +14,6 @@ else:  # run by path on a rank's host, for the elastic driver (fence_command): t
     import logging
     logger = logging.getLogger("hvdlite")
 
-__all__ = ["Peer", "fence", "fence_command", "fence_elsewhere", "kill_if_same", "this_process", "set_elsewhere"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Peer:

@@ -12,8 +12,6 @@ from .reduce_ops import ReduceOp
 from .runtime import state
 from .submission import layout_of, submit
 
-__all__ = ["local_overlap_verdict", "gradient_overlap"]
-
 
 def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
     """This rank's own view: "auto" overlaps when every rank on the node has a core for its engine besides its

@@ -17,8 +17,6 @@ from .errors import HvdliteError, ProcessFailedError
 from .log import logger
 from .process_sets import ProcessSet
 
-__all__ = ["FINALIZE_TIMEOUT_S", "Recovery", "can_recover", "lost_rank", "recover"]
-
 #: Seconds MPI_Finalize may take at the exit of a process that recovered, before it exits without it.
 FINALIZE_TIMEOUT_S = 60.0
 

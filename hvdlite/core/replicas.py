@@ -113,6 +113,3 @@ def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> in
     """Check that every rank holds bit-identical copies of the numpy arrays (and numbers) in ``obj`` (nested
     mappings, lists, tuples); returns how many were compared, or raises ReplicaDivergenceError on every rank."""
     return check_named(flatten(obj, numpy_leaf), process_set)
-
-
-__all__ = ["check_named", "check_replicas", "digest", "flatten", "numpy_leaf"]

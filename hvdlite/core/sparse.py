@@ -10,8 +10,6 @@ from .engine.handles import Handle
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import ReduceOp, bf16_to_f32, f32_to_bf16, resolve_op
 
-__all__ = ["check_sparse", "sparse_allgather_async"]
-
 
 def check_sparse(op: Any, name: Optional[str], prescale_factor: float = 1.0,
                  postscale_factor: float = 1.0) -> ReduceOp:
