@@ -4,7 +4,7 @@ module is private to the core.
 
 ``hvdlite.core.basics`` holds the runtime names every frontend re-exports (``from hvdlite.core.basics import *``;
 ``__all__ += basics.__all__``); ``__all__`` below lists the rest, each documented where it is defined. Policy
-both frontends need (op resolution and checks, gradient options and scales, compression, SyncBatchNorm's
+both frontends need (op resolution and checks, gradient options, scales and overlap, compression, SyncBatchNorm's
 moments, data planes, the one submit for prepared arrays) is written once here or in the module it comes from.
 """
 from __future__ import annotations
@@ -12,24 +12,27 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, NamedTuple, Optional, TypeVar
 
+import numpy as np
+
+from .affinity import core_sharing
 from .compression import (CastCompressor, Compressor, NoneCompressor, accumulating, accumulation_of,
                           check_sparse_compression)
-from .build_flags import register_gpu_probe
+from .basics import register_gpu_probe
 from .config import Config
 from .replicas import check_named as check_named_replicas
 from .replicas import flatten as flatten_tensors
 from .engine.fusion import aligned_empty
 from .log import logger
-from .overlap import gradient_overlap
 from .engine.mpi import cuda_aware as mpi_cuda_aware
 from .engine.planes import (Bootstrap, DataPlane, PlaneBuffer, PlaneFactory, accumulated_allreduce, in_rank_order,
                             rank_order_allreduce, register_factory)
 from .reduce_ops import SUPPORTED_DTYPES, Accumulation, ReduceOp, check_reduction, exact_divisor, resolve_op
 from .engine.handles import UNSET, Handle
 from .engine.requests import Kind, tensor_layout
+from .process_sets import ProcessSet
 from .runtime import generation, is_initialized, state
-from .submission import submit
-from .sparse import check_sparse, sparse_allgather_async
+from .submission import layout_of, submit
+from .api import check_sparse, sparse_allgather_async
 
 __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "gradient_scales", "mixin_class",
            "Compressor", "NoneCompressor", "CastCompressor", "Accumulation", "accumulating", "accumulation_of",
@@ -88,6 +91,35 @@ def mixin_class(mixin: type, base: type, **attributes: Any) -> type:
         if cls is None:
             cls = _mixed[(mixin, base)] = build()
         return cls
+
+
+def local_overlap_verdict(compute_threads: Optional[int]) -> bool:
+    """This rank's own view: "auto" overlaps when every rank on the node has a core for its engine besides its
+    ``compute_threads`` (None: backward runs on an accelerator)."""
+    current = state()
+    setting = current.config.gradient_overlap
+    if setting != "auto":
+        return setting == "on"
+    if compute_threads is None:
+        return True
+    sharing, mine = core_sharing(current.local_size)
+    return mine >= sharing * (compute_threads + 1)
+
+
+def gradient_overlap(compute_threads: Optional[int], process_set: Optional[ProcessSet] = None) -> bool:
+    """Whether a frontend starts gradient reductions during backward: every member calls this, and the set
+    overlaps only if every member's view says so (so all issue the same collectives)."""
+    current = state()
+    verdict = local_overlap_verdict(compute_threads)
+    if current.config.gradient_overlap != "auto":
+        return verdict  # the setting itself is agreed at init()
+    ps = process_set if process_set is not None else current.psets.sets[0]
+    ps_id = ps.process_set_id or 0
+    name = current.names.name("gradient_overlap.agreement", None, ps_id)
+    vote = (np.array([int(verdict)], dtype=np.int32),)
+    handle = submit(current, Kind.ALLREDUCE, name, ps_id, vote, ("int32",), layout_of(vote, ("int32",)), (None,),
+                    op=ReduceOp.MIN, generated=True)
+    return bool(handle.wait()[0][0])
 
 
 def process_set_ranks(ps_id: int) -> list[int]:

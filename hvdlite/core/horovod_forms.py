@@ -121,8 +121,5 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name + ".sizes", process_set)
     data = allgather(payload, name + ".data", process_set)
-    out, offset = [], 0
-    for n in sizes.tolist():
-        out.append(cloudpickle.loads(data[offset:offset + n].tobytes()))
-        offset += n
-    return out
+    bounds = [0, *np.cumsum(sizes).tolist()]
+    return [cloudpickle.loads(data[start:end].tobytes()) for start, end in zip(bounds, bounds[1:])]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .build_flags import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
+from .basics import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from .config import Config, environ, getenv
 from .elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
                            SECRET_VARIABLE, job_dir, remove_job, remover_command, signature)

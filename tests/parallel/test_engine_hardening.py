@@ -78,7 +78,7 @@ def test_bad_argument_fails_at_submit_and_engine_goes_on(size: int) -> None:
 
 def test_gradient_overlap_auto_is_one_verdict_for_the_job(reinit, rank: int) -> None:
     from hvdlite.core import frontend
-    from hvdlite.core.overlap import local_overlap_verdict
+    from hvdlite.core.frontend import local_overlap_verdict
     reinit(gradient_overlap="auto")
     # rank 0 runs on an accelerator (its own view: overlap), the others claim every core (theirs: no overlap)
     threads = None if rank == 0 else 10**6

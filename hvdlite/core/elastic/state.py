@@ -137,18 +137,14 @@ class State:
         mine, payload = store.read() if store is not None else (0, None)
         counters = allgather_object(mine, name="hvdlite.elastic.counters")
         newest = max(counters)
-        if newest > 0:
-            root = counters.index(newest)
-            snapshot = self._bcast_object(payload if rank == root else None, root, name="hvdlite.elastic.sync")
+        root = counters.index(newest)  # rank 0 when no host holds a commit: then its current state goes out
+        held = (payload if newest > 0 else self._snapshot()) if rank == root else None
+        snapshot = self._bcast_object(held, root, name="hvdlite.elastic.sync")
+        if newest > 0 or rank != root:
             self._apply(copy.deepcopy(snapshot))
-            self.commit_counter = newest
-            message = f"resumed from commit {newest}, held by rank {root}; {len(counters)} ranks now"
-        else:
-            snapshot = self._bcast_object(self._snapshot() if rank == 0 else None, 0, name="hvdlite.elastic.sync")
-            if rank != 0:
-                self._apply(copy.deepcopy(snapshot))
-            self.commit_counter = 0
-            message = f"no commit to resume from: started from rank 0's state; {len(counters)} ranks"
+        self.commit_counter = newest
+        message = (f"resumed from commit {newest}, held by rank {root}; {len(counters)} ranks now" if newest > 0
+                   else f"no commit to resume from: started from rank 0's state; {len(counters)} ranks")
         self.save()
         logger.info(message)
         if rank == 0:
