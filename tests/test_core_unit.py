@@ -82,7 +82,7 @@ def test_config_rejects_bad_values_and_unknown_keywords() -> None:
 
 
 def test_gradient_overlap_setting_and_auto_decision() -> None:
-    from hvdlite.core.affinity import cpu_cores
+    from hvdlite.core.runtime import cpu_cores
     from hvdlite.core.frontend import local_overlap_verdict as gradient_overlap
     assert Config().gradient_overlap == "auto"
     assert Config.from_env({"HOROVOD_GRADIENT_OVERLAP": "1"}).gradient_overlap == "on"

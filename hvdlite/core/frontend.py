@@ -14,7 +14,6 @@ from typing import Any, Callable, NamedTuple, Optional, TypeVar
 
 import numpy as np
 
-from .affinity import core_sharing
 from .compression import (CastCompressor, Compressor, NoneCompressor, accumulating, accumulation_of,
                           check_sparse_compression)
 from .basics import register_gpu_probe
@@ -30,7 +29,7 @@ from .reduce_ops import SUPPORTED_DTYPES, Accumulation, ReduceOp, check_reductio
 from .engine.handles import UNSET, Handle
 from .engine.requests import Kind, tensor_layout
 from .process_sets import ProcessSet
-from .runtime import generation, is_initialized, state
+from .runtime import core_sharing, generation, is_initialized, state
 from .submission import layout_of, submit
 from .api import check_sparse, sparse_allgather_async
 

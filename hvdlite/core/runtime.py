@@ -1,14 +1,14 @@
-"""The MPI runtime's state and lifecycle: init(), shutdown(), state(), and the topology (rank, local_rank...)."""
+"""The MPI runtime's state and lifecycle: init(), shutdown(), state(), and the topology (rank, ..., cores)."""
 from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import threading
 from typing import Any, Optional, Sequence
 
 from . import log, pset_plans
 from .abort import install_excepthook
-from .affinity import core_sharing
 from .config import Config, mpi_ft_launched
 from .engine import callsite
 from .engine import mpi, polling
@@ -259,3 +259,18 @@ def is_homogeneous() -> bool:
 
 def mpi_threads_supported() -> bool:
     return state().thread_multiple
+
+
+def cpu_cores() -> tuple[int, int]:
+    """(cores this process may run on, cores of the machine)."""
+    total = os.cpu_count() or 1
+    try:
+        return len(os.sched_getaffinity(0)), total
+    except (AttributeError, OSError):  # not on Linux
+        return total, total
+
+
+def core_sharing(local_size: int) -> tuple[int, int]:
+    """(ranks that share this rank's cores, those cores): unbound ranks share the whole node's cores."""
+    mine, machine = cpu_cores()
+    return (local_size if mine == machine else 1), mine
