@@ -6,10 +6,10 @@ build flags, and for the elastic driver what it shares with its ranks (core/elas
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from .basics import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
 from .config import Config, environ, getenv
+from .engine.mpi import probe_library as probe_mpi_library
+from .engine.mpi import ulfm_library as probe_ulfm
 from .elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
                            SECRET_VARIABLE, job_dir, remove_job, remover_command, signature)
 from .errors import LaunchError
@@ -23,15 +23,3 @@ __all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "libra
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
            "SECRET_VARIABLE", "MIN_NP_VARIABLE", "signature", "remove_job", "job_dir", "remover_command",
            "fence_command", "kill_if_same"]
-
-
-def probe_mpi_library() -> Optional[tuple[str, tuple[int, int]]]:
-    """(MPI_Get_library_version's text, (major, minor)) of mpi4py's MPI, without starting it; None without mpi4py."""
-    from .engine import mpi  # the one module that loads mpi4py
-    return mpi.probe_library()
-
-
-def probe_ulfm() -> tuple[bool, str]:
-    """Whether mpi4py's MPI has the ULFM that in-process elastic recovery uses (Open MPI 5), and why."""
-    from .engine import mpi
-    return mpi.ulfm_library()
