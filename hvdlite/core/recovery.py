@@ -73,8 +73,8 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
                 logger.warning("another rank was lost while recovering (%s): shrinking again", exc)
         lost = tuple(r for r in range(old.size) if r not in old_ranks)
         runtime._state = new
-        atexit.unregister(_finalize_at_exit)  # a recovered process ends MPI itself at exit, once, before init()'s hook
-    atexit.register(_finalize_at_exit, FINALIZE_TIMEOUT_S)
+        atexit.unregister(_finalize_at_exit)  # a recovered process ends MPI itself at exit (registered once)
+        atexit.register(_finalize_at_exit, FINALIZE_TIMEOUT_S)
     # ULFM also declares failed a rank that only stopped answering (SIGSTOP, missed heartbeats): end it, so that
     # it can neither come back into the job nor keep the launcher from ending
     fence(lost, old.peers, "was declared failed but its process is still there",

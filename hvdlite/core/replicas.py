@@ -75,7 +75,7 @@ def check_named(named: Named, process_set: ProcessSet = global_process_set) -> i
     rows = allgather(np.ascontiguousarray(array).reshape(1, -1), name="hvdlite.check_replicas.tensor",
                      process_set=process_set)
     reference = rows[ranks.index(common[0])].astype(np.float64)
-    worst = {r: _max_abs_diff(rows[ranks.index(r)], reference) for r in odd}
+    worst = {r: float(np.max(np.abs(rows[ranks.index(r)].astype(np.float64) - reference), initial=0.0)) for r in odd}
     top = max(odd, key=lambda r: (worst[r] if worst[r] == worst[r] else float("inf"), -r))
     others = [named[i][0] for i in differing[1:]]
     more = (f" {len(others)} more tensor(s) differ: {', '.join(map(repr, others[:10]))}"
@@ -84,12 +84,6 @@ def check_named(named: Named, process_set: ProcessSet = global_process_set) -> i
         f"Replicas diverge: {name!r} ({array.dtype}, shape {tuple(array.shape)}) differs on rank(s) {odd} from "
         f"rank(s) {common}; largest absolute difference {worst[top]:.6g} (rank {top}).{more} {_FIX}",
         tensor=name, ranks=tuple(odd), max_abs_diff=worst[top], tensors=tuple(named[i][0] for i in differing))
-
-
-def _max_abs_diff(row: np.ndarray, reference: np.ndarray) -> float:
-    if row.size == 0:
-        return 0.0
-    return float(np.max(np.abs(row.astype(np.float64) - reference)))
 
 
 def _different_layouts(layout: list[Any], ranks: list[int], process_set: ProcessSet) -> None:

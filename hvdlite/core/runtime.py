@@ -131,7 +131,6 @@ class State:
 _state: Optional[State] = None
 _GENERATIONS = itertools.count(1)
 _lock = threading.RLock()
-_atexit_registered = False
 
 
 def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = None, **settings: Any) -> None:
@@ -166,7 +165,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
 
 def _start(comm: Any, settings: dict[str, Any]) -> State:
     """A fresh State (MPI up, settings agreed, engine started) as the current one; called with _lock held."""
-    global _state, _atexit_registered
+    global _state
     config = Config.from_env(**settings)
     if config.autotune:
         require_library()
@@ -185,9 +184,8 @@ def _start(comm: Any, settings: dict[str, Any]) -> State:
     config.agree(world)  # one value per job for every setting that shapes MPI traffic
     state = State(world, config)
     _state = state
-    if not _atexit_registered:
-        atexit.register(_shutdown_at_exit)
-        _atexit_registered = True
+    atexit.unregister(_shutdown_at_exit)  # once
+    atexit.register(_shutdown_at_exit)
     if config.abort_on_error:
         install_excepthook(lambda: _state)
     if config.timeline_at_init() and state.rank == 0:
