@@ -11,8 +11,9 @@ class ProcessSet:
     def __init__(self, ranks_or_comm: Any = None) -> None:
         self.mpi_comm: Any = None
         self.ranks: Optional[list[int]] = None
-        if all(hasattr(ranks_or_comm, method) for method in ("Get_group", "Get_size", "Split")):  # (duck-typed)
-            self.mpi_comm = ranks_or_comm  # an mpi4py communicator: its ranks are resolved when the set is registered
+        # an mpi4py communicator (duck-typed: frontends never import mpi4py): its ranks are resolved at registration
+        if all(hasattr(ranks_or_comm, method) for method in ("Get_group", "Get_size", "Split")):
+            self.mpi_comm = ranks_or_comm
         elif ranks_or_comm is not None:
             self.ranks = sorted({int(r) for r in ranks_or_comm})
             if not self.ranks:
