@@ -13,12 +13,12 @@ from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once
 from hvdlite.core import Average, ProcessSet, global_process_set
 
 from .compression import Compression
-from .functions import allgather_object, broadcast_object, broadcast_object_fn, broadcast_variables
+from .functions import (BroadcastGlobalVariablesHook, allgather_object, broadcast_global_variables, broadcast_object,
+                        broadcast_object_fn, broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .mpi_ops import (XLANotSupportedError, allgather, alltoall, barrier, broadcast, broadcast_, grouped_allgather,
                       join, local_rank_op, local_size_op, process_set_included_op, rank_op, size_op)
 from .reduction import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
-from .session import BroadcastGlobalVariablesHook, broadcast_global_variables
 from .sync_batch_norm import SyncBatchNormalization
 from . import elastic  # noqa: E402  (hvd.elastic)
 
@@ -94,5 +94,5 @@ __all__ += basics.__all__  # init, rank, size, ..., process sets, errors, reduce
 
 def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
     """hvd.check_replicas for Keras models, optimizers and TF/numpy tensors (hvdlite.tensorflow.keras's)."""
-    from .keras.replicas import check_replicas as check  # Keras is imported only when this is used
+    from .keras.variables import check_replicas as check  # Keras is imported only when this is used
     return check(obj, process_set)

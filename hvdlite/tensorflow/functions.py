@@ -1,4 +1,5 @@
-"""Helpers on variables and Python objects: broadcast_variables, broadcast_object(_fn), allgather_object."""
+"""Helpers on variables and Python objects: broadcast_variables, broadcast_object(_fn), allgather_object; and for
+tf.compat.v1 graphs and sessions, broadcast_global_variables and its SessionRunHook."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
@@ -8,7 +9,7 @@ import tensorflow as tf
 from hvdlite import core
 from hvdlite.core import ProcessSet, global_process_set
 
-from .mpi_ops import broadcast_group
+from .mpi_ops import broadcast_group, unchained_collectives
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: ProcessSet = global_process_set,
@@ -47,3 +48,35 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Gather any picklable object from every rank of ``process_set``; returns the list in rank order."""
     return core.allgather_object(obj, name=name, process_set=process_set)
+
+
+def broadcast_global_variables(root_rank: int) -> tf.Operation:
+    """An op that overwrites every global variable of the current tf.compat.v1 graph with its value on
+    ``root_rank`` (run it in a session). As in Horovod, this raises RuntimeError in eager mode, where
+    TensorFlow keeps no global variable collection: broadcast your model's variables instead."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
+                           "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    with unchained_collectives():  # run on its own: it must not wait for a training step's collectives
+        return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """A SessionRunHook (for ``tf.compat.v1.train.MonitoredTrainingSession`` and friends) that broadcasts every
+    global variable from ``root_rank`` once the session is created, so all ranks start from the same values
+    (random initialisation or a restored checkpoint on the root). ``device`` places the op, as in Horovod."""
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.bcast_op: Optional[Any] = None
+
+    def begin(self) -> None:
+        graph = tf.compat.v1.get_default_graph()
+        if self.bcast_op is None or self.bcast_op.graph is not graph:
+            with tf.device(self.device):
+                self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        session.run(self.bcast_op)

@@ -1,7 +1,7 @@
 """DistributedGradientTape: a tf.GradientTape whose gradient() returns gradients combined over all ranks."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import tensorflow as tf
 
@@ -74,17 +74,13 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    op: Any = Average, gradient_predivide_factor: float = 1.0,
                                    num_groups: int = 0, groups: Any = None,
                                    process_set: ProcessSet = global_process_set,
-                                   local_layers: Optional[Iterable[Any]] = None,
+                                   local_layers: Any = None,
                                    scale_local_gradients: bool = True) -> tf.GradientTape:
     """Like DistributedGradientTape, but the trainable weights of ``local_layers`` keep local gradients."""
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
                                    scale_local_gradients)
-    if local_layers is None:
-        local_layers = []
-    elif hasattr(local_layers, "trainable_weights"):
-        local_layers = [local_layers]
-    for layer in local_layers:
+    for layer in [local_layers] if hasattr(local_layers, "trainable_weights") else list(local_layers or []):
         if not hasattr(layer, "trainable_weights"):
             raise ValueError(f"local_layers must be Keras layers, got {type(layer).__name__}")
         for weight in layer.trainable_weights:

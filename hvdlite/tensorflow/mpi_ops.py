@@ -133,10 +133,26 @@ def dense(t: Any) -> Any:
     return tf.convert_to_tensor(t) if isinstance(t, tf.IndexedSlices) else t
 
 
+def _grouped_op(kind: str, fn: Callable[..., Sequence[Any]], xs: Sequence[tf.Tensor],
+                shape_of: Callable[[tf.Tensor], Any],
+                grad: Callable[[list[tf.Tensor], list[tf.Tensor]], list[tf.Tensor]]) -> list[tf.Tensor]:
+    """``fn`` over ``xs`` as one op with a gradient: ``grad(inputs, upstream gradients)``, the missing upstream
+    gradients given as zeros and sparse ones made dense; each output's static shape is ``shape_of(its input)``."""
+    @tf.custom_gradient
+    def forward(*inputs: tf.Tensor) -> Any:
+        ys = run_collective(kind, fn, inputs, [x.dtype for x in inputs])
+        ys = [_set_shape(y, shape_of(x)) for y, x in zip(ys, inputs)]
+
+        def backward(*dys: Any) -> list[tf.Tensor]:
+            return grad(list(inputs), [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)])
+        return ys, backward
+
+    return list(forward(*xs))
+
+
 # -- allreduce --------------------------------------------------------------------------------------
 def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                       ignore_name_scope: bool = False,
                        process_set: ProcessSet = global_process_set,
                        accumulation: Optional[Accumulation] = None) -> list[tf.Tensor]:
     """Reduce several dense tensors as one unit (one op, one fused request); ``accumulation``: an
@@ -156,19 +172,9 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
             process_set=process_set, outputs=None if outputs is None else outputs.like(arrays),
             accumulation=accumulation)
 
-    @tf.custom_gradient
-    def forward(*inputs: tf.Tensor) -> Any:
-        ys = run_collective("allreduce", reduce, inputs, [x.dtype for x in inputs])
-        ys = [_set_shape(y, x.shape) for y, x in zip(ys, inputs)]
-
-        def grad(*dys: Any) -> list[tf.Tensor]:
-            dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
-            return _grouped_allreduce(dys, op=reduce_op, prescale_factor=prescale_factor,
-                                      postscale_factor=postscale_factor, process_set=process_set,
-                                      accumulation=accumulation)
-        return ys, grad
-
-    return list(forward(*xs))
+    return _grouped_op("allreduce", reduce, xs, lambda x: x.shape, lambda _, dys: _grouped_allreduce(
+        dys, op=reduce_op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        process_set=process_set, accumulation=accumulation))
 
 
 # -- allgather --------------------------------------------------------------------------------------
@@ -189,17 +195,8 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore
     def gather(*arrays: np.ndarray) -> list[np.ndarray]:
         return core.grouped_allgather(list(arrays), name=name, process_set=process_set)
 
-    @tf.custom_gradient
-    def forward(*inputs: tf.Tensor) -> Any:
-        ys = run_collective("allgather", gather, inputs, [x.dtype for x in inputs])
-        ys = [_set_shape(y, _rows_shape(x)) for y, x in zip(ys, inputs)]
-
-        def grad(*dys: Any) -> list[tf.Tensor]:
-            dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
-            return _allgather_grad(list(inputs), dys, process_set)
-        return ys, grad
-
-    return list(forward(*xs))
+    return _grouped_op("allgather", gather, xs, _rows_shape,
+                       lambda inputs, dys: _allgather_grad(inputs, dys, process_set))
 
 
 def _allgather_grad(xs: list[tf.Tensor], dys: list[tf.Tensor], process_set: ProcessSet) -> list[tf.Tensor]:
@@ -302,7 +299,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None, ignore
 
 # -- reducescatter ----------------------------------------------------------------------------------
 def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, op: Any = Sum,
-                           ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set,
+                           process_set: ProcessSet = global_process_set,
                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """Reduce, then keep this rank's share of the first dimension (earlier ranks take the remainder)."""
     check_process_set(process_set, "reducescatter")
@@ -315,24 +312,17 @@ def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, o
         return core.grouped_reducescatter(list(arrays), name=name, op=reduce_op, process_set=process_set,
                                           prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
-    @tf.custom_gradient
-    def forward(*inputs: tf.Tensor) -> Any:
-        ys = run_collective("reducescatter", scatter, inputs, [x.dtype for x in inputs])
-        ys = [_set_shape(y, _rows_shape(x)) for y, x in zip(ys, inputs)]
+    def grad(_: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        # Horovod's convention: Sum's gradient is multiplied by the set size; the scale factors
+        # apply as the chain rule says (the same rule as hvdlite.torch)
+        factor = float(prescale_factor) * float(postscale_factor)
+        if reduce_op is Sum:
+            factor *= process_set.size()
+        if factor != 1.0:
+            dys = [dy * tf.cast(factor, dy.dtype) for dy in dys]
+        return grouped_allgather(dys, process_set=process_set)
 
-        def grad(*dys: Any) -> list[tf.Tensor]:
-            dys = [tf.zeros_like(y) if dy is None else dense(dy) for dy, y in zip(dys, ys)]
-            # Horovod's convention: Sum's gradient is multiplied by the set size; the scale factors
-            # apply as the chain rule says (the same rule as hvdlite.torch)
-            factor = float(prescale_factor) * float(postscale_factor)
-            if reduce_op is Sum:
-                factor *= process_set.size()
-            if factor != 1.0:
-                dys = [dy * tf.cast(factor, dy.dtype) for dy in dys]
-            return grouped_allgather(dys, process_set=process_set)
-        return ys, grad
-
-    return list(forward(*xs))
+    return _grouped_op("reducescatter", scatter, xs, _rows_shape, grad)
 
 
 # -- synchronisation and topology ops ---------------------------------------------------------------

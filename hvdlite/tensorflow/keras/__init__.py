@@ -18,11 +18,8 @@ from .. import reduction as _reduction
 from ..compression import Compression
 from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
-from .optimizer import DistributedOptimizer, PartialDistributedOptimizer
-from . import optimizer_keras2  # noqa: F401  (registers the tf-keras optimizer mixin)
-from .saving import load_model
-from .replicas import check_replicas
-from .variables import broadcast_global_variables
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model
+from .variables import broadcast_global_variables, check_replicas
 from . import elastic  # noqa: E402  (hvd.elastic)
 
 

@@ -14,8 +14,7 @@ from hvdlite.core.frontend import logger
 
 from ..functions import broadcast_variables
 from ..keras_families import family_of, model_family
-from .replicas import check_replicas
-from .variables import model_and_optimizer_variables
+from .variables import check_replicas, model_and_optimizer_variables
 
 
 def _say(message: str) -> None:
@@ -85,16 +84,10 @@ class BroadcastGlobalVariablesCallback(AnyKerasCallback):
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
-        self.local_variables: list = []
-        if local_variables is None:
-            local_variables = []
-        elif _is_variable(local_variables):
-            local_variables = [local_variables]
-        local_variables = list(local_variables)
+        local_variables = [local_variables] if _is_variable(local_variables) else list(local_variables or [])
         if not all(_is_variable(v) for v in local_variables):
             raise ValueError("All local variables must be of tf.Variable type (or Keras variables).")
-        for v in local_variables:
-            self.register_local_var(v)
+        self.local_variables: list = local_variables
 
     def register_local_var(self, var: Any) -> None:
         """Leave ``var`` out of the broadcast: each rank keeps its own value."""

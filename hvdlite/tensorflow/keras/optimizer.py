@@ -1,8 +1,12 @@
-"""DistributedOptimizer: a subclass of the user's optimizer class that reduces gradients first (either Keras).
+"""DistributedOptimizer: a subclass of the user's optimizer class that reduces gradients first (either Keras), and
+load_model, which hands a saved model back with its optimizer wrapped.
 
-Keras 3's ``model.fit`` (TensorFlow backend) calls ``optimizer.apply_gradients`` -> ``optimizer.apply``
-inside a tf.function; custom loops call either. The Keras 3 wrapper overrides ``apply`` only, so every path
-reduces the gradients exactly once (tf-keras: ``apply_gradients``, see optimizer_keras2.py). The class is built
+Keras 3's ``model.fit`` (TensorFlow backend) calls ``optimizer.apply_gradients`` -> ``optimizer.apply`` inside a
+tf.function, so its wrapper overrides ``apply``; tf-keras' ``fit`` and ``minimize`` end in ``apply_gradients`` for
+both its optimizer families (2.11+ and ``legacy``), so its wrapper overrides that (Horovod 0.28 reduced in the legacy
+``_compute_gradients``, i.e. in ``minimize``/``fit`` only). Every path reduces the gradients exactly once; a caller
+that turns the optimizer's own aggregation off (``skip_gradients_aggregation=True``, legacy
+``experimental_aggregate_gradients=False``) reduces them itself, so they are applied as given. The class is built
 on the fly as ``type(name, (mixin, UserOptimizer), ...)``, so ``isinstance(opt, keras.optimizers.Adam)``
 holds, ``get_config`` is the plain optimizer's config and a saved model loads back with plain Keras (as the
 plain optimizer) or with ``hvd.load_model`` (wrapped).
@@ -16,9 +20,9 @@ import keras
 from hvdlite.core import Average, ProcessSet, global_process_set
 from hvdlite.core.frontend import logger, mixin_class
 
-from ..aggregation import Combiner
+from ..aggregation import Combiner, on_reduced_pass
 from ..compression import Compression
-from ..keras_families import KERAS3, Family, family_of, same_family, tf_keras_family
+from ..keras_families import KERAS2, KERAS3, Family, family_of, same_family, tf_keras_family
 from ..mpi_ops import check_not_xla
 from ..reduction import gradient_settings
 
@@ -58,27 +62,69 @@ class Keras3DistributedOptimizerMixin(DistributedOptimizerMixin):
         """Reduce ``grads`` over the ranks (every ``backward_passes_per_step`` calls), then apply them."""
         check_not_xla("DistributedOptimizer.apply()")
         grads = list(grads)
-        if not grads:
-            return super().apply(grads, trainable_variables)  # type: ignore[misc]
-        if trainable_variables is None:
-            if not self.built:  # type: ignore[attr-defined]
-                return super().apply(grads, trainable_variables)  # type: ignore[misc]  # Keras raises its own error
-            variables = list(self._trainable_variables)  # type: ignore[attr-defined]
-        else:
-            variables = list(trainable_variables)
-        if not self.built:  # type: ignore[attr-defined]  # built outside the cond of backward_passes_per_step
-            with keras.name_scope(self.name, caller=self):  # type: ignore[attr-defined]
-                self.build(variables)  # type: ignore[attr-defined]
+        if not grads or (trainable_variables is None and not self.built):  # type: ignore[attr-defined]
+            return super().apply(grads, trainable_variables)  # type: ignore[misc]  # (unbuilt: Keras' own error)
+        variables = list(self._trainable_variables if trainable_variables is None  # type: ignore[attr-defined]
+                         else trainable_variables)
+        KERAS3.build_optimizer(self, variables)  # built outside the cond of backward_passes_per_step
         return self._hvd.apply(grads, variables, self._hvd_apply_plain, self._hvd_skip)
 
 
-#: The distributed mixin of each Keras family but Keras 3's (optimizer_keras2.py adds tf-keras' on import).
-FAMILY_MIXINS: dict[Family, type] = {}
+class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
+    """tf-keras: ``apply_gradients`` reduces (every ``backward_passes_per_step`` calls), then applies."""
+
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None) -> list:
+        """The legacy optimizers' hook (``minimize()`` calls it, and Horovod's Keras 2 code may): the local
+        gradients, reduced over the ranks (with ``backward_passes_per_step=N``: summed locally and reduced on
+        every N-th call). ``apply_gradients()`` given exactly these gradients applies them without reducing
+        again (with N > 1: on the reducing call only; the others advance ``iterations``)."""
+        compute = getattr(super(), "_compute_gradients", None)
+        if compute is None:
+            raise AttributeError(f"{type(self).__name__} (a tf-keras 2.11+ optimizer) has no _compute_gradients; "
+                                 f"use a tf.keras.optimizers.legacy optimizer, or compute the gradients with "
+                                 f"tf.GradientTape and call apply_gradients(), which reduces them")
+        pairs = list(compute(loss, var_list, grad_loss=grad_loss, tape=tape))
+        variables = [v for _, v in pairs]
+        reduced = self._hvd.combine([g for g, _ in pairs], variables)
+        self._hvd.prepared = [g for g in reduced if g is not None]
+        return list(zip(reduced, variables))
+
+    def _hvd_take_prepared(self, grads: list[Any]) -> bool:
+        """Whether ``grads`` are the ones ``_compute_gradients`` just returned (already reduced)."""
+        present = [g for g in grads if g is not None]
+        prepared, self._hvd.prepared = self._hvd.prepared, []
+        return bool(present) and len(present) == len(prepared) and all(a is b for a, b in zip(present, prepared))
+
+    def apply_gradients(self, grads_and_vars: Any, name: Optional[str] = None, *args: Any, **kwargs: Any) -> Any:
+        """Reduce the gradients over the ranks, then apply them with the wrapped optimizer."""
+        pairs = list(grads_and_vars)
+        if pairs and self._hvd_take_prepared([g for g, _ in pairs]):
+            def plain() -> Any:
+                return super(Keras2DistributedOptimizerMixin, self).apply_gradients(  # type: ignore[misc]
+                    pairs, name, *args, **kwargs)
+            if self._hvd.settings["backward_passes_per_step"] == 1:
+                return plain()
+            return on_reduced_pass(self._hvd.counter, [g for g, _ in pairs], plain, self._hvd_skip)
+        if not pairs or self._hvd_caller_aggregates(args, kwargs):
+            return super().apply_gradients(pairs, name, *args, **kwargs)  # type: ignore[misc]
+        check_not_xla("DistributedOptimizer.apply_gradients()")
+
+        def apply(reduced: list[Any], on: list[Any]) -> Any:
+            return super(Keras2DistributedOptimizerMixin, self).apply_gradients(  # type: ignore[misc]
+                list(zip(reduced, on)), name, *args, **kwargs)
+        return self._hvd.apply([g for g, _ in pairs], [v for _, v in pairs], apply, self._hvd_skip)
+
+    def _hvd_caller_aggregates(self, args: tuple, kwargs: dict) -> bool:
+        """Whether the caller turned the optimizer's own gradient aggregation off."""
+        if KERAS2.is_legacy(self):  # apply_gradients(grads_and_vars, name, experimental_aggregate_gradients)
+            return not (args[0] if args else kwargs.get("experimental_aggregate_gradients", True))
+        return bool(args[0] if args else kwargs.get("skip_gradients_aggregation", False)) or \
+            not kwargs.get("experimental_aggregate_gradients", True)
 
 
-def distributed_class(base: type, settings: dict, family: Optional[Family] = None) -> type:
+def distributed_class(base: type, settings: dict, family: Family) -> type:
     """The distributed subclass of optimizer class ``base`` (of Keras ``family``) with these hvdlite settings."""
-    mixin = FAMILY_MIXINS[family] if family is not None and family is not KERAS3 else Keras3DistributedOptimizerMixin
+    mixin = Keras2DistributedOptimizerMixin if family is KERAS2 else Keras3DistributedOptimizerMixin
     cls = mixin_class(mixin, base, _hvd_settings=dict(settings))
     registered = keras.saving.get_registered_name(base)  # Keras 3's registry (a tf-keras class: its own name)
     if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
@@ -131,11 +177,8 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
     """A DistributedOptimizer whose ``local_layers`` (a Keras layer or a list of them) keep their own
     gradients: those are not reduced, only divided by the set size if ``scale_local_gradients``."""
     family = family_of(optimizer, "optimizer", "PartialDistributedOptimizer")
-    if local_layers is None:
-        local_layers = []
-    elif family.owns(local_layers, "layer") or not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    layers = list(local_layers)
+    single = family.owns(local_layers, "layer") or not isinstance(local_layers, (list, tuple, type(None)))
+    layers = [local_layers] if single else list(local_layers or [])
     for layer in layers:  # each a layer of the optimizer's Keras
         layer_family = family_of(layer, "layer", "PartialDistributedOptimizer: local_layers must be Keras layers; each")
         same_family("PartialDistributedOptimizer", ("optimizer", optimizer, family),
@@ -148,3 +191,31 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
             wrapped.register_local_var(weight)
     return wrapped
 
+
+def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
+               custom_objects: Optional[dict] = None, compression: type = Compression.none,
+               legacy_opts: bool = False) -> Any:
+    """Load a saved model; its optimizer comes back as a DistributedOptimizer with the state saved with it.
+
+    A ``.keras`` file is loaded with Keras 3; an ``.h5`` file or a SavedModel directory with the Keras that
+    ``tf.keras`` is (tf-keras when TF_USE_LEGACY_KERAS=1, else Keras 3). Optimizer classes in
+    ``custom_optimizers`` and objects in ``custom_objects`` are made known to Keras for loading. With
+    ``legacy_opts`` (Horovod's meaning) tf-keras loads the optimizer as its ``tf.keras.optimizers.legacy``
+    class; Keras 3 has no legacy optimizers, so there it is ignored.
+    """
+    family = KERAS3 if str(filepath).endswith(".keras") else tf_keras_family()
+    if legacy_opts and family is KERAS3:
+        logger.debug("load_model: legacy_opts=True ignored (Keras 3 has no legacy optimizers)")
+    objects = dict(custom_objects or {})
+    for cls in custom_optimizers or ():
+        objects.setdefault(cls.__name__, cls)
+        objects.setdefault(family.module().saving.get_registered_name(cls), cls)
+    model = family.load_model(filepath, objects, legacy_opts)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or isinstance(optimizer, DistributedOptimizerMixin):
+        return model
+    # the loaded optimizer keeps its restored (tf-keras: maybe still pending) state: it becomes the distributed one
+    wrapped = DistributedOptimizer(optimizer, compression=compression)
+    optimizer.__class__ = type(wrapped)
+    optimizer._hvd = wrapped._hvd
+    return model
