@@ -1,10 +1,6 @@
 """Every DistributedOptimizer's gradient combination (TF1, Keras 3, tf-keras): :class:`Combiner`, with the local
-aggregation of ``backward_passes_per_step``.
-
-``aggregate`` adds one backward pass' gradients to this rank's sums and, on every N-th pass, returns the sums
-reduced over the ranks (the other passes: the sums so far); ``on_reduced_pass`` then runs the real update only
-on the pass that reduced. Both are built from ``tf.cond`` on a counter variable, so they work eagerly, in a
-``tf.function`` and in a ``tf.compat.v1`` graph; after the reducing pass the counter is 0 again.
+aggregation of ``backward_passes_per_step`` (``aggregate``, then ``on_reduced_pass``), built from ``tf.cond`` on a
+counter variable so that it works eagerly, in a ``tf.function`` and in a ``tf.compat.v1`` graph.
 """
 from __future__ import annotations
 
