@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 from typing import Iterator, Mapping, Optional, Sequence
@@ -79,13 +80,10 @@ def candidate_paths(env: Mapping[str, str]) -> Iterator[str]:
     seen: set[str] = set()
     for directory in dirs:
         for name in ("mpiexec", "mpirun"):
-            path = os.path.join(directory, name)
-            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            path = shutil.which(name, path=directory)
+            if path is None or os.path.realpath(path) in seen:
                 continue
-            real = os.path.realpath(path)
-            if real in seen:
-                continue
-            seen.add(real)
+            seen.add(os.path.realpath(path))
             yield path
 
 
@@ -114,11 +112,7 @@ def find_mpi_launcher(env: Mapping[str, str], want: Optional[str] = None,
 
 
 def find_srun(env: Mapping[str, str]) -> Optional[str]:
-    for directory in env.get("PATH", "").split(os.pathsep):
-        path = os.path.join(directory or ".", "srun")
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
+    return shutil.which("srun", path=env.get("PATH", ""))
 
 
 def srun_version(srun: str, env: Mapping[str, str]) -> str:
