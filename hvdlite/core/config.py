@@ -194,7 +194,7 @@ _WORDS = {"gradient_overlap": (("auto", "on", "off"), "off"), "gpu_operations": 
 
 
 def _parse(key: str, raw: str, kind: Any) -> Any:
-    kind = kind if isinstance(kind, str) else kind.__name__
+    """``raw`` as a value of the field type ``kind`` (a name: the annotations are strings)."""
     text = raw.strip()
     try:
         if kind == "bool":

@@ -108,11 +108,9 @@ class DriverLink:
 
     def close(self) -> None:
         set_elsewhere(None)
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
 
 _link: Optional[DriverLink] = None

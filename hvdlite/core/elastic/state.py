@@ -191,11 +191,8 @@ class ObjectState(State):
             setattr(self, name, value)
 
     def _snapshot(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in self._names:
-            value = getattr(self, name)
-            out[name] = ("stateful", value.state_dict()) if _stateful(value) else ("value", value)
-        return out
+        values = {name: getattr(self, name) for name in self._names}
+        return {name: ("stateful", v.state_dict()) if _stateful(v) else ("value", v) for name, v in values.items()}
 
     def _apply(self, snapshot: dict[str, Any]) -> None:
         for name, (kind, value) in snapshot.items():
