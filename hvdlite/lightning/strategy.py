@@ -139,7 +139,8 @@ class HvdliteStrategy(ParallelStrategy):
         wrapped = []
         for opt in self.optimizers:
             opt = opt.optimizer if isinstance(opt, LightningOptimizer) else opt
-            hvd.broadcast_optimizer_state(opt, root_rank=0)
+            if opt.state:  # state only: a fresh optimizer takes no zero-gradient step (fit equals one process)
+                hvd.broadcast_optimizer_state(opt, root_rank=0)
             mine = {p for group in opt.param_groups for p in group["params"]}
             named = [(name, p) for name, p in self.lightning_module.named_parameters() if p in mine]
             dist = hvd.DistributedOptimizer(opt, named_parameters=named if len(named) == len(mine) else None,

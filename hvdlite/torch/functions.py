@@ -54,41 +54,47 @@ class _TensorSpec:
         return isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == self.shape and tensor.dtype == self.dtype
 
 
+def _step_with_zero_gradients(optimizer: torch.optim.Optimizer, model: Any) -> None:
+    """Horovod's start for an optimizer without state: a zero gradient for each parameter that requires one (sparse
+    for SparseAdam, and for SGD on ``model``'s sparse Embeddings), then one local step (without reductions)."""
+    modules = model.modules() if model is not None and isinstance(optimizer, torch.optim.SGD) else ()
+    sparse = {id(p) for m in modules if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    for p in (p for group in optimizer.param_groups for p in group["params"] if p.requires_grad):
+        p.grad = torch.zeros_like(p)
+        if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
+            p.grad = p.grad.to_sparse()
+    getattr(type(optimizer), "_hvd_base", type(optimizer)).step(optimizer)
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None,
                               process_set: ProcessSet = global_process_set) -> None:
     """Make every rank's optimizer state and hyper-parameters (lr, betas, ...) equal root_rank's: the structure
-    as an object, then the tensors in place (created where missing). No dummy step is taken, so ``model``
-    (Horovod's signature) is not needed; a ProcessSet passed third is understood as ``process_set``."""
+    as an object, then the tensors in place (created where missing). A rank whose optimizer has no state yet
+    first steps it with zero gradients, as Horovod does (LBFGS, which Horovod refuses, is not stepped);
+    ``model`` names the sparse Embeddings; a ProcessSet passed third is understood as ``process_set``."""
     if isinstance(model, ProcessSet):
-        process_set = model
+        process_set, model = model, None
+    if not optimizer.state_dict()["state"] and not isinstance(optimizer, torch.optim.LBFGS):
+        _step_with_zero_gradients(optimizer, model)
     state_dict = optimizer.state_dict()
-    is_root = core.rank() == root_rank  # a rank of the whole job, as in Horovod
-    meta = None
-    if is_root:
-        meta = ({pid: {k: _TensorSpec(v) if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
-                 for pid, entry in state_dict["state"].items()},
-                [{k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]])
-    root_state, root_groups = core.broadcast_object(meta, root_rank, None, process_set)
+    mine = ({pid: {k: _TensorSpec(v) if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
+             for pid, entry in state_dict["state"].items()},
+            [{k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]])
+    root_state, root_groups = core.broadcast_object(mine, root_rank, None, process_set)
     if len(root_groups) != len(state_dict["param_groups"]):
         raise ValueError(f"broadcast_optimizer_state: rank {core.rank()} has {len(state_dict['param_groups'])} "
                          f"param groups but root rank {root_rank} has {len(root_groups)}; build the same "
                          f"optimizer on every rank")
-    local = state_dict["state"]
     new_state: dict[Any, dict] = {}
     tensors: list[tuple[str, torch.Tensor]] = []
     for pid in sorted(root_state, key=str):
-        entry = {}
-        for key, value in root_state[pid].items():
+        entry = new_state[pid] = dict(root_state[pid])
+        for key, value in entry.items():
             if isinstance(value, _TensorSpec):
-                tensor = local.get(pid, {}).get(key)
-                if not value.matches(tensor):
-                    tensor = torch.empty(value.shape, dtype=value.dtype)
-                tensors.append((f"optimizer_state.{pid}.{key}", tensor))
-                entry[key] = tensor
-            else:
-                entry[key] = value
-        new_state[pid] = entry
+                tensor = state_dict["state"].get(pid, {}).get(key)
+                entry[key] = tensor if value.matches(tensor) else torch.empty(value.shape, dtype=value.dtype)
+                tensors.append((f"optimizer_state.{pid}.{key}", entry[key]))
     broadcast_parameters(tensors, root_rank, process_set)
-    if not is_root:
-        groups = [dict(root, params=mine["params"]) for root, mine in zip(root_groups, state_dict["param_groups"])]
+    if core.rank() != root_rank:  # a rank of the whole job, as in Horovod
+        groups = [dict(root, params=own["params"]) for root, own in zip(root_groups, state_dict["param_groups"])]
         optimizer.load_state_dict({"state": new_state, "param_groups": groups})

@@ -3,6 +3,7 @@ tensors; and DistributedOptimizer's check every N steps."""
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any, Optional
 
 import numpy as np
@@ -25,14 +26,20 @@ def _leaf(value: Any) -> Optional[np.ndarray]:
     return None
 
 
-def named_tensors(obj: Any) -> list:
-    """(name, numpy array) for a module (state_dict: parameters and buffers), an optimizer (each parameter,
-    its state, and the groups' numeric hyperparameters), or a nested collection of tensors."""
+def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
+    """Check that ``obj`` (a torch module: its state_dict; an optimizer: each parameter, its state and the groups'
+    numeric hyperparameters; or a collection of tensors, numpy arrays and numbers) is bit-identical on every rank
+    of ``process_set``; returns how many tensors were compared.
+
+    Each tensor is reduced to a 64-bit digest and the digests are gathered (one small collective); when any
+    differs, only the first differing tensor is gathered, and ``hvd.ReplicaDivergenceError`` is raised on every
+    rank naming it, the ranks that differ and the largest absolute difference. Every rank must call it.
+    """
     if isinstance(obj, torch.nn.Module):
-        return flatten_tensors(obj.state_dict(), _leaf)
-    if isinstance(obj, torch.optim.Optimizer):
+        named = flatten_tensors(obj.state_dict(), _leaf)
+    elif isinstance(obj, torch.optim.Optimizer):
         names = getattr(obj, "_parameter_names", {})
-        named: list = []
+        named = []
         for g, group in enumerate(obj.param_groups):
             for i, p in enumerate(group["params"]):
                 name = names.get(p, f"param_groups[{g}].params[{i}]")
@@ -40,19 +47,9 @@ def named_tensors(obj: Any) -> list:
                 named += flatten_tensors(dict(obj.state.get(p, {})), _leaf, f"{name} state")
             named += flatten_tensors({k: v for k, v in group.items() if k != "params"}, _leaf,
                                      f"param_groups[{g}]")
-        return named
-    return flatten_tensors(obj, _leaf)
-
-
-def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
-    """Check that ``obj`` (a torch module, an optimizer, or a collection of tensors, numpy arrays and numbers)
-    is bit-identical on every rank of ``process_set``; returns how many tensors were compared.
-
-    Each tensor is reduced to a 64-bit digest and the digests are gathered (one small collective); when any
-    differs, only the first differing tensor is gathered, and ``hvd.ReplicaDivergenceError`` is raised on every
-    rank naming it, the ranks that differ and the largest absolute difference. Every rank must call it.
-    """
-    return check_named_replicas(named_tensors(obj), process_set)
+    else:
+        named = flatten_tensors(obj, _leaf)
+    return check_named_replicas(named, process_set)
 
 
 def check_every(opt: torch.optim.Optimizer, steps: int) -> None:
@@ -60,17 +57,15 @@ def check_every(opt: torch.optim.Optimizer, steps: int) -> None:
     ``check_replicas_every_steps``)."""
     if steps <= 0:
         return
-    step = opt.step
-    count = [0]
+    step, count = opt.step, itertools.count(1)
 
     @functools.wraps(step)
     def checked_step(*args: Any, **kwargs: Any) -> Any:
         result = step(*args, **kwargs)
-        count[0] += 1
-        if count[0] % steps == 0:
+        if next(count) % steps == 0:
             check_replicas(opt, opt.process_set)
         return result
     opt.step = checked_step
 
 
-__all__ = ["check_every", "check_replicas", "named_tensors"]
+__all__ = ["check_every", "check_replicas"]

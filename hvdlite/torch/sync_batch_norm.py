@@ -38,12 +38,10 @@ class SyncBatchNorm(_BatchNorm):
             self.num_batches_tracked.add_(1)
             if self.momentum is None:
                 factor = 1.0 / float(self.num_batches_tracked)
-        if not self.training and self.track_running_stats:
-            return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0,
-                                self.eps)
-        if not self.process_set.included() or self.process_set.size() == 1:
-            return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, True, factor,
-                                self.eps)
+        batch_stats = self.training or not self.track_running_stats  # else eval with the running statistics
+        if not batch_stats or not self.process_set.included() or self.process_set.size() == 1:
+            return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, batch_stats,
+                                factor, self.eps)
         return self._sync_forward(input, factor)
 
     def _sync_forward(self, input: torch.Tensor, factor: float) -> torch.Tensor:

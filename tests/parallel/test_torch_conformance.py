@@ -108,10 +108,39 @@ def test_broadcast_optimizer_state_with_params_lacking_grad_and_state(opt_name: 
     assert sorted(mine) == sorted(root) and len(root) in (2, 6)  # two params of layer 0 have state
     for key, value in root.items():
         assert torch.equal(mine[key], value), key
-    assert all(p.grad is None for p in model[1].parameters())
+    # Horovod's start on the ranks without state: zero gradients and one local step (the root had state)
+    assert all((p.grad is None) == (rank == 0) for p in model[1].parameters())
     hvd.broadcast_optimizer_state(optimizer, root_rank=0, model=model, process_set=hvd.global_process_set)
     for key, value in root.items():
         assert torch.equal(_state_tensors(optimizer)[key], value)
+
+
+class _ModelNoGrad(torch.nn.Module):
+    def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(a.int(), requires_grad=False)
+        self.b = torch.nn.Parameter(b)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_broadcast_optimizer_state_steps_a_fresh_optimizer_on_zero_gradients(wrapped: bool, rank: int) -> None:
+    """Horovod's test_broadcast_state_no_grad and its initialisation: an optimizer without state is stepped
+    once locally on zero gradients (parameters without requires_grad keep None), so Horovod's programs that
+    read the gradients after broadcast_optimizer_state find them; weight decay moves the weights once."""
+    torch.manual_seed(rank)
+    model = _ModelNoGrad(torch.tensor([1.0, 3.0]), torch.rand(4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True)
+    if wrapped:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    b = model.b.detach().clone()
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    grad = optimizer.param_groups[0]["params"][1].grad
+    assert optimizer.param_groups[0]["params"][0].grad is None
+    assert torch.equal(grad, torch.zeros(4)) and torch.equal(hvd.broadcast(grad, root_rank=0), grad)
+    decayed = torch.zeros(4).add(b, alpha=1e-6)  # torch's SGD on a zero gradient: weight decay, momentum, nesterov
+    assert torch.equal(optimizer.state[model.b]["momentum_buffer"], decayed)
+    assert torch.equal(model.b.detach(), b.clone().add_(decayed.add(decayed, alpha=0.9), alpha=-0.001))
 
 
 def test_distributed_optimizer_positional_order_num_groups_seventh(rank: int, size: int) -> None:

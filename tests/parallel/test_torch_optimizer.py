@@ -337,18 +337,24 @@ def test_broadcast_parameters_forms(mode: str) -> None:
 
 def test_broadcast_optimizer_state_fresh_and_lazy(mode: str) -> None:
     model = mlp(1)
+    before = flat(model)
     fresh = torch.optim.Adam(model.parameters(), lr=0.001 * (R + 1), betas=(0.5 + 0.1 * R, 0.99))
     hvd.broadcast_optimizer_state(fresh, root_rank=0)
     assert fresh.param_groups[0]["lr"] == 0.001 and fresh.param_groups[0]["betas"] == (0.5, 0.99)
-    assert isinstance(fresh.param_groups[0]["betas"], tuple) and len(fresh.state) == 0
-    if R == 0:  # the root steps alone: its state now exists lazily, the others' does not
+    assert isinstance(fresh.param_groups[0]["betas"], tuple)
+    for p in model.parameters():  # Horovod's start: one local step on zero gradients (the weights stay)
+        assert fresh.state[p]["step"].item() == 1 and not fresh.state[p]["exp_avg"].any()
+        assert p.grad is not None and not p.grad.any()
+    assert torch.equal(flat(model), before)
+    if R == 0:  # the root steps alone: its state moves on, the others' does not
+        fresh.zero_grad()
         loss_fn(model(torch.ones(2, 5)), torch.zeros(2, 3)).backward()
         fresh.step()
     hvd.broadcast_optimizer_state(fresh, root_rank=0)
     assert len(fresh.state) == len(list(model.parameters()))
     for p in model.parameters():
         st = fresh.state[p]
-        assert isinstance(st["step"], torch.Tensor) and st["step"].item() == 1
+        assert isinstance(st["step"], torch.Tensor) and st["step"].item() == 2
         for key in ("exp_avg", "exp_avg_sq"):
             every = hvd.allgather(st[key].unsqueeze(0))
             assert torch.equal(every, st[key].expand_as(every)) and st[key].abs().sum() > 0
