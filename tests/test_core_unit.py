@@ -756,3 +756,8 @@ def test_a_verdict_on_ranks_out_of_step_fails_the_looping_groups_name_and_keeps_
     assert sorted(failed(("a.noname.0", [0, 1], 3.0, True), ("b.noname.0", [0], 3.0))) == ["a.noname.0",
                                                                                           "b.noname.0"]  # overlap
     assert failed(("a", [1, 2], 1.0), ("b", [0], 2.0)) == []  # nothing past the shutdown time yet
+    cfg = Config(stall_check_time_seconds=5.0)  # no shutdown time: only a wait of every rank ends, the loop's
+    assert failed((loop, [1, 2], 5.0, True), (after, [0], 5.0)) == [loop]
+    assert failed((loop, [1, 2], 4.9, True), (after, [0], 4.9)) == []  # within the check period
+    assert failed((loop, [1], 9.0, True), (after, [0], 9.0)) == []  # rank 2 is free: it may still come
+    assert failed((loop, [1, 2], 9.0), (after, [0], 9.0)) == []  # neither in a loop: a plain stall waits

@@ -179,14 +179,18 @@ def test_a_rank_that_fails_first_and_comes_back_after_the_verdict_keeps_names_in
     check_in_step(failure)
 
 
+@pytest.mark.parametrize("settings", [dict(stall_shutdown_time_seconds=3.0), dict(stall_check_time_seconds=1.0)],
+                         ids=["shutdown time", "no shutdown time"])
 def test_a_rank_that_leaves_a_loop_early_meets_the_others_at_its_next_collective(
-        reinit: Callable[..., None]) -> None:
+        settings: dict, reinit: Callable[..., None]) -> None:
     """Issue 52's cascade (Horovod's test_torch.py whole at -n 3): a check fails on rank 0 inside a loop of
     unnamed collectives, so it leaves the loop (the test) early and waits on its next collective (the next
     test's add_process_set) while the others wait on the loop's next reducescatter. The verdict fails the
     others' name and keeps rank 0's, which the others reach after their error: from there every collective
-    is in step (before, both failed, and every later test met the others one test apart)."""
-    reinit(stall_shutdown_time_seconds=3.0)
+    is in step (before, both failed, and every later test met the others one test apart). Without a stall
+    shutdown time (Horovod's default: wait forever) every rank waits here, so the same verdict comes after the
+    check period (before, the job hung)."""
+    reinit(**settings)
     hvd.barrier()
     rows = np.ones((N * 4, 2), np.float32)
     if R == 0:

@@ -60,8 +60,7 @@ def waiting_instead(messages: Sequence[RankMessage], missing: list[int], most: i
         msg = messages[rank]
         pending = [f"{name!r} at {msg.site((sig.ps_id, name)) or 'an unknown line'}"
                    for name, sig in list(zip(msg.names, msg.signatures()))[:most]]
-        more = len(msg.names) - most
-        listed = ", ".join(pending) + (f" and {more} more" if more > 0 else "")
+        listed = ", ".join(pending) + (f" and {len(msg.names) - most} more" if len(msg.names) > most else "")
         parts.append(f" Rank {rank} was waiting on {listed} instead." if pending
                      else f" Rank {rank} had submitted nothing.")
     return "".join(parts)
@@ -95,12 +94,9 @@ class Watchdog:
     def __init__(self, config: Config, rank: int, size: int, presence: Presence,
                  waiting_names: Callable[[], list[str]],
                  fence: Optional[Callable[[list[int]], list[int]]] = None) -> None:
-        self.config = config
-        self.rank, self.size = rank, size
-        self.presence = presence
+        self.config, self.rank, self.size, self.presence = config, rank, size, presence
         self.waiting_names = waiting_names  # the names this rank waits on (pending or queued), sorted
-        #: ULFM jobs: kills the given ranks' processes on this host, so the survivors recover (core/fencing.py)
-        self.fence = fence
+        self.fence = fence  # ULFM jobs: kills given ranks' processes on this host (core/fencing.py)
         self._fenced = False
         self.last_check = time.monotonic()  # the last full round (every full round looks for stalls)
         self._last_warning = float("-inf")
@@ -169,25 +165,30 @@ JOIN_HINT = ("If ranks got different numbers of batches (uneven data), a rank wh
 def verdict(stalled: list[Stalled], cfg: Config, spared: Optional[dict[tuple[int, str], float]] = None
             ) -> list[Response]:
     """Once any stalled name is past the shutdown time every stalled name fails, in the same cycle on every rank,
-    but those ahead() spares stay one period (``spared``, across verdicts: (set, name) -> agreed age then)."""
+    but those ahead() spares stay one period (``spared``, across verdicts: (set, name) -> agreed age then). With
+    no shutdown time, ranks out of step that all wait (every member on a name the others have not made) would wait
+    forever: past the check period the looping groups' names fail and the others' wait for those ranks."""
+    def failure(s: Stalled, why: str) -> Response:
+        note = f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""
+        return Response(s.name, s.sig, error_kind="stall", error=(
+            f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s ({why}): ranks {s.missing_ranks} never submitted "
+            f"it; ranks {s.ready_ranks} did.{note}{s.where} {JOIN_HINT}."))
     limit = cfg.stall_shutdown_time_seconds
-    if limit <= 0 or max(s.age for s in stalled) < limit:
+    if limit <= 0:
+        waiting, spare = {r for s in stalled for r in s.ready_ranks}, ahead(stalled, float("inf"))
+        if not spare or max(s.age for s in stalled) < cfg.stall_check_time_seconds or \
+                any(set(s.ready_ranks + s.missing_ranks) != waiting for s in stalled):
+            return []
+        return [failure(s, "the other ranks wait on an op made after this loop") for s in stalled if s not in spare]
+    if max(s.age for s in stalled) < limit:
         return []
     keep = {} if spared is None else spared
     for key in set(keep) - {(s.sig.ps_id, s.name) for s in stalled}:
         del keep[key]
     for s in ahead(stalled, limit):
         keep.setdefault((s.sig.ps_id, s.name), s.age)
-    failed = []
-    for s in stalled:
-        if s.age < keep.get((s.sig.ps_id, s.name), -limit) + limit:
-            continue
-        note = f" {s.note[0].upper()}{s.note[1:]}: the ranks disagree on its process set." if s.note else ""
-        failed.append(Response(s.name, s.sig, error_kind="stall", error=(
-            f"{s.kind} of {s.name!r} stalled for {s.age:.1f} s (stall_shutdown_time_seconds={limit:g}): "
-            f"ranks {s.missing_ranks} never submitted it; ranks {s.ready_ranks} did.{note}{s.where} "
-            f"{JOIN_HINT}.")))
-    return failed
+    return [failure(s, f"stall_shutdown_time_seconds={limit:g}") for s in stalled
+            if s.age >= keep.get((s.sig.ps_id, s.name), -limit) + limit]
 
 
 def ahead(stalled: list[Stalled], limit: float) -> list[Stalled]:
@@ -224,8 +225,7 @@ class Presence:
     """Answers peers' probes, and probes peers. Used only by the engine thread."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps) -> None:
-        self.comm = comm
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
         self._ids = itertools.count(1)
         self._sends: list[Any] = []
         self._status, self._any = mpi_ops.MPI.Status(), mpi_ops.MPI.ANY_SOURCE
