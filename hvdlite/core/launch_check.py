@@ -70,10 +70,8 @@ def launcher_mismatch(library: str, launcher_family: str, launcher: str) -> str:
 
 
 def check_launcher_before_init(library: str) -> None:
-    """Before MPI_Init: LaunchError when Open MPI's launcher started this process but mpi4py loads MPICH (whose
-    MPI_Init would die before hvdlite could say why)."""
-    if not launched_by_open_mpi():
-        return
+    """Before MPI_Init, in a process Open MPI's launcher started (launched_by_open_mpi): LaunchError when mpi4py
+    loads MPICH (whose MPI_Init would die before hvdlite could say why)."""
     problem = launcher_mismatch(_first_line(library), OPENMPI, "Open MPI's mpirun/mpiexec (OMPI_COMM_WORLD_SIZE set)")
     if problem:
         rank = getenv("OMPI_COMM_WORLD_RANK") or "?"
