@@ -87,20 +87,17 @@ def main() -> None:
             runs.append(recovery(python, mode, args))
             print(json.dumps(runs[-1]), flush=True)
 
-    def med(kind: str, key: str, **match: Any) -> float:
-        values = [r[key] for r in runs if r["kind"] == kind and all(r[k] == v for k, v in match.items())
-                  and r[key] is not None]
+    def med(key: str, mode: str = "in-process") -> float:
+        values = [r[key] for r in runs if r["mode"] == mode and r[key] is not None]
         return statistics.median(values) if values else float("nan")
 
-    inproc, restart = med("recovery", "kill_to_next_step_s", mode="in-process"), \
-        med("recovery", "kill_to_next_step_s", mode="restart")
+    inproc, restart = med("kill_to_next_step_s"), med("kill_to_next_step_s", "restart")
     summary: dict[str, Any] = {
         "kind": "summary", "model": f"MLP 16-{args.width}-{args.width}-4, batch 8 per rank, torch CPU",
         "in_process_kill_to_next_step_s": inproc, "restart_kill_to_next_step_s": restart,
         "restart_over_in_process": round(restart / inproc, 1),
-        "in_process_kill_to_reset_s": med("recovery", "kill_to_reset_s", mode="in-process"),
-        "in_process_recover_s": med("recovery", "recover_s", mode="in-process"),
-        "in_process_kill_to_detect_s": med("recovery", "kill_to_detect_s", mode="in-process")}
+        "in_process_kill_to_reset_s": med("kill_to_reset_s"), "in_process_recover_s": med("recover_s"),
+        "in_process_kill_to_detect_s": med("kill_to_detect_s")}
     summary["machine"] = {"cpu": _common.cpu_model(), "cores": __import__("os").cpu_count(),
                           "loadavg_1min": __import__("os").getloadavg()[0], "commit": _common.git_commit()}
     print(json.dumps(summary), flush=True)

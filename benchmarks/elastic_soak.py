@@ -4,17 +4,13 @@ seconds, kills a random rank of the running job with SIGKILL (or, a --stop-fract
 SIGSTOP: a hang the survivors must find) until --failures were injected; the training then runs to its end.
 
 Run:   python benchmarks/elastic_soak.py --ompi-python VENV/bin/python [--failures 100] [--interval 5 15]
-           [--stop-fraction 0.2] [--epochs 60]      (--failures 0: the same job undisturbed, the reference)
+           [--stop-fraction 0.2] [--epochs 60] [--references 3]      (--failures 0: the job undisturbed)
 
-``--ompi-python``: a Python whose mpi4py loads pip's Open MPI 5 (benchmarks/elastic_recovery.py says how). The
-job is tests/workers/elastic_inprocess.py --soak: rank 0 prints every step (number, size, time), each epoch
-counts every sample processed, every rank reports its final weights' hash and the training-set accuracy.
-
-Prints one JSON object: failures injected and survived (each named by the driver as failed, or fenced, and the
-job finished: exit 0, every epoch processed every sample (ElasticSampler pads, as Horovod's: padded_samples),
-identical final weights), per failure the recovery time (the kill to the next step) and the regrowth time (to the
-next step at 4 ranks; REGROWTH_PHASES), the steps lost (done again after a rollback), steps per second, the final
-accuracy. tests/test_elastic_soak.py runs a short one.
+``--ompi-python``: a Python whose mpi4py loads pip's Open MPI 5 (benchmarks/elastic_recovery.py). The job is
+tests/workers/elastic_inprocess.py --soak with RECIPE. One JSON object (analyse): failures survived (named by the
+driver, exit 0, every sample once an epoch, identical weights), recovery and regrowth times (REGROWTH_PHASES),
+steps lost, steps/s, accuracy; --references N: N undisturbed runs of as many epochs (training seeds 0..N-1, the
+soak's 0), the accuracy within their noise (their range widened by itself each way). tests/test_elastic_soak.py.
 """
 from __future__ import annotations
 
@@ -39,6 +35,8 @@ WORKER = ROOT / "tests" / "workers" / "elastic_inprocess.py"
 JOINED = re.compile(r"rank (\d+) of (\d+) joined from host \S+ \(pid (\d+)\)")
 STEP = re.compile(r"^step n=(\d+) size=(\d+) t=([\d.]+)$")
 FINAL = re.compile(r"^final orig=\d+ rank=(\d+) size=(\d+) pid=(\d+) .*sha=(\w+)")
+#: The training: stable over a thousand epochs undisturbed (lr per rank, x size; halved every 20 epochs to a floor).
+RECIPE = ["--lr", "0.01", "--momentum", "0.9", "--weight-decay", "5e-4", "--lr-half-life", "20", "--lr-floor", "0.001"]
 
 
 class Chaos:
@@ -64,8 +62,8 @@ class Chaos:
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
             line = raw.rstrip("\n")
-            if self.log is not None:
-                self.log.write(raw)
+            if self.log is not None:  # each line with when it arrived (the phases of a recovery or a regrowth)
+                self.log.write(f"{time.time():.3f} {raw}")
             with self.lock:
                 self.lines.append(line)
                 self.times.append(time.time())
@@ -121,15 +119,6 @@ class Chaos:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def job_command(args: argparse.Namespace, script: Path, stop_file: Path) -> list[str]:
-    py = args.ompi_python
-    return [py, "-m", "hvdlite.run", "-np", "4", "--min-np", str(args.min_np), "--max-np", "4",
-            "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "3", py, str(WORKER),
-            "--soak", "--epochs", str(args.epochs), "--samples", str(args.samples), "--batch-size", "8",
-            "--commit-every", str(args.commit_every), "--width", str(args.width), "--sleep", str(args.sleep),
-            "--stop-file", str(stop_file)]
-
-
 def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs: int, samples: int,
             wall_s: float, times: Optional[list[float]] = None) -> dict[str, Any]:
     """The figures of one run (see the module's docstring)."""
@@ -157,37 +146,35 @@ def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs:
             "final_step": steps[-1][0] if steps else 0, "steps_per_s": (steps[-1][0] / span) if span else None,
             "wall_s": wall_s, "restarts": out.count("elastic: starting ") - 1,
             "epochs_exact": exact, "padded_samples": sum(e["samples"] - samples for e in epochs_seen),
-            "final_ranks": len(finals), "weights_identical": len(shas) == 1,
-            "accuracy": report["accuracy"], "regrowth_phases_s": _regrowth_phases(lines, times or [], injected),
+            "epochs_trained": len(epochs_seen), "final_ranks": len(finals), "weights_identical": len(shas) == 1,
+            "accuracy": report["accuracy"], "test_accuracy": report.get("test_accuracy"),
+            "regrowth_phases_s": _regrowth_phases(lines, times or [], injected),
             "per_failure": [
                 {**f, "recovery_s": r, "regrowth_s": g} for f, r, g in zip(injected, recovery, regrowth)]}
 
 
-#: A regrowth's phases after the kill (medians): slots listed again, the new job started, its ranks joined, resumed.
-REGROWTH_PHASES = {"hosts_changed": "elastic: hosts changed", "new_job_started": "elastic: starting ",
-                   "all_joined": " joined from host ", "resumed": "resumed from commit"}
+#: A regrowth's phases (medians from the kill), each the count-th line with its text after the phase before: slots
+#: listed again, the old job ended (its ranks left), the new one started, its 4 ranks past MPI_Init, joined, resumed.
+REGROWTH_PHASES = (("hosts_changed", "elastic: hosts changed", 1), ("old_job_ended", "left to resize", 1),
+                   ("new_job_started", "elastic: starting ", 1), ("ranks_started", "start orig=", 4),
+                   ("all_joined", " joined from host ", 4), ("resumed", "resumed from commit", 1))
 
 
 def _regrowth_phases(lines: list[str], times: list[float], injected: list[dict[str, Any]]) -> dict[str, Any]:
-    found: dict[str, list[float]] = {name: [] for name in REGROWTH_PHASES}
+    found: dict[str, list[float]] = {name: [] for name, _, _ in REGROWTH_PHASES}
     for failure, nxt in zip(injected, [f["t"] for f in injected[1:]] + [float("inf")]):
-        after = [(t, line) for t, line in zip(times, lines) if failure["t"] < t < nxt]
-        at = {name: [t for t, line in after if text in line] for name, text in REGROWTH_PHASES.items()}
-        start = next(iter(at["new_job_started"]), None)
-        resumed = next((t for t in at["resumed"] if start is not None and t > start), None)
-        if start is None or resumed is None:
-            continue
-        joined = [t for t in at["all_joined"] if start < t <= resumed]
-        for name, t in (("hosts_changed", at["hosts_changed"][:1]), ("new_job_started", [start]),
-                        ("all_joined", joined[-1:]), ("resumed", [resumed])):
-            found[name] += [x - failure["t"] for x in t]
+        at = failure["t"]
+        for name, text, count in REGROWTH_PHASES:
+            hits = [t for t, line in zip(times, lines) if at <= t < nxt and text in line]
+            if len(hits) < count:
+                break
+            at = hits[count - 1]
+            found[name].append(at - failure["t"])
     return {name: statistics.median(values) if values else None for name, values in found.items()}
 
 
 def _spread(values: list[Optional[float]]) -> dict[str, Optional[float]]:
-    done = sorted(v for v in values if v is not None)
-    if not done:
-        return {"median": None, "p90": None, "max": None}
+    done: list[Any] = sorted(v for v in values if v is not None) or [None]  # (no value: each None)
     return {"median": statistics.median(done), "p90": done[min(len(done) - 1, int(0.9 * len(done)))], "max": done[-1]}
 
 
@@ -198,8 +185,13 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         script.chmod(0o755)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-        stop_file = Path(tmp) / "stop"
-        chaos = Chaos(job_command(args, script, stop_file), env, args)
+        stop_file, py = Path(tmp) / "stop", args.ompi_python
+        cmd = [py, "-m", "hvdlite.run", "-np", "4", "--min-np", str(args.min_np), "--max-np", "4",
+               "--host-discovery-script", str(script), "--blacklist-cooldown-range", "1", "3", py, str(WORKER),
+               "--soak", "--epochs", str(args.epochs), "--samples", str(args.samples), "--batch-size", "8",
+               "--commit-every", str(args.commit_every), "--width", str(args.width), "--sleep", str(args.sleep),
+               "--stop-file", str(stop_file), "--seed", str(args.train_seed), *RECIPE]
+        chaos = Chaos(cmd, env, args)
         started = time.monotonic()
         try:
             chaos.run(args.inject_s, args.end_s, stop_file if args.until_failures else None)
@@ -226,8 +218,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--end-s", type=float, default=float("inf"), help="stop the job after this (finished: false)")
     parser.add_argument("--until-failures", action="store_true", help="end the training once whole after the last")
     parser.add_argument("--log", default="", help="write the chaos run's output here")
+    parser.add_argument("--references", type=int, default=0, help="then this many undisturbed runs (module doc)")
     args = parser.parse_args(argv)
-    print(json.dumps({"kind": "soak", **run_once(args)}), flush=True)
+    result = run_once(argparse.Namespace(**vars(args), train_seed=0))
+    refs = [run_once(argparse.Namespace(**{**vars(args), "failures": 0, "until_failures": False, "log": "",
+                                           "epochs": result["epochs_trained"], "train_seed": seed}))
+            for seed in range(args.references)]
+    for key in ("accuracy", "test_accuracy", "steps_per_s") if refs else ():
+        values = result[f"reference_{key}"] = [r[key] for r in refs]
+        low, high = min(values), max(values)
+        if key != "steps_per_s":  # within noise: inside the references' range widened by itself each way
+            result[f"{key}_within_noise"] = 2 * low - high <= result[key] <= 2 * high - low
+    print(json.dumps({"kind": "soak", **result}), flush=True)
     return 0
 
 

@@ -75,7 +75,7 @@ OVER_CAP: dict[str, int] = {}
 #: end of issue 50's work 18,756 lines, the budget rounded up with ~100 lines for work landing at once; issue
 #: 50's goal is 16,000, and 2,600 for the benchmarks.)
 PACKAGE_BUDGET = 16_982
-BENCHMARKS_BUDGET = 2_561
+BENCHMARKS_BUDGET = 2_560
 #: Whether an import inside a function counts as an edge of the import graph for the cycle check. A lazy
 #: import that closes a loop (runtime -> api -> runtime) hides a cycle from Python, not from the reader.
 CYCLES_COUNT_LAZY_IMPORTS = True

@@ -14,6 +14,7 @@ model's parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 w
 from (and the size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
 """
 import argparse
+import atexit
 import hashlib
 import json
 import os
@@ -38,7 +39,13 @@ def parse_args():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--samples", type=int, default=480)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=0.05, help="per rank: the optimizer's is lr x hvd.size()")
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--lr-half-life", type=float, default=0.0,
+                        help="epochs over which the learning rate halves (0: constant), down to --lr-floor")
+    parser.add_argument("--lr-floor", type=float, default=0.0, help="per rank, as --lr")
+    parser.add_argument("--seed", type=int, default=0, help="the model's initial weights and the samples' order")
     parser.add_argument("--commit-every", type=int, default=4)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--die", action="append", default=[])
@@ -56,8 +63,8 @@ def parse_args():
     return parser.parse_args()
 
 
-def dataset(samples):
-    rng = np.random.RandomState(0)
+def dataset(samples, seed=0):
+    rng = np.random.RandomState(seed)
     x = rng.randn(samples, 16).astype(np.float32)
     y = (x[:, :4].argmax(1)).astype(np.int64)
     return TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
@@ -68,6 +75,14 @@ def digest(model):
     for p in model.parameters():
         h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def seconds_alive():
+    """Seconds since this process started (/proc: its start time in clock ticks since boot, and the uptime)."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
 
 
 def die(where, orig):
@@ -94,11 +109,15 @@ class Tripwire:
 
 def main():
     args = parse_args()
+    imported = seconds_alive()  # Python and the imports (torch, hvdlite)
     hvd.init()
     orig = hvd.rank()
-    print(f"start orig={orig} pid={os.getpid()}", flush=True)
+    print(f"start orig={orig} pid={os.getpid()} imported={imported:.2f} initialized={seconds_alive():.2f}",
+          flush=True)
+    if args.soak:  # (a rank leaving to resize ends its process: when its exit began)
+        atexit.register(lambda: print(f"exiting orig={orig} t={time.time():.6f}", flush=True))
     report(orig, start={"pid": os.getpid()})  # by the rank it started as (the test's reports)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if args.device == "cuda":
@@ -113,13 +132,17 @@ def main():
     if ("start", restart) in plan:
         die("start", orig)
     train_set = dataset(args.samples)
-    sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=1)
+    sampler = hvd.elastic.ElasticSampler(train_set, shuffle=True, seed=1 + args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     w = args.width
     seen = np.zeros(len(train_set), dtype=np.int64)  # --soak: how often each sample was processed this epoch
     indices = torch.arange(len(train_set))
     model = nn.Sequential(nn.Linear(16, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 4)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    def lr_at(epoch):  # the schedule: a function of the epoch and the size only, so any restart sets it alike
+        decay = 0.5 ** (epoch / args.lr_half_life) if args.lr_half_life else 1.0
+        return max(args.lr * decay, args.lr_floor) * hvd.size()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr_at(0), momentum=args.momentum,
+                                weight_decay=args.weight_decay)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     tripwire = Tripwire(orig, plan)
     first_weight = model[0].weight
@@ -143,7 +166,7 @@ def main():
         if ("reset", len(entries)) in plan:  # inside the recovery from an earlier loss
             die("reset", orig)
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * hvd.size()
+            group["lr"] = lr_at(state.epoch)
         print(f"reset orig={orig} rank={hvd.rank()} size={hvd.size()} t={time.time():.6f}", flush=True)
 
     state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, tripwire=tripwire, epoch=0, step=0,
@@ -166,6 +189,8 @@ def main():
         steps, started, calls = 0, 0.0, 0
         for epoch in range(state.epoch, args.epochs):
             state.train_sampler.set_epoch(epoch)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(epoch)
             order = list(state.train_sampler)  # this rank's samples of the epoch, in the loader's order
             for batch_idx, (x, y) in enumerate(loader):
                 if steps == 1:
@@ -212,9 +237,9 @@ def main():
     final = {"rank": hvd.rank(), "size": hvd.size(), "pid": os.getpid(), "steps": state.step, "entries": entries,
              "synced": synced, "sha": digest(model)}
     if args.soak:
-        x, y = train_set.tensors
-        with torch.no_grad():
-            final["accuracy"] = float((model(x.to(device)).argmax(1).cpu() == y).float().mean())
+        with torch.no_grad():  # on the training set, and on 4096 samples of the same kind it never saw
+            for key, (x, y) in (("accuracy", train_set.tensors), ("test_accuracy", dataset(4096, 1).tensors)):
+                final[key] = float((model(x.to(device)).argmax(1).cpu() == y).float().mean())
         final["epochs"] = state.epochs
         print(json.dumps({"final": final}), flush=True)
     print(f"final orig={orig} " + " ".join(f"{k}={v}" for k, v in final.items()), flush=True)
