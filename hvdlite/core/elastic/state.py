@@ -133,8 +133,7 @@ class State:
         """Agree on the newest commit any rank's host holds and load it everywhere (broadcast from the
         lowest rank that holds it); with no commit anywhere, take rank 0's current state."""
         rank = self._get_rank()
-        store = self._store()
-        mine, payload = store.read() if store is not None else (0, None)
+        mine, payload = store.read() if (store := self._store()) is not None else (0, None)
         counters = allgather_object(mine, name="hvdlite.elastic.counters")
         newest = max(counters)
         root = counters.index(newest)  # rank 0 when no host holds a commit: then its current state goes out

@@ -261,7 +261,7 @@ class ElasticDriver:
                 if stopped:
                     return proc.returncode or 1, stopped
                 if len(losses.seen) != counted and self.source.script:  # discovery listing the lost ranks' slots
-                    hosts = inprocess.running_on(placed, size, losses.seen)  # grows the job back at its next commit
+                    hosts, next_check = inprocess.running_on(placed, size, losses.seen), now  # asked now: grows back
             elif not lost_at and server.first_lost() is not None:
                 lost_at = now
             if lost_at and now - lost_at > LOST_RANK_GRACE_S:
