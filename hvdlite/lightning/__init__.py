@@ -7,8 +7,7 @@ except ImportError as error:  # pragma: no cover - depends on the installation
     raise ImportError(f"hvdlite.lightning needs Lightning 2.x ({error}); install it with "
                       f"pip install 'hvdlite[lightning]' (or pip install lightning)") from error
 
-from .environment import HvdliteEnvironment
-from .strategy import HvdliteStrategy
+from .strategy import HvdliteEnvironment, HvdliteStrategy
 
 __all__ = ["HvdliteEnvironment", "HvdliteStrategy"]
 

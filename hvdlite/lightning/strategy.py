@@ -1,12 +1,14 @@
 """HvdliteStrategy: Lightning 2.x data-parallel training over hvdlite, one process per rank started by the
-launcher (mpiexec, hvdlite-run, srun), gradients averaged by hvdlite.torch.DistributedOptimizer."""
+launcher (mpiexec, hvdlite-run, srun), gradients averaged by hvdlite.torch.DistributedOptimizer; and
+HvdliteEnvironment, Lightning's view of the job (rank, size, node) taken from hvdlite."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Generator, Optional, Union
 
 import torch
-from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import Precision
@@ -18,9 +20,9 @@ from torch import Tensor
 
 import hvdlite.torch as hvd
 
-from .environment import HvdliteEnvironment
+__all__ = ["HvdliteEnvironment", "HvdliteStrategy"]
 
-__all__ = ["HvdliteStrategy"]
+_log = logging.getLogger(__name__)
 
 #: Lightning's reduce_op names (and torch.distributed.ReduceOp members, by name) -> hvdlite's ops.
 _OPS = {"mean": hvd.Average, "avg": hvd.Average, "sum": hvd.Sum, "max": hvd.Max, "min": hvd.Min,
@@ -62,6 +64,47 @@ class _StackedGather(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple:
         summed = hvd.allreduce(grad.contiguous(), op=hvd.Sum, process_set=ctx.process_set)
         return summed[ctx.process_set.rank()], None
+
+
+class HvdliteEnvironment(ClusterEnvironment):
+    """The processes were started by mpiexec, hvdlite-run or srun; hvdlite (MPI) already connects them, so
+    there is no rendezvous address or port and Lightning may not change the ranks."""
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return ""  # nothing rendezvous-based is started: hvdlite's MPI runtime connects the ranks
+
+    @property
+    def main_port(self) -> int:
+        return 0
+
+    @staticmethod
+    def detect() -> bool:
+        return hvd.is_initialized()
+
+    def world_size(self) -> int:
+        return hvd.size()
+
+    def set_world_size(self, size: int) -> None:
+        if size != hvd.size():
+            _log.debug("HvdliteEnvironment: world size %d asked for, the launcher started %d", size, hvd.size())
+
+    def global_rank(self) -> int:
+        return hvd.rank()
+
+    def set_global_rank(self, rank: int) -> None:
+        if rank != hvd.rank():
+            _log.debug("HvdliteEnvironment: rank %d asked for, the launcher made this rank %d", rank, hvd.rank())
+
+    def local_rank(self) -> int:
+        return hvd.local_rank()
+
+    def node_rank(self) -> int:
+        return hvd.cross_rank()
 
 
 class HvdliteStrategy(ParallelStrategy):

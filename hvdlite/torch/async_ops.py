@@ -11,9 +11,10 @@ from hvdlite.core import basics
 from hvdlite.core.basics import *  # noqa: F403 - the runtime names, listed once in basics.__all__
 from hvdlite.core import (Adasum, Average, Handle, ProcessSet, ReduceOp, Sum,  # noqa: F401 - Sum for the others
                           barrier, global_process_set, join)
-from hvdlite.core.frontend import Accumulation, check_sparse, resolve_op, sparse_allgather_async, submit_allreduce
+from hvdlite.core.frontend import (Accumulation, PlaneBuffer, check_sparse, resolve_op, sparse_allgather_async,
+                                   submit_allreduce)
 
-from .tensors import (check_dtype, check_one_device, check_tensors, from_host, hints, on_plane, prepared,
+from .tensors import (check_dtype, check_one_device, check_tensors, from_host, hints, prepared,
                       splits_array, to_host, write_into)
 
 
@@ -51,7 +52,8 @@ def _grouped_allreduce(tensors: list[torch.Tensor], name: Optional[str], op: Red
                        accumulation: Optional[Accumulation], what: str) -> Handle:
     """The core's grouped allreduce of torch tensors (``what``: the op the user called, for errors)."""
     check_one_device(tensors, what)
-    hosts, shared = zip(*[to_host(t, _what(what, op)) for t in tensors]) if tensors else ((), ())
+    label = "adasum" if op is Adasum else what  # Adasum runs on hvdlite's MPI path only (GPU tensors staged)
+    hosts, shared = zip(*[to_host(t, label) for t in tensors]) if tensors else ((), ())
     handle = core.grouped_allreduce_async(list(hosts), None, _name("allreduce", name), op, prescale, postscale,
                                           process_set, inplace=inplace, dtype_hints=hints(tensors),
                                           accumulation=accumulation)
@@ -123,26 +125,15 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                                                 process_set))
 
 
-def _what(label: str, op: ReduceOp) -> str:
-    """Adasum runs on hvdlite's MPI path only (host buffers; GPU tensors staged): its label says so."""
-    return "adasum" if op is Adasum else label
-
-
 # -- sparse -------------------------------------------------------------------------------------------
 class SparseHandle:
     """What sparse_allreduce_async returns: call it (or pass it to synchronize) for the result."""
 
     def __init__(self, handle: Handle, finish: Callable[[], torch.Tensor]) -> None:
-        self.handle = handle
-        self._finish = finish
+        self.handle, self.done, self.wait = handle, handle.done, finish
 
-    def done(self) -> bool:
-        return self.handle.done()
-
-    def wait(self) -> torch.Tensor:
-        return self._finish()
-
-    __call__ = wait
+    def __call__(self) -> torch.Tensor:
+        return self.wait()
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
@@ -177,20 +168,23 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
 
 
 # -- allgather ----------------------------------------------------------------------------------------
-def _into(outputs: Optional[Sequence[torch.Tensor]], what: str, inputs: Sequence[torch.Tensor],
-          plane: bool = False) -> tuple[Optional[list], Any]:
-    """Host arrays for caller-given outputs, and the conversion that returns those tensors, filled (on a data
-    plane the results are copied into them on their device, after the same check the core makes)."""
+def _rows(inputs: list[torch.Tensor], what: str,
+          outputs: Optional[Sequence[torch.Tensor]]) -> tuple[list, Optional[list], Callable[[Any], Any]]:
+    """A grouped allgather's or reducescatter's host buffers, host arrays for caller-given outputs, and the
+    conversion that returns the results: new tensors, or those outputs, filled (on a data plane the results
+    are copied into them on their device, after the same check the core makes)."""
+    check_one_device(inputs, what)
+    hosts = [to_host(t, what)[0] for t in inputs]
     if outputs is None:
-        return None, None
+        return hosts, None, lambda results: [from_host(r, t) for r, t in zip(results, inputs)]
     outputs = list(outputs)
-    if plane:
+    if hosts and isinstance(hosts[0], PlaneBuffer):  # a data plane's: results come back as device tensors
         if len(outputs) != len(inputs) or any(o.dtype != t.dtype for o, t in zip(outputs, inputs)):
             raise TypeError(f"{what}: outputs must be one array per input with the input's dtype; got "
                             f"{[str(o.dtype) for o in outputs]} for inputs {[str(t.dtype) for t in inputs]}")
-        return None, lambda results: [t.copy_(r.reshape(t.shape)) for t, r in zip(outputs, results)]
-    hosts, shared = zip(*[to_host(t, what) for t in outputs]) if outputs else ((), ())
-    return list(hosts), lambda results: [write_into(t, r, own) for t, r, own in zip(outputs, results, shared)]
+        return hosts, None, lambda results: [t.copy_(r.reshape(t.shape)) for t, r in zip(outputs, results)]
+    into, shared = zip(*[to_host(t, what) for t in outputs]) if outputs else ((), ())
+    return hosts, list(into), lambda results: [write_into(t, r, own) for t, r, own in zip(outputs, results, shared)]
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
@@ -200,12 +194,10 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
     extension: ``outputs`` (one tensor of the gathered shape per input, which may hold the input as its
     own rows) receive the results without new allocations; synchronize() returns them."""
     tensors = check_tensors(tensors, "grouped_allgather_async")
-    check_one_device(tensors, "grouped_allgather")
-    hosts = [to_host(t, "grouped_allgather")[0] for t in tensors]
-    into, filled = _into(outputs, "grouped_allgather", tensors, on_plane(hosts))
+    hosts, into, convert = _rows(tensors, "grouped_allgather", outputs)
     handle = core.grouped_allgather_async(hosts, _name("allgather", name), process_set,
                                           dtype_hints=hints(tensors), outputs=into)
-    return handle.then(filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
+    return handle.then(convert)
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
@@ -264,13 +256,11 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     ``outputs`` (one tensor of this rank's share per input, apart from the inputs) receive the results."""
     tensors = check_tensors(tensors, "grouped_reducescatter_async")
     reduce_op = resolve_op(op)
-    check_one_device(tensors, "grouped_reducescatter")
-    hosts = [to_host(t, "grouped_reducescatter")[0] for t in tensors]
-    into, filled = _into(outputs, "grouped_reducescatter", tensors, on_plane(hosts))
+    hosts, into, convert = _rows(tensors, "grouped_reducescatter", outputs)
     handle = core.grouped_reducescatter_async(hosts, _name("reducescatter", name), reduce_op, process_set,
                                               prescale_factor, postscale_factor, dtype_hints=hints(tensors),
                                               outputs=into)
-    return handle.then(filled or (lambda results: [from_host(r, t) for r, t in zip(results, tensors)]))
+    return handle.then(convert)
 
 
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Any = Average,

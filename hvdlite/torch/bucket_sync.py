@@ -1,9 +1,6 @@
 """The one bucket machine of both torch optimizers: each gradient a view of a flat bucket, counted as backward
-makes it ready, each bucket reduced by its optimizer's collective once its last gradient is ready.
-
-The collective is what differs: ``HookAllreduce`` (DistributedOptimizer: the comm hook's in-place allreduce),
-``AdasumDeltas`` (op=hvd.Adasum) or ``ShardReducescatter`` (ZeroRedundancyOptimizer: into this rank's shard).
-"""
+makes it ready, each bucket reduced by its optimizer's collective (HookAllreduce, AdasumDeltas or
+ShardReducescatter) once its last gradient is ready."""
 from __future__ import annotations
 
 import itertools
@@ -29,7 +26,8 @@ _instances: dict[tuple[str, int], "itertools.count[int]"] = {}
 
 
 class BucketCollective(Protocol):
-    """How one optimizer's buckets are reduced: ``start`` buckets ``ks`` (one request), ``finish`` them."""
+    """How one optimizer's buckets are reduced: ``start`` buckets ``ks`` (one request, returning what has a
+    ``wait()``), ``finish`` them."""
 
     #: whether several buckets may go as one request (submitted together when not overlapping)
     groups: bool
@@ -38,16 +36,9 @@ class BucketCollective(Protocol):
 
     def finish(self, chosen: list[Bucket], started: Any) -> None: ...
 
-    def wait(self, started: Any) -> None: ...
-
 
 def _request_name(chosen: list[Bucket]) -> str:
     return chosen[0].name + (f".x{len(chosen)}" if len(chosen) > 1 else "")
-
-
-class _HookCall(NamedTuple):
-    future: Any
-    view: GradBucket
 
 
 class HookAllreduce:
@@ -59,18 +50,17 @@ class HookAllreduce:
         self.process_set = process_set
         self.hook, self.state = hook, None
 
-    def start(self, buckets: list[Bucket], ks: list[int]) -> _HookCall:
+    def start(self, buckets: list[Bucket], ks: list[int]) -> Any:
         (k,) = ks
-        view = GradBucket(k, buckets[k], k == len(buckets) - 1, self.process_set)
         assert self.hook is not None
-        return _HookCall(self.hook(self.state, view), view)
+        return self.hook(self.state, GradBucket(k, buckets[k], k == len(buckets) - 1, self.process_set))
 
-    def finish(self, chosen: list[Bucket], started: _HookCall) -> None:
-        """The result goes into the buffer and each gradient is a view of it."""
-        result, buffer = started.future.wait(), started.view.buffer()
+    def finish(self, chosen: list[Bucket], started: Any) -> None:
+        """The hook's result goes into the bucket's buffer and each gradient is a view of it."""
+        bucket, result = chosen[0], started.wait()
+        assert bucket.grads is not None
         with torch.no_grad():
-            write_back(buffer, result)
-        bucket = chosen[0]
+            write_back(bucket.grads, result)
         for p, grad in zip(bucket.params, bucket.grad_views()):
             current = p.grad
             if current is grad or (current is None and not p.requires_grad):
@@ -78,14 +68,14 @@ class HookAllreduce:
             if current is None or current.data_ptr() != grad.data_ptr() or current.shape != grad.shape:
                 p.grad = grad
 
-    def wait(self, started: _HookCall) -> None:
-        started.future.wait()
-
 
 class _Deltas(NamedTuple):
     params: list[torch.Tensor]
     starts: list[torch.Tensor]  # each parameter's value before the local step
     reduction: Reduction
+
+    def wait(self) -> Any:
+        return self.reduction.wait()
 
 
 class AdasumDeltas:
@@ -111,13 +101,10 @@ class AdasumDeltas:
                                                        1.0, 1.0, self.process_set))
 
     def finish(self, chosen: list[Bucket], started: _Deltas) -> None:
-        started.reduction.handle.wait()
+        started.wait()
         with torch.no_grad():
             for p, start, delta in zip(started.params, started.starts, decompressed(started.reduction)):
                 p.copy_(start + delta.to(start.dtype))
-
-    def wait(self, started: _Deltas) -> None:
-        started.reduction.handle.wait()
 
 
 class ShardReducescatter:
@@ -136,13 +123,10 @@ class ShardReducescatter:
                                self.process_set, scatter_into=[b.averaged().view(1, -1) for b in chosen])
 
     def finish(self, chosen: list[Bucket], started: Reduction) -> None:
-        started.handle.wait()
+        started.wait()
         for bucket, row in zip(chosen, decompressed(started)):
             write_back(bucket.averaged(), row)
             bucket.shard.grad = bucket.averaged()
-
-    def wait(self, started: Reduction) -> None:
-        started.handle.wait()
 
 
 class _Started(NamedTuple):
@@ -172,7 +156,6 @@ class BucketSync:
         self.sparse: set[int] = set()  # ids of parameters some rank saw a sparse gradient for (flat only)
         self.buckets: list[Bucket] = []
         self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, position in it)
-        self.kinds: list[tuple[torch.dtype, torch.device]] = []  # each bucket's dtype and device as planned
         self.ready: list[int] = []  # per bucket: how many of its gradients are complete this step
         self.inflight: dict[int, _Started] = {}  # bucket -> its started request
         self.signature: tuple = ()
@@ -184,8 +167,9 @@ class BucketSync:
         return self.order is not None
 
     def extend(self, group: int, params: list[torch.Tensor], rows: int) -> list[Bucket]:
-        """Add buckets of ``rows`` rows for param group ``group``'s trainable parameters (a fixed layout)."""
-        new = plan_buckets([(group, list(params))], rows, self.cap, self.uid, start=len(self.buckets))
+        """Add buckets of ``rows`` rows for param group ``group``'s trainable parameters (a fixed layout, in
+        reverse order: the order backward produces gradients)."""
+        new = plan_buckets(group, params[::-1], rows, self.cap, self.uid, start=len(self.buckets))
         self._place(self.buckets + new)
         return new
 
@@ -222,12 +206,11 @@ class BucketSync:
                 first.setdefault(self.unit(p), i)
             chosen.sort(key=lambda p: first[self.unit(p)])  # type: ignore[misc]
         self.generation += 1
-        return plan_buckets([(0, chosen)], 1, self.cap, f"{self.uid}.v{self.generation}", in_order=True,
+        return plan_buckets(0, chosen, 1, self.cap, f"{self.uid}.v{self.generation}",
                             first_cap_bytes=min(FIRST_BUCKET_BYTES, self.cap), unit=self.unit)
 
     def _place(self, buckets: list[Bucket]) -> None:
         self.buckets = buckets
-        self.kinds = [(b.dtype, b.params[0].device) for b in buckets]
         self.where = {id(p): (k, i) for k, b in enumerate(buckets) for i, p in enumerate(b.params)}
         self.ready = [0] * len(buckets)
 
@@ -252,15 +235,16 @@ class BucketSync:
 
     def fits(self, k: int, i: int, p: torch.Tensor) -> bool:
         """Whether ``p`` still fits its place (same dtype, device and size as when planned)."""
-        dtype, device = self.kinds[k]
-        return p.dtype == dtype and p.device == device and p.numel() == self.buckets[k].numels[i]
+        b = self.buckets[k]
+        return p.dtype == b.dtype and p.device == b.device and p.numel() == b.numels[i]
 
     # -- during backward ----------------------------------------------------------------------------
     def take(self, p: torch.Tensor, complete: bool, overlap: bool) -> bool:
-        """``p``'s gradient after a counted backward pass (the optimizer's gradient-ready hook): it moves into
-        its bucket, and when ``complete`` makes the bucket complete, the bucket's reduction starts (if
-        ``overlap``). Before the layout is agreed everything waits for it (True); False: ``p`` has no place
-        that fits (a sparse gradient, or a change that synchronize's ``refit`` plans for)."""
+        """``p``'s gradient after a backward pass (the optimizer's gradient-ready hook): it moves into its bucket
+        (once; later passes, such as no_sync()'s, accumulate in place), and when ``complete`` makes the bucket
+        complete, the bucket's reduction starts (if ``overlap``). Before the layout is agreed everything waits
+        for it (True); False: ``p`` has no place that fits (a sparse gradient, or a change that synchronize's
+        ``refit`` plans for)."""
         if self.order is None:
             self._record(p)
             return True
@@ -272,13 +256,6 @@ class BucketSync:
             if overlap and self.ready[k] == len(self.buckets[k].params) and k not in self.inflight:
                 self.submit([k])
         return True
-
-    def keep(self, p: torch.Tensor) -> None:
-        """A pass inside no_sync(): nothing is submitted; the gradient moves into its bucket (once; later
-        passes accumulate in place)."""
-        if self.order is None:
-            self._record(p)
-        self._collect(p)
 
     def _record(self, p: torch.Tensor) -> None:
         """Note the first backward's order and every parameter seen with a sparse gradient."""
@@ -324,11 +301,11 @@ class BucketSync:
         """Wait for every started request and let the collective put its results in place; without ``use``
         (load_state_dict) the results are dropped."""
         try:
-            for started in self._requests():
+            for started in {id(s): s for _, s in sorted(self.inflight.items())}.values():  # each request once
                 if use:
                     self.collective.finish(started.chosen, started.started)
                 else:
-                    self.collective.wait(started.started)
+                    started.started.wait()
         finally:
             self.reset()
 
@@ -341,10 +318,3 @@ class BucketSync:
         """Count complete gradients afresh (the passes are counted afresh); what is in flight stays, for the
         next step to finish."""
         self.ready = [0] * len(self.buckets)
-
-    def _requests(self) -> list[_Started]:
-        """Each started request once, in bucket order."""
-        out: dict[int, _Started] = {}
-        for k in sorted(self.inflight):
-            out.setdefault(id(self.inflight[k]), self.inflight[k])
-        return list(out.values())

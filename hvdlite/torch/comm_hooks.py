@@ -5,7 +5,7 @@ compressed-reduction path of both torch optimizers (``start_reduction``: an in-p
 reducescatter into given rows)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 
@@ -56,16 +56,16 @@ class GradBucket:
         return f"GradBucket({self.name}, index {self._index}, {self._buffer.numel()} elements)"
 
 
-class Reduction:
+class Reduction(NamedTuple):
     """One started reduction of (compressed) tensors: its handle, and what decompressed() needs afterwards."""
 
-    __slots__ = ("handle", "wires", "ctxs", "compression", "results")
+    handle: Any
+    ctxs: list[Any]
+    compression: Any
+    results: Optional[list[torch.Tensor]]  # where the reduced wires are once done (None: the handle's result)
 
-    def __init__(self, handle: Any, wires: list[torch.Tensor], ctxs: list[Any], compression: Any,
-                 results: Optional[list[torch.Tensor]]) -> None:
-        self.handle, self.wires, self.ctxs, self.compression = handle, wires, ctxs, compression
-        #: where the reduced wires are once the handle is done (None: the handle's own result)
-        self.results = results
+    def wait(self) -> Any:
+        return self.handle.wait()
 
 
 def start_reduction(tensors: list[torch.Tensor], compression: Any, name: str, op: Any, prescale: float,
@@ -81,18 +81,18 @@ def start_reduction(tensors: list[torch.Tensor], compression: Any, name: str, op
         handle = grouped_allreduce_async_(wires, name=name, op=op, prescale_factor=prescale,
                                           postscale_factor=postscale, process_set=process_set,
                                           accumulation=accumulation_of(compression))
-        return Reduction(handle, wires, ctxs, compression, wires)
+        return Reduction(handle, ctxs, compression, wires)
     direct = all(w is t for w, t in zip(wires, tensors))  # nothing cast: reduce into the given rows
     handle = grouped_reducescatter_async(wires, name=name, op=op, process_set=process_set,
                                          prescale_factor=prescale, postscale_factor=postscale,
                                          outputs=scatter_into if direct else None)
-    return Reduction(handle, wires, ctxs, compression, scatter_into if direct else None)
+    return Reduction(handle, ctxs, compression, scatter_into if direct else None)
 
 
 def decompressed(reduction: Reduction) -> Iterator[torch.Tensor]:
     """Once its handle is done (waited for by the caller): each tensor's reduced value, decompressed (the wire
     itself when not cast); one at a time, so that each temporary can go once written back."""
-    results = reduction.results if reduction.results is not None else reduction.handle.wait()
+    results = reduction.results if reduction.results is not None else reduction.wait()
     return (reduction.compression.decompress(w, c) for w, c in zip(results, reduction.ctxs))
 
 
@@ -129,9 +129,8 @@ def compression_hook(compression: Any, op: Any, prescale: float, postscale: floa
 def _averaging(compression: Any, name: str, doc: str) -> CommHook:
     """A built-in hook: average the bucket through ``compression``."""
     hook = compression_hook(compression, Average, 1.0, 1.0)
-    setattr(hook, "__name__", name)
-    setattr(hook, "__qualname__", name)
-    setattr(hook, "__doc__", doc)
+    for attribute, value in (("__name__", name), ("__qualname__", name), ("__doc__", doc)):
+        setattr(hook, attribute, value)
     return hook
 
 

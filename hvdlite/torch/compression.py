@@ -2,8 +2,6 @@
 sums (hvdlite additions); the algorithms are the core's, the casts torch's."""
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from hvdlite.core.frontend import CastCompressor, Compressor, NoneCompressor, accumulating
@@ -12,13 +10,8 @@ __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "
 
 
 class _TorchCast(CastCompressor):
-    @staticmethod
-    def is_floating(dtype: torch.dtype) -> bool:
-        return dtype.is_floating_point
-
-    @staticmethod
-    def cast(tensor: torch.Tensor, dtype: Any) -> torch.Tensor:
-        return tensor.to(dtype)
+    is_floating = staticmethod(lambda dtype: bool(dtype.is_floating_point))
+    cast = staticmethod(lambda tensor, dtype: tensor.to(dtype))
 
 
 class FP16Compressor(_TorchCast):

@@ -1,7 +1,7 @@
 """Start-of-training helpers: broadcast_parameters, broadcast_optimizer_state (the object helpers are the core's)."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import torch
 
@@ -44,14 +44,11 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = 
         params.update(core.broadcast_object(scalars, root_rank, None, process_set))
 
 
-class _TensorSpec:
+class _TensorSpec(NamedTuple):
     """Stands for one optimizer-state tensor in the structure sent ahead of the data."""
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
-
-    def matches(self, tensor: Any) -> bool:
-        return isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == self.shape and tensor.dtype == self.dtype
+    shape: tuple
+    dtype: torch.dtype
 
 
 def _step_with_zero_gradients(optimizer: torch.optim.Optimizer, model: Any) -> None:
@@ -77,8 +74,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     if not optimizer.state_dict()["state"] and not isinstance(optimizer, torch.optim.LBFGS):
         _step_with_zero_gradients(optimizer, model)
     state_dict = optimizer.state_dict()
-    mine = ({pid: {k: _TensorSpec(v) if isinstance(v, torch.Tensor) else v for k, v in entry.items()}
-             for pid, entry in state_dict["state"].items()},
+    mine = ({pid: {k: _TensorSpec(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+                   for k, v in entry.items()} for pid, entry in state_dict["state"].items()},
             [{k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]])
     root_state, root_groups = core.broadcast_object(mine, root_rank, None, process_set)
     if len(root_groups) != len(state_dict["param_groups"]):
@@ -92,7 +89,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         for key, value in entry.items():
             if isinstance(value, _TensorSpec):
                 tensor = state_dict["state"].get(pid, {}).get(key)
-                entry[key] = tensor if value.matches(tensor) else torch.empty(value.shape, dtype=value.dtype)
+                fits = isinstance(tensor, torch.Tensor) and (tuple(tensor.shape), tensor.dtype) == value
+                entry[key] = tensor if fits else torch.empty(value.shape, dtype=value.dtype)
                 tensors.append((f"optimizer_state.{pid}.{key}", entry[key]))
     broadcast_parameters(tensors, root_rank, process_set)
     if core.rank() != root_rank:  # a rank of the whole job, as in Horovod

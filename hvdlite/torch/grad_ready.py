@@ -34,15 +34,14 @@ class Readiness:
 
     ``on_ready(p, complete)`` runs from ``p``'s post-accumulate-grad hook after every counted backward pass;
     ``complete`` is True on the pass that finishes ``backward_passes_per_step`` passes (then the optimizer
-    may start reducing). Passes inside ``no_sync()`` are not counted and call ``on_local(p)`` instead.
+    may start reducing). Passes inside ``no_sync()`` are not counted: they call ``on_ready(p, False)``.
     """
 
     def __init__(self, process_set: ProcessSet, passes: int, on_ready: Callable[[torch.Tensor, bool], None],
-                 on_local: Callable[[torch.Tensor], None], params: Iterable[torch.Tensor]) -> None:
+                 params: Iterable[torch.Tensor]) -> None:
         self.passes = check_passes(passes)
-        self.process_set = process_set
         self.enabled = process_set.included() and process_set.size() > 1
-        self._on_ready, self._on_local = on_ready, on_local
+        self._on_ready = on_ready
         self._delay: dict[int, int] = {}
         self._hooked: set[int] = set()
         self.waiting = False  # counted passes produced gradients that the optimizer has not reduced yet
@@ -69,7 +68,7 @@ class Readiness:
         if id(p) not in self._delay:
             return
         if self.local:
-            self._on_local(p)
+            self._on_ready(p, False)
             return
         if self._delay[id(p)] <= 0:
             raise AssertionError(TOO_MANY_PASSES)
@@ -96,8 +95,6 @@ class Readiness:
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes inside accumulate locally and submit nothing; the first counted pass after it
-        reduces the accumulated gradients (as DDP's no_sync)."""
         if self.passes > 1:
             raise ValueError(_MIXED)
         if self.waiting:

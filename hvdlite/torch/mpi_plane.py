@@ -23,22 +23,9 @@ _OPS = ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.M
         (dist.ReduceOp.PRODUCT, "product"))
 
 
-class _Done:
-    """The torch Work of a call that already finished (the MPI calls block)."""
-
-    @staticmethod
-    def is_completed() -> bool:
-        return True
-
-    def wait(self) -> None:
-        return None
-
-
-_DONE = _Done()
-
-
 class MPIGroup:
-    """The part of a torch ProcessGroup that TorchPlane uses, over MPI on the tensors' own memory."""
+    """The part of a torch ProcessGroup that TorchPlane uses, over MPI on the tensors' own memory; the calls
+    block, so they return no torch Work (None)."""
 
     def __init__(self, boot: Bootstrap) -> None:
         self.boot = boot
@@ -51,29 +38,25 @@ class MPIGroup:
             event.record(torch.cuda.current_stream(tensors[0].device))
             self.boot.wait(event.query)
 
-    def allreduce(self, tensors: list, options: Any) -> _Done:
+    def allreduce(self, tensors: list, options: Any) -> None:
         buf = tensors[0]
         op = next(name for torch_op, name in _OPS if options.reduceOp == torch_op)
         self._ready(buf)
         self.comm.allreduce(buf, str(buf.dtype).replace("torch.", ""), op)
-        return _DONE
 
-    def _allgather_base(self, recv: torch.Tensor, send: torch.Tensor) -> _Done:
+    def _allgather_base(self, recv: torch.Tensor, send: torch.Tensor) -> None:
         self._ready(send, recv)
         self.comm.allgather(send, recv)
-        return _DONE
 
-    def broadcast(self, tensors: list, options: Any) -> _Done:
+    def broadcast(self, tensors: list, options: Any) -> None:
         self._ready(tensors[0])
         self.comm.bcast(tensors[0], options.rootRank)
-        return _DONE
 
     def alltoall_base(self, out: torch.Tensor, tensor: torch.Tensor, recv_splits: list, send_splits: list,
-                      options: Any) -> _Done:
+                      options: Any) -> None:
         row = row_bytes(tensor)
         self._ready(tensor, out)
         self.comm.alltoallv(tensor, [s * row for s in send_splits], out, [r * row for r in recv_splits])
-        return _DONE
 
     def shutdown(self) -> None:
         self.comm.free()

@@ -1,14 +1,10 @@
-"""DistributedOptimizer: wraps any torch optimizer; gradient allreduces start during backward() or at step().
-
-For op=hvd.Adasum, Horovod's delta scheme: each rank steps from the same parameters with its own gradients (its
-optimizer state stays local, as in Horovod); the deltas are combined with Adasum, each parameter its own vector,
-and added to the start."""
+"""DistributedOptimizer: wraps any torch optimizer; gradient allreduces start during backward() or at step()."""
 from __future__ import annotations
 
 import contextlib
 import warnings
 from collections import Counter
-from typing import Any, Iterable, Iterator, NamedTuple, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 
@@ -17,27 +13,18 @@ from hvdlite.core import ProcessSet, global_process_set, rank
 from hvdlite.core.frontend import (check_gradient_options, check_reduction, check_sparse_compression,
                                    gradient_scales, mixin_class, resolve_op, setting)
 
-from .async_ops import Adasum, Average, sparse_allreduce_async, synchronize
+from .async_ops import Adasum, Average, sparse_allreduce_async
 from .bucket_sync import AdasumDeltas, BucketCollective, BucketSync, HookAllreduce
 from .comm_hooks import Reduction, compression_hook, decompressed, start_reduction, write_back
 from .compression import Compression
 from .grad_ready import Readiness, ReadinessOwner
 from .replicas import check_every
 
-class _Sparse(NamedTuple):
-    """A parameter's sparse gradient in flight: sparse, or densified (sparse_as_dense)."""
-
-    handle: Any
-    densified: Optional[Reduction]
-
 
 class _DistributedOptimizer(ReadinessOwner):
-    """Mixed in front of the user's optimizer class: ``isinstance(opt, UserOptimizer)`` stays true.
-
-    Dense gradients live in flat buckets (bucket_sync; ``groups=`` units are bucket boundaries) reduced by
-    the bucket collective (``_collective``: the comm hook's allreduce); sparse gradients, as in DDP, are
-    reduced apart, one by one. Readiness (hooks, pass counting, no_sync, guards) is grad_ready's.
-    """
+    """Mixed in front of the user's optimizer class: ``isinstance(opt, UserOptimizer)`` stays true. Dense
+    gradients live in flat buckets (bucket_sync; ``groups=`` units are bucket boundaries) reduced by the bucket
+    collective (``_collective``); sparse ones, as in DDP, are reduced apart. Readiness is grad_ready's."""
 
     param_groups: list[dict[str, Any]]  # the user's optimizer's (this class is mixed in front of it)
 
@@ -51,7 +38,7 @@ class _DistributedOptimizer(ReadinessOwner):
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
         self._parameter_names: dict[torch.Tensor, str] = _check_names(named_parameters, self.param_groups)
-        self._sparse: dict[torch.Tensor, _Sparse] = {}
+        self._sparse: dict[torch.Tensor, Any] = {}  # sparse gradients in flight: SparseHandle, or densified Reduction
         self._sparse_dims: dict[torch.Tensor, int] = {}
         self._synchronized = False
         self._should_synchronize = True
@@ -63,7 +50,7 @@ class _DistributedOptimizer(ReadinessOwner):
                                    flat=isinstance(self._hook, HookAllreduce),
                                    unit=None if units is None else lambda p: units.get(id(p), -id(p)))
         self._readiness = Readiness(process_set, backward_passes_per_step, self._on_grad_ready,
-                                    self._buckets.keep, self._all_params())
+                                    self._all_params())
         self._enabled = self._readiness.enabled
         self._refresh()
 
@@ -86,13 +73,13 @@ class _DistributedOptimizer(ReadinessOwner):
 
     # -- during backward ----------------------------------------------------------------------------
     def _on_grad_ready(self, p: torch.Tensor, complete: bool) -> None:
-        """A counted pass made ``p``'s gradient: its bucket takes it (and starts when complete); a sparse one
+        """A backward pass made ``p``'s gradient: its bucket takes it (and starts when complete); a sparse one
         is reduced apart once complete."""
         if not self._buckets.take(p, complete, self.overlap) and complete and self.overlap \
                 and id(p) in self._buckets.sparse and p not in self._sparse:
             self._sparse[p] = self._start_sparse(p)
 
-    def _start_sparse(self, p: torch.Tensor) -> _Sparse:
+    def _start_sparse(self, p: torch.Tensor) -> Any:
         """Reduce ``p``'s sparse gradient (empty if it has none this step: peers may have one), densified
         with sparse_as_dense."""
         name = self._parameter_names[p]
@@ -104,19 +91,18 @@ class _DistributedOptimizer(ReadinessOwner):
         if not p.grad.is_sparse or self.sparse_as_dense:
             if p.grad.is_sparse:
                 self._sparse_dims[p] = p.grad.sparse_dim()
-            started = start_reduction([p.grad.to_dense()], self._compression, name, self.op, *self._scales,
-                                      self.process_set)
-            return _Sparse(started.handle, started)
+            return start_reduction([p.grad.to_dense()], self._compression, name, self.op, *self._scales,
+                                   self.process_set)
         self._sparse_dims[p] = p.grad.sparse_dim()
         check_sparse_compression(self._compression, f"the gradient of {name!r}", rank())
-        return _Sparse(sparse_allreduce_async(p.grad, name, self.op, self.process_set), None)
+        return sparse_allreduce_async(p.grad, name, self.op, self.process_set)
 
-    def _finish_sparse(self, p: torch.Tensor, entry: _Sparse) -> None:
-        result = synchronize(entry.handle)
-        if entry.densified is None:
+    def _finish_sparse(self, p: torch.Tensor, entry: Any) -> None:
+        result = entry.wait()
+        if not isinstance(entry, Reduction):
             p.grad = result
             return
-        (dense,) = decompressed(entry.densified)
+        (dense,) = decompressed(entry)
         if p.grad.is_sparse:
             p.grad = dense.to_sparse(self._sparse_dims.get(p, 1)).coalesce()
         else:
@@ -203,7 +189,7 @@ class _DistributedOptimizer(ReadinessOwner):
 
     def load_state_dict(self, state_dict: dict) -> None:
         for entry in self._sparse.values():  # never leave a collective unwaited
-            synchronize(entry.handle)
+            entry.wait()
         self._sparse.clear()
         self._buckets.finish(use=False)
         self._synchronized = False
@@ -214,8 +200,9 @@ class _DistributedOptimizer(ReadinessOwner):
 
 class DistributedAdasumOptimizer(_DistributedOptimizer):
     """Mixed in front of the user's optimizer class when ``op=hvd.Adasum`` on a set of 2, 4, 8... ranks: the
-    averaging optimizer with bucket_sync.AdasumDeltas as the bucket collective. As in Horovod, ``synchronize()``
-    does nothing (step() does the whole exchange) and ``skip_synchronize()`` is refused."""
+    averaging optimizer with bucket_sync.AdasumDeltas as the bucket collective. As in Horovod, each rank's
+    optimizer state stays local, ``synchronize()`` does nothing (step() does the whole exchange) and
+    ``skip_synchronize()`` is refused."""
 
     def _collective(self) -> BucketCollective:
         return AdasumDeltas(self.process_set, self._compression, self._local_step)
@@ -286,10 +273,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning)
         groups = num_groups if groups is None else groups
-    mixin: type = _DistributedOptimizer
-    if adasum:  # Horovod's delta scheme: local steps, parameter deltas combined with Adasum
-        mixin = DistributedAdasumOptimizer
-    cls = mixin_class(mixin, type(optimizer))
+    # op=hvd.Adasum: Horovod's delta scheme (local steps, parameter deltas combined with Adasum)
+    cls = mixin_class(DistributedAdasumOptimizer if adasum else _DistributedOptimizer, type(optimizer))
     opt: _DistributedOptimizer = object.__new__(cls)
     attrs = dict(optimizer.__dict__)
     attrs.pop("step", None)  # an LR scheduler's per-instance step wrapper is bound to the old object
@@ -325,15 +310,11 @@ def _make_groups(groups: Any, params: list[torch.Tensor]) -> Optional[dict[int, 
     """``groups=``: id(parameter) -> its unit (reduced together, Horovod's grouped allreduce), or None."""
     if groups is None or groups == 0:
         return None
-    units: dict[int, int] = {}
-    if isinstance(groups, int) and groups > 0:
+    if isinstance(groups, int) and groups > 0:  # as even as can be, the first ones one larger
         base, extra = divmod(len(params), groups)
-        start = 0
-        for k in range(groups):
-            n = base + (1 if k < extra else 0)
-            units.update((id(p), k) for p in params[start:start + n])
-            start += n
-        return units
+        return {id(p): k for k in range(groups)
+                for p in params[k * base + min(k, extra):(k + 1) * base + min(k + 1, extra)]}
+    units: dict[int, int] = {}
     if not isinstance(groups, (list, tuple)):
         raise ValueError("groups should be a non-negative integer or a list of lists of torch.Tensor.")
     for k, group in enumerate(groups):

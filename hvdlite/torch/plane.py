@@ -67,11 +67,12 @@ class TorchPlane(DataPlane):
 
     def _run(self, work: Any) -> None:
         """Wait for one torch Work: CUDA work is stream-ordered (the engine stream waits on NCCL's, and
-        completion is awaited once per batch in _done); CPU work is polled like an MPI request."""
-        if self.name == "nccl":
-            work.wait()
+        completion is awaited once per batch in _done); CPU work is polled like an MPI request; None (the MPI
+        plane's calls block) is done."""
+        if work is None:
             return
-        self.boot.wait(work.is_completed)
+        if self.name != "nccl":
+            self.boot.wait(work.is_completed)
         work.wait()  # raises the backend's error, if any
 
     def _done(self, tensors: list) -> None:
@@ -142,14 +143,9 @@ class TorchPlane(DataPlane):
     def _unflatten(self, flat: torch.Tensor, inputs: list, outputs: list) -> list:
         """The reduced flat buffer as one result per input (its shape and dtype), written into ``outputs``
         where given."""
-        results, offset = [], 0
-        for t, out in zip(inputs, outputs):
-            piece = flat[offset:offset + t.numel()].view(t.shape).to(t.dtype)  # no copy where the dtype is t's
-            offset += t.numel()
-            if out is not None:
-                out.copy_(piece)
-                piece = out
-            results.append(piece)
+        pieces = [piece.view(t.shape).to(t.dtype)  # no copy where the dtype is t's
+                  for t, piece in zip(inputs, flat.split([t.numel() for t in inputs]))]
+        results = [piece if out is None else out.copy_(piece) for piece, out in zip(pieces, outputs)]
         self._done(results)
         return results
 
@@ -172,22 +168,16 @@ class TorchPlane(DataPlane):
             slots = [m * b for m, b in zip(most, per_row)]
             block = sum(slots)
             send = torch.zeros(block, dtype=torch.uint8, device=inputs[0].device)
-            offset = 0
-            for t, slot in zip(inputs, slots):
-                raw = as_bytes(t)
-                send[offset:offset + raw.numel()].copy_(raw)
-                offset += slot
+            for t, slot in zip(inputs, send.split(slots)):
+                slot[:t.nbytes].copy_(as_bytes(t))
             recv = torch.empty(block * self.size, dtype=torch.uint8, device=send.device)
             self._run(self.group._allgather_base(recv, send))
             results = []
-            start = 0
-            for i, t in enumerate(inputs):
-                pieces = [recv[r * block + start:r * block + start + rows[r][i] * per_row[i]]
-                          for r in range(self.size)]
+            for i, (t, slot) in enumerate(zip(inputs, recv.view(self.size, block).split(slots, dim=1))):
+                pieces = [slot[r, :rows[r][i] * per_row[i]] for r in range(self.size)]  # each rank's rows
                 whole = torch.cat(pieces).view(t.dtype) if per_row[i] else torch.empty(0, dtype=t.dtype,
                                                                                        device=t.device)
                 results.append(whole.reshape((sum(r[i] for r in rows),) + tuple(t.shape[1:])))
-                start += slots[i]
             self._done(results)
             return results
 
@@ -207,11 +197,8 @@ class TorchPlane(DataPlane):
             else:
                 buf = torch.cat([as_bytes(t) for t in results])
                 self._run(self.group.broadcast([buf], options))
-                offset = 0
-                for t in results:
-                    raw = as_bytes(t)
-                    raw.copy_(buf[offset:offset + raw.numel()])
-                    offset += raw.numel()
+                for t, piece in zip(results, buf.split([t.nbytes for t in results])):
+                    as_bytes(t).copy_(piece)
             self._done(results)
             return results
 
@@ -252,11 +239,8 @@ class TorchPlane(DataPlane):
                 start = sum(counts[:self.rank])
                 mine = send[start:start + counts[self.rank]]
             scale_in_place(mine, post)
-            results, offset = [], 0
-            for t, s, e in zip(inputs, splits, elems):
-                n = s[self.rank] * e
-                results.append(mine[offset:offset + n].view((s[self.rank],) + tuple(t.shape[1:])))
-                offset += n
+            shares = mine.split([s[self.rank] * e for s, e in zip(splits, elems)])
+            results = [share.view((s[self.rank],) + tuple(t.shape[1:])) for t, s, share in zip(inputs, splits, shares)]
             self._done(results)
             return results
 

@@ -166,8 +166,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: Any) -> Any:
     fresh = (not state.warm_start or p_memory is None or q_memory is None or p_memory.numel() != p_size
              or q_memory.numel() != q_size)
     if fresh:
-        p_memory = buffer.new_empty(p_size)
-        q_memory = buffer.new_empty(q_size)
+        p_memory, q_memory = buffer.new_empty(p_size), buffer.new_empty(q_size)
         state.p_memory_dict[index], state.q_memory_dict[index] = p_memory, q_memory
     assert p_memory is not None and q_memory is not None
     ps, qs = _views(p_memory, p_shapes), _views(q_memory, q_shapes)
@@ -183,10 +182,8 @@ def powerSGD_hook(state: PowerSGDState, bucket: Any) -> Any:
     def finish() -> torch.Tensor:
         if plain_handle is not None and uncompressed is not None:
             plain_handle.wait()
-            at = 0
-            for t in plain:
-                t.copy_(uncompressed[at:at + t.numel()].view_as(t))
-                at += t.numel()
+            for t, piece in zip(plain, uncompressed.split([t.numel() for t in plain])):
+                t.copy_(piece.view_as(t))
         if p_handle is not None:
             p_handle.wait()
             for mat, p, q in zip(matrices, ps, qs):

@@ -42,9 +42,6 @@ class SyncBatchNorm(_BatchNorm):
         if not batch_stats or not self.process_set.included() or self.process_set.size() == 1:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, batch_stats,
                                 factor, self.eps)
-        return self._sync_forward(input, factor)
-
-    def _sync_forward(self, input: torch.Tensor, factor: float) -> torch.Tensor:
         dims = [0] + list(range(2, input.dim()))
         shape = [1, input.shape[1]] + [1] * (input.dim() - 2)
         x = input.to(torch.promote_types(input.dtype, torch.float32))

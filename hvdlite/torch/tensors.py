@@ -11,17 +11,15 @@ from hvdlite.core.frontend import (PlaneBuffer, generation, logger, plane_agreed
                                    tensor_layout)
 
 from . import mpi_plane
-from .plane import FACTORY, PLANE_DTYPES
+from .plane import FACTORY, PLANE_DTYPES, TORCH_DTYPES
 
 #: A test switch: CPU tensors take the host-staging path of device tensors, so that it runs without a GPU (set it
 #: before hvd.init(): what a tensor takes is remembered per job).
 STAGE_HOST_COPIES = False
 
-#: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits).
-SUPPORTED_DTYPES = tuple(d for d in (
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-    torch.float32, torch.float64, torch.bool, getattr(torch, "uint16", None), getattr(torch, "uint32", None),
-    getattr(torch, "uint64", None)) if d is not None)
+#: torch dtypes the collectives accept (bfloat16 travels as its 16 raw bits): the planes' and this torch's uints.
+SUPPORTED_DTYPES = tuple(TORCH_DTYPES.values()) + tuple(getattr(torch, f"uint{n}") for n in (16, 32, 64)
+                                                        if hasattr(torch, f"uint{n}"))
 
 
 def check_dtype(tensor: torch.Tensor, what: str) -> None:
@@ -44,11 +42,6 @@ def check_tensors(tensors: Any, what: str) -> list[torch.Tensor]:
     for tensor in tensors:
         check_dtype(tensor, what)
     return tensors
-
-
-def dtype_hint(tensor: torch.Tensor) -> Optional[str]:
-    """The core's dtype hint for ``tensor`` ("bfloat16" for bf16, whose bits travel as int16)."""
-    return "bfloat16" if tensor.dtype == torch.bfloat16 else None
 
 
 def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
@@ -151,20 +144,13 @@ def _staged(tensor: torch.Tensor) -> bool:
     return not tensor.is_cpu or STAGE_HOST_COPIES
 
 
-def _kind(what: str) -> str:
-    """The collective an op's label names ("grouped_allreduce_" -> "allreduce"; sparse ops -> "sparse")."""
-    return "sparse" if "sparse" in what else what.replace("grouped_", "").rstrip("_")
-
-
-GPU_KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")  # with a gpu_<kind> setting
-
-
-def plane_for(tensor: torch.Tensor, kind: str) -> str:
-    """The data plane for ``tensor`` in collective ``kind`` ("" = hvdlite's MPI path: host memory, or host
-    staging for GPU tensors). Decided only from agreed things: the job's settings and planes (agreed at
-    init()), the tensor's dtype and its device kind (both in the request's signature, so ranks that would
-    choose differently get a mismatch error, never a hang)."""
-    if kind in ("sparse", "adasum") or not isinstance(tensor, torch.Tensor):
+def plane_for(tensor: torch.Tensor, what: str) -> str:
+    """The data plane for ``tensor`` in the op labelled ``what`` ("grouped_allreduce_": an allreduce; "" =
+    hvdlite's MPI path: host memory, or host staging for GPU tensors). Decided only from agreed things: the
+    job's settings and planes (agreed at init()), the tensor's dtype and its device kind (both in the request's
+    signature, so ranks that would choose differently get a mismatch error, never a hang)."""
+    kind = what.replace("grouped_", "").rstrip("_")
+    if "sparse" in kind or kind == "adasum" or not isinstance(tensor, torch.Tensor):
         return ""
     dtype = str(tensor.dtype).replace("torch.", "")
     if tensor.is_cpu:
@@ -244,17 +230,12 @@ def check_one_device(tensors: Sequence[torch.Tensor], what: str) -> None:
                          f"t.to(f'cuda:{{hvd.local_rank()}}')) or make one grouped op per device")
 
 
-def on_plane(hosts: Sequence[Any]) -> bool:
-    """Whether what to_host gave goes to a data plane (results come back as tensors on the device)."""
-    return bool(hosts) and isinstance(hosts[0], PlaneBuffer)
-
-
 def to_host(tensor: torch.Tensor, what: str) -> tuple[Any, bool]:
     """What the core gets for ``tensor``, and whether that shares the tensor's memory: for a data plane
     (plane_for) the tensor itself (contiguous) with a CUDA event on its stream; a CPU tensor's numpy view; else
     (CUDA) a host copy."""
     check_dtype(tensor, what)
-    plane = plane_for(tensor, _kind(what))
+    plane = plane_for(tensor, what)
     if plane:
         t = tensor.detach()
         shared = t.is_contiguous()
@@ -303,4 +284,5 @@ def splits_array(splits: Any) -> Optional[np.ndarray]:
 
 
 def hints(tensors: Sequence[torch.Tensor]) -> list[Optional[str]]:
-    return [dtype_hint(t) for t in tensors]
+    """The core's dtype hints ("bfloat16" for bf16, whose bits travel as int16)."""
+    return ["bfloat16" if t.dtype == torch.bfloat16 else None for t in tensors]

@@ -55,7 +55,6 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.optimizer_class = optimizer_class
         self.process_set = process_set
-        self._compression = compression
         member = process_set.included()
         self._n = process_set.size() if member else 1
         self._rank = process_set.rank() if member else 0
@@ -64,10 +63,8 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
                                    setting("fusion_threshold_bytes"), agreed=True)
         self._uid = self._buckets.uid
         self._consolidated: Optional[dict] = None
-        #: Hooks, pass counting, no_sync() and the overlap verdict (start each bucket's reducescatter from
-        #: backward, or all of them at step(); decided once for the process set).
         self._readiness = Readiness(process_set, backward_passes_per_step, self._on_grad_ready,
-                                    self._buckets.keep, [p for g in self.param_groups for p in g["params"]])
+                                    [p for g in self.param_groups for p in g["params"]])
         self._enabled = self._readiness.enabled
         for gi, group in enumerate(self.param_groups):
             self._add_buckets(gi, group["params"])
@@ -107,7 +104,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
 
     # -- during backward ----------------------------------------------------------------------------
     def _on_grad_ready(self, p: torch.Tensor, complete: bool) -> None:
-        """A counted pass made ``p``'s gradient: it moves into its bucket (freeing autograd's; later passes
+        """A backward pass made ``p``'s gradient: it moves into its bucket (freeing autograd's; later passes
         accumulate in place), which starts its reducescatter when complete (overlapping)."""
         self._buckets.take(p, complete, self.overlap)
 
@@ -141,7 +138,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         self._sync_groups(self.optim.param_groups, self.param_groups)
         for bucket, a, b, saved, states in held:  # parameters no rank had a gradient for: as if not stepped
             bucket.shard[a:b].copy_(saved)
-            for i, value in enumerate(self._per_element(bucket)):
+            for i, (_, value) in enumerate(self._per_element(bucket)):
                 value[a:b].copy_(states[i]) if states is not None else value[a:b].zero_()
         buckets = self._buckets.buckets
         if self._enabled and buckets:  # every rank's updated rows, into the parameters' buffers
@@ -161,9 +158,10 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
             return lambda: flags if not self._enabled else None
         return allreduce_async_(flags, name=f"{self._uid}.present", op=Sum, process_set=self.process_set).wait
 
-    def _per_element(self, bucket: Bucket) -> list[torch.Tensor]:
+    def _per_element(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
+        """The local optimizer's state entries for ``bucket`` that hold one value per shard element, by key."""
         state = self.optim.state.get(bucket.shard, {})
-        return [v for k, v in sorted(state.items()) if is_elementwise(k, v, bucket.shard)]
+        return [(k, v) for k, v in sorted(state.items()) if is_elementwise(v, bucket.shard)]
 
     def _hold(self, present: Optional[torch.Tensor]) -> list[tuple[Bucket, int, int, torch.Tensor, Any]]:
         """This rank's elements of parameters no rank has a gradient for, with their per-element optimizer
@@ -180,7 +178,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
                 a, b = max(lo, off) - lo, min(hi, off + n) - lo
                 if next(flags) or a >= b:
                     continue
-                states = None if fresh else [v[a:b].clone() for v in self._per_element(bucket)]
+                states = None if fresh else [v[a:b].clone() for _, v in self._per_element(bucket)]
                 held.append((bucket, a, b, bucket.shard[a:b].clone(), states))
         return held
 
@@ -195,11 +193,8 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collective over the set: gather every shard's state into a whole, ordinary optimizer state dict
         on global rank ``to`` (read it there with state_dict())."""
-        entries: list[Any] = []  # (bucket index, key, row) of every per-element state tensor
-        for k, bucket in enumerate(self._buckets.buckets):
-            local = self.optim.state.get(bucket.shard, {})
-            entries.extend((k, key, value) for key, value in sorted(local.items())
-                           if is_elementwise(key, value, bucket.shard))
+        entries = [(k, key, value) for k, bucket in enumerate(self._buckets.buckets)  # every per-element state row
+                   for key, value in self._per_element(bucket)]
         if self._enabled and entries:
             wholes = synchronize(grouped_allgather_async([v.reshape(1, -1) for _, _, v in entries],
                                                          name=f"{self._uid}.consolidate",
@@ -217,7 +212,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
         for bucket in self._buckets.buckets:
             local = self.optim.state.get(bucket.shard, {})
             for key, value in local.items():
-                if not is_elementwise(key, value, bucket.shard):
+                if not is_elementwise(value, bucket.shard):
                     for p in bucket.params:
                         copied = value.clone() if isinstance(value, torch.Tensor) else value
                         per_param.setdefault(index[id(p)], {})[key] = copied
@@ -266,7 +261,7 @@ class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
                 f"{len(self._buckets.buckets)} buckets)")
 
 
-def is_elementwise(key: str, value: Any, shard: torch.Tensor) -> bool:
+def is_elementwise(value: Any, shard: torch.Tensor) -> bool:
     """Whether a local optimizer's state entry holds one value per shard element (else it is a scalar)."""
     return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == shard.numel()
 
@@ -288,7 +283,7 @@ def shard_state(bucket: Bucket, states: list[Optional[dict]], rank: int) -> dict
         per_element = all(isinstance(v, torch.Tensor) and v.shape == p.shape and (v.dim() > 0 or key != "step")
                           for v, p in zip(values, bucket.params))
         if per_element:
-            out[key] = bucket.own(values, rank, dtype=values[0].dtype)
+            out[key] = bucket.own(values, rank, values[0].dtype)
             continue
         first = values[0]
         same = all((torch.equal(v, first) if isinstance(v, torch.Tensor) and isinstance(first, torch.Tensor)
