@@ -136,8 +136,11 @@ def dense(t: Any) -> Any:
 def _grouped_op(kind: str, fn: Callable[..., Sequence[Any]], xs: Sequence[tf.Tensor],
                 shape_of: Callable[[tf.Tensor], Any],
                 grad: Callable[[list[tf.Tensor], list[tf.Tensor]], list[tf.Tensor]]) -> list[tf.Tensor]:
-    """``fn`` over ``xs`` as one op with a gradient: ``grad(inputs, upstream gradients)``, the missing upstream
-    gradients given as zeros and sparse ones made dense; each output's static shape is ``shape_of(its input)``."""
+    """``fn`` over ``xs`` (if any) as one op with a gradient, ``grad(inputs, upstream gradients)``: missing upstream
+    gradients come as zeros, sparse ones dense. Each output's static shape is ``shape_of(its input)``."""
+    if not xs:
+        return []
+
     @tf.custom_gradient
     def forward(*inputs: tf.Tensor) -> Any:
         ys = run_collective(kind, fn, inputs, [x.dtype for x in inputs])
@@ -160,8 +163,6 @@ def _grouped_allreduce(tensors: Sequence[Any], name: Optional[str] = None, op: A
     check_process_set(process_set, "allreduce")
     reduce_op = resolve_op(op)
     xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
-    if not xs:
-        return []
 
     # a graph op runs at every step: it reduces into warm, aligned buffers (TensorFlow wraps them without a copy)
     outputs = None if tf.executing_eagerly() else ReusableOutputs()
@@ -189,8 +190,6 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore
     """Allgather several tensors as one unit."""
     check_process_set(process_set, "allgather")
     xs = as_tensors(tensors, "grouped_allgather")
-    if not xs:
-        return []
 
     def gather(*arrays: np.ndarray) -> list[np.ndarray]:
         return core.grouped_allgather(list(arrays), name=name, process_set=process_set)
@@ -305,8 +304,6 @@ def _grouped_reducescatter(tensors: Sequence[Any], name: Optional[str] = None, o
     check_process_set(process_set, "reducescatter")
     reduce_op = resolve_op(op)
     xs = [tf.convert_to_tensor(dense(t)) for t in tensors]
-    if not xs:
-        return []
 
     def scatter(*arrays: np.ndarray) -> list[np.ndarray]:
         return core.grouped_reducescatter(list(arrays), name=name, op=reduce_op, process_set=process_set,

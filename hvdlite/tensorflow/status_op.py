@@ -13,7 +13,9 @@ keep raising from the Python body (one debug log line says why).
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
+import os
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -23,13 +25,104 @@ import tensorflow as tf
 from hvdlite.core import TensorMismatchError
 from hvdlite.core.frontend import logger
 
-from . import tf_c_api
-from .errors import ArgumentError, MismatchError, as_tf_error
+from .errors import as_tf_error
 
 OP_NAME = "HvdliteCheckStatus"
 
-__all__ = ["OP_NAME", "MismatchError", "ArgumentError", "as_tf_error", "defer_error", "available",
-           "numpy_function", "gate"]
+__all__ = ["OP_NAME", "defer_error", "available", "numpy_function", "gate"]
+
+# -- a ctypes binding of TensorFlow's stable C API (ops.h, kernels.h) for an op whose kernel is a Python function --
+INTERNAL = 13  # a TF_Code (tensorflow/c/tf_status.h)
+
+_VOIDP = ctypes.c_void_p
+_CREATE = ctypes.CFUNCTYPE(_VOIDP, _VOIDP)
+_COMPUTE = ctypes.CFUNCTYPE(None, _VOIDP, _VOIDP)
+_DELETE = ctypes.CFUNCTYPE(None, _VOIDP)
+#: NULL kernel create and delete functions (the op's kernel keeps no state): see make_kernel.
+NO_CREATE, NO_DELETE = _CREATE(), _DELETE()
+
+#: (argtypes, restype) of every C function used; all live in libtensorflow_framework.
+_SIGNATURES = {
+    "TF_NewStatus": ([], _VOIDP),
+    "TF_DeleteStatus": ([_VOIDP], None),
+    "TF_SetStatus": ([_VOIDP, ctypes.c_int, ctypes.c_char_p], None),
+    "TF_GetCode": ([_VOIDP], ctypes.c_int),
+    "TF_Message": ([_VOIDP], ctypes.c_char_p),
+    "TF_NewOpDefinitionBuilder": ([ctypes.c_char_p], _VOIDP),
+    "TF_OpDefinitionBuilderAddInput": ([_VOIDP, ctypes.c_char_p], None),
+    "TF_OpDefinitionBuilderSetIsStateful": ([_VOIDP, ctypes.c_bool], None),
+    "TF_RegisterOpDefinition": ([_VOIDP, _VOIDP], None),
+    "TF_NewKernelBuilder": ([ctypes.c_char_p, ctypes.c_char_p, _CREATE, _COMPUTE, _DELETE], _VOIDP),
+    "TF_RegisterKernelBuilder": ([ctypes.c_char_p, _VOIDP, _VOIDP], None),
+    "TF_GetInput": ([_VOIDP, ctypes.c_int, ctypes.POINTER(_VOIDP), _VOIDP], None),
+    "TF_OpKernelContext_Failure": ([_VOIDP, _VOIDP], None),
+    "TF_TensorData": ([_VOIDP], _VOIDP),
+    "TF_TensorByteSize": ([_VOIDP], ctypes.c_size_t),
+    "TF_DeleteTensor": ([_VOIDP], None),
+}
+
+
+def load() -> ctypes.CDLL:
+    """libtensorflow_framework with the argument and result types of every C function used set."""
+    lib_dir = tf.sysconfig.get_lib()
+    names = [n for n in os.listdir(lib_dir) if n.startswith("libtensorflow_framework.so")
+             or n.startswith("libtensorflow_framework.") and n.endswith(".dylib")]
+    if not names:
+        raise OSError(f"no libtensorflow_framework library in {lib_dir}")
+    lib = ctypes.CDLL(os.path.join(lib_dir, sorted(names)[0]))
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        fn = getattr(lib, name)  # AttributeError if this TensorFlow lacks the symbol
+        fn.argtypes, fn.restype = argtypes, restype
+    return lib
+
+
+def fail(lib: ctypes.CDLL, ctx: int, code: int, message: str) -> None:
+    status = lib.TF_NewStatus()
+    try:
+        lib.TF_SetStatus(status, code, message.encode("utf-8", "replace"))
+        lib.TF_OpKernelContext_Failure(ctx, status)
+    finally:
+        lib.TF_DeleteStatus(status)
+
+
+def make_kernel(lib: ctypes.CDLL, op_name: str, take_error: Callable[[int], Optional[tuple[int, str]]]) -> object:
+    """The C compute callback of op ``op_name``'s kernel, returned so the caller keeps it alive forever: it
+    fails with ``take_error(token)`` for a nonzero token (input 0). The kernel has no create or delete
+    callback (NULL: it keeps no state): TensorFlow creates and destroys kernels while it holds its own locks
+    (tf.random.set_seed clears every cached kernel under the eager context's lock), and a Python callback
+    there needs the GIL, which a thread waiting for that lock may hold (a deadlock)."""
+
+    def compute(_kernel: int, ctx: int) -> None:
+        status = lib.TF_NewStatus()
+        try:
+            tensor = _VOIDP()
+            lib.TF_GetInput(ctx, 0, ctypes.byref(tensor), status)
+            if lib.TF_GetCode(status) != 0:
+                lib.TF_OpKernelContext_Failure(ctx, status)
+                return
+            try:
+                if lib.TF_TensorByteSize(tensor) != 8:
+                    raise ValueError("the token input is not an int64 scalar")
+                token = ctypes.c_int64.from_address(lib.TF_TensorData(tensor)).value
+            finally:
+                lib.TF_DeleteTensor(tensor)
+            error = take_error(token) if token else None
+            if token and error is None:
+                error = (INTERNAL, f"{op_name}: no error stored under token {token} (was the step run twice?)")
+            if error is not None:
+                fail(lib, ctx, *error)
+        except BaseException as exc:  # never let an exception die in a C callback
+            fail(lib, ctx, INTERNAL, f"{op_name} kernel: {exc!r}")
+        finally:
+            lib.TF_DeleteStatus(status)
+
+    return _COMPUTE(compute)
+
+
+def check(lib: ctypes.CDLL, status: int, what: str) -> None:
+    if lib.TF_GetCode(status) != 0:
+        raise RuntimeError(f"{what}: {lib.TF_Message(status).decode(errors='replace')}")
+
 
 _lock = threading.Lock()  # registration
 _errors_lock = threading.Lock()  # the stored errors (taken by the kernel on TensorFlow's threads)
@@ -52,8 +145,8 @@ def _take_error(token: int) -> Optional[tuple[int, str]]:
 
 
 def _register() -> None:
-    lib = tf_c_api.load()
-    _state["compute"] = compute = tf_c_api.make_kernel(lib, OP_NAME, _take_error)  # kept for the process' life
+    lib = load()
+    _state["compute"] = compute = make_kernel(lib, OP_NAME, _take_error)  # kept for the process' life
     _state["lib"] = lib
     status = lib.TF_NewStatus()
     try:
@@ -61,10 +154,10 @@ def _register() -> None:
         lib.TF_OpDefinitionBuilderAddInput(builder, b"token: int64")
         lib.TF_OpDefinitionBuilderSetIsStateful(builder, True)
         lib.TF_RegisterOpDefinition(builder, status)  # frees the builder
-        tf_c_api.check(lib, status, f"registering op {OP_NAME}")
-        kernel = lib.TF_NewKernelBuilder(OP_NAME.encode(), b"CPU", tf_c_api.NO_CREATE, compute, tf_c_api.NO_DELETE)
+        check(lib, status, f"registering op {OP_NAME}")
+        kernel = lib.TF_NewKernelBuilder(OP_NAME.encode(), b"CPU", NO_CREATE, compute, NO_DELETE)
         lib.TF_RegisterKernelBuilder(f"{OP_NAME}Cpu".encode(), kernel, status)  # takes the builder
-        tf_c_api.check(lib, status, f"registering the CPU kernel of {OP_NAME}")
+        check(lib, status, f"registering the CPU kernel of {OP_NAME}")
     finally:
         lib.TF_DeleteStatus(status)
     tf.no_gradient(OP_NAME)

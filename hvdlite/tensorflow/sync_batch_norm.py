@@ -2,6 +2,7 @@
 training statistics cover every rank's batch."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import keras
@@ -97,39 +98,34 @@ class SyncBatchNormalization(keras.layers.BatchNormalization, metaclass=_SyncBat
         return config
 
 
-_tf_keras_layer: list[type] = []
-
-
+@functools.cache
 def _tf_keras_class() -> type:
     """The tf-keras SyncBatchNormalization, made on first use (tf-keras is imported only once its user did): it
     works wherever tf-keras layers do (eagerly, tf.function, tf.compat.v1 sessions)."""
-    if not _tf_keras_layer:
-        tf_keras: Any = KERAS2.module()
+    tf_keras: Any = KERAS2.module()
 
-        @tf_keras.utils.register_keras_serializable(package="hvdlite")
-        class SyncBatchNormalization(tf_keras.layers.BatchNormalization):
-            """As the Keras 3 layer; ``fused`` is accepted with any value and ignored (a fused kernel would compute
-            its own statistics)."""
+    @tf_keras.utils.register_keras_serializable(package="hvdlite")
+    class SyncBatchNormalization(tf_keras.layers.BatchNormalization):
+        """As the Keras 3 layer; ``fused`` is accepted with any value and ignored (a fused kernel would compute
+        its own statistics)."""
 
-            def __init__(self, fused: Optional[bool] = False, process_set: ProcessSet = global_process_set,
-                         **kwargs: Any) -> None:
-                if fused is not False:
-                    logger.debug("SyncBatchNormalization: fused=%r ignored (statistics from every rank)", fused)
-                kwargs.setdefault("name", "sync_batch_normalization")
-                super().__init__(fused=False, **kwargs)
-                self.process_set = process_set
+        def __init__(self, fused: Optional[bool] = False, process_set: ProcessSet = global_process_set,
+                     **kwargs: Any) -> None:
+            if fused is not False:
+                logger.debug("SyncBatchNormalization: fused=%r ignored (statistics from every rank)", fused)
+            kwargs.setdefault("name", "sync_batch_normalization")
+            super().__init__(fused=False, **kwargs)
+            self.process_set = process_set
 
-            def _calculate_mean_and_var(self, inputs: Any, reduction_axes: Any, keep_dims: bool,
-                                        mask: Any = None) -> Any:
-                ps = self.process_set
-                if not ps.included() or ps.size() == 1:
-                    return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
-                return synced_moments(inputs, [int(a) for a in reduction_axes], mask, ps, keep_dims)
+        def _calculate_mean_and_var(self, inputs: Any, reduction_axes: Any, keep_dims: bool, mask: Any = None) -> Any:
+            ps = self.process_set
+            if not ps.included() or ps.size() == 1:
+                return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
+            return synced_moments(inputs, [int(a) for a in reduction_axes], mask, ps, keep_dims)
 
-            def get_config(self) -> dict:
-                config = super().get_config()
-                config.pop("fused", None)
-                return config
+        def get_config(self) -> dict:
+            config = super().get_config()
+            config.pop("fused", None)
+            return config
 
-        _tf_keras_layer.append(SyncBatchNormalization)
-    return _tf_keras_layer[0]
+    return SyncBatchNormalization

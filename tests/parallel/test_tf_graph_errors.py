@@ -56,7 +56,6 @@ def test_clearing_the_kernel_cache_runs_no_python(size: int) -> None:
     waiting for that lock may hold: CI's np3 job once hung that way (a tf.function's finalizer on the engine
     thread). The kernel has no Python create or delete callback, so no Python runs while the cache is cleared."""
     import sys
-    from hvdlite.tensorflow import tf_c_api
 
     @tf.function
     def step(x: tf.Tensor) -> tf.Tensor:
@@ -67,7 +66,7 @@ def test_clearing_the_kernel_cache_runs_no_python(size: int) -> None:
 
     def profile(frame, event, arg):  # noqa: ANN001, ANN202 - sys.setprofile's signature
         code = frame.f_code  # the kernel's callbacks, as written or as AutoGraph converted them
-        if event == "call" and (code.co_filename == tf_c_api.__file__ or code.co_name in ("create", "delete")):
+        if event == "call" and (code.co_filename == status_op.__file__ or code.co_name in ("create", "delete")):
             ran.append(f"{code.co_filename}:{code.co_name}")
     sys.setprofile(profile)
     try:
