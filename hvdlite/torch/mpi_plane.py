@@ -5,14 +5,13 @@ the host polls CUDA events for the work that wrote a buffer before MPI reads it.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from hvdlite.core.frontend import Bootstrap
-
-from .plane_bytes import row_bytes
 
 NAME = "mpi_cuda"
 #: dtypes MPI reduces in device memory (MPI has no float16/bfloat16 type: those are staged through the host).
@@ -54,7 +53,7 @@ class MPIGroup:
 
     def alltoall_base(self, out: torch.Tensor, tensor: torch.Tensor, recv_splits: list, send_splits: list,
                       options: Any) -> None:
-        row = row_bytes(tensor)
+        row = math.prod(tensor.shape[1:]) * tensor.element_size()  # bytes per row
         self._ready(tensor, out)
         self.comm.alltoallv(tensor, [s * row for s in send_splits], out, [r * row for r in recv_splits])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import math
 import socket
 import threading
 from typing import Any, Optional
@@ -17,11 +18,11 @@ import torch
 import torch.distributed as dist
 
 from hvdlite.core import ReduceOp
-from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, accumulated_allreduce, in_rank_order,
-                                   mpi_cuda_aware, rank_order_allreduce, register_factory, register_gpu_probe)
+from hvdlite.core.frontend import (Bootstrap, DataPlane, PlaneFactory, accumulated_allreduce, exact_divisor,
+                                   in_rank_order, mpi_cuda_aware, rank_order_allreduce, register_factory,
+                                   register_gpu_probe)
 
 from . import mpi_plane
-from .plane_bytes import as_bytes, row_bytes, scale_in_place
 
 #: How long a plane's collective may wait before torch itself gives up; hvdlite's stall inspector
 #: (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) normally ends a wedged job long before.
@@ -40,6 +41,37 @@ TORCH_DTYPES = {str(d).replace("torch.", ""): d for d in (
     torch.float64, torch.bool)}
 #: dtypes gloo and NCCL reduce (others stay on hvdlite's MPI path: host buffers, or host staging on GPUs).
 PLANE_DTYPES = frozenset(TORCH_DTYPES) - {"int16"}
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def scale_in_place(t: torch.Tensor, factor: float) -> None:
+    """Multiply in place with the MPI path's rounding (hvdlite.core.reduce_ops.scale_inplace): float32 and
+    half precision by the factor rounded to float32, in float32; float64 in double; integers in float64,
+    truncated toward zero; a plain Average divides by the set size."""
+    if factor == 1.0 or t.numel() == 0:
+        return
+    divisor = exact_divisor(factor)
+    if divisor != 1 and t.dtype.is_floating_point:  # a plain Average divides (as scale_inplace)
+        if t.dtype in (torch.float16, torch.bfloat16):
+            t.copy_(t.float() / divisor)
+        else:
+            t.div_(divisor)
+    elif t.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        wide = t.float()
+        wide *= torch.tensor(float(factor), dtype=torch.float32, device=t.device)
+        t.copy_(wide)
+    elif t.dtype.is_floating_point:
+        t.mul_(float(factor))
+    else:
+        wide = t.double()
+        if divisor != 1:
+            wide /= divisor
+        else:
+            wide *= float(factor)
+        t.copy_(wide.trunc())
 
 
 class TorchPlane(DataPlane):
@@ -163,7 +195,7 @@ class TorchPlane(DataPlane):
 
     def allgather(self, inputs: list, rows: list[list[int]]) -> list:
         with self._device(inputs):
-            per_row = [row_bytes(t) for t in inputs]
+            per_row = [math.prod(t.shape[1:]) * t.element_size() for t in inputs]
             most = [max(r[i] for r in rows) for i in range(len(inputs))]
             slots = [m * b for m, b in zip(most, per_row)]
             block = sum(slots)
