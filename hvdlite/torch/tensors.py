@@ -139,11 +139,6 @@ def prepared(tensor: torch.Tensor) -> Optional[tuple[Any, Any, Any]]:
     return host
 
 
-def _staged(tensor: torch.Tensor) -> bool:
-    """Device tensors go through a host copy; CPU ones too under STAGE_HOST_COPIES (tests)."""
-    return not tensor.is_cpu or STAGE_HOST_COPIES
-
-
 def plane_for(tensor: torch.Tensor, what: str) -> str:
     """The data plane for ``tensor`` in the op labelled ``what`` ("grouped_allreduce_": an allreduce; "" =
     hvdlite's MPI path: host memory, or host staging for GPU tensors). Decided only from agreed things: the
@@ -243,7 +238,7 @@ def to_host(tensor: torch.Tensor, what: str) -> tuple[Any, bool]:
             t = t.contiguous()
         ready = torch.cuda.current_stream(t.device).record_event() if t.is_cuda else None
         return PlaneBuffer(plane, t, str(t.dtype).replace("torch.", ""), tuple(t.shape), ready), shared
-    if not _staged(tensor):
+    if tensor.is_cpu and not STAGE_HOST_COPIES:
         return _numpy_view(tensor), True
     staged = tensor.detach().to("cpu", copy=True).contiguous()
     return _numpy_view(staged), False
@@ -262,7 +257,7 @@ def from_host(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
         out = torch.from_numpy(array)
         if out.dtype != like.dtype:
             out = out.to(like.dtype)
-    if _staged(like):
+    if not like.is_cpu or STAGE_HOST_COPIES:  # staged: back to the device
         out = out.to(like.device, copy=True)
     return out
 
