@@ -179,7 +179,9 @@ def test_a_rank_that_fails_first_and_comes_back_after_the_verdict_keeps_names_in
     check_in_step(failure)
 
 
-@pytest.mark.parametrize("settings", [dict(stall_shutdown_time_seconds=3.0), dict(stall_check_time_seconds=1.0)],
+# (stall_shutdown_time_seconds=0 said: the in-rank harness sets HVDLITE_STALL_SHUTDOWN_TIME_SECONDS=60)
+@pytest.mark.parametrize("settings", [dict(stall_shutdown_time_seconds=3.0),
+                                      dict(stall_check_time_seconds=1.0, stall_shutdown_time_seconds=0)],
                          ids=["shutdown time", "no shutdown time"])
 def test_a_rank_that_leaves_a_loop_early_meets_the_others_at_its_next_collective(
         settings: dict, reinit: Callable[..., None]) -> None:
