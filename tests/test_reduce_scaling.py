@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvdlite.core.reduce_ops import (Scale, average_scale, bf16_to_f32, f32_to_bf16, scale_inplace,
-                                     scaled_copy)
+from hvdlite.core.reduce_ops import Scale, bf16_to_f32, f32_to_bf16, scale_inplace, scaled_copy
 
 
 @pytest.mark.parametrize("n", [3, 7, 49, 98, 127, 255])
@@ -13,14 +12,14 @@ def test_integer_average_is_exact_where_the_quotient_is(n: int) -> None:
     sums = np.arange(-5 * n, 6 * n, n, dtype=np.int64)  # multiples of n, negative ones included
     for dtype in (np.int32, np.int64, np.int16):
         values = sums.astype(dtype)
-        scale_inplace(values, np.dtype(dtype).name, average_scale(1.0, n))
+        scale_inplace(values, np.dtype(dtype).name, Scale(1.0, n))
         np.testing.assert_array_equal(values, (sums // n).astype(dtype))
     assert np.trunc(np.float64(49) * (1.0 / 49)) == 0  # what the old sum * (1/n) gave
 
 
 def test_integer_average_truncates_toward_zero_like_a_c_cast() -> None:
     values = np.array([7, -7, 5, -5], dtype=np.int32)
-    scale_inplace(values, "int32", average_scale(1.0, 2))
+    scale_inplace(values, "int32", Scale(1.0, 2))
     np.testing.assert_array_equal(values, [3, -3, 2, -2])
 
 
@@ -29,10 +28,10 @@ def test_integer_scaling_happens_in_float64() -> None:
     scale_inplace(values, "int32", 2.5)
     np.testing.assert_array_equal(values, [7, 25, -25])
     big = np.array([2**40 + 3], dtype=np.int64)
-    scale_inplace(big, "int64", average_scale(3.0, 3))  # x * 3 / 3, exact in float64
+    scale_inplace(big, "int64", Scale(3.0, 3))  # x * 3 / 3, exact in float64
     assert big[0] == 2**40 + 3
     user_post = np.array([12], dtype=np.int32)
-    scale_inplace(user_post, "int32", average_scale(0.5, 3))  # postscale 0.5, then Average over 3
+    scale_inplace(user_post, "int32", Scale(0.5, 3))  # postscale 0.5, then Average over 3
     assert user_post[0] == 2
 
 
@@ -48,7 +47,7 @@ def test_float16_prescale_is_computed_in_float32() -> None:
 
 def test_float16_average_rounds_once_from_float32() -> None:
     values = np.array([3.0, 1.0, 2049.0], dtype=np.float16)
-    scale_inplace(values, "float16", average_scale(1.0, 3))
+    scale_inplace(values, "float16", Scale(1.0, 3))
     expected = (np.array([3.0, 1.0, 2049.0], dtype=np.float16).astype(np.float32) * np.float32(1 / 3))
     np.testing.assert_array_equal(values, expected.astype(np.float16))
 
@@ -65,9 +64,9 @@ def test_bfloat16_scaling_in_float32() -> None:
 def test_scale_is_a_float_equal_to_the_quotient() -> None:
     s = Scale(2.0, 4)
     assert float(s) == 0.5 and s.factor == 2.0 and s.divisor == 4
-    assert average_scale(1.0, 1) == 1.0  # one rank: nothing to scale
+    assert Scale(1.0, 1) == 1.0  # one rank: nothing to scale
     f32 = np.array([3.0], dtype=np.float32)
-    scale_inplace(f32, "float32", average_scale(1.0, 2))
+    scale_inplace(f32, "float32", Scale(1.0, 2))
     assert f32[0] == np.float32(1.5)
 
 
@@ -91,7 +90,7 @@ def test_float32_is_scaled_by_the_factor_rounded_to_float32(factor: float) -> No
     scaled_copy(into, x, "float32", factor)
     np.testing.assert_array_equal(into.view(np.uint32), want.view(np.uint32))
     avg = x.copy()
-    scale_inplace(avg, "float32", average_scale(factor, 3))  # Horovod: postscale / size in double, then float
+    scale_inplace(avg, "float32", Scale(factor, 3))  # Horovod: postscale / size in double, then float
     want_avg = x / np.float32(3) if factor == 1.0 else x * np.float32(factor / 3)
     np.testing.assert_array_equal(avg.view(np.uint32), want_avg.view(np.uint32))
 
@@ -108,24 +107,24 @@ def test_float_average_divides_and_with_a_user_factor_multiplies(n: int) -> None
         special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.4e-45, -1.4e-45, 3.4e38], dtype=np.float32)
         every = np.concatenate([x, special])
         got = every.copy()
-        scale_inplace(got, "float32", average_scale(1.0, n))
+        scale_inplace(got, "float32", Scale(1.0, n))
         np.testing.assert_array_equal(got.view(np.uint32), (every / np.float32(n)).view(np.uint32))
         wide = np.random.default_rng(n).integers(0, 2**63, size=1 << 16, dtype=np.uint64).view(np.float64)
         wide = np.concatenate([wide, -wide, special.astype(np.float64), [5e-324, 1.7e308]])
         got_wide = wide.copy()
-        scale_inplace(got_wide, "float64", average_scale(1.0, n))
+        scale_inplace(got_wide, "float64", Scale(1.0, n))
         np.testing.assert_array_equal(got_wide.view(np.uint64), (wide / np.float64(n)).view(np.uint64))
     x = x[np.isfinite(x)]
     got = x.copy()
-    scale_inplace(got, "float32", average_scale(0.7, n))
+    scale_inplace(got, "float32", Scale(0.7, n))
     np.testing.assert_array_equal(got.view(np.uint32), (x * np.float32(0.7 / n)).view(np.uint32))
     d = x.astype(np.float64) * 3.7
     got64 = d.copy()
-    scale_inplace(got64, "float64", average_scale(1.0, n))
+    scale_inplace(got64, "float64", Scale(1.0, n))
     np.testing.assert_array_equal(got64, d / n)
     h = x[np.abs(x) < 6e4].astype(np.float16)
     got16 = h.copy()
-    scale_inplace(got16, "float16", average_scale(1.0, n))
+    scale_inplace(got16, "float16", Scale(1.0, n))
     np.testing.assert_array_equal(got16.view(np.uint16),
                                   (h.astype(np.float32) / np.float32(n)).astype(np.float16).view(np.uint16))
 
@@ -135,7 +134,7 @@ def test_integers_with_a_user_factor_multiply_by_the_double_factor() -> None:
     Horovod; only the plain Average (no user factor) divides exactly."""
     x = np.arange(-60, 61, dtype=np.int64)
     got = x.copy()
-    scale_inplace(got, "int64", average_scale(0.7, 3))
+    scale_inplace(got, "int64", Scale(0.7, 3))
     np.testing.assert_array_equal(got, np.trunc(x.astype(np.float64) * (0.7 / 3)).astype(np.int64))
 
 
@@ -158,7 +157,7 @@ def _average_and_predivided(parts: list[np.ndarray], n: int, prescale: float, tr
     dtype = parts[0].dtype.name
     with np.errstate(over="ignore"):  # a sum may overflow (the case shown in the test)
         average = _sum_in_order(list(parts), tree)
-    scale_inplace(average, dtype, average_scale(1.0, n))
+    scale_inplace(average, dtype, Scale(1.0, n))
     predivided = []
     for part in parts:
         scaled = np.empty_like(part)
@@ -175,7 +174,7 @@ def test_dividing_before_the_sum_gives_averages_bits_for_a_power_of_two_size(n: 
     a sum overflows (Average's result is then inf, the predivided sum finite): both cases are shown below."""
     from hvdlite.core.frontend import gradient_scales, resolve_op
     scales = gradient_scales(resolve_op("average"), float(n))
-    post = average_scale(scales.postscale, n)
+    post = Scale(scales.postscale, n)
     assert post == 1.0  # nothing is left to scale after the sum
     rng = np.random.default_rng(n)
     for dtype in (np.float32, np.float64):

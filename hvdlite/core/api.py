@@ -48,16 +48,23 @@ class _Call:
                       outputs if outputs is not None else (None,) * len(inputs), generated=self.generated, **options)
 
 
-def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
-    if process_set is global_process_set and process_set.process_set_id == 0:
-        return 0  # every rank is a member of the global set
+def check_process_set(process_set: Any, what: str) -> int:
+    """The id of ``process_set`` (a ProcessSet, or an id) registered on this rank, else the one error saying so
+    (``what``: the call); also for ops built before they run (TensorFlow graphs)."""
+    ps_id = process_set if type(process_set) is int else getattr(process_set, "process_set_id", None)
+    if ps_id == 0:
+        return 0
     st = state()
-    ps = global_process_set if process_set is None else process_set
-    ps_id = ps.process_set_id
     if ps_id is None or ps_id not in st.psets.ranks:
-        raise ValueError(f"{kind} {name!r}: {ps!r} is not registered; call hvd.add_process_set() on every "
-                         f"rank first")
-    if not st.psets.is_member(ps_id):
+        shown = f"process set {ps_id}" if type(process_set) is int else repr(process_set)
+        raise ValueError(f"{what}: {shown} is not registered on rank {st.rank} (ids {sorted(st.psets.ranks)}); pass "
+                         f"it to hvd.init(process_sets=[...]) or hvd.add_process_set() on every rank first")
+    return int(ps_id)
+
+
+def _pset_id(process_set: Optional[ProcessSet], kind: str, name: str) -> int:
+    ps_id = check_process_set(global_process_set if process_set is None else process_set, f"{kind} {name!r}")
+    if ps_id and not (st := state()).psets.is_member(ps_id):
         raise ValueError(f"{kind} {name!r}: rank {st.rank} is not in process set {ps_id} (ranks "
                          f"{st.psets.members(ps_id)}); only its members may call collectives on it")
     return ps_id

@@ -31,7 +31,7 @@ from .engine.requests import Kind, tensor_layout
 from .process_sets import ProcessSet
 from .runtime import core_sharing, generation, is_initialized, state
 from .submission import layout_of, submit
-from .api import check_sparse, sparse_allgather_async
+from .api import check_process_set, check_sparse, sparse_allgather_async
 
 __all__ = ["resolve_op", "check_reduction", "check_gradient_options", "gradient_scales", "mixin_class",
            "Compressor", "NoneCompressor", "CastCompressor", "Accumulation", "accumulating", "accumulation_of",
@@ -123,22 +123,7 @@ def gradient_overlap(compute_threads: Optional[int], process_set: Optional[Proce
 
 def process_set_ranks(ps_id: int) -> list[int]:
     """Members (global ranks) of the registered process set ``ps_id``; ValueError if it is not registered."""
-    st = state()
-    if ps_id not in st.psets.ranks:
-        raise ValueError(f"process set {ps_id} is not registered on rank {st.rank}; call "
-                         f"hvd.add_process_set() on every rank first")
-    return list(st.psets.ranks[ps_id])
-
-
-def check_process_set(process_set: Any, what: str) -> None:
-    """ValueError unless ``process_set`` is registered here: for ops built before they run (TensorFlow graphs)."""
-    ps_id = getattr(process_set, "process_set_id", None)
-    if ps_id == 0:
-        return
-    st = state()
-    if ps_id is None or ps_id not in st.psets.ranks:
-        raise ValueError(f"{what}: {process_set!r} is not a registered process set on rank {st.rank} (ids "
-                         f"{sorted(st.psets.ranks)}); pass one hvd.add_process_set() or hvd.init() registered")
+    return list(state().psets.ranks[check_process_set(ps_id, "the size or rank of a process set")])
 
 
 def setting(name: str) -> Any:

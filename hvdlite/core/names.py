@@ -70,12 +70,6 @@ class Names:
             self._next[key] = made + 1
             self.moving = True
 
-    @staticmethod
-    def single_use(name: str) -> bool:
-        """Whether ``name`` is a generated one: it stands for one call, so the response cache does not keep it."""
-        kind, generated, n = name.rpartition(".noname.")  # (no regular expression: 1,000 names a round)
-        return bool(generated and kind) and n.isascii() and n.isdigit()
-
     def moved(self, name: str, ps_id: int) -> Optional[str]:
         """The name of an op submitted as ``name`` before a verdict this rank had not read (learn()); None: kept."""
         with self._lock:

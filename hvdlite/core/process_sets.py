@@ -1,7 +1,13 @@
-"""Process sets: subsets of ranks that run collectives among themselves."""
+"""Process sets: subsets of ranks that run collectives among themselves, and which sets a list of them registers.
+
+``ProcessSet(comm)`` is each rank's own piece of a ``Split``: one set per distinct piece (gathered, sorted;
+communicator entries first, then rank lists: Horovod's ids). A duplicate entry (the global set, an earlier
+entry's: equal communicator, ``Dup``, equal rank list) is refused on the ranks whose entry it is."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Sequence
+
+from .engine import mpi
 
 
 class ProcessSet:
@@ -54,3 +60,55 @@ class ProcessSet:
 
 global_process_set = ProcessSet()
 global_process_set.process_set_id = 0
+
+
+class Plan(NamedTuple):
+    lists: list[list[int]]  # every set to register (those not yet registered), in registration order
+    mine: list[Optional[list[int]]]  # per entry (the caller's order), the ranks it stands for on this rank
+
+
+def plan(sets: Sequence[ProcessSet], world: Any, rank: int, size: int, gather: bool) -> Plan:
+    """Which sets ``sets`` registers (above). ``gather``: exchange the communicators' pieces over ``world``
+    (collective: every rank calls with the same number of communicator entries); without it, no entry may hold a
+    communicator."""
+    comm_at = [i for i, ps in enumerate(sets) if ps.mpi_comm is not None]
+    mine: list[Optional[list[int]]] = [None if ps.mpi_comm is not None else list(ps.ranks or ()) for ps in sets]
+    for i, ranks in enumerate(mine):
+        if ranks == []:  # ProcessSet() (a ProcessSet of no ranks cannot be made)
+            raise ValueError(f"process set entry {i} is the global set, which is always registered")
+        bad = [r for r in ranks or () if not 0 <= r < size]
+        if bad:
+            raise ValueError(f"process set entry {i}: ranks {bad} do not exist in a job of {size} ranks")
+    pieces = [mpi.communicator_world_ranks(sets[i].mpi_comm, world) for i in comm_at]
+    views: list[list[Optional[list[int]]]] = world.allgather(pieces) if gather else [pieces]
+    if len({len(view) for view in views}) != 1:
+        raise ValueError(f"the ranks passed different numbers of communicator-built process sets "
+                         f"({[len(view) for view in views]}): pass one entry per communicator on every rank")
+    lists: list[list[int]] = []
+    for k, i in enumerate(comm_at):
+        distinct = sorted({tuple(piece) for view in views if (piece := view[k]) is not None})
+        if not distinct:
+            raise ValueError(f"process set entry {i}: every rank passed MPI.COMM_NULL")
+        lists += [list(ranks) for ranks in distinct]
+        mine[i] = pieces[k] if pieces[k] is not None else (list(distinct[0]) if len(distinct) == 1 else None)
+    lists += [ranks for ranks in mine if ranks is not None and ranks not in lists]
+    return Plan(lists, mine)
+
+
+def refusals(sets: Sequence[ProcessSet], mine: list[Optional[list[int]]], ids: list[Optional[int]],
+             known_before: set[int], rank: int) -> list[Optional[str]]:
+    """Per entry, why this rank refuses it (None: fine): a duplicate of the global set, of an earlier entry, or
+    of a set in ``known_before`` (add_process_set: the ids registered before the call)."""
+    seen = set(known_before) | {0}
+    out: list[Optional[str]] = []
+    for i, (ps, ranks, ps_id) in enumerate(zip(sets, mine, ids)):
+        if ranks is None or ps_id is None:
+            out.append(f"entry {i} ({ps!r}) holds MPI.COMM_NULL on rank {rank}, and its communicators make "
+                       f"several sets: pass this rank's own piece")
+        elif ps_id in seen:
+            out.append(f"entry {i} is a duplicate: a process set with ranks {ranks} is already registered "
+                       f"(id {ps_id})")
+        else:
+            seen.add(ps_id)
+            out.append(None)
+    return out

@@ -78,16 +78,27 @@ def storage_dtype(name: str) -> np.dtype:
     return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
 
 
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+def bf16_to_f32(bits: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """bfloat16 values (uint16 bits) as float32, exact; into ``out`` (float32) when given."""
+    if out is None:
+        out = np.empty(np.shape(bits), dtype=np.float32)
+    np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    return out
 
 
-def f32_to_bf16(values: np.ndarray) -> np.ndarray:
-    """Round float32 to the nearest bfloat16 (ties to even), returned as uint16 bits."""
-    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
-    out = (rounded >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(values)
+def f32_to_bf16(values: np.ndarray, scratch: bool = False) -> np.ndarray:
+    """Round float32 to the nearest bfloat16 (ties to even), returned as uint16 bits; ``scratch``: ``values`` is the
+    caller's own temporary, which the rounding may overwrite (no whole-buffer temporaries)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    nan = np.isnan(values)  # before the rounding below, which can carry a NaN's bits into infinity
+    bits = values.view(np.uint32)
+    work = bits if scratch else bits.copy()
+    carry = np.right_shift(bits, 16)
+    np.bitwise_and(carry, 1, out=carry)
+    carry += 0x7FFF  # round half to even: 0x7FFF, plus 1 where the kept part is odd
+    work += carry
+    np.right_shift(work, 16, out=work)
+    out = work.astype(np.uint16)
     if nan.any():
         out[nan] = 0x7FC0
     return out
@@ -176,11 +187,6 @@ class Scale(float):
         obj.factor = float(factor)
         obj.divisor = int(divisor)
         return obj
-
-
-def average_scale(postscale: float, nranks: int) -> Scale:
-    """The postscale factor of an Average over ``nranks`` ranks (the user's factor / nranks, as Horovod)."""
-    return Scale(postscale, nranks)
 
 
 def exact_divisor(factor: float) -> int:

@@ -7,7 +7,7 @@ import os
 import threading
 from typing import Any, Optional, Sequence
 
-from . import log, pset_plans
+from . import log
 from .abort import install_excepthook
 from .config import Config, mpi_ft_launched
 from .engine import callsite
@@ -24,7 +24,7 @@ from .launch_check import (OPENMPI_IALLREDUCE_VARIABLE, check_launch, check_laun
 from .log import logger
 from .names import Names
 from .engine.planes import PlaneTable
-from .process_sets import ProcessSet
+from .process_sets import ProcessSet, plan, refusals
 from .submission import submit
 
 
@@ -100,18 +100,18 @@ class State:
                 comm.Free()
 
     def add_process_set(self, process_set: Any) -> ProcessSet:
-        """Register a process set on every rank (all call this, in the same order; a comm: see pset_plans)."""
+        """Register a process set on every rank (all call this, in the same order; a comm: see process_sets.py)."""
         ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
         return self.register_sets([ps], set(self.psets.ranks), ps.mpi_comm is not None)[0]
 
     def register_sets(self, sets: Sequence[ProcessSet], known_before: set[int], gather: bool) -> list[ProcessSet]:
-        """Register ``sets`` on every rank (collective; see pset_plans); ValueError for those this rank refuses."""
-        plan = pset_plans.plan(sets, self.world, self.rank, self.size, gather)
-        for ranks in plan.lists:
+        """Register ``sets`` on every rank (collective; see process_sets.py); ValueError for those this rank refuses."""
+        planned = plan(sets, self.world, self.rank, self.size, gather)
+        for ranks in planned.lists:
             if self.psets.find(ranks) is None:
                 submit(self, Kind.ADD_PROCESS_SET, None, 0, (), (), (), (), extra=tuple(ranks)).wait()
-        ids = [None if ranks is None else self.psets.find(ranks) for ranks in plan.mine]
-        refused = pset_plans.refusals(sets, plan.mine, ids, known_before, self.rank)
+        ids = [None if ranks is None else self.psets.find(ranks) for ranks in planned.mine]
+        refused = refusals(sets, planned.mine, ids, known_before, self.rank)
         for ps, ps_id, why in zip(sets, ids, refused):
             if why is None and ps_id is not None:
                 self.psets.register(ps, ps_id)

@@ -126,20 +126,11 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
 
 
 # -- sparse -------------------------------------------------------------------------------------------
-class SparseHandle:
-    """What sparse_allreduce_async returns: call it (or pass it to synchronize) for the result."""
-
-    def __init__(self, handle: Handle, finish: Callable[[], torch.Tensor]) -> None:
-        self.handle, self.done, self.wait = handle, handle.done, finish
-
-    def __call__(self) -> torch.Tensor:
-        return self.wait()
-
-
 def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
-                           process_set: ProcessSet = global_process_set) -> SparseHandle:
+                           process_set: ProcessSet = global_process_set) -> Handle:
     """Combine a sparse COO tensor across ranks by gathering every rank's indices and values
-    (hvdlite.core.frontend.sparse_allgather_async: the policy both frontends share)."""
+    (hvdlite.core.frontend.sparse_allgather_async: the policy both frontends share); call the handle (or pass it
+    to synchronize) for the result."""
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         got = f"a {tensor.layout} tensor" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
         raise TypeError(f"sparse_allreduce_async: expected a sparse COO torch.Tensor, got {got}")
@@ -154,17 +145,17 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: Any,
         wire = values.to(torch.float32 if values.dtype == torch.bfloat16 else torch.get_default_dtype())
     else:
         wire = values
-    handle = sparse_allgather_async(to_host(indices, "sparse_allreduce_async")[0],
-                                    to_host(wire, "sparse_allreduce_async")[0], reduce_op, full_name, process_set)
 
-    def finish() -> torch.Tensor:
-        all_indices, all_values = handle.wait()
+    def finish(result: tuple[Any, Any]) -> torch.Tensor:
+        all_indices, all_values = result
         gathered = from_host(all_values, wire)
         if values.dtype == torch.bfloat16:
             gathered = gathered.to(torch.bfloat16)
         return torch.sparse_coo_tensor(from_host(all_indices, indices).t(), gathered, sparse.size(),
                                        check_invariants=False).coalesce()
-    return SparseHandle(handle, finish)
+    return sparse_allgather_async(to_host(indices, "sparse_allreduce_async")[0],
+                                  to_host(wire, "sparse_allreduce_async")[0], reduce_op, full_name,
+                                  process_set).then(finish)
 
 
 # -- allgather ----------------------------------------------------------------------------------------
@@ -281,7 +272,7 @@ def poll(handle: Any) -> bool:
 
 def synchronize(handle: Any) -> Any:
     """Wait for an asynchronous collective and return its output (or raise its error)."""
-    if isinstance(handle, (Handle, SparseHandle)):
+    if isinstance(handle, Handle):
         return handle.wait()
     if callable(handle):
         return handle()

@@ -38,7 +38,7 @@ class _DistributedOptimizer(ReadinessOwner):
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
         self._parameter_names: dict[torch.Tensor, str] = _check_names(named_parameters, self.param_groups)
-        self._sparse: dict[torch.Tensor, Any] = {}  # sparse gradients in flight: SparseHandle, or densified Reduction
+        self._sparse: dict[torch.Tensor, Any] = {}  # sparse gradients in flight: a Handle, or a densified Reduction
         self._sparse_dims: dict[torch.Tensor, int] = {}
         self._synchronized = False
         self._should_synchronize = True

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hvdlite as hvd
-from hvdlite.core.engine.adasum import reference
+from adasum_reference import reference
 
 MPI_SIZES = (2, 3, 4)
 POW2 = pytest.mark.mpi(sizes=(2, 4))

@@ -1,5 +1,5 @@
 """hvd.Adasum in hvdlite.tensorflow and hvdlite.tensorflow.keras: allreduce / grouped_allreduce (eager and
-tf.function) equal the core's numpy reference of the tree, DistributedGradientTape combines gradients with it,
+tf.function) equal a numpy reference of the tree, DistributedGradientTape combines gradients with it,
 a Keras DistributedOptimizer(op=hvd.Adasum) trains the digits to >= 90% with identical weights everywhere,
 sparse gradients are refused, and 3 ranks get the clear power-of-two error."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import hvdlite.tensorflow as hvd
 import hvdlite.tensorflow.keras as hvdk
-from hvdlite.core.engine.adasum import reference
+from adasum_reference import reference
 
 MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 400

@@ -1,4 +1,4 @@
-"""hvd.Adasum in hvdlite.torch: the collectives against the engine's numpy reference for every float dtype,
+"""hvd.Adasum in hvdlite.torch: the collectives against a numpy reference for every float dtype,
 DistributedOptimizer(op=hvd.Adasum) against a single-process simulation of Horovod's delta scheme, an Adasum
 training run on the digits task, and the clear error on a set that is not a power of two."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hvdlite.torch as hvd
-from hvdlite.core.engine.adasum import reference
+from adasum_reference import reference
 
 MPI_SIZES = (2, 3, 4)
 SPAWN_TIMEOUT = 400

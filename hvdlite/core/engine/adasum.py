@@ -114,17 +114,3 @@ def _combine(a: np.ndarray, b: np.ndarray, out: np.ndarray, lo: int, bounds: lis
         bcoeff = 1.0 - dot / (2.0 * bnorm) if bnorm > 0 else 1.0
         result = acoeff * a[s:e].astype(np.float64) + bcoeff * b[s:e].astype(np.float64)
         out[s:e] = result
-
-
-def reference(vectors: list[np.ndarray]) -> np.ndarray:
-    """The same tree in plain numpy (for tests and documentation): ``vectors[r]`` is rank r's input."""
-    level = [np.asarray(v, dtype=np.float64) for v in vectors]
-    while len(level) > 1:
-        nxt = []
-        for a, b in zip(level[0::2], level[1::2]):
-            dot, anorm, bnorm = float(a @ b), float(a @ a), float(b @ b)
-            acoeff = 1.0 - dot / (2 * anorm) if anorm > 0 else 1.0
-            bcoeff = 1.0 - dot / (2 * bnorm) if bnorm > 0 else 1.0
-            nxt.append(acoeff * a + bcoeff * b)
-        level = nxt
-    return level[0]

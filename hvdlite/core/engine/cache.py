@@ -8,7 +8,7 @@ import numpy as np
 
 from .requests import Response, Signature
 
-__all__ = ["PendingBits", "ResponseCache"]
+__all__ = ["PendingBits", "ResponseCache", "generated"]
 
 
 class ResponseCache:
@@ -44,7 +44,7 @@ class ResponseCache:
         """The bit of ``name`` if it was agreed with signature ``sig`` (``key``: its (process set, name), if made)."""
         bit = self.by_name.get((sig.ps_id, name) if key is None else key, -1)
         if bit < 0 and self.streams:
-            stream, number = _generated(name)
+            stream, number = generated(name)
             bit = self.streams.get((sig.ps_id, stream), -1) if number >= 0 else -1
             if bit >= 0 and self.names[bit] != name:
                 return -1
@@ -68,7 +68,7 @@ class ResponseCache:
 
     def put_stream(self, name: str, sig: Signature, members: Sequence[int], tick: int) -> None:
         """A generated ``name`` was agreed with ``sig``: its stream's bit stands for the next (or a later one's)."""
-        stream, number = _generated(name)
+        stream, number = generated(name)
         if self.capacity == 0 or not sig.kind.cacheable or number < 0:
             return
         key = (sig.ps_id, stream)
@@ -77,7 +77,7 @@ class ResponseCache:
             bit = self._take()
             self.streams[key] = bit
             self.stream_of[bit] = key
-        elif _generated(self.names[bit] or "")[1] > number + 1:
+        elif generated(self.names[bit] or "")[1] > number + 1:
             return
         self.names[bit] = following = f"{stream}.noname.{number + 1}"
         self._set(bit, sig, Response(following, sig), members, tick)
@@ -142,13 +142,14 @@ class ResponseCache:
         for bit in self.ready_bits.tolist():
             stream, sig = self.stream_of.get(bit), self.sigs[bit]
             if stream is not None and sig is not None:
-                self.names[bit] = following = f"{stream[1]}.noname.{_generated(self.names[bit] or '')[1] + 1}"
+                self.names[bit] = following = f"{stream[1]}.noname.{generated(self.names[bit] or '')[1] + 1}"
                 self.responses[bit] = Response(following, sig)
                 self.version += 1
 
 
-def _generated(name: str) -> tuple[str, int]:
-    """A generated name's stream ("<kind>[.ps<id>]") and number, or ("", -1) for any other name."""
+def generated(name: str) -> tuple[str, int]:
+    """A generated name's stream ("<kind>[.ps<id>]") and number, or ("", -1) for any other name (made by
+    core/names.py: each stands for one call, so the cache keeps its stream's next, never the name itself)."""
     stream, marker, number = name.rpartition(".noname.")
     if marker and stream and number.isascii() and number.isdigit():
         return stream, int(number)

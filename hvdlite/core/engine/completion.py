@@ -26,8 +26,6 @@ class VerdictNames(Protocol):
 
     def moved(self, name: str, ps_id: int) -> Optional[str]: ...
 
-    def single_use(self, name: str) -> bool: ...
-
 
 class Completion:
     """The requests this rank has pending (``pending``: taken from the queue; ``inflight``: the names that

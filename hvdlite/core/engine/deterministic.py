@@ -17,12 +17,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..reduce_ops import (ACCUMULABLE_DTYPES, HALF_DTYPES, Accumulation, Max, Min, Product, ReduceOp, Sum, bf16_to_f32,
-                          f32_to_bf16, numpy_reduction, scale_inplace, storage_dtype)
+from ..reduce_ops import (ACCUMULABLE_DTYPES, FLOAT_DTYPES, HALF_DTYPES, Accumulation, Max, Min, Product, ReduceOp,
+                          Sum, bf16_to_f32, f32_to_bf16, numpy_reduction, scale_inplace, storage_dtype)
 from . import polling
 from .mpi import MPIOps, counts_displacements
-
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def applies(dtype: str, op: ReduceOp) -> bool:
@@ -163,39 +161,24 @@ def comms(comm_of: Callable[[int], Any], mpi_ops: MPIOps, enabled: bool) -> Call
 
 # -- accumulating compressions (reduce_ops.Accumulation): bf16/fp16 on the wire, float32 sums --------------------
 def to_wire(values32: np.ndarray, wire: str, scratch: bool = False) -> np.ndarray:
-    """float32 values rounded (to nearest even) to the wire dtype, as uint16 bits; ``scratch``: ``values32`` is
-    this module's own temporary, which the bfloat16 rounding may overwrite (no whole-buffer temporaries)."""
-    if wire == "float16":
-        return values32.astype(np.float16).view(np.uint16)
-    nan = np.isnan(values32)  # before the rounding below, which can carry a NaN's bits into infinity
-    bits = values32.view(np.uint32)
-    work = bits if scratch else bits.copy()
-    carry = np.right_shift(bits, 16)
-    np.bitwise_and(carry, 1, out=carry)
-    carry += 0x7FFF  # round half to even: 0x7FFF, plus 1 where the kept part is odd
-    work += carry
-    np.right_shift(work, 16, out=work)
-    out = work.astype(np.uint16)
-    if nan.any():
-        out[nan] = 0x7FC0
-    return out
+    """float32 values rounded (to nearest even) to the wire dtype, as uint16 bits (``scratch``: see f32_to_bf16)."""
+    return values32.astype(np.float16).view(np.uint16) if wire == "float16" else f32_to_bf16(values32, scratch)
 
 
 def from_wire(bits: np.ndarray, wire: str, out: Optional[np.ndarray] = None) -> np.ndarray:
     """uint16 bits of the wire dtype as float32 (exact), into ``out`` (float32) when given."""
+    if wire == "bfloat16":
+        return bf16_to_f32(bits, out)
     if out is None:
         out = np.empty(bits.shape, dtype=np.float32)
-    if wire == "bfloat16":
-        np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
-    else:
-        np.copyto(out, bits.view(np.float16), casting="unsafe")
+    np.copyto(out, bits.view(np.float16), casting="unsafe")
     return out
 
 
 def write(dst: np.ndarray, values32: np.ndarray, dtype: str) -> None:
     """``dst`` (storage of ``dtype``) = float32 ``values32`` rounded once to ``dtype``."""
     if dtype == "bfloat16":
-        dst[...] = to_wire(values32, "bfloat16")
+        dst[...] = f32_to_bf16(values32)
     else:
         np.copyto(dst, values32, casting="unsafe")
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import HvdliteError
-from ..reduce_ops import (Adasum, Average, ReduceOp, Sum, average_scale, bf16_to_f32, f32_to_bf16, scale_inplace,
+from ..reduce_ops import (Adasum, Average, ReduceOp, Scale, Sum, bf16_to_f32, f32_to_bf16, scale_inplace,
                           scaled_copy, storage_dtype)
 from . import adasum, deterministic, mpi, polling, row_exec
 from .chunks import ChunkPipeline, start_allreduce
@@ -65,7 +65,7 @@ class Executor:
 
     def post(self, sig: Signature) -> float:
         """The batch's postscale factor, Average's divisor (the set's size) folded in."""
-        return average_scale(sig.postscale, self.psets.size(sig.ps_id)) if sig.op is Average else sig.postscale
+        return Scale(sig.postscale, self.psets.size(sig.ps_id)) if sig.op is Average else sig.postscale
 
     def _root(self, sig: Signature) -> int:
         """A broadcast's root: the job's rank -> the set's (agreed valid)."""

@@ -79,6 +79,8 @@ class Handle:
             self._finalize = None
         return self._result if self._value is UNSET else self._value
 
+    __call__ = wait  # Horovod's torch sparse_allreduce_async returns a function that waits: its handle is called
+
     def returning(self, value: Any) -> "Handle":
         """Make ``wait()`` return ``value`` once the op succeeded (an in-place op returns its own input:
         no conversion to build); a conversion already set still runs first. Returns self."""

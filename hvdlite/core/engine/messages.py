@@ -6,7 +6,7 @@ from typing import Any, Collection, Iterable, Optional, Sequence
 from . import callsite
 from .requests import Signature, shared
 
-__all__ = ["RankMessage", "name_table", "pending_message"]
+__all__ = ["RankMessage", "name_table"]
 
 
 class RankMessage:
@@ -16,22 +16,19 @@ class RankMessage:
     __slots__ = ("names", "sig_index", "sigs", "ages", "site_index", "site_texts", "shutdown", "join_cycle", "tune",
                  "elsewhere", "again", "_by_key")
 
-    def __init__(self, reqs: Sequence[tuple[str, Signature, float]] = (), shutdown: bool = False,
+    def __init__(self, pending: Collection[Any] = (), now: float = 0.0, shutdown: bool = False,
                  join_cycle: int = -1, tune: Optional[dict[Any, Any]] = None,
-                 sites: Optional[dict[tuple[int, str], str]] = None,
                  elsewhere: Sequence[tuple[int, str]] = ()) -> None:
-        """From (name, signature, age) triples and a (set, name) -> "file:line" table; see ``pending_message``."""
-        self.names, self.sig_index, self.sigs = name_table((name, sig) for name, sig, _ in reqs)
-        self.ages = [age for _, _, age in reqs]
-        texts = list(dict.fromkeys((sites or {}).values()))
-        text_index = {text: i for i, text in enumerate(texts)}
-        self.site_index = [text_index.get((sites or {}).get((sig.ps_id, name), ""), -1) for name, sig, _ in reqs]
-        self.site_texts = texts
+        """This rank's pending requests (names, signatures, ages at ``now``, call sites) and the round's fields."""
+        self.names, self.sig_index, self.sigs = name_table((req.name, req.sig) for req in pending)
+        self.ages = [now - req.submitted for req in pending]
+        self.site_index, self.site_texts = callsite.site_table(pending)
         self.shutdown = shutdown
         self.join_cycle = join_cycle  # cycle at which this rank joined, -1 if it has not
         self.tune = tune  # rank 0 only: autotune settings every rank adopts after this round
         self.elsewhere = list(elsewhere)  # (set, name) pending in this rank's other engines (a stall's note)
-        self.again: list[int] = []  # the requests (indices) whose generated name comes from a line used before (a loop)
+        # the requests (indices) whose generated name comes from a line used before (a loop)
+        self.again = [i for i, req in enumerate(pending) if getattr(req, "again", False)]
         self._by_key: Optional[dict[tuple[int, str], int]] = None  # made on the receiving side when an error reads it
 
     def __getstate__(self) -> tuple[Any, ...]:
@@ -72,13 +69,3 @@ def name_table(pairs: Iterable[tuple[str, Signature]]) -> tuple[list[str], list[
         names.append(name)
         index.append(i)
     return names, index, sigs
-
-
-def pending_message(pending: Collection[Any], now: float, **fields: Any) -> RankMessage:
-    """This rank's message of a full round: its pending requests (names, signatures, ages, call sites), ``fields``."""
-    msg = RankMessage(**fields)
-    msg.names, msg.sig_index, msg.sigs = name_table((req.name, req.sig) for req in pending)
-    msg.ages = [now - req.submitted for req in pending]
-    msg.site_index, msg.site_texts = callsite.site_table(pending)
-    msg.again = [i for i, req in enumerate(pending) if getattr(req, "again", False)]
-    return msg

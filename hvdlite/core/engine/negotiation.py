@@ -14,8 +14,9 @@ import numpy as np
 
 from . import polling
 from .callsite import grouped
+from .cache import generated
 from .chunks import start_allreduce
-from .messages import RankMessage, name_table, pending_message
+from .messages import RankMessage, name_table
 from .mpi import counts_displacements
 from .requests import FIELD_LABELS, Kind, Request, Response, Signature, shared
 from .stalls import Stalled, Stop, shutdown_message, submitted_at
@@ -257,8 +258,8 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
     engine.full_cycles += 1
     engine.explain_cycles += 1
     now = time.monotonic()
-    msg = pending_message(engine.completion.pending.values(), now, shutdown=shutdown, join_cycle=engine.join_cycle,
-                          tune=engine.observer.outgoing(), elsewhere=_elsewhere(engine))
+    msg = RankMessage(engine.completion.pending.values(), now, shutdown=shutdown, join_cycle=engine.join_cycle,
+                      tune=engine.observer.outgoing(), elsewhere=_elsewhere(engine))
     sizes: list[int] = []
     messages = engine.scope.job_ranks(allgather_messages(engine.comm, msg, sizes), RankMessage)
     engine.full_path_bytes += sum(sizes) + 8 * len(sizes)
@@ -280,14 +281,14 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
 
 def remember(engine: Engine, responses: list[Response]) -> None:
     """Keep the agreed names in the response cache: a name as itself, a generated one as its stream's next."""
-    cache, members, names = engine.cache, engine.psets.ranks, engine.names
-    single_use = names.single_use if names is not None else None
+    cache, members = engine.cache, engine.psets.ranks
     last: dict[tuple[int, str], Response] = {}  # each stream's last generated name agreed: its next one is kept
     for resp in responses:
         if resp.error is not None:
             continue
-        if single_use is not None and single_use(resp.name):  # never submitted again
-            last[(resp.sig.ps_id, resp.name.rpartition(".noname.")[0])] = resp
+        stream, number = generated(resp.name)
+        if number >= 0:  # a generated name stands for one call: never submitted again
+            last[(resp.sig.ps_id, stream)] = resp
         else:  # a plain agreement (no stand-ins) is what the cache would make: it keeps it
             plain = resp if not resp.joined and resp.last_joined < 0 else None
             cache.put(resp.name, resp.sig, members.get(resp.sig.ps_id, []), engine.cycles, plain)

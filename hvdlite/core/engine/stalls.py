@@ -148,7 +148,9 @@ class Watchdog:
             ending = ("these waits end the job with an error after %g s (stall_shutdown_time_seconds)"
                       % cfg.stall_shutdown_time_seconds if cfg.stall_shutdown_time_seconds > 0 else
                       "without HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S (hvdlite-run --stall-check-shutdown-time-seconds "
-                      "S) these ranks wait forever; set it to fail the stalled ops after S s instead")
+                      "S) these ranks wait until the missing ranks submit (only ranks out of step in a loop of unnamed "
+                      "collectives fail, after %g s: stall_check_time_seconds); set it to fail the stalled ops after "
+                      "S s instead" % period)
             logger.warning("One or more collectives have waited over %g s for other ranks. The missing "
                            "ranks have not submitted them (they may be stuck, have skipped the op, or "
                            "used a different name):\n%s\n%s; %s.", period, "\n".join(lines),

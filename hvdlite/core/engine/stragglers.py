@@ -32,7 +32,8 @@ _KEY = attrgetter("key")
 STEADY_AFTER_S = 0.5
 #: ... and only once it has this many of them.
 STEADY_OPS = 10
-#: Another rank is named after at least this many more ops (or a window): noise may name a rank before the real one.
+#: A rank is named when two exchanges in a row find it (one that alternates with another is noise, not a straggler),
+#: another rank after at least this many more ops (or a window): noise may name a rank before the real one.
 RENAME_OPS = 100
 #: The report's ranks: the this-many latest on average (every rank of a smaller job).
 TOP_RANKS = 8
@@ -61,6 +62,7 @@ class Stragglers:
         self._report = _report(np.array([(0.0, 0.0, 0.0, r) for r in range(min(size, TOP_RANKS))]), 0, 0, 0,
                                config.straggler_threshold_ms, size)
         self._named: Optional[int] = None  # the rank last named in the log
+        self._candidate: Optional[float] = None  # the last steady exchange's straggler: named only when it is again
         self._named_at = -1  # the ops exchanged when it was named (-1: never)
         self._due = False  # rank 0 asked for an exchange: the next cycle with agreed ops makes one
         self._met = math.inf  # when this rank's first round agreed ops (the ranks first met), on its clock
@@ -161,9 +163,10 @@ class Stragglers:
             return
         (mean, p95, share, worst), ops, stamps, rows, ranks = fresh
         named = worst if share >= 0.5 and mean * 1e3 > self.config.straggler_threshold_ms and self.size > 1 else None
+        again, self._candidate = named == self._candidate, named if ops >= STEADY_OPS else self._candidate
         if named is None and ops >= STEADY_OPS:
             self._named = None
-        elif named is not None and ops >= STEADY_OPS and named != self._named and (
+        elif named is not None and ops >= STEADY_OPS and again and named != self._named and (
                 self._named_at < 0 or self.ops - self._named_at >= min(self.config.straggler_window_ops, RENAME_OPS)):
             logger.warning("rank %d is the straggler: it submitted last in %.0f%% of the last %d ops, "
                            "%.1f ms after the first rank on average (p95 %.1f ms; straggler_threshold_ms=%g). "
