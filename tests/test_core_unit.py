@@ -317,8 +317,7 @@ def test_decides_a_burst_of_like_ops_in_rank_zeros_order(seed: int) -> None:
 def test_only_generated_names_are_single_use() -> None:
     """The response cache skips the names Names makes (each stands for one call); names that come back, the
     torch optimizer's made-up parameter names and broadcast_object's parts included, stay cacheable."""
-    from hvdlite.core.engine.cache import generated
-    from hvdlite.core.names import Names
+    from hvdlite.core.engine.names import Names, generated
     made = Names()
     assert all(generated(made.name(kind, None, ps))[1] >= 0 for kind, ps in
                (("allreduce", 0), ("allgather", 3), ("barrier", 0)))
@@ -630,7 +629,7 @@ def test_names_made_before_the_verdict_was_read_move_on_as_the_others() -> None:
     and a broadcast_object before its engine read the verdict that failed the others' allreduce.noname.4:
     the two allreduces become .5 and .6 (the others' next), the broadcast keeps its name, and the count goes
     on at .7. A rank that submitted the failed op, or had made no later name, only skips past it."""
-    from hvdlite.core.names import Names
+    from hvdlite.core.engine.names import Names
     last = Names()
     made = [last.name("allreduce", None) for _ in range(5)]
     last.give_back(made[-1])  # the refused call: .4 is free again

@@ -16,7 +16,7 @@ from .submission import layout_of, submit
 
 
 def _auto_name(kind: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
-    """The caller's name, or one generated per kind and process set, in call order (core/names.py)."""
+    """The caller's name, or one generated per kind and process set, in call order (engine/names.py)."""
     if type(name) is str:
         return name
     ps_id = 0 if process_set is None else (process_set.process_set_id or 0)

@@ -15,6 +15,7 @@ from .engine import mpi, polling
 from .fencing import Peer, fence, fence_elsewhere, this_process
 from .engine.autotune import require_library
 from .engine.loop import Engine
+from .engine.names import Names
 from .engine.psets import Registry
 from .engine.requests import Kind
 from .engine.timeline import Timeline
@@ -22,7 +23,6 @@ from .errors import NotInitializedError, ShutdownError
 from .launch_check import (OPENMPI_IALLREDUCE_VARIABLE, check_launch, check_launcher_before_init,
                            check_same_iallreduce, launched_by_open_mpi, openmpi_iallreduce)
 from .log import logger
-from .names import Names
 from .engine.planes import PlaneTable
 from .process_sets import ProcessSet, plan, refusals
 from .submission import submit

@@ -58,7 +58,7 @@ def submit(st: State, kind: Kind, name: Optional[str], ps_id: int, inputs: Seque
         st.engine.submit(req)
     except BaseException:
         if generated:
-            st.names.give_back(name, ps_id)  # a refused call consumes no generated name (core/names.py)
+            st.names.give_back(name, ps_id)  # a refused call consumes no generated name (engine/names.py)
         raise
     return req
 

@@ -90,7 +90,7 @@ def test_every_episode_then_thirty_unnamed_collectives(reinit: Callable[..., Non
         # the episode is over on every rank (the last rank's own error comes at once, the others' verdict
         # about 1.2 s later): a raw MPI barrier, not hvdlite's, whose engine may be what the episode ended.
         # The last rank then goes on the moment the others have their verdict, often before its own engine
-        # has read it: its next generated names must still be the others' (core/names.py, Names.learn)
+        # has read it: its next generated names must still be the others' (engine/names.py, Names.learn)
         MPI.COMM_WORLD.Barrier()
         hvd.init(**SETTINGS)
         check_in_step(episode.__name__)

@@ -6,9 +6,10 @@ from typing import Any, Optional, Sequence, cast
 
 import numpy as np
 
+from .names import generated
 from .requests import Response, Signature
 
-__all__ = ["PendingBits", "ResponseCache", "generated"]
+__all__ = ["PendingBits", "ResponseCache"]
 
 
 class ResponseCache:
@@ -145,15 +146,6 @@ class ResponseCache:
                 self.names[bit] = following = f"{stream[1]}.noname.{generated(self.names[bit] or '')[1] + 1}"
                 self.responses[bit] = Response(following, sig)
                 self.version += 1
-
-
-def generated(name: str) -> tuple[str, int]:
-    """A generated name's stream ("<kind>[.ps<id>]") and number, or ("", -1) for any other name (made by
-    core/names.py: each stands for one call, so the cache keeps its stream's next, never the name itself)."""
-    stream, marker, number = name.rpartition(".noname.")
-    if marker and stream and number.isascii() and number.isdigit():
-        return stream, int(number)
-    return "", -1
 
 
 class PendingBits:

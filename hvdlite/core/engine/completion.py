@@ -1,7 +1,7 @@
 """The engine's completing half: the pending table, agreed responses run in order, each request's result or error."""
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 from ..errors import HvdliteError, InvalidArgumentError, StallError, TensorMismatchError
 from ..log import logger
@@ -9,22 +9,11 @@ from . import mpi
 from .cache import PendingBits, ResponseCache
 from .execution import Executor
 from .fusion import Item, batches
+from .names import Names
 from .psets import Registry
 from .requests import Kind, Request, Response
 from .stalls import Stop
 from .timeline import Timeline
-
-
-class VerdictNames(Protocol):
-    """What the engine needs of the runtime's generated names (core/names.py's Names)."""
-
-    moving: bool  # whether moved() may rename a submission (the engine asks only then)
-
-    def learn(self, failed_name: str, ps_id: int, submitted_here: bool) -> None: ...
-
-    def give_back(self, name: str, ps_id: int) -> None: ...
-
-    def moved(self, name: str, ps_id: int) -> Optional[str]: ...
 
 
 class Completion:
@@ -33,7 +22,7 @@ class Completion:
     and ``finish`` frees the name, then completes the handle."""
 
     def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
-                 timeline: Timeline, names: Optional[VerdictNames], keep_times: bool) -> None:
+                 timeline: Timeline, names: Optional[Names], keep_times: bool) -> None:
         self.rank = rank
         self.comm = comm
         self.psets = psets

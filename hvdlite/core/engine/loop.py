@@ -19,9 +19,10 @@ from ..config import Config
 from ..errors import DuplicateNameError, HvdliteError, ProcessFailedError, ShutdownError, StallError
 from ..log import logger
 from . import mpi, negotiation, polling
-from .completion import Completion, VerdictNames
+from .completion import Completion
 from .execution import Executor
 from .mpi import MPIOps
+from .names import Names
 from .negotiation import (FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE,
                           uncached_flags)
 from .cache import ResponseCache
@@ -45,7 +46,7 @@ class Engine:
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, config: Config, timeline: Timeline,
                  process_sets: Registry, presence_comm: Any,
-                 names: Optional[VerdictNames] = None, planes: Any = None,
+                 names: Optional[Names] = None, planes: Any = None,
                  hosts: Optional[list[str]] = None,
                  fence: Optional[Callable[[list[int]], list[int]]] = None, scope: Optional[int] = None,
                  parent: Optional[Engine] = None) -> None:
@@ -246,9 +247,9 @@ class Engine:
         elif kind is Kind.REMOVE_PROCESS_SET and ps_id in self.set_engines:
             self.set_engines.pop(ps_id).stop(drain=True)  # the set's ops submitted before its removal run first
 
-    def _move_names(self, names: VerdictNames, new: list[Request]) -> None:
+    def _move_names(self, names: Names, new: list[Request]) -> None:
         """Rename the submissions that took a generated name before this rank read a stall verdict that
-        failed it (core/names.py, Names.learn), as the other ranks name the same ops. Under the lock."""
+        failed it (engine/names.py, Names.learn), as the other ranks name the same ops. Under the lock."""
         inflight = self.completion.inflight
         for req in new:
             ps_id = req.key[0]

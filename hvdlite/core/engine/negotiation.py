@@ -14,10 +14,10 @@ import numpy as np
 
 from . import polling
 from .callsite import grouped
-from .cache import generated
 from .chunks import start_allreduce
 from .messages import RankMessage, name_table
 from .mpi import counts_displacements
+from .names import generated
 from .requests import FIELD_LABELS, Kind, Request, Response, Signature, shared
 from .stalls import Stalled, Stop, shutdown_message, submitted_at
 

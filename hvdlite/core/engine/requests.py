@@ -136,7 +136,7 @@ class Request(Handle):
     __slots__ = ("sig", "key", "inputs", "outputs", "splits", "submitted", "cache_bit", "cache_version", "results",
                  "remaining", "site", "held", "again")
     held: Any  # set by core/submission.submit when asked: what the inputs view, kept alive with the handle
-    again: bool  # a generated name's: submitted at a line that made one of its kind before (core/names.py)
+    again: bool  # a generated name's: submitted at a line that made one of its kind before (engine/names.py)
 
     # Positional up to ``value``: the one submit calls it without keywords (keywords cost a dict per call).
     def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
