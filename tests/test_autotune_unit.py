@@ -64,11 +64,6 @@ def test_best_keeps_the_first_of_equal_scores() -> None:
     assert tuner.best() == (1, TEST_POINTS[0], 7.0)
 
 
-class FakeExecutor:
-    fusion_threshold_bytes = 0
-    chunk_bytes = 0
-
-
 def response(name: str, floats: int) -> Response:
     return Response(name, make_signature(Kind.ALLREDUCE, 0, Sum, 1.0, 1.0, 0, (("float32", (floats,)),)))
 
@@ -81,8 +76,7 @@ def test_samples_steps_scores_and_final_choice(tmp_path: Path, monkeypatch: pyte
                     autotune_steps_per_sample=3, autotune_bayes_opt_max_samples=4, **START)
     clock = [0.0]
     monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
-    executor = FakeExecutor()
-    tuner = Autotuner(config, 0, executor)
+    tuner = Autotuner(config, 0)
     names = [("a", 1000), ("b", 250)]  # 5000 bytes per step, in two cycles
     cycle, switches = 0, []
     for _ in range(200):
@@ -95,8 +89,6 @@ def test_samples_steps_scores_and_final_choice(tmp_path: Path, monkeypatch: pyte
             tuner.observe([response(name, floats)])
             clock[0] += 1.0 / (1.0 + synthetic_score(tuner.settings()) / 1e9)  # better settings: faster steps
     assert not tuner.active and tuner.final == config_settings(config) == tuner.settings()
-    assert (executor.fusion_threshold_bytes, executor.chunk_bytes) == (config.fusion_threshold_bytes,
-                                                                 config.allreduce_chunk_bytes)
     rows = list(csv.DictReader(log.open()))
     assert [r["phase"] for r in rows] == ["warmup", "sample", "sample", "sample", "sample", "final"]
     for r in rows[:-1]:
@@ -117,7 +109,7 @@ def config_settings(config: Config) -> dict[str, Any]:
 
 def test_other_ranks_only_adopt() -> None:
     config = Config(autotune=True, **START)
-    tuner = Autotuner(config, 1, FakeExecutor())
+    tuner = Autotuner(config, 1)
     assert not tuner.wants_round() and tuner.outgoing() is None
     tuner.observe([response("a", 10)])  # rank 1 never measures
     tuner.adopt({**TEST_POINTS[1], "final": True}, 7)
@@ -147,4 +139,4 @@ def test_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ImportError, match=r"pip install 'hvdlite\[autotune\]'"):
         autotune.require_library()
     with pytest.raises(ImportError, match="needs scikit-learn"):
-        Autotuner(Config(autotune=True), 0, FakeExecutor())
+        Autotuner(Config(autotune=True), 0)

@@ -50,7 +50,8 @@ def test_autotune_switches_every_rank_at_the_same_cycle(rank: int, size: int,
     hvd.barrier()
     engine = runtime.state().engine
     mine = {"history": tuner.history, "final": tuner.final, "settings": tuner.settings(),
-            "executor": (engine.executor.fusion_threshold_bytes, engine.executor.chunk_bytes), "seen": seen}
+            "executor": (engine.executor.config.fusion_threshold_bytes, engine.executor.config.allreduce_chunk_bytes),
+            "seen": seen}
     everyone = hvd.allgather_object(mine, name="at.views")
     assert all(view == everyone[0] for view in everyone), everyone
     final = tuner.final

@@ -135,10 +135,9 @@ class BayesTuner:
 class Autotuner:
     """The engine's side: every rank adopts agreed settings; rank 0 also measures steps and proposes."""
 
-    def __init__(self, config: Config, rank: int, executor: Any) -> None:
+    def __init__(self, config: Config, rank: int) -> None:
         self.config = config
         self.rank = rank
-        self.executor = executor
         self.active = bool(config.autotune)
         self.history: list[tuple[int, dict[str, Any]]] = []  # (cycle, settings) of every switch, every rank
         self.final: Optional[dict[str, Any]] = None
@@ -183,8 +182,6 @@ class Autotuner:
         values = {name: proposal[name] for name in TUNED}
         for name, value in values.items():
             setattr(self.config, name, value)
-        self.executor.fusion_threshold_bytes = values["fusion_threshold_bytes"]
-        self.executor.chunk_bytes = values["allreduce_chunk_bytes"]
         self.history.append((cycle, values))
         if proposal.get("final"):
             self.active = False

@@ -75,7 +75,7 @@ class Completion:
         self._run_work(work)
 
     def _run_work(self, work: list[tuple[Response, Optional[Request]]]) -> None:
-        for batch in batches(work, self.executor.fusion_threshold_bytes):
+        for batch in batches(work, self.executor.config.fusion_threshold_bytes):
             try:
                 results = self.executor.run(batch)  # (a failing data plane ends the job)
             except (HvdliteError, Stop):  # the job's end (a wedged wait included), not this batch's error

@@ -34,8 +34,7 @@ class Executor:
         self.ops = mpi_ops
         self.psets = psets
         self.comm_of = deterministic.comms(psets.comm, mpi_ops, config.deterministic)  # by process set id
-        self.fusion_threshold_bytes = config.fusion_threshold_bytes
-        self.chunk_bytes = config.allreduce_chunk_bytes
+        self.config = config  # its fusion_threshold_bytes and allreduce_chunk_bytes change with autotune
         self.timeline = timeline
         self.planes = planes  # this job's data planes (None: MPI only)
         self._fusion = np.empty(0, dtype=np.uint8)
@@ -89,7 +88,7 @@ class Executor:
             pre, post = 1.0, 1.0
         small: list[Item] = []
         small_bytes = 0
-        threshold, chunk = self.fusion_threshold_bytes, self.chunk_bytes
+        threshold, chunk = self.config.fusion_threshold_bytes, self.config.allreduce_chunk_bytes
         with self._chunks.batch():  # the batch's chunks travel back to back (engine/chunks.py)
             for item in items:
                 nbytes = item.src.nbytes
@@ -158,7 +157,7 @@ class Executor:
         """Start reducing ``dst`` (or ``src`` into it) in chunk_bytes pieces; engine/chunks.py completes them."""
         datatype = self.ops.datatypes[dtype]
         mpi_op = self.ops.op(dtype, op)
-        step = max(1, self.chunk_bytes // max(1, dst.itemsize))
+        step = max(1, self.config.allreduce_chunk_bytes // max(1, dst.itemsize))
         n = dst.shape[0]
         for start in range(0, n, step):
             piece = dst[start:start + step]
@@ -170,7 +169,7 @@ class Executor:
 
     def _fusion_buffer(self, nbytes: int) -> np.ndarray:
         if self._fusion.nbytes < nbytes:
-            self._fusion = np.empty(max(nbytes, self.fusion_threshold_bytes), dtype=np.uint8)
+            self._fusion = np.empty(max(nbytes, self.config.fusion_threshold_bytes), dtype=np.uint8)
         return self._fusion[:nbytes]
 
     def _reduce_small(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
@@ -227,13 +226,14 @@ class Executor:
         root = self._root(first.sig)
         is_root = comm.Get_rank() == root
         packed: list[Item] = []
+        threshold = self.config.fusion_threshold_bytes
         for item in items:
             if item.dst is None:
                 item.dst = aligned_empty(item.src.shape, item.src.dtype)
             if is_root and item.dst is not item.src:
                 np.copyto(item.dst, item.src)
             self.timeline.begin(item.resp.name, "MPI_BCAST")
-            if packable(item.dst.nbytes, self.fusion_threshold_bytes, self.chunk_bytes):
+            if packable(item.dst.nbytes, threshold, self.config.allreduce_chunk_bytes):
                 packed.append(item)
             elif item.dst.nbytes:
                 self.wait(comm.Ibcast([item.dst.reshape(-1).view(np.uint8), BYTE], root=root))
@@ -241,8 +241,7 @@ class Executor:
         while start < len(packed):  # pack up to the fusion threshold per Bcast
             group: list[Item] = []
             nbytes = 0
-            while start < len(packed) and not over_cap(len(group), nbytes, packed[start].dst.nbytes,
-                                                       self.fusion_threshold_bytes):
+            while start < len(packed) and not over_cap(len(group), nbytes, packed[start].dst.nbytes, threshold):
                 group.append(packed[start])
                 nbytes += packed[start].dst.nbytes
                 start += 1

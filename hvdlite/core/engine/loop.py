@@ -90,7 +90,7 @@ class Engine:
         self._idle_pause = 0.0
         # the last round that agreed ops (or this rank's first op after none pending); the last round's end
         self._agreed_at = self._round_end = time.monotonic()
-        self.observer = CycleObserver(config, self.rank, self.size, self.executor, timeline)
+        self.observer = CycleObserver(config, self.rank, self.size, mpi_ops, timeline)
         self.autotune, self.stragglers = self.observer.autotune, self.observer.stragglers  # (their readers')
         self.set_engines: dict[int, Engine] = {}  # this rank's partial sets' own engines, by set
         self.parent = parent  # a partial set's engine: the whole job's

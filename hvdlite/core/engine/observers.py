@@ -17,9 +17,9 @@ class CycleObserver:
     with the round's agreed flags, the settings a full round carries, and the agreed ops before and after they
     run. Each call is made by every rank in the same cycle (the agreement rule), so what it decides is agreed."""
 
-    def __init__(self, config: Config, rank: int, size: int, executor: Any, timeline: Timeline) -> None:
-        self.autotune = Autotuner(config, rank, executor)
-        self.stragglers = Stragglers(config, rank, size, executor.ops)
+    def __init__(self, config: Config, rank: int, size: int, mpi_ops: Any, timeline: Timeline) -> None:
+        self.autotune = Autotuner(config, rank)  # its settings are the config's, which every reader reads
+        self.stragglers = Stragglers(config, rank, size, mpi_ops)
         self.timeline = timeline
 
     def flags(self, now: float) -> int:
