@@ -159,8 +159,8 @@ def test_stall_shutdown_fails_the_stalled_op(reinit: Callable[..., None]) -> Non
 
 
 def test_an_idle_rank_backs_off_while_the_others_wait_for_it(reinit: Callable[..., None]) -> None:
-    """While the others wait 1.5 s for the last rank's op, that rank's idle engine backs off (up to 0.1 s)
-    instead of joining a round every 2 cycle times: about 20 rounds in all, not 400-600 that took the core
+    """While the others wait 1.5 s for the last rank's op, that rank's idle engine joins no round before its op
+    (a quarter of the stall-check period), instead of one every 2 cycle times: 400-600 rounds that took the core
     from a rank still computing on a crowded node. Its submission still ends the wait at once."""
     reinit(cycle_time_ms=1.0)
     hvd.barrier()

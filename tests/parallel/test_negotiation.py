@@ -38,15 +38,19 @@ def test_new_names_in_any_order_are_voted_through_without_gathering_any_table(re
 
 
 def test_unnamed_ops_of_a_loop_are_agreed_by_position(reinit: Callable[..., None]) -> None:
-    """A loop that averages its loss unnamed: after the first, each step's op is agreed on the bit-vector alone."""
+    """A loop that averages its loss unnamed, each rank computing 0-10 ms of its own before each op: after the
+    first, each step's op is agreed on the bit-vector alone, in exactly one round (an engine with nothing of its
+    own pending starts none before this rank's op: a round then agrees nothing and the op waits for the next)."""
     reinit()
     for step in range(3):
         same(hvd.allreduce(np.array([R + step], np.float64), op=hvd.Sum), np.array([N * step + TRI], np.float64))
     before = hvd.engine_stats()
     for step in range(40):
+        time.sleep(0.001 * ((7 * step + 3 * R) % 11))
         same(hvd.allreduce(np.array([R + step], np.float64), op=hvd.Sum), np.array([N * step + TRI], np.float64))
     delta = _delta(before, hvd.engine_stats())
     assert delta["full_cycles"] == 0 and delta["vote_bytes"] == 0, delta
+    assert delta["cycles"] == 40, delta
 
 
 def test_unnamed_ops_of_two_shapes_alternating_stay_exact(reinit: Callable[..., None]) -> None:

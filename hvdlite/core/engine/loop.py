@@ -36,8 +36,6 @@ from .timeline import Timeline, negotiate_activity
 
 #: Seconds a survivor waits for its failure detector to name the lost ranks before it fails the handles.
 LOST_RANKS_WAIT_S = 2.0
-#: The longest pause of an idle rank's engine while other ranks wait for ops (its own submission ends it).
-IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S = 0.1
 
 
 class Engine:
@@ -87,7 +85,6 @@ class Engine:
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
         self.busy_cycles = 0
-        self._idle_pause = 0.0
         # the last round that agreed ops (or this rank's first op after none pending); the last round's end
         self._agreed_at = self._round_end = time.monotonic()
         self.observer = CycleObserver(config, self.rank, self.size, mpi_ops, timeline)
@@ -216,10 +213,12 @@ class Engine:
         return ProcessFailedError(message, tuple(lost), hosts, seen_at)
 
     def _wait_for_work(self) -> bool:
-        """Sleep while there is nothing to do; return when a cycle should run. An idle rank waits for its own
-        submission (which ends the pause at once), doubling its pause from the cycle time up to
-        IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S while others are busy, ``idle_heartbeat_seconds`` while none is. With ops
-        pending and no round agreeing any (peers absent), it paces rounds by polling.stalled_pause."""
+        """Sleep while there is nothing to do; return when a cycle should run. With nothing of its own pending, a
+        round could agree nothing (every op waits for each member's submission) and would make the op this rank
+        submits next wait for one more: it waits for that submission (which ends the pause at once), a stop, or
+        ``idle_heartbeat_seconds``, at most a quarter of the stall-check period (the others' explaining rounds and
+        presence probes find it in a round by then). With ops pending and no round agreeing any (peers absent),
+        it paces rounds by polling.stalled_pause."""
         cycle_s = self.config.cycle_time_ms / 1000.0
         with self._cv:
             if self.completion.pending:  # left over: pace cycles so waiting for peers does not spin
@@ -228,13 +227,8 @@ class Engine:
                 if delay > 0:
                     self._sleep(delay)
                 return True
-            if self._queue or self._shutdown_requested:
-                return True
-            cap = self.config.idle_heartbeat_seconds
-            if self._job_busy:
-                cap = min(cap, IDLE_PAUSE_WHILE_JOB_BUSY_CAP_S)
-            self._idle_pause = min(cap, max(cycle_s, 1e-4, self._idle_pause * 2))
-            self._sleep(self._idle_pause)
+            if not (self._queue or self._shutdown_requested):
+                self._sleep(min(self.config.idle_heartbeat_seconds, max(cycle_s, self.watchdog.period / 4)))
         return True
 
     def _set_changed(self, kind: Kind, ps_id: int) -> None:
@@ -278,10 +272,8 @@ class Engine:
                 self._move_names(self.names, new)
         tracing = self.timeline.enabled
         pending, bits = self.completion.pending, self.completion.bits
-        if new:
-            self._idle_pause = 0.0  # this rank's own work: its next idle pause starts at the cycle time again
-            if not pending:  # its waits for peers count from here, not from the last op before an idle spell
-                self._agreed_at = self._last_cycle
+        if new and not pending:  # its waits for peers count from here, not from the last op before an idle spell
+            self._agreed_at = self._last_cycle
         pending.update([(req.key, req) for req in new])
         for req in new if tracing else ():
             self.timeline.begin(req.name, negotiate_activity(req.sig.kind, req.sig.op), kind=req.sig.kind.label)

@@ -125,14 +125,17 @@ class Watchdog:
                          f"at rank(s) {absent}.")
         return True  # everyone answered: they are busy, not gone
 
+    @property
+    def period(self) -> float:
+        """Seconds between stall checks while ops wait (at most the stall shutdown time, when one is set)."""
+        shutdown, check = self.config.stall_shutdown_time_seconds, self.config.stall_check_time_seconds
+        return min(check, shutdown) if shutdown > 0 else check
+
     def check_due(self, pending: Collection[Request]) -> bool:
         """Whether this cycle's round must be a full one to look for stalls (``pending``: this rank's)."""
-        cfg = self.config
-        if cfg.stall_check_disable or not pending:
+        if self.config.stall_check_disable or not pending:
             return False
-        shutdown, period = cfg.stall_shutdown_time_seconds, cfg.stall_check_time_seconds
-        period = min(period, shutdown) if shutdown > 0 else period
-        now = time.monotonic()
+        period, now = self.period, time.monotonic()
         return now - self.last_check >= period and now - min(req.submitted for req in pending) >= period
 
     def handle(self, stalled: list[Stalled]) -> list[Response]:
