@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Optional
 
-from . import log, runtime
+from . import api, log, runtime
 from .engine import mpi
 from .fencing import Peer, fence
 from . import errors
@@ -76,15 +76,8 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
         atexit.unregister(_finalize_at_exit)  # a recovered process ends MPI itself at exit (registered once)
         atexit.register(_finalize_at_exit, FINALIZE_TIMEOUT_S)
     _rebuild_process_sets(old.psets.sets, old_ranks, new)
-    # ULFM also declares failed a rank that only stopped answering (SIGSTOP, missed heartbeats): end it, so that
-    # it can neither come back into the job nor keep the launcher from ending. Only once every survivor has built
-    # every communicator: its death is news to Open MPI, which segfaults a survivor still creating one (2 of 20
-    # stops in the soak, when the fastest survivor fenced: docs/elastic.md, "A second rank lost during the shrink")
-    try:
-        new.world.Barrier()
-    except Exception as exc:  # noqa: BLE001 - a survivor lost at the very end: the next collective recovers
-        if not mpi.is_process_failure(exc):
-            raise
+    # end a stopped rank ULFM declared failed only once every survivor has built every communicator (its death,
+    api.barrier()  # news to Open MPI, segfaults one still building: docs/elastic.md, "A second rank lost ...")
     fence(lost, old.peers, "was declared failed but its process is still there",
           "so that it cannot hold the job's end or come back")
     hosts = ", ".join(old.hosts[r] for r in lost) or "-"
