@@ -274,7 +274,7 @@ def message(reqs, sites=None, **fields) -> RankMessage:
     (``sites``: name -> (file, line) where it was submitted)."""
     pending = []
     for name, s, age in reqs:
-        req = Request(name, s, (), ())
+        req = Request(name, s, (s.ps_id, name), (), ())
         req.submitted, req.site = -age, (sites or {}).get(name)
         pending.append(req)
     return RankMessage(pending, 0.0, **fields)

@@ -13,9 +13,8 @@ Methods (one JSON line each, after a machine line; times are the slowest rank's,
      settings: ``default`` (straggler attribution on, window 1000), ``stragglers_off`` (window 0; the default's
      ``straggler_overhead`` is default / stragglers_off) and ``deterministic`` (``deterministic_cost`` is
      deterministic / default).
-  callsite_check               what a submission of a known name adds (one dict lookup and an identity check
-                               that decide not to capture), in us per op; ``callsite_capture`` the capture on a miss
-                               (a stack 8 frames deep), and ``share_of_small_op`` against small_ops_default.
+  callsite_check               ``callsite_capture``: the capture when a name is first submitted (a stack 8 frames
+                               deep), in us; a known name's submission adds nothing (the line is its memo's).
   straggler_bookkeeping        the engine thread's straggler work measured on its own (min of repeats, so a loaded
                                machine disturbs it little): ``record_us_per_op`` per agreed op, ``adopt_ms`` per
                                window of 1000 ops, ``share_of_small_op`` against small_ops_stragglers_off.
@@ -293,20 +292,13 @@ def _instrumented(comm: Any, args: argparse.Namespace,
 
 
 def callsite_costs(small_op_us: float) -> dict:
-    """The added per-op work on the submit path, and a capture."""
+    """A capture, which a name's first submission makes (a known name's reuses its memo's line)."""
     from hvdlite.core.engine import callsite
-    hvd.allreduce(np.ones(4, np.float32), name="cached", op=hvd.Sum)
-    sig, known = callsite.known["cached"], callsite.known
-    n = 200_000
-    lookup_us = min(timeit.repeat(lambda: known.get("cached") is not sig, number=n, repeat=5)) / n * 1e6
-    empty_us = min(timeit.repeat(lambda: None, number=n, repeat=5)) / n * 1e6
 
     def deep(k: int) -> object:
         return callsite.capture(1) if k == 0 else deep(k - 1)
     capture_us = min(timeit.repeat(lambda: deep(8), number=20_000, repeat=5)) / 20_000 * 1e6
-    added = max(lookup_us - empty_us, 0.0)
-    return {"us_per_op": added, "callsite_capture_us": capture_us, "small_op_us": small_op_us,
-            "share_of_small_op": added / small_op_us}
+    return {"callsite_capture_us": capture_us, "small_op_us": small_op_us}
 
 
 def straggler_costs(size: int, small_op_us: float) -> dict:

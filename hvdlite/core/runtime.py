@@ -10,7 +10,6 @@ from typing import Any, Optional, Sequence
 from . import log
 from .abort import install_excepthook
 from .config import Config, mpi_ft_launched
-from .engine import callsite
 from .engine import mpi, polling
 from .fencing import Peer, fence, fence_elsewhere, this_process
 from .engine.autotune import require_library
@@ -61,7 +60,6 @@ class State:
         self.init_sets: Optional[list[ProcessSet]] = []
         self.memo: dict[Any, Any] = {}  # what submission.submit worked out per name (or per unnamed kind)
         self.generation = next(_GENERATIONS)  # frontends' per-tensor caches are valid for one generation
-        callsite.forget_all()
         self.timeline = Timeline()
         self.psets = Registry(self.engine_comm, self.rank, self.size)
         polling.share_cores(*core_sharing(self.local_size))

@@ -1,7 +1,7 @@
 """The one way a collective enters the engine: every Request is built here, its signature once per name."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -31,30 +31,26 @@ def submit(st: State, kind: Kind, name: Optional[str], ps_id: int, inputs: Seque
            finalize: Optional[Callable[[Any], Any]] = None, splits: Optional[np.ndarray] = None,
            generated: bool = False) -> Request:
     """Hand one request to ``st``'s engine and return it (the caller's handle): every collective of every
-    frontend. ``name`` None: a generated one; ``generated``: the caller generated ``name``. Checks and signature
-    are worked out once per name (per kind for generated names) and reused while the arguments compare equal.
-    ``inputs``: C-contiguous storage (or PlaneBuffers); an output None is made by the engine; ``value``: what
-    the handle returns, ``held``: what it keeps alive."""
+    frontend. ``name`` None: a generated one; ``generated``: the caller generated ``name``. Checks, signature and
+    the user's line are worked out once per name (per kind for generated names, whose line is each call's) and
+    reused while the arguments compare equal. ``inputs``: C-contiguous storage (or PlaneBuffers); an output None
+    is made by the engine; ``value``: what the handle returns, ``held``: what it keeps alive."""
     if name is None:
         name, generated = st.names.name(kind.label, None, ps_id), True
     try:
         plane = "" if type(inputs[0] if inputs else None) is not PlaneBuffer else plane_of(inputs, kind, name)
         memo = st.memo.get(kind if generated else name)
-        if memo is None or memo[0] != (kind, ps_id, op, prescale, postscale, root, layout, extra, plane):
+        if memo is None or memo.sig != (kind, ps_id, op, prescale, postscale, root, layout, extra, plane):
             memo = _remember(st, kind if generated else name, name, inputs, dtypes, layout, kind, ps_id, op, prescale,
                              postscale, root, extra, plane)
-        if splits is None and finalize is None:  # positional: a class called with keywords packs them into a dict
-            req = Request(name, memo[0], inputs, outputs, None if generated else memo[1], value)
+        if generated:  # a name used once: its line is this call's (engine/callsite.py)
+            site = callsite.capture()
+            req = Request(name, memo.sig, (ps_id, name), inputs, outputs, value, finalize, splits, site)
+            req.again = st.names.again(kind.label, ps_id, site)
         else:
-            req = Request(name, memo[0], inputs, outputs, None if generated else memo[1], value, splits=splits,
-                          finalize=finalize)
+            req = Request(name, memo.sig, memo.key, inputs, outputs, value, finalize, splits, memo.site)
         if held is not None:  # (a slot left unset otherwise)
             req.held = held
-        if generated:  # a name used once: its site travels with the request only (engine/callsite.py)
-            req.site = callsite.capture()
-            req.again = st.names.again(kind.label, ps_id, req.site)
-        elif callsite.known.get(name) is not memo[0]:  # a new name or signature: steady state skips the capture
-            req.site = callsite.note(name, memo[0], key=req.key)
         st.engine.submit(req)
     except BaseException:
         if generated:
@@ -63,10 +59,19 @@ def submit(st: State, kind: Kind, name: Optional[str], ps_id: int, inputs: Seque
     return req
 
 
+class Memo(NamedTuple):
+    """What the one submit worked out for one name (or one unnamed kind)."""
+
+    sig: Signature
+    key: tuple[int, str]  # (process set, name): the engine's tables' key
+    site: Optional[callsite.Site]  # the user's line that first submitted the name with this signature
+
+
 def _remember(st: State, key: Any, name: str, inputs: Sequence[Any], dtypes: Sequence[str],
               layout: tuple[Any, ...], kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: float,
-              postscale: float, root: int, extra: Any, plane: str) -> tuple[Signature, tuple[int, str]]:
-    """The checks a signature needs (errors name ``name``), done once, then its signature, kept under ``key``."""
+              postscale: float, root: int, extra: Any, plane: str) -> Memo:
+    """The checks a signature needs (errors name ``name``), done once, then its signature and the user's line,
+    kept under ``key``."""
     if len(inputs) > 1:
         plane = plane_of(inputs, kind, name)  # mixed planes: the error
     scaled = (prescale, postscale) != (1, 1)
@@ -79,5 +84,5 @@ def _remember(st: State, key: Any, name: str, inputs: Sequence[Any], dtypes: Seq
     sig = make_signature(kind, ps_id, op, prescale, postscale, root, layout, extra, plane)
     if len(st.memo) >= MEMO_LIMIT:
         st.memo.clear()
-    memo = st.memo[key] = (sig, (ps_id, name))
+    memo = st.memo[key] = Memo(sig, (ps_id, name), None if key is kind else callsite.capture(3))
     return memo

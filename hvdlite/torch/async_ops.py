@@ -68,7 +68,6 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start reducing ``tensor`` (left unmodified); synchronize() returns the reduced tensor."""
-    check_dtype(tensor, "allreduce_async")
     return _allreduce(tensor, name, resolve_op(op, average), prescale_factor, postscale_factor, process_set, False)
 
 
@@ -77,8 +76,8 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      process_set: ProcessSet = global_process_set, *,
                      accumulation: Optional[Accumulation] = None) -> Handle:
     """Start reducing ``tensor`` in place; synchronize() returns ``tensor``."""
-    reduce_op = resolve_op(op, average)  # (the argument's check is _allreduce's, off its fast path)
-    return _allreduce(tensor, name, reduce_op, prescale_factor, postscale_factor, process_set, True, accumulation)
+    return _allreduce(tensor, name, resolve_op(op, average), prescale_factor, postscale_factor, process_set, True,
+                      accumulation)
 
 
 def _allreduce(tensor: torch.Tensor, name: Optional[str], op: ReduceOp, prescale: float, postscale: float,
@@ -88,22 +87,18 @@ def _allreduce(tensor: torch.Tensor, name: Optional[str], op: ReduceOp, prescale
     keeps for it (out of place, into a result tensor made here); any other goes through to_host and the
     core's general path. Both end in the core's one submit, which works out what a name needs once."""
     if process_set is global_process_set and accumulation is None:
-        host = prepared(tensor)
+        host = prepared(tensor)  # (a tensor it knows was checked when first seen: the check is the other path's)
         if host is not None:
             inputs, dtypes, layout = host
+            full = None if name is None else f"allreduce.{name}"  # (_name, inline: it is the fast path)
             if inplace:
-                return submit_allreduce(_name("allreduce", name), inputs, dtypes, layout, inputs, op, prescale,
-                                        postscale, tensor)
+                return submit_allreduce(full, inputs, dtypes, layout, inputs, op, prescale, postscale, tensor)
             output = np.empty_like(inputs[0])
             result = torch.from_numpy(output)
             if result.dtype != tensor.dtype:  # bfloat16 (its bits travel as uint16)
                 result = from_host(output, tensor)
-            return submit_allreduce(_name("allreduce", name), inputs, dtypes, layout, (output,), op, prescale,
-                                    postscale, result, tensor)
-    if inplace:
-        # Checked here, not on entry: a tensor prepared() knows was checked when it was first seen, and the
-        # check costs 0.58 us, 3% of a warm 1,000-op burst's 17.8 ms (small_ops.py, quiet machine).
-        check_dtype(tensor, "allreduce_async_")
+            return submit_allreduce(full, inputs, dtypes, layout, (output,), op, prescale, postscale, result, tensor)
+    check_dtype(tensor, "allreduce_async_" if inplace else "allreduce_async")
     return _grouped_allreduce([tensor], name, op, prescale, postscale, process_set, inplace, accumulation,
                               "allreduce_" if inplace else "grouped_allreduce").first()
 

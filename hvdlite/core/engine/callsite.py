@@ -1,5 +1,5 @@
 """The user's line that submitted an op: captured when a name is first submitted (or with a new signature),
-never in steady state; shown in stall and mismatch errors."""
+never in steady state; shown in stall and mismatch errors. The one submit (core/submission.py) keeps it."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 #: (a gradient hook runs under torch.autograd, a Keras callback under keras' training loop).
 FRAMEWORK_PACKAGES = ("hvdlite", "torch", "tensorflow", "keras", "tf_keras", "lightning", "pytorch_lightning",
                       "lightning_fabric", "numpy", "mpi4py", "horovod")
-_REMEMBER_LIMIT = 1 << 16  # (process set, name) entries remembered; past it the table starts again
+_REMEMBER_LIMIT = 1 << 16  # code objects and texts remembered; past it the table starts again
 
 Site = tuple[str, int]  # (file name, line)
 
@@ -35,10 +35,6 @@ _PREFIXES = _internal_prefixes()
 _STDLIB = tuple(dict.fromkeys(os.path.join(os.path.realpath(sysconfig.get_paths()[key]), "")
                               for key in ("stdlib", "platstdlib")))
 _internal_code: dict[Any, bool] = {}  # code object -> whether its frames are skipped
-_remembered: dict[tuple[int, str], Site] = {}  # (process set, name) -> the site of its last captured submission
-_sites: dict[Site, Site] = {}  # each captured site, shared
-#: name -> the (interned) signature it was last captured with: the per-op test is one lookup and an identity check
-known: dict[str, Any] = {}
 
 
 def is_users(filename: str) -> bool:
@@ -67,28 +63,6 @@ def capture(depth: int = 2) -> Optional[Site]:
     return None
 
 
-def note(name: str, sig: Any, key: tuple[int, str]) -> Optional[Site]:
-    """A name submitted for the first time or with another signature (the caller checked ``known``): capture
-    its site and keep it for later errors about the same name (``key``: its (process set, name)), whose
-    submissions are not captured. Each line's site is one shared object."""
-    site = capture()
-    if len(_remembered) >= _REMEMBER_LIMIT:
-        _remembered.clear()
-        known.clear()
-        _sites.clear()
-    known[name] = sig
-    if site is not None:
-        site = _sites.setdefault(site, site)
-        _remembered[key] = site
-    return site
-
-
-def forget_all() -> None:
-    """A new init(): names start again."""
-    _remembered.clear()
-    known.clear()
-
-
 def show(site: Optional[Site], cwd: Optional[str] = None) -> str:
     """``file:line``, the file relative to the working directory (``cwd``, default the current one) when it
     lies below it."""
@@ -110,9 +84,9 @@ def site_table(requests: Iterable[Any]) -> tuple[list[int], list[str]]:
     texts_sent: list[str] = []
     index_of: dict[Site, int] = {}
     cwd = os.getcwd()
-    texts, remembered = _texts, _remembered
+    texts = _texts
     for req in requests:
-        site = req.site if req.site is not None else remembered.get(req.key)
+        site = req.site
         if site is None:
             indices.append(-1)
             continue
@@ -147,5 +121,4 @@ def grouped(values: dict[int, Any]) -> str:
                      for value, ranks in groups.items())
 
 
-__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "forget_all", "grouped", "known", "note", "show",
-           "site_table"]
+__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "grouped", "show", "site_table"]

@@ -90,12 +90,13 @@ class Completion:
                 if req is None:
                     continue
                 if req.sig.kind.multi_tensor and type(item) is Item:
-                    if req.remaining == 1 and req.results is None:  # one tensor: a list only if wait() reads it
-                        self.finish(req, [result] if req.reads_result() else None)
-                        continue
                     listed = req.results
                     if listed is None:
+                        if len(req.inputs) == 1:  # one tensor: a list only if wait() reads it
+                            self.finish(req, [result] if req.reads_result() else None)
+                            continue
                         listed = req.results = [None] * len(req.inputs)
+                        req.remaining = len(listed)
                     listed[item.index] = result
                     req.remaining -= 1
                     if req.remaining == 0:

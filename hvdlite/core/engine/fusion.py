@@ -71,6 +71,7 @@ def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold_byt
     keyed: dict[tuple[Any, ...], list[Any]] = {}
     filled: dict[tuple[Any, ...], int] = {}  # agreed bytes in each open batch of a capped kind
     order: list[list[Any]] = []
+    last_key, last = None, None  # the batch of the tensor before: most follow one of the same key (no hashing)
     for resp, req in work:
         keys = resp.batch_keys
         kind = resp.sig.kind
@@ -82,13 +83,17 @@ def batches(work: list[tuple[Response, Optional[Request]]], fusion_threshold_byt
             capped = kind is Kind.ALLGATHER or kind is Kind.REDUCESCATTER
             for index, key in enumerate(keys):
                 item = Item(resp, req, index)
-                nbytes = math.prod(item.shape) * storage_dtype(item.dtype).itemsize if capped else 0
-                batch = keyed.get(key)
-                if batch is None or (capped and over_cap(len(batch), filled[key], nbytes, fusion_threshold_bytes)):
+                batch = last if key is last_key else keyed.get(key)
+                if capped:
+                    nbytes = math.prod(item.shape) * storage_dtype(item.dtype).itemsize
+                    if batch is not None and over_cap(len(batch), filled[key], nbytes, fusion_threshold_bytes):
+                        batch = None
+                if batch is None:
                     batch = keyed[key] = []
                     filled[key] = 0
                     order.append(batch)
                 batch.append(item)
+                last_key, last = key, batch
                 if capped:
                     filled[key] += nbytes
         else:  # fusion off: a grouped op's tensors, one batch per key (a reduction's per dtype)

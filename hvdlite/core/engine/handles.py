@@ -27,15 +27,14 @@ class Handle:
     """
 
     __slots__ = ("name", "_waiters", "_done", "_result", "_error", "_finalize", "_value", "__weakref__")
-
-    def __init__(self, name: str, finalize: Optional[Callable[[Any], Any]] = None, value: Any = UNSET) -> None:
-        self.name = name
-        self._waiters: Optional[list[Any]] = None
-        self._done = False
-        self._result: Any = None
-        self._error: Optional[BaseException] = None
-        self._finalize = finalize
-        self._value: Any = value  # what wait() returns once the op succeeded (see returning()), else UNSET
+    # Set by the one kind of handle there is, engine/requests.py's Request (a request is its own handle).
+    name: str
+    _waiters: Optional[list[Any]]
+    _done: bool
+    _result: Any
+    _error: Optional[BaseException]
+    _finalize: Optional[Callable[[Any], Any]]
+    _value: Any  # what wait() returns once the op succeeded (see returning()), else UNSET
 
     def settle(self, result: Any = None, error: Optional[BaseException] = None) -> None:
         """Complete the handle with ``result``, or with ``error`` when one is given (once: later calls do nothing)."""

@@ -137,23 +137,30 @@ class Request(Handle):
                  "remaining", "site", "held", "again")
     held: Any  # set by core/submission.submit when asked: what the inputs view, kept alive with the handle
     again: bool  # a generated name's: submitted at a line that made one of its kind before (engine/names.py)
+    cache_bit: int  # set with cache_version when the engine takes the request (engine/cache.py PendingBits)
+    cache_version: int
+    remaining: int  # a request of several tensors: how many have no result yet (set with ``results``)
 
-    # Positional up to ``value``: the one submit calls it without keywords (keywords cost a dict per call).
-    def __init__(self, name: str, sig: Signature, inputs: Sequence[np.ndarray],
-                 outputs: Sequence[Optional[np.ndarray]], key: Optional[tuple[int, str]] = None, value: Any = UNSET,
-                 *, splits: Optional[np.ndarray] = None, finalize: Optional[Callable[[Any], Any]] = None) -> None:
-        Handle.__init__(self, name, finalize, value)  # ``value``: see Handle.returning()
+    # Positional: the one submit calls it without keywords (keywords cost a dict per call).
+    def __init__(self, name: str, sig: Signature, key: tuple[int, str], inputs: Sequence[np.ndarray],
+                 outputs: Sequence[Optional[np.ndarray]], value: Any = UNSET,
+                 finalize: Optional[Callable[[Any], Any]] = None, splits: Optional[np.ndarray] = None,
+                 site: Optional[tuple[str, int]] = None) -> None:
+        self.name = name  # Handle's fields: see Handle
+        self._waiters = None
+        self._done = False
+        self._result = None
+        self._error = None
+        self._finalize = finalize
+        self._value = value
         self.sig = sig
-        self.key = (sig.ps_id, name) if key is None else key  # the engine's tables' key: (process set, name)
+        self.key = key  # the engine's tables' key: (process set, name)
         self.inputs = inputs
         self.outputs = outputs
         self.splits = splits
         self.submitted = time.monotonic()
-        self.cache_bit = -1
-        self.cache_version = -1
         self.results: Optional[list[Any]] = None  # multi-tensor results, made when the first one arrives
-        self.remaining = len(inputs)
-        self.site: Optional[tuple[str, int]] = None  # the user's (file, line), captured on a response-cache miss only
+        self.site = site  # the user's (file, line): its name's first submission's, or a generated name's own
 
 
 class Response:
