@@ -40,8 +40,9 @@ def test_new_names_in_any_order_are_voted_through_without_gathering_any_table(re
 def test_unnamed_ops_of_a_loop_are_agreed_by_position(reinit: Callable[..., None]) -> None:
     """A loop that averages its loss unnamed, each rank computing 0-10 ms of its own before each op: after the
     first, each step's op is agreed on the bit-vector alone, in exactly one round (an engine with nothing of its
-    own pending starts none before this rank's op: a round then agrees nothing and the op waits for the next)."""
-    reinit()
+    own pending starts none before this rank's op: a round then agrees nothing and the op waits for the next).
+    A 30 s heartbeat: a rank descheduled past the default 1 s on a loaded machine would take a heartbeat round."""
+    reinit(idle_heartbeat_seconds=30.0)
     for step in range(3):
         same(hvd.allreduce(np.array([R + step], np.float64), op=hvd.Sum), np.array([N * step + TRI], np.float64))
     before = hvd.engine_stats()
