@@ -49,7 +49,7 @@ class Config:
     timeline_mark_cycles: bool = False
     log_level: str = "WARNING"  # TRACE, DEBUG, INFO, WARNING, ERROR or FATAL, any case (Horovod's)
     log_hide_time: bool = True
-    idle_heartbeat_seconds: float = 1.0  # longest pause between rounds while the whole job is idle
+    idle_heartbeat_seconds: float = 1.0  # longest pause of an engine with nothing pending (engine/loop.py)
     abort_on_error: bool = True
     gradient_overlap: str = "auto"  # on, off, or auto: overlap unless compute threads take every core
     elastic_commit_dir: str = ""  # "": /dev/shm when writable, else the temporary directory
