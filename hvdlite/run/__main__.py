@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from typing import Mapping, Optional, Sequence
 
 from ..core.launch import Config, environ, launcher_mismatch
 from .args import env_assignments, is_elastic, jsrun_refusal, no_effect_warnings, parse_args, tuning_environment
-from .commands import (Plan, build_command, child_environment, format_command, is_root, rank_wrapper,
-                       resolve_program, split_mpi_args, ssh_arguments)
+from .commands import (Plan, build_command, child_environment, format_command, rank_wrapper, resolve_program,
+                       ssh_arguments)
 from .hosts import HostSpecError, check_slots, parse_hostfile, parse_hosts, slurm_allocation, total_slots
 from .launchers import (MPICH, SRUN, Launcher, LaunchError, choose_srun_mpi, find_mpi_launcher,
                         find_srun, mpi_library, srun_plugins, srun_version)
@@ -74,11 +76,10 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
     sentinel = Config.setting("launch_sentinel", env) if sentinel is None else sentinel
     command = rank_wrapper(sentinel, args.output_filename, args.prefix_output_with_timestamp, sys.executable)
     plan = Plan(num_proc=num_proc, command=command + resolve_program(args.command, env), hosts=hosts,
-                extra_env=extra_env,
-                mpi_args=split_mpi_args(args.mpi_args), network_interfaces=list(args.nics or []),
-                srun_mpi=srun_mpi or "pmi2", in_slurm=allocation is not None, is_root=is_root(),
-                ssh_args=ssh_args,
-                binding_args=split_mpi_args(args.binding_args) if args.binding_args is not None else None)
+                extra_env=extra_env, mpi_args=shlex.split(args.mpi_args), network_interfaces=list(args.nics or []),
+                srun_mpi=srun_mpi or "pmi2", in_slurm=allocation is not None, ssh_args=ssh_args,
+                is_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+                binding_args=None if args.binding_args is None else shlex.split(args.binding_args))
     return launcher, plan, warnings
 
 

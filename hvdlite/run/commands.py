@@ -79,10 +79,6 @@ def resolve_program(command: Sequence[str], env: Mapping[str, str]) -> list[str]
     return [os.path.abspath(found), *command[1:]] if found else list(command)
 
 
-def split_mpi_args(text: str) -> list[str]:
-    return shlex.split(text) if text else []
-
-
 def child_environment(base: Mapping[str, str], plan: Plan, launcher: Launcher) -> dict[str, str]:
     """The launcher's environment: ours, plus -x values, tuning settings and Open MPI's root switches."""
     env = dict(base)
@@ -97,10 +93,13 @@ def child_environment(base: Mapping[str, str], plan: Plan, launcher: Launcher) -
 
 
 def build_command(launcher: Launcher, plan: Plan, env: Mapping[str, str]) -> list[str]:
-    """The full command line for ``launcher``; ``env`` is the child environment (for Open MPI's -x list)."""
+    """The full command line for ``launcher``: its own part, then ``--mpi-args``, then the program; ``env`` is the
+    child environment (for Open MPI's -x list)."""
     if launcher.kind == OPENMPI:
-        return openmpi_command(launcher.path, plan, env)
-    return {MPICH: mpich_command, SRUN: srun_command}[launcher.kind](launcher.path, plan)
+        cmd = openmpi_command(launcher.path, plan, env)
+    else:
+        cmd = {MPICH: mpich_command, SRUN: srun_command}[launcher.kind](launcher.path, plan)
+    return cmd + list(plan.mpi_args) + list(plan.command)
 
 
 def mpich_command(path: str, plan: Plan) -> list[str]:
@@ -126,8 +125,7 @@ def mpich_command(path: str, plan: Plan) -> list[str]:
         extra.setdefault("UCX_NET_DEVICES", ",".join(plan.network_interfaces))
     for name in sorted(extra):
         cmd += ["-genv", name, extra[name]]
-    cmd += list(plan.binding_args or [])
-    return cmd + list(plan.mpi_args) + list(plan.command)
+    return cmd + list(plan.binding_args or [])
 
 
 def openmpi_command(path: str, plan: Plan, env: Mapping[str, str]) -> list[str]:
@@ -158,7 +156,7 @@ def openmpi_command(path: str, plan: Plan, env: Mapping[str, str]) -> list[str]:
     names |= {name for name in env if name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_BY_DEFAULT}
     for name in sorted(names):
         cmd += ["-x", name]
-    return cmd + list(plan.mpi_args) + list(plan.command)
+    return cmd
 
 
 #: Where a system's Open MPI lives: its orted is on every host's default PATH, no --prefix needed to find it.
@@ -185,8 +183,7 @@ def srun_command(path: str, plan: Plan) -> list[str]:
     the ranks even when the job was submitted with --export=NONE.
     """
     cmd = [path, "-n", str(plan.num_proc), f"--mpi={plan.srun_mpi}", "--kill-on-bad-exit=1", "--export=ALL"]
-    cmd += list(plan.binding_args or [])
-    return cmd + list(plan.mpi_args) + list(plan.command)
+    return cmd + list(plan.binding_args or [])
 
 
 def format_command(cmd: Sequence[str], extra_env: Mapping[str, str]) -> str:
@@ -194,7 +191,3 @@ def format_command(cmd: Sequence[str], extra_env: Mapping[str, str]) -> str:
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra_env.items()))
     line = " ".join(shlex.quote(part) for part in cmd)
     return f"{prefix} {line}" if prefix else line
-
-
-def is_root() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0

@@ -80,7 +80,9 @@ def apply_config_file(args: argparse.Namespace, path: str) -> list[str]:
             if value is None or getattr(args, dest, None) is not None:
                 continue  # given on the command line: the command line wins
             if (section, key) in _INVERTED:
-                value = not _boolean(path, section, key, value)
+                if not isinstance(value, bool):
+                    raise ConfigFileError(f"--config-file {path}: {section}.{key} must be true or false, got {value!r}")
+                value = not value
             elif dest in _NUMBERS:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                     raise ConfigFileError(f"--config-file {path}: {section}.{key} must be a number >= 0, "
@@ -92,9 +94,3 @@ def apply_config_file(args: argparse.Namespace, path: str) -> list[str]:
                                           f"{', '.join(LOG_LEVELS)}, got {values[key]!r}")
             setattr(args, dest, value)
     return notes
-
-
-def _boolean(path: str, section: str, key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigFileError(f"--config-file {path}: {section}.{key} must be true or false, got {value!r}")
-    return value

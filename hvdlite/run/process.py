@@ -1,6 +1,7 @@
 """Run the launcher as a child, forward Ctrl-C/SIGTERM so every rank stops, and return the job's exit code."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -34,7 +35,8 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
     def forward(signum: int, _frame: Any) -> None:
         received.append((signum, time.monotonic()))
         if len(received) == 1:
-            _signal(proc, signal.SIGTERM if srun or signum == signal.SIGTERM else signal.SIGINT)
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM if srun or signum == signal.SIGTERM else signal.SIGINT)
         else:
             kill_group(proc.pid)
 
@@ -61,13 +63,6 @@ def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
 def stop_with(parent: int) -> Callable[[], None]:
     """A ``preexec_fn`` for a launcher started by ``parent``: SIGTERM it when ``parent`` dies."""
     return die_with_parent(signal.SIGTERM, parent)
-
-
-def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        proc.send_signal(sig)
-    except ProcessLookupError:
-        pass
 
 
 def kill_group(pgid: int) -> None:

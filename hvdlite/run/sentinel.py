@@ -72,10 +72,6 @@ def killed_message(who: str, pid: int, host: str, signum: int) -> str:
             f"; the launcher stops the other ranks because of it{hint}")
 
 
-def exited_message(who: str, pid: int, host: str, code: int) -> str:
-    return f"hvdlite-run: {who} (pid {pid} on host {host}) exited with code {code}"
-
-
 def die_with_parent(signum: int = signal.SIGKILL, parent: Optional[int] = None) -> Callable[[], None]:
     """A function for a (forked) child that asks Linux to send it ``signum`` when its parent dies
     (``PR_SET_PDEATHSIG``; nothing where prctl is unavailable) and, given the ``parent`` it was forked from,
@@ -238,7 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _write(killed_message(rank_label(), pid, host, -code))
         return 128 - code
     if code != 0:
-        _write(exited_message(rank_label(), pid, host, code))
+        _write(f"hvdlite-run: {rank_label()} (pid {pid} on host {host}) exited with code {code}")
     return code
 
 

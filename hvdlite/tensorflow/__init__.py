@@ -73,12 +73,9 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
         raise ValueError(f"{error}, or a TF1 tf.compat.v1.train.Optimizer. For a custom training loop use "
                          f"hvd.DistributedGradientTape instead.") from None
 
-    return _keras_distributed(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
-                              compression=compression, sparse_as_dense=sparse_as_dense,
-                              gradient_predivide_factor=gradient_predivide_factor, op=op,
-                              backward_passes_per_step=backward_passes_per_step,
-                              average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
-                              groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+    return _keras_distributed(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                              gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
+                              num_groups, groups, process_set, scale_local_gradients)  # (Keras' argument order)
 
 
 __all__ = [

@@ -73,9 +73,13 @@ class Combiner:
               skip: Callable[[], Any]) -> Any:
         """``apply(combined gradients, variables)``; with N > 1 only on every N-th call, ``skip()`` on the others."""
         combined = self.combine(grads, variables)
-        if self.settings["backward_passes_per_step"] == 1:
-            return apply(combined, variables)
-        return on_reduced_pass(self.counter, combined, lambda: apply(combined, variables), skip)
+        return self.on_reduced(combined, lambda: apply(combined, variables), skip)
+
+    def on_reduced(self, combined: list[Any], apply: Callable[[], Any], skip: Callable[[], Any]) -> Any:
+        """``apply()``, or with N > 1 :func:`on_reduced_pass` of gradients ``combine()`` returned."""
+        if self.counter is None:  # backward_passes_per_step == 1, or nothing combined yet
+            return apply()
+        return on_reduced_pass(self.counter, combined, apply, skip)
 
 
 def _state_variable(make: Callable[[], Any], name: str, graph_local: bool) -> tf.Variable:

@@ -52,9 +52,13 @@ class _KerasModel:
 
 
 class TensorFlowKerasState(ObjectState):
-    """A Keras model (weights), its optimizer (variables) and any other values, e.g. ``epoch=0, batch=0``."""
+    """A Keras model (weights), its optimizer (variables) and any other values, e.g. ``epoch=0, batch=0``; also
+    Horovod's ``hvd.elastic.KerasState`` (either Keras)."""
 
     def __init__(self, model: Any, optimizer: Optional[Any] = None, backend: Any = None, **kwargs: Any) -> None:
+        from .keras_families import model_family  # refuses a model and optimizer of different Keras
+
+        model_family(model, "KerasState", optimizer)
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         super().__init__(_keras=_KerasModel(model, self.optimizer), **kwargs)

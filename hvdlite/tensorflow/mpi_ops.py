@@ -10,6 +10,7 @@ so building a collective there raises :class:`XLANotSupportedError` instead of s
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -335,27 +336,20 @@ def barrier(process_set: ProcessSet = global_process_set) -> Optional[tf.Operati
     return None if tf.executing_eagerly() else out[0].op
 
 
-def _value_op(value: Callable[[], int], name: Optional[str]) -> tf.Tensor:
+def _value_op(value: Callable[[], int], name: Optional[str] = None) -> tf.Tensor:
     """An int32 scalar computed when the graph runs (a constant under XLA or eagerly)."""
     if tf.executing_eagerly() or _in_xla_context():
         return tf.constant(value(), dtype=tf.int32, name=name)
     return _set_shape(tf.numpy_function(lambda: np.int32(value()), [], tf.int32, stateful=True, name=name), [])
 
 
-def rank_op(name: Optional[str] = None) -> tf.Tensor:
-    return _value_op(core.rank, name)
-
-
-def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
-    return _value_op(core.local_rank, name)
+rank_op = functools.partial(_value_op, core.rank)  # rank_op(name=None), as Horovod's
+local_rank_op = functools.partial(_value_op, core.local_rank)
+local_size_op = functools.partial(_value_op, core.local_size)
 
 
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     return _value_op(lambda: len(process_set_ranks(int(process_set_id))), name)
-
-
-def local_size_op(name: Optional[str] = None) -> tf.Tensor:
-    return _value_op(core.local_size, name)
 
 
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:

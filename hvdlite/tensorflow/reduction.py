@@ -9,39 +9,24 @@ import tensorflow as tf
 from hvdlite.core import ProcessSet, global_process_set
 from hvdlite.core import Adasum, Average, ReduceOp, Sum, rank
 from hvdlite.core.frontend import (accumulation_of, check_gradient_options, check_sparse, check_sparse_compression,
-                                   gradient_scales, resolve_op, sparse_allgather_async)
+                                   gradient_scales, resolve_op)
 
 from .compression import Compression, Compressor
 from .errors import as_list, as_tensor, as_tensors
-from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather, run_collective
+from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_allgather
 
 
 def _sparse_allreduce(slices: list[tf.IndexedSlices], op: ReduceOp,
                       process_set: ProcessSet, name: Optional[str] = None) -> list[tf.IndexedSlices]:
-    """Reduce sparse tensors as Horovod does, by gathering every rank's (indices, values): duplicates add up
-    when applied. Eagerly this is the core's shared ``sparse_allgather_async`` (one handle per tensor, all in
-    flight together); in a graph it is a grouped allgather op, which also carries gradients. Average then
-    divides the gathered values by the set's size with TensorFlow's ``/``, in both modes, as Horovod does:
-    integer values become floats (float32 for 8- and 16-bit integers, float64 for 32- and 64-bit ones)."""
+    """Reduce sparse tensors as Horovod does, by gathering every rank's (indices, values) in one grouped allgather
+    op (eagerly or in a graph, with its gradient): duplicates add up when applied. Average then divides the
+    gathered values by the set's size with TensorFlow's ``/``, as Horovod does: integer values become floats
+    (float32 for 8- and 16-bit integers, float64 for 32- and 64-bit ones)."""
     check_sparse(op, name)
     k = len(slices)
-    if not tf.executing_eagerly():
-        gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices], name=name,
-                                     process_set=process_set)
-        pairs = list(zip(gathered[:k], gathered[k:]))
-    else:
-        def gather(*arrays: Any) -> list[Any]:
-            handles = [sparse_allgather_async(arrays[k + i], arrays[i], Sum,
-                                              name=None if name is None else f"{name}.{i}",
-                                              process_set=process_set,
-                                              values_dtype_hint="bfloat16" if s.values.dtype == tf.bfloat16 else None)
-                       for i, s in enumerate(slices)]
-            results = [h.wait() for h in handles]
-            return [r[1] for r in results] + [r[0] for r in results]
-
-        outs = run_collective("sparse_allreduce", gather, [s.values for s in slices] + [s.indices for s in slices],
-                              [s.values.dtype for s in slices] + [s.indices.dtype for s in slices])
-        pairs = list(zip(outs[:k], outs[k:]))
+    gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices], name=name,
+                                 process_set=process_set)
+    pairs = list(zip(gathered[:k], gathered[k:]))
     if op is Average:
         pairs = [(values / tf.cast(process_set.size(), values.dtype), indices) for values, indices in pairs]
     return [tf.IndexedSlices(values, indices, dense_shape=s.dense_shape) for s, (values, indices) in zip(slices, pairs)]

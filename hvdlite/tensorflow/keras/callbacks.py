@@ -182,14 +182,10 @@ class LearningRateScheduleCallback(AnyKerasCallback):
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         self.current_epoch = epoch
 
-    def _in_range(self) -> bool:
-        epoch = self.current_epoch or 0
-        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
-
     def on_train_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
-        if not self._in_range():
-            return
         epoch = self.current_epoch or 0
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
         if self.staircase:
             if batch == 0:
                 self._adjust_learning_rate(epoch)

@@ -1,24 +1,18 @@
 """hvdlite.tensorflow.keras.elastic (also hvdlite.keras.elastic): KerasState and the elastic Keras callbacks."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from hvdlite.core.elastic import HostsUpdatedInterrupt, ObjectState, State, run
 from hvdlite.tensorflow.elastic import TensorFlowKerasState
 
 from .callbacks import AnyKerasCallback
-from ..keras_families import model_family
 
 __all__ = ["run", "State", "ObjectState", "KerasState", "CommitStateCallback", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "HostsUpdatedInterrupt"]
 
 
-class KerasState(TensorFlowKerasState):
-    """Horovod's ``hvd.elastic.KerasState(model, optimizer=None, **kwargs)``."""
-
-    def __init__(self, model: Any, optimizer: Optional[Any] = None, **kwargs: Any) -> None:
-        model_family(model, "KerasState", optimizer)  # refuses a model and optimizer of different Keras
-        super().__init__(model, optimizer=optimizer, **kwargs)
+KerasState = TensorFlowKerasState  # Horovod's hvd.elastic.KerasState(model, optimizer=None, **kwargs)
 
 
 class CommitStateCallback(AnyKerasCallback):

@@ -20,9 +20,9 @@ import keras
 from hvdlite.core import Average, ProcessSet, global_process_set
 from hvdlite.core.frontend import logger, mixin_class
 
-from ..aggregation import Combiner, on_reduced_pass
+from ..aggregation import Combiner
 from ..compression import Compression
-from ..keras_families import KERAS2, KERAS3, Family, family_of, same_family, tf_keras_family
+from ..keras_families import KERAS2, KERAS3, family_of, same_family, tf_keras_family
 from ..mpi_ops import check_not_xla
 from ..reduction import gradient_settings
 
@@ -102,9 +102,7 @@ class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
             def plain() -> Any:
                 return super(Keras2DistributedOptimizerMixin, self).apply_gradients(  # type: ignore[misc]
                     pairs, name, *args, **kwargs)
-            if self._hvd.settings["backward_passes_per_step"] == 1:
-                return plain()
-            return on_reduced_pass(self._hvd.counter, [g for g, _ in pairs], plain, self._hvd_skip)
+            return self._hvd.on_reduced([g for g, _ in pairs], plain, self._hvd_skip)
         if not pairs or self._hvd_caller_aggregates(args, kwargs):
             return super().apply_gradients(pairs, name, *args, **kwargs)  # type: ignore[misc]
         check_not_xla("DistributedOptimizer.apply_gradients()")
@@ -120,20 +118,6 @@ class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
             return not (args[0] if args else kwargs.get("experimental_aggregate_gradients", True))
         return bool(args[0] if args else kwargs.get("skip_gradients_aggregation", False)) or \
             not kwargs.get("experimental_aggregate_gradients", True)
-
-
-def distributed_class(base: type, settings: dict, family: Family) -> type:
-    """The distributed subclass of optimizer class ``base`` (of Keras ``family``) with these hvdlite settings."""
-    mixin = Keras2DistributedOptimizerMixin if family is KERAS2 else Keras3DistributedOptimizerMixin
-    cls = mixin_class(mixin, base, _hvd_settings=dict(settings))
-    registered = keras.saving.get_registered_name(base)  # Keras 3's registry (a tf-keras class: its own name)
-    if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
-        try:
-            from keras.src.saving import object_registration
-            object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
-        except (ImportError, AttributeError):  # pragma: no cover - other Keras layouts: load with custom_objects
-            pass
-    return cls
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
@@ -161,10 +145,19 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
                        f"with it must be {family.name} too (TF_USE_LEGACY_KERAS=1 before TensorFlow's import makes "
                        f"tf.keras tf-keras; `import keras` is always Keras 3)")
     base = getattr(type(optimizer), "_hvd_base", type(optimizer))
+    mixin = Keras2DistributedOptimizerMixin if family is KERAS2 else Keras3DistributedOptimizerMixin
+    cls = mixin_class(mixin, base, _hvd_settings=dict(settings))
+    registered = keras.saving.get_registered_name(base)  # Keras 3's registry (a tf-keras class: its own name)
+    if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
+        try:
+            from keras.src.saving import object_registration
+            object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
+        except (ImportError, AttributeError):  # pragma: no cover - other Keras layouts: load with custom_objects
+            pass
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    return distributed_class(base, settings, family).from_config(config)  # type: ignore[attr-defined]
+    return cls.from_config(config)  # type: ignore[attr-defined]
 
 
 def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",

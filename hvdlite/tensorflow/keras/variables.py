@@ -19,14 +19,10 @@ from ..keras_families import FAMILIES, model_family
 _RNG_STATE_NAME = "seed_generator_state"
 
 
-def _is_rng_state(variable: Any) -> bool:
-    return getattr(variable, "name", "") == _RNG_STATE_NAME
-
-
 def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> list[Any]:
     """The model's variables, then its optimizer's (building the optimizer's state first if asked)."""
     family = model_family(model, "hvdlite (the model and its optimizer)")
-    variables = [v for v in model.variables if not _is_rng_state(v)]
+    variables = [v for v in model.variables if getattr(v, "name", "") != _RNG_STATE_NAME]
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
         if build_optimizer and model.built:
