@@ -154,6 +154,16 @@ def test_too_many_slots_is_refused() -> None:
     assert "asked for 5 processes (-np 5) but the hosts give only 4 slots" in proc.stderr
 
 
+def test_np_below_one_is_refused_inside_a_slurm_allocation_too() -> None:
+    """-np 0 inside an allocation went on to the launcher; it is refused there as everywhere else."""
+    from hvdlite.run.__main__ import plan_launch
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}
+    with pytest.raises(HostSpecError, match="-np must be at least 1, got 0"):
+        plan_launch(parse_args(["--launcher", "mpich", "-np", "0", "python", "x.py"]), env)
+    with pytest.raises(HostSpecError, match=r"asked for 5 processes \(-np 5\) but Slurm job 7 has only 4 tasks"):
+        plan_launch(parse_args(["--launcher", "mpich", "-np", "5", "python", "x.py"]), env)
+
+
 def test_no_launcher_found(tmp_path: Path) -> None:
     """With no mpiexec/mpirun next to Python or on PATH, hvdlite-run says so and how to fix it."""
     python = make_child_venv(tmp_path / "venv")

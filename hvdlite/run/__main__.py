@@ -52,15 +52,14 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
             num_proc = allocation.tasks
         else:
             raise HostSpecError("give the number of processes: hvdlite-run -np N ... (or -H host:slots)")
+    if num_proc < 1:
+        raise HostSpecError(f"-np must be at least 1, got {num_proc}")
     if hosts is not None:
         check_slots(num_proc, hosts)
-    elif allocation is not None and allocation.tasks and launcher.kind in (SRUN, MPICH):
-        if num_proc > allocation.tasks:
-            raise HostSpecError(f"asked for {num_proc} processes (-np {num_proc}) but Slurm job "
-                                f"{allocation.job_id} has only {allocation.tasks} tasks; ask sbatch/salloc for "
-                                f"more (-N nodes --ntasks-per-node=K) or lower -np")
-    elif num_proc < 1:
-        raise HostSpecError(f"-np must be at least 1, got {num_proc}")
+    elif allocation and allocation.tasks and launcher.kind in (SRUN, MPICH) and num_proc > allocation.tasks:
+        raise HostSpecError(f"asked for {num_proc} processes (-np {num_proc}) but Slurm job {allocation.job_id} "
+                            f"has only {allocation.tasks} tasks; ask sbatch/salloc for more (-N nodes "
+                            f"--ntasks-per-node=K) or lower -np")
 
     extra_env = env_assignments(args.env, dict(env))
     extra_env.update(tuning_environment(args))

@@ -92,8 +92,6 @@ def total_slots(hosts: Sequence[Host]) -> int:
 
 def check_slots(num_proc: int, hosts: Sequence[Host]) -> None:
     """Refuse a process count larger than the hosts' slots."""
-    if num_proc < 1:
-        raise HostSpecError(f"-np must be at least 1, got {num_proc}")
     available = total_slots(hosts)
     if num_proc > available:
         listing = ",".join(str(h) for h in hosts)

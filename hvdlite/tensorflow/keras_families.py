@@ -51,9 +51,6 @@ class Family:
         """SGD's momentum buffers (empty if it has none yet)."""
         return [v for v in getattr(optimizer, "momentums", None) or [] if v is not None]
 
-    def variable_key(self, variable: Any) -> str:
-        return variable.path
-
     def load_model(self, filepath: Any, custom_objects: dict, legacy_opts: bool) -> Any:
         return keras.models.load_model(filepath, custom_objects=custom_objects)
 
@@ -97,9 +94,6 @@ class _TfKeras(Family):
         if not self.is_legacy(optimizer):
             return super().velocities(optimizer)
         return [slots["momentum"] for slots in getattr(optimizer, "_slots", {}).values() if "momentum" in slots]
-
-    def variable_key(self, variable: Any) -> str:
-        return variable.name
 
     def load_model(self, filepath: Any, custom_objects: dict, legacy_opts: bool) -> Any:
         k = self.module()

@@ -47,7 +47,7 @@ def broadcast_global_variables(root_rank: int) -> None:
         models = sorted((o for o in gc.get_objects() if isinstance(o, model_classes)), key=lambda m: m.name)
         for model in models:
             for v in model_and_optimizer_variables(model):
-                found.setdefault(id(v), (v, family.variable_key(v)))
+                found.setdefault(id(v), (v, getattr(v, "path", None) or v.name))  # Keras 3: path; tf-keras: name
     variables = [v for v, _ in found.values()]
     signature = [(key, tuple(v.shape), str(v.dtype)) for v, key in found.values()]
     everyone = core.allgather_object(signature)
