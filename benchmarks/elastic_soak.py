@@ -144,7 +144,7 @@ def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs:
             "recovery_s": _spread(recovery), "regrowth_s": _spread(regrowth),
             "steps_lost": {"total": sum(lost), "max": max(lost, default=0), "rollbacks": len(lost)},
             "final_step": steps[-1][0] if steps else 0, "steps_per_s": (steps[-1][0] / span) if span else None,
-            "wall_s": wall_s, "restarts": out.count("elastic: starting ") - 1,
+            "wall_s": wall_s, "restarts": out.count("elastic: starting ") - 1, "standby": out.count("ago takes over"),
             "epochs_exact": exact, "padded_samples": sum(e["samples"] - samples for e in epochs_seen),
             "epochs_trained": len(epochs_seen), "final_ranks": len(finals), "weights_identical": len(shas) == 1,
             "accuracy": report["accuracy"], "test_accuracy": report.get("test_accuracy"),
@@ -153,11 +153,11 @@ def analyse(lines: list[str], injected: list[dict[str, Any]], code: int, epochs:
                 {**f, "recovery_s": r, "regrowth_s": g} for f, r, g in zip(injected, recovery, regrowth)]}
 
 
-#: A regrowth's phases (medians from the kill), each the count-th line with its text after the phase before: slots
-#: listed again, the old job ended (its ranks left), the new one started, its 4 ranks past MPI_Init, joined, resumed.
+#: A regrowth's phases (medians from the kill), each the count-th line with its text after the phase before: generation
+#: raised (slots listed, the standby waiting), old job ended (its ranks left), new job started (or standby took over)...
 REGROWTH_PHASES = (("hosts_changed", "elastic: hosts changed", 1), ("old_job_ended", "left to resize", 1),
-                   ("new_job_started", "elastic: starting ", 1), ("ranks_started", "start orig=", 4),
-                   ("all_joined", " joined from host ", 4), ("resumed", "resumed from commit", 1))
+                   ("new_job_started", "elastic: starting ", 1), ("all_joined", " joined from host ", 4),
+                   ("resumed", "resumed from commit", 1))
 
 
 def _regrowth_phases(lines: list[str], times: list[float], injected: list[dict[str, Any]]) -> dict[str, Any]:

@@ -3,13 +3,16 @@ messages signed with the job's secret count; a rank's link signs with the secret
 from __future__ import annotations
 
 import json
+import os
 import socket
+import threading
 
 import pytest
 
 from cluster.elastic import wait_until
 from hvdlite.core.elastic.link import DriverLink
-from hvdlite.core.elastic_wire import DRIVER_VARIABLE, SECRET_VARIABLE, signature
+from hvdlite.core.elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
+                                       STANDBY_VARIABLE, signature)
 from hvdlite.run.elastic.server import DriverServer, bind_address, new_secret
 
 
@@ -63,7 +66,7 @@ def test_only_messages_signed_with_the_job_secret_count(server: DriverServer,
     refusals = [m for m in server.logged if m.startswith("refused a connection from 127.0.0.1:")]
     assert len(refusals) == 5 and "not signed with this job's secret" in refusals[0], server.logged
     assert all(secret not in line for line in server.logged)
-    assert server.snapshot() == [] and server.first_lost() is None  # nothing registered, nothing lost
+    assert server.snapshot() == []  # nothing registered, nothing lost
     # a rank with the secret (as the driver starts it): registered, its report counts
     monkeypatch.setenv(DRIVER_VARIABLE, f"127.0.0.1:{server.port}")
     monkeypatch.setenv(SECRET_VARIABLE, secret)
@@ -116,3 +119,39 @@ def test_the_stall_verdict_asks_the_driver_to_end_silent_ranks_of_other_hosts_on
     for link in links:
         link.close()
     fence_elsewhere([2], peers, "answered no probes")  # no driver link left: nothing to ask, nothing raised
+
+
+def test_a_standby_jobs_ranks_wait_for_the_handover_then_join_as_the_new_jobs(
+        server: DriverServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby job's rank (HVDLITE_ELASTIC_STANDBY) waits in connect, counted but not joined, until the driver
+    hands the run over (release): it then joins as a rank of that job, with its restart count and generation; a
+    waiting rank whose connection closes is no longer counted."""
+    monkeypatch.setenv(DRIVER_VARIABLE, f"127.0.0.1:{server.port}")
+    monkeypatch.setenv(SECRET_VARIABLE, server._secret)
+    for name, value in ((STANDBY_VARIABLE, "1"), (RESTART_VARIABLE, "1"), (GENERATION_VARIABLE, "0")):
+        monkeypatch.setenv(name, value)
+    links: list[DriverLink] = []
+
+    def connect() -> None:
+        link = DriverLink()
+        link.connect(rank=0, size=2)
+        links.append(link)
+
+    waiting = threading.Thread(target=connect, daemon=True)
+    waiting.start()
+    sock, nonce = raw_client(server)  # another standby rank, which dies while it waits
+    message = {"op": "standby", "rank": 1, "size": 2, "seq": 1}
+    sock.sendall((json.dumps(dict(message, mac=signature(server._secret, nonce, message))) + "\n").encode())
+    wait_until(lambda: server.standing_by() == 2, "both standby ranks wait")
+    sock.close()
+    wait_until(lambda: server.standing_by() == 1, "the closed one no longer counted")
+    waiting.join(0.5)
+    assert waiting.is_alive() and server.snapshot() == [] and not links  # waiting, not joined
+    server.new_attempt(3)
+    server.bump_generation()
+    server.release(3)
+    waiting.join(10)
+    assert [link.generation for link in links] == [1] and os.environ[RESTART_VARIABLE] == "3"
+    assert STANDBY_VARIABLE not in os.environ and server.standing_by() == 0
+    wait_until(lambda: [(r.rank, r.attempt) for r in server.snapshot()] == [(0, 3)], "joined as reset 3's rank 0")
+    links[0].close()

@@ -3,6 +3,7 @@ backward's allreduces, inside a commit), the survivors go on in the same process
 an uninterrupted run from the same commit."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -308,3 +309,63 @@ def test_ranks_lost_before_elastic_run_are_lost_ranks_not_a_finished_job(ompi_py
     assert sorted(finals) == [0, 1] and len({f["sha"] for f in finals.values()}) == 1, out
     assert [f["size"] for f in finals.values()] == [2, 2] and len({f["steps"] for f in finals.values()}) == 1, \
         (finals, out)
+
+
+@pytest.mark.timeout(600)
+def test_the_regrowth_after_a_loss_takes_the_standby_job(ompi_python: str, tmp_path: Path, nproc: int) -> None:
+    """-np N --min-np N-1 --max-np N with a discovery script that keeps listing N slots: rank N-1 dies between steps,
+    the survivors recover in-process at N-1, and the driver starts a standby job of N ranks (they start the program
+    and wait at hvd.elastic.run), raising the generation only once they all wait. The survivors commit and leave at
+    their next commit; the standby's ranks take over (no fresh start: their processes began before the handover),
+    resume from that commit with the reset callbacks at size N, and the job finishes at N ranks: every epoch saw each
+    sample once, and the final weights are identical on every rank."""
+    script, stop = tmp_path / "discover.sh", tmp_path / "stop"
+    script.write_text(f"#!/bin/sh\necho localhost:{nproc}\n")
+    script.chmod(0o755)
+    samples = 96
+    job = ElasticRun([ompi_python, "-m", "hvdlite.run", "-np", str(nproc), "--min-np", str(nproc - 1), "--max-np",
+                      str(nproc), "--host-discovery-script", str(script), ompi_python, str(WORKERS / WORKER), "--soak",
+                      "--epochs", "1000", "--samples", str(samples), "--sleep", "0.02", "--stop-file", str(stop),
+                      "--die", f"{nproc - 1}:idle:6"], env={**base_env(), **ROOT_ENV})
+    job.wait_for(rf"elastic: starting {nproc} ranks on localhost:{nproc} \(reset 2\): the standby job started "
+                 r"[\d.]+ s ago takes over", timeout=400)
+    handover = len(job.lines)
+    job.wait_for(rf"^step n=\d+ size={nproc} ", timeout=120, start=handover)  # trained at full size again
+    stop.touch()
+    code = job.finish(timeout=120)
+    out = job.output
+    assert code == 0 and f"job finished on {nproc} ranks after 2 reset(s)" in out, out
+    assert re.search(rf"standby: started {nproc} ranks on localhost:{nproc} for the next regrowth", out), out
+    assert len(re.findall(r"elastic: starting \d+ ranks on", out)) == 2, out  # the first job and the handover only
+    assert re.search(rf"recovered from the loss of rank\(s\) \[{nproc - 1}\] .*: {nproc - 1} ranks now", out), out
+    finals = [m.groupdict() for m in re.finditer(r"^final orig=\d+ rank=(?P<rank>\d+) size=(?P<size>\d+) "
+                                                 r"pid=(?P<pid>\d+) .*sha=(?P<sha>\w+)", out, re.MULTILINE)]
+    assert sorted(int(f["rank"]) for f in finals) == list(range(nproc)), out
+    assert {f["size"] for f in finals} == {str(nproc)} and len({f["sha"] for f in finals}) == 1, out
+    started = {m.group(1): i for i, line in enumerate(job.lines) if (m := re.match(r"start orig=\d+ pid=(\d+)", line))}
+    assert all(started[f["pid"]] < handover for f in finals), out  # the standby's processes, started before it
+    report = json.loads(next(line for line in reversed(job.lines) if line.startswith('{"final"')))["final"]
+    assert report["epochs"] and all(e["unique"] == samples and 0 <= e["samples"] - samples < 2 * nproc
+                                    for e in report["epochs"]), (report["epochs"], out)  # (padding: each reshard's)
+
+
+@pytest.mark.timeout(400)
+def test_a_rank_lost_in_the_first_sync_is_recovered_in_process(ompi_python: str, tmp_path: Path) -> None:
+    """hvdlite-run -np 3: rank 0 dies inside hvd.elastic.run's first State.sync() (taking the snapshot it was to
+    broadcast), the others waiting for that broadcast. The survivors recover in their processes (the job is not
+    restarted), sync again from the new rank 0, run the reset callbacks at size 2, and finish with the weights of
+    an uninterrupted 2-rank run."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    proc = run([ompi_python, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", ompi_python, str(WORKERS / WORKER),
+                *TRAINING, "--die", "0:sync:-1"], timeout=300, env={**base_env(), REPORT_DIR_VARIABLE: str(reports)})
+    out = proc.stdout + proc.stderr
+    assert "dying orig=0 where=sync" in out, out
+    assert proc.returncode == 0 and "job finished on 2 ranks after 1 reset(s)" in out, out
+    assert len(re.findall(r"starting \d+ ranks on", out)) == 1, out  # never restarted
+    starts, finals = _reports(reports, "start"), _reports(reports, "final")
+    assert sorted(finals) == [1, 2] and all(final["pid"] == starts[orig]["pid"] for orig, final in finals.items()), out
+    assert {f["size"] for f in finals.values()} == {2} and len({f["sha"] for f in finals.values()}) == 1, out
+    reference = run_mpi(WORKER, 2, TRAINING, timeout=300, report_dir=tmp_path / "reference")
+    assert {f["sha"] for f in _reports(tmp_path / "reference", "final").values()} == \
+        {f["sha"] for f in finals.values()}, (out, reference.stdout)

@@ -16,9 +16,8 @@ from hvdlite.core.elastic import ElasticShards
 from hvdlite.core.launch import remover_command
 from hvdlite.run.args import is_elastic, parse_args
 from hvdlite.run.elastic.cleanup import CommitRemover, remove_leftover_shm, shm_files
-from hvdlite.run.elastic.discovery import (REPEATED_FAILURES, Blacklist, DiscoveryError, describe_failure,
+from hvdlite.run.elastic.discovery import (REPEATED_FAILURES, Blacklist, DiscoveryError, describe_failure, hopeless,
                                           parse_discovered)
-from hvdlite.run.elastic.outcome import hopeless
 from hvdlite.run.elastic.driver import ElasticDriver
 from hvdlite.run.elastic.server import DriverServer
 from hvdlite.run.hosts import Host

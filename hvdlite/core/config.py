@@ -17,7 +17,7 @@ _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 #: Variables that hvdlite itself sets for its children (the launcher); not knobs, never warned about.
 _INTERNAL_VARIABLES = {"HVDLITE_LAUNCHED_BY", "HVDLITE_RUN_FUNC_KEY", "HVDLITE_ELASTIC_DRIVER",
                        "HVDLITE_ELASTIC_JOB", "HVDLITE_ELASTIC_RESTART", "HVDLITE_ELASTIC_GENERATION",
-                       "HVDLITE_ELASTIC_SECRET", "HVDLITE_ELASTIC_MIN_NP"}
+                       "HVDLITE_ELASTIC_SECRET", "HVDLITE_ELASTIC_MIN_NP", "HVDLITE_ELASTIC_STANDBY"}
 
 #: Former settings, and what a user who sets one is told: an init() keyword raises TypeError with it, a
 #: variable is ignored with a warning (HOROVOD_GPU_<OP> is Horovod's build-time choice; it is often left set).

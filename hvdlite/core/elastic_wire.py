@@ -25,6 +25,7 @@ GENERATION_VARIABLE = "HVDLITE_ELASTIC_GENERATION"
 SECRET_VARIABLE = "HVDLITE_ELASTIC_SECRET"
 #: hvdlite-run's --min-np: survivors of an in-process recovery fewer than it leave instead of training on.
 MIN_NP_VARIABLE = "HVDLITE_ELASTIC_MIN_NP"
+STANDBY_VARIABLE = "HVDLITE_ELASTIC_STANDBY"  # a standby job's ranks: they wait until the driver hands the run over
 
 
 def signature(secret: str, nonce: str, message: dict[str, Any]) -> str:

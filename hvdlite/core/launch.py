@@ -11,7 +11,7 @@ from .config import Config, environ, getenv
 from .engine.mpi import probe_library as probe_mpi_library
 from .engine.mpi import ulfm_library as probe_ulfm
 from .elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
-                           SECRET_VARIABLE, job_dir, remove_job, remover_command, signature)
+                           SECRET_VARIABLE, STANDBY_VARIABLE, job_dir, remove_job, remover_command, signature)
 from .errors import LaunchError
 from .fencing import fence_command, kill_if_same
 from .launch_check import int_or_none, launcher_mismatch, launcher_rank, library_family
@@ -21,5 +21,5 @@ __all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "libra
            "probe_mpi_library", "probe_ulfm", "logger", "LOG_LEVELS",
            "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
            "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
-           "SECRET_VARIABLE", "MIN_NP_VARIABLE", "signature", "remove_job", "job_dir", "remover_command",
-           "fence_command", "kill_if_same"]
+           "SECRET_VARIABLE", "MIN_NP_VARIABLE", "STANDBY_VARIABLE", "signature", "remove_job", "job_dir",
+           "remover_command", "fence_command", "kill_if_same"]

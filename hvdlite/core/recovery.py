@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import sys
@@ -23,14 +24,10 @@ FINALIZE_TIMEOUT_S = 60.0
 
 @dataclasses.dataclass(frozen=True)
 class Recovery:
-    """What one recovery did: the lost ranks (of the job before it) and their processes, the size after it,
-    and this process's rank before and after it."""
+    """What one recovery did: the processes of the lost ranks, and the size after it."""
 
-    lost_ranks: tuple[int, ...]
     lost_peers: tuple[Peer, ...]
     new_size: int
-    old_rank: int
-    new_rank: int
 
 
 def lost_rank(exc: BaseException) -> Optional[ProcessFailedError]:
@@ -47,9 +44,8 @@ def can_recover(error: BaseException) -> bool:
 
 
 def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
-    """Collective over the survivors after their collectives failed with ``error``: shrink the job's
-    communicator and build a new State on the survivors (topology, engine, names, data planes), then register
-    the process sets again on their surviving members; a set that lost every member is unregistered."""
+    """Collective over the survivors after their collectives failed with ``error``: shrink the job's communicator,
+    build a new State on them, and register the process sets again on their surviving members (or unregister)."""
     started = time.monotonic()
     with runtime._lock:
         old = runtime.state()
@@ -84,7 +80,7 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
     logger.warning("recovered from the loss of rank(s) %s (host(s) %s) in %.3f s: %d ranks now; this rank was "
                    "%d, is %d (the failure was seen here at t=%.6f)", list(lost), hosts, time.monotonic() - started,
                    new.size, old.rank, new.rank, error.seen_at if error is not None else 0.0)
-    return Recovery(lost, tuple(old.peers[r] for r in lost), new.size, old.rank, new.rank)
+    return Recovery(tuple(old.peers[r] for r in lost), new.size)
 
 
 def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], state: "runtime.State") -> None:
@@ -113,9 +109,7 @@ def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], sta
 
 def _finalize_at_exit(timeout_s: float) -> None:
     """At the exit of a process that recovered: shut down and end MPI within ``timeout_s``, else exit without
-    MPI_Finalize (status 1 after an uncaught exception). Open MPI 5.0's MPI_Finalize ends with a PMIx fence over
-    every process the job started, the dead included, which sometimes never completed here (hvdlite-run's
-    in-process mode passes ``--mca async_mpi_finalize true``, which skips it)."""
+    MPI_Finalize (status 1 after an uncaught exception): Open MPI 5.0's closing PMIx fence waits for the dead too."""
     try:
         runtime.shutdown()
     except Exception:  # noqa: BLE001 - never keep the process from ending
@@ -130,10 +124,8 @@ def _finalize_at_exit(timeout_s: float) -> None:
                      "(Open MPI's closing PMIx fence waits for the dead ranks; launch with --mca async_mpi_finalize "
                      "true, as hvdlite-run does, to skip it): exiting without it, status %d", timeout_s, status)
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(status)
 
     threading.Thread(target=give_up, name="hvdlite-finalize-limit", daemon=True).start()

@@ -4,7 +4,8 @@ A Horovod elastic script (hvd.elastic.run, TorchState, ElasticSampler, a reset c
 learning rate), on synthetic data. ``--die ORIG_RANK:WHERE:STEP`` (repeatable) makes the rank that was
 ORIG_RANK at the start kill itself with SIGKILL at global step STEP: WHERE is ``backward`` (inside backward,
 after its other gradients' allreduces were submitted, so the survivors are inside allreduces), ``commit``
-(inside State.commit(), while its snapshot is taken), ``gloo`` (inside a collective of the torch gloo plane, just
+(inside State.commit(), while its snapshot is taken; ``sync`` with STEP -1: inside the first State.sync() of
+hvd.elastic.run, in the snapshot rank 0 then broadcasts), ``gloo`` (inside a collective of the torch gloo plane, just
 after issuing it: run with HOROVOD_CPU_OPERATIONS=gloo), ``idle`` (between steps), ``stop`` (between steps, with
 SIGSTOP instead: the rank hangs, it does not die), ``reset`` (inside the reset callback of recovery number
 STEP, i.e. while the job recovers from an earlier loss) or ``start`` (after hvd.init, before hvd.elastic.run, in
@@ -99,8 +100,9 @@ class Tripwire:
         self.orig, self.plan, self.step = orig, plan, -1
 
     def state_dict(self):
-        if ("commit", self.step) in self.plan:
-            die("commit", self.orig)
+        for where in ("commit", "sync"):  # (sync: step -1, the snapshot the first State.sync() broadcasts)
+            if (where, self.step) in self.plan:
+                die(where, self.orig)
         return {}
 
     def load_state_dict(self, state):

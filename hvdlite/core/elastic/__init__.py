@@ -1,8 +1,4 @@
-"""Elastic training on MPI (``hvd.elastic``): State, ObjectState, run, HostsUpdatedInterrupt.
-
-See docs/elastic.md for the design: the job restarts at its new size, the state comes back from the
-newest commit that any host keeps.
-"""
+"""Elastic training on MPI (``hvd.elastic``): State, ObjectState, run, HostsUpdatedInterrupt (docs/elastic.md)."""
 from __future__ import annotations
 
 from ..errors import HorovodInternalError

@@ -1,11 +1,8 @@
 """The rank's side of the connection to the elastic driver (hvdlite-run): hello, host-change queries, reports.
 
-Each rank keeps one TCP connection (``HVDLITE_ELASTIC_DRIVER=host:port``) open for its whole life: when the rank
-dies, even by SIGKILL, the kernel closes it, which tells the driver which rank failed first. Messages are JSON
-lines, each with a sequence number and an HMAC-SHA256 of (the driver's nonce for this connection, the message)
-under the job's secret (``HVDLITE_ELASTIC_SECRET``, only ever in the environment): the driver refuses anything
-else, so neither a process without the secret nor a replayed message can register a rank or report a failure.
-"""
+One TCP connection a rank, open for its whole life (the kernel closes it when the rank dies, even by SIGKILL);
+JSON lines, each with a sequence number and an HMAC-SHA256 of (the connection's nonce, the message) under the
+run's secret, which only the environment carries (docs/elastic.md, "Who may talk to the driver")."""
 from __future__ import annotations
 
 import json
@@ -15,8 +12,8 @@ import threading
 from typing import Any, Optional, Sequence
 
 from ..config import getenv
-from ..elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
-                            SECRET_VARIABLE, signature)
+from ..elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE, STANDBY_VARIABLE,
+                            signature)
 from ..fencing import Peer, set_elsewhere
 from ..launch_check import int_or_none
 from ..log import logger
@@ -31,8 +28,7 @@ class DriverLink:
         self.address = getenv(DRIVER_VARIABLE) or ""
         self._sock: Optional[socket.socket] = None
         self._reader: Any = None
-        self._nonce = ""
-        self._seq = 0
+        self._nonce, self._seq = "", 0
         self._sending = threading.Lock()  # the engine thread sends too (ask_to_end), besides the training thread
         self.generation = 0
 
@@ -61,13 +57,16 @@ class DriverLink:
         self._sock.settimeout(None)
         self._seq = 0
         set_elsewhere(self.ask_to_end)
+        if getenv(STANDBY_VARIABLE):  # a standby job's rank: wait until the driver hands the run over to this job,
+            self.send(op="standby", rank=rank, size=size)  # then go on with that moment's restart and generation
+            handover = self._answer(f" before handing the run over to this standby job's rank {rank}")
+            os.environ[RESTART_VARIABLE] = str(handover["restart"])
+            os.environ[GENERATION_VARIABLE] = str(handover["generation"])
+            os.environ.pop(STANDBY_VARIABLE)
         self.send(op="hello", rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
-                  attempt=restart_count())
+                  attempt=number(RESTART_VARIABLE))
         # the generation the driver started this job with: a change before the ranks connected counts too
-        try:
-            self.generation = int(getenv(GENERATION_VARIABLE) or "0")
-        except ValueError:
-            self.generation = self.current_generation()
+        self.generation = int_or_none(getenv(GENERATION_VARIABLE)) or 0
 
     def send(self, **message: Any) -> bool:
         """Send one signed message; whether it went (False: no driver, or the connection is gone)."""
@@ -101,10 +100,13 @@ class DriverLink:
         if self._sock is None:
             return 0
         self.send(op="generation")
+        return int(self._answer("")["generation"])
+
+    def _answer(self, when: str) -> dict[str, Any]:
         line = self._reader.readline()
         if not line:
-            raise ConnectionError(f"the elastic driver at {self.address} closed the connection")
-        return int(json.loads(line)["generation"])
+            raise ConnectionError(f"the elastic driver at {self.address} closed the connection{when}")
+        return dict(json.loads(line))
 
     def close(self) -> None:
         set_elsewhere(None)
@@ -124,16 +126,7 @@ def link() -> DriverLink:
     return _link
 
 
-def job_id() -> str:
-    """Id of the elastic run (same across its restarts), or "" outside an elastic hvdlite-run."""
-    return getenv(JOB_VARIABLE) or ""
-
-
-def restart_count() -> int:
-    """How many times the driver has restarted the job (0 in the first one)."""
-    return int_or_none(getenv(RESTART_VARIABLE)) or 0
-
-
-def min_np() -> int:
-    """hvdlite-run's --min-np (0 outside an elastic hvdlite-run)."""
-    return int_or_none(getenv(MIN_NP_VARIABLE)) or 0
+def number(variable: str) -> int:
+    """A number the elastic driver sets in its ranks (0 outside one): RESTART_VARIABLE (how many times it restarted
+    the job), MIN_NP_VARIABLE (--min-np)."""
+    return int_or_none(getenv(variable)) or 0

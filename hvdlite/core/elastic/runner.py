@@ -7,6 +7,7 @@ import sys
 from typing import Any, Callable, TypeVar
 
 from .. import recovery, runtime
+from ..elastic_wire import MIN_NP_VARIABLE, RESTART_VARIABLE
 from ..log import logger
 from . import link as driver
 from .state import HostsUpdatedInterrupt, State
@@ -26,10 +27,6 @@ def run(func: F) -> F:
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         lk = driver.link()
         lk.connect(runtime.rank(), runtime.size())
-        state.sync()
-        if (restarts := driver.restart_count()) > 0:
-            logger.info("restart %d: running the reset callbacks at size %d", restarts, runtime.size())
-            state.on_reset()
         try:
             result = _run_recovering(func, state, args, kwargs)
         except HostsUpdatedInterrupt:
@@ -44,10 +41,18 @@ def run(func: F) -> F:
 
 
 def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: Any) -> Any:
-    """Call ``func`` until it returns; after a lost rank, where the MPI allows it (core/recovery.py), recover,
-    restore the last commit from memory, run the reset callbacks, agree on the newest commit, and call again."""
+    """Sync the state (after a restart, then run the reset callbacks), and call ``func`` until it returns; after a
+    lost rank, where the MPI allows it (core/recovery.py), recover, restore the last commit from memory, run the
+    reset callbacks, agree on the newest commit, and call again (lost during the first sync: sync it again)."""
+    synced, reset = False, driver.number(RESTART_VARIABLE) > 0
     while True:
         try:
+            if not synced:
+                state.sync()
+                synced = True
+                if reset:
+                    logger.info("running the reset callbacks at size %d", runtime.size())
+                    state.on_reset()
             return func(state, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - a lost rank, possibly wrapped by the framework (TensorFlow)
             error = recovery.lost_rank(exc)
@@ -58,14 +63,14 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
                 raise error
             try:
                 done = recovery.recover(error)
-                driver.link().send(op="recovered", lost=list(done.lost_ranks), size=done.new_size,
-                                   rank=done.new_rank, old_rank=done.old_rank,
+                driver.link().send(op="recovered", size=done.new_size,
                                    lost_peers=[[p.host, p.pid, p.started] for p in done.lost_peers])
                 _leave_below_min_np(state, done.new_size)
-                state.restore()
-                state.on_reset()
-                state.sync_in_memory()
-                error = None
+                if synced:
+                    state.restore()
+                    state.on_reset()
+                    state.sync(in_memory=True)
+                reset, error = True, None
             except Exception as again:  # noqa: BLE001 - another rank lost during the recovery itself
                 error = recovery.lost_rank(again)
                 if error is None:
@@ -74,7 +79,7 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
 
 def _leave_below_min_np(state: State, size: int) -> None:
     """Survivors fewer than hvdlite-run's --min-np leave, for the driver to restart the job from its last commit."""
-    min_np = driver.min_np()
+    min_np = driver.number(MIN_NP_VARIABLE)
     if size >= min_np or not driver.link().enabled:
         return
     logger.warning("%d rank(s) left, below --min-np %d: leaving at commit %d without training on; hvdlite-run "

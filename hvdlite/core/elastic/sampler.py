@@ -53,13 +53,9 @@ class ElasticShards:
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Mark batch ``batch_idx`` (of ``batch_size`` per rank) of every rank as processed."""
-        for rows in self.batch_indices(batch_idx, batch_size):
-            self.processed.update(rows)
-
-    def batch_indices(self, batch_idx: int, batch_size: int) -> list[list[int]]:
-        """The samples of batch ``batch_idx`` on each rank (for checks and logs)."""
         lo, hi = batch_idx * batch_size, (batch_idx + 1) * batch_size
-        return [self._remaining[r::self.num_replicas][lo:hi] for r in range(self.num_replicas)]
+        for rank in range(self.num_replicas):
+            self.processed.update(self._remaining[rank::self.num_replicas][lo:hi])
 
     def __len__(self) -> int:
         return len(self.indices)

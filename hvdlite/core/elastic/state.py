@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, cast
 
 from .. import runtime
-from ..elastic_wire import job_dir, remove_host
+from ..config import getenv
+from ..elastic_wire import JOB_VARIABLE, job_dir, remove_host
 from ..log import logger
 from ..horovod_forms import allgather_object, broadcast_object
 from . import link as driver
@@ -22,8 +23,7 @@ class CommitStore:
 
     def __init__(self, configured_dir: str, job: str) -> None:
         self.configured_dir, self.job = configured_dir, job
-        self.job_dir = job_dir(configured_dir, job)
-        self.dir = self.job_dir / socket.gethostname()
+        self.dir = job_dir(configured_dir, job) / socket.gethostname()
         self.path = self.dir / "commit.pkl"
 
     def write(self, counter: int, payload: Any) -> None:
@@ -51,13 +51,6 @@ class CommitStore:
         except Exception as exc:  # noqa: BLE001 - a damaged commit counts as none; another host has one
             logger.warning("ignoring unreadable elastic commit %s: %s", self.path, exc)
             return 0, None
-
-    def remove(self) -> None:
-        """Delete this host's copy (the run finished)."""
-        try:
-            remove_host(self.configured_dir, self.job)
-        except OSError as exc:
-            logger.warning("elastic commit %s not removed: %s", self.dir, exc)
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -129,53 +122,43 @@ class State:
                         self.commit_counter)
             raise HostsUpdatedInterrupt(skip_sync=False)
 
-    def sync(self) -> None:
-        """Agree on the newest commit any rank's host holds and load it everywhere (broadcast from the
-        lowest rank that holds it); with no commit anywhere, take rank 0's current state."""
+    def sync(self, in_memory: bool = False) -> None:
+        """Agree on the newest commit any rank holds, from the lowest rank that holds it: at a start its host's (none
+        anywhere: rank 0's current state); ``in_memory`` after an in-process recovery, the one in memory (a rank lost
+        mid-commit may have left some a commit ahead; equal counters: every survivor restored it already)."""
         rank = self._get_rank()
-        mine, payload = store.read() if (store := self._store()) is not None else (0, None)
+        if in_memory:  # (the root sends its state as the reset callbacks left it: the same on every survivor)
+            mine, payload = (self.commit_counter if self._saved is not None else 0), None
+        else:
+            mine, payload = store.read() if (store := self._store()) is not None else (0, None)
         counters = allgather_object(mine, name="hvdlite.elastic.counters")
         newest = max(counters)
         root = counters.index(newest)  # rank 0 when no host holds a commit: then its current state goes out
-        held = (payload if newest > 0 else self._snapshot()) if rank == root else None
-        snapshot = self._bcast_object(held, root, name="hvdlite.elastic.sync")
-        if newest > 0 or rank != root:
-            self._apply(copy.deepcopy(snapshot))
+        if not in_memory or min(counters) != newest:
+            held = (self._snapshot() if payload is None else payload) if rank == root else None
+            snapshot = self._bcast_object(held, root, name="hvdlite.elastic.sync")
+            if rank != root or (newest > 0 and not in_memory):
+                self._apply(copy.deepcopy(snapshot))
         self.commit_counter = newest
-        message = (f"resumed from commit {newest}, held by rank {root}; {len(counters)} ranks now" if newest > 0
+        message = (f"resumed {'in memory ' if in_memory else ''}from commit {newest}, held by rank {root}; "
+                   f"{len(counters)} ranks now" if newest > 0 or in_memory
                    else f"no commit to resume from: started from rank 0's state; {len(counters)} ranks")
         self.save()
         logger.info(message)
-        if rank == 0:
+        if rank == 0 and not in_memory:
             driver.link().send(op="log", text=message, commit=self.commit_counter)
 
-    def sync_in_memory(self) -> None:
-        """After an in-process recovery: agree on the newest commit any survivor holds in memory (a rank lost
-        mid-step may have left some a commit ahead) and take it from the lowest survivor holding it."""
-        rank = self._get_rank()
-        counters = allgather_object(self.commit_counter if self._saved is not None else 0,
-                                    name="hvdlite.elastic.memory_counters")
-        newest = max(counters)
-        root = counters.index(newest)
-        if min(counters) != newest:  # equal counters: every survivor restored the same commit already
-            snapshot = self._bcast_object(self._snapshot() if rank == root else None, root,
-                                          name="hvdlite.elastic.recover")
-            if rank != root:
-                self._apply(copy.deepcopy(snapshot))
-        self.commit_counter = newest
-        self.save()
-        logger.info("resumed in memory from commit %d, held by rank %d; %d ranks now", newest, root, len(counters))
-
     def _store(self) -> Optional[CommitStore]:
-        job = driver.job_id()
-        if not job:
-            return None
-        return CommitStore(runtime.state().config.elastic_commit_dir, job)
+        job = getenv(JOB_VARIABLE)
+        return CommitStore(runtime.state().config.elastic_commit_dir, job) if job else None
 
     def finish(self) -> None:  # the run is over: drop this host's commit
         store = self._store()
         if store is not None and runtime.local_rank() == 0:
-            store.remove()
+            try:
+                remove_host(store.configured_dir, store.job)
+            except OSError as exc:
+                logger.warning("elastic commit %s not removed: %s", store.dir, exc)
 
 
 class ObjectState(State):

@@ -72,8 +72,7 @@ FAILURE_WINDOW_S = 60.0
 
 class Blacklist:
     """Hosts excluded from the next starts: one that fails repeatedly (REPEATED_FAILURES lost ranks within
-    FAILURE_WINDOW_S), for a random time in the cooldown range (--blacklist-cooldown-range), or for good without
-    one. A host that is gone drops out of the discovery's listing by itself."""
+    FAILURE_WINDOW_S), for a random time in --blacklist-cooldown-range, or for good without one."""
 
     def __init__(self, cooldown: Optional[Sequence[float]] = None) -> None:
         self.cooldown = tuple(cooldown) if cooldown else None
@@ -97,18 +96,14 @@ class Blacklist:
         self._until.append((host, time.monotonic() + seconds))
         return seconds
 
-    def _active(self) -> list[str]:
-        now = time.monotonic()
-        self._until = [(h, t) for h, t in self._until if t > now]
-        return [h for h, _ in self._until]
-
     def for_good(self) -> list[str]:
         """The hosts excluded for good (failing repeatedly without a cooldown range)."""
         return sorted({h for h, t in self._until if t == float("inf")})
 
     def apply(self, hosts: Sequence[Host]) -> list[Host]:
-        active = self._active()
-        return [h for h in hosts if h.name not in active]
+        now = time.monotonic()
+        self._until = [(h, t) for h, t in self._until if t > now]
+        return [h for h in hosts if h.name not in {name for name, _ in self._until}]
 
 
 def describe_failure(host: str, failures: int, seconds: Optional[float]) -> str:
@@ -123,9 +118,8 @@ def describe_failure(host: str, failures: int, seconds: Optional[float]) -> str:
 def wait_for_slots(usable: Callable[[], list[Host]], min_np: int, timeout_s: float, interval_s: float,
                    stopped: Callable[[], bool], log: logging.Logger,
                    hopeless: Callable[[], str] = lambda: "") -> Optional[list[Host]]:
-    """``usable()`` once it has at least ``min_np`` slots, asking every ``interval_s`` for up to ``timeout_s``
-    (--elastic-timeout); None past that, as soon as ``stopped()``, or as soon as ``hopeless()`` says why no
-    slot that could make up the difference can come back."""
+    """``usable()`` once it has at least ``min_np`` slots, asking every ``interval_s`` for up to ``timeout_s``;
+    None past that, as soon as ``stopped()``, or once ``hopeless()`` says why no slot that is missing can come back."""
     deadline = time.monotonic() + timeout_s
     said = False
     while True:
@@ -180,3 +174,14 @@ class HostSource:
         if self.script:
             return run_discovery_script(self.script, self.slots_per_host, self.env)
         return list(self.fixed or [])
+
+
+def hopeless(fixed: Optional[Sequence[Host]], for_good: Sequence[str], min_np: int) -> str:
+    """Why fewer than ``min_np`` slots can ever be usable again ("" while some may come back): the hosts are
+    ``fixed`` (no discovery script) and those left after the ones blacklisted ``for_good`` are too few."""
+    left = total_slots([h for h in fixed or () if h.name not in for_good])
+    if fixed is None or not for_good or left >= min_np:
+        return ""
+    return (f"host(s) {','.join(for_good)} blacklisted for good (their ranks failed repeatedly, and no "
+            f"--blacklist-cooldown-range lets them back); the other fixed hosts have {left} slot(s), fewer than "
+            f"--min-np {min_np}, and no discovery script can add any")

@@ -14,7 +14,7 @@ import uuid
 from typing import Any, Mapping, Optional
 
 from hvdlite.core.launch import (DRIVER_VARIABLE, GENERATION_VARIABLE, JOB_VARIABLE, MIN_NP_VARIABLE, RESTART_VARIABLE,
-                                 SECRET_VARIABLE, Config, job_dir, remove_job, remover_command)
+                                 SECRET_VARIABLE, STANDBY_VARIABLE)
 
 from ..commands import Plan, build_command, child_environment, format_command
 from ..hosts import Host, HostSpecError, hosts_by_rank, total_slots
@@ -22,9 +22,9 @@ from ..launchers import SRUN, Launcher, LaunchError
 from ..process import kill_group, stop_with
 from .cleanup import CommitRemover, remove_leftover_shm, shm_files
 from . import inprocess
-from . import outcome as outcome_of
-from .discovery import Blacklist, DiscoveryError, HostSource, assign, describe_failure, wait_for_slots
+from .discovery import Blacklist, DiscoveryError, HostSource, assign, describe_failure, hopeless, wait_for_slots
 from .server import DriverServer, RankInfo, bind_address, is_local, new_secret
+from .standby import Standby
 
 #: Seconds between discovery runs while a job trains (horovodrun polls about once a second).
 DISCOVERY_INTERVAL_S = 1.0
@@ -63,23 +63,20 @@ class ElasticDriver:
         self.server: Optional[DriverServer] = None
         self.resets = 0
         self.stop_signal = 0
-        self.remover = CommitRemover(logger)
-        self.ran_on: dict[str, Host] = {}  # hosts whose ranks may have left commits there since deleted
+        self.remover = CommitRemover(logger, job=self.job, env=self.env, command_on=self._command_on,
+                                     verbose=args.verbose)
         self.in_process: Optional[bool] = None  # the mode (--elastic-mode), decided with the first launcher
         self.finished_on = 0  # in-process mode: the ranks left when the job finished
         self.added: Optional[inprocess.Added] = None  # hosts discovery added, until the job that uses them starts
         self.short_listing: Optional[list[Host]] = None  # the last discovery result too small to resize to
+        self.srun = False  # the ranks are started by srun (stopped with SIGTERM)
+        self.standby = Standby(logger, self._launch, self._stop)
 
     def usable_hosts(self) -> list[Host]:
         return self.blacklist.apply(self.source.discover())
 
-    def wait_for_hosts(self) -> Optional[list[Host]]:
-        """Usable hosts with at least --min-np slots, waiting up to --elastic-timeout for them."""
-        return wait_for_slots(self.usable_hosts, self.min_np, self.args.elastic_timeout, DISCOVERY_INTERVAL_S,
-                              lambda: bool(self.stop_signal), logger, self.hopeless)
-
     def hopeless(self) -> str:
-        return outcome_of.hopeless(self.source.fixed, self.blacklist.for_good(), self.min_np)
+        return hopeless(self.source.fixed, self.blacklist.for_good(), self.min_np)
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -88,48 +85,10 @@ class ElasticDriver:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self.standby.discard()
             if self.server is not None:
                 self.server.close()
-            self._remove_commits()
-
-    def _commit_dir(self) -> Optional[str]:
-        try:
-            return Config.from_env(self.env).elastic_commit_dir
-        except (ValueError, TypeError) as exc:
-            logger.warning("elastic commits not removed: %s", exc)
-            return None
-
-    def _remove_commits(self) -> None:
-        """The run is over: its commits are of no further use. Each host's ranks delete their own copy when
-        they finish; for a host whose ranks did not, the driver deletes it there (see _remove_on), waiting
-        at most REMOVE_TIMEOUT_S, and deletes what this machine's file system holds (every host's copy
-        where the hosts share it)."""
-        try:
-            for name in list(self.ran_on):
-                self._remove_on(name)
-            self.remover.wait()
-        finally:
-            configured = self._commit_dir()
-            if configured is not None:
-                remove_job(configured, self.job)
-
-    def _remove_on(self, name: str) -> None:
-        """Start deleting this run's commit on host ``name`` (one its ranks left: blacklisted, dropped by
-        discovery, or at the end), through the launcher that starts the ranks there, in the background.
-        This machine's copies are deleted when the run ends, as one directory."""
-        host = self.ran_on.pop(name, None)
-        configured = self._commit_dir()
-        if host is None or is_local(name) or configured is None:
-            return
-        where = str(job_dir(configured, self.job))
-        try:
-            cmd, env = self._command_on(name, remover_command(sys.executable, configured, self.job))
-        except (HostSpecError, LaunchError, ValueError) as exc:
-            self.remover.failed(name, where, str(exc))
-            return
-        if self.args.verbose:
-            logger.info("deleting the commits on %s: %s", name, format_command(cmd, {}))
-        self.remover.start(name, cmd, env, where)
+            self.remover.remove_all()
 
     def _command_on(self, name: str, command: list[str]) -> tuple[list[str], dict[str, str]]:
         """The command line and environment that run ``command`` once on host ``name`` through the launcher."""
@@ -151,8 +110,7 @@ class ElasticDriver:
         return self.plan_launch(args, self.env)  # type: ignore[no-any-return]
 
     def _server_for(self, placed: list[Host]) -> DriverServer:
-        """The endpoint, listening on the interface this attempt's hosts reach us on (made again, keeping
-        the host generation, when a new set of hosts needs another interface)."""
+        """The endpoint on the interface this attempt's hosts reach us on (made again when that changes)."""
         address = bind_address([h.name for h in placed], self.args.nics or [])
         if self.server is None or self.server.address != address:
             server = DriverServer(lambda text: logger.info("%s", text), self.secret, bind=address)
@@ -171,7 +129,8 @@ class ElasticDriver:
                     self.max_np)
         size = self.num_proc
         while True:
-            hosts = self.wait_for_hosts()
+            hosts = wait_for_slots(self.usable_hosts, self.min_np, self.args.elastic_timeout, DISCOVERY_INTERVAL_S,
+                                   lambda: bool(self.stop_signal), logger, self.hopeless)  # (--elastic-timeout)
             if hosts is None:
                 if self.stop_signal:
                     return 128 + self.stop_signal
@@ -197,7 +156,6 @@ class ElasticDriver:
             if outcome == "signal":
                 return 128 + self.stop_signal
             if outcome == "fatal":
-                logger.error("%s", outcome_of.fatal_message(code, bool(self.in_process)))
                 return code or 1
             self.resets += 1
             limit = self.args.reset_limit
@@ -209,40 +167,22 @@ class ElasticDriver:
                         outcome)
 
     def _run_job(self, server: DriverServer, hosts: list[Host], placed: list[Host], size: int) -> tuple[int, str]:
-        launcher, plan, warnings = self._plan(placed, size)
-        for warning in warnings:
-            logger.warning("%s", warning)
         if self.in_process is None:
-            self.in_process, why = inprocess.choose_mode(self.args.elastic_mode, launcher)
-            logger.info("%s", why)
-            if self.in_process and inprocess.NO_SENTINEL:
-                self.args.launch_sentinel = False
-                launcher, plan, warnings = self._plan(placed, size)
-        if self.in_process:
-            plan.mpi_args = inprocess.ulfm_mpi_args(plan.mpi_args)
-        env = child_environment(self.env, plan, launcher)
-        env[inprocess.MODE_VARIABLE] = "in-process" if self.in_process else "restart"
-        env[MIN_NP_VARIABLE] = str(self.min_np)
-        env[DRIVER_VARIABLE] = f"{server.address}:{server.port}"
-        env[JOB_VARIABLE] = self.job
-        env[RESTART_VARIABLE] = str(self.resets)
-        env[GENERATION_VARIABLE] = str(server.generation)
-        # the secret travels in the environment only: Open MPI's -x names it, no launcher gets its value
-        # as an argument, and --verbose shows it hidden
-        env[SECRET_VARIABLE] = self.secret
-        cmd = build_command(launcher, plan, env)
-        listed = {h.name for h in hosts}
-        for name in [n for n in self.ran_on if n not in listed]:  # dropped by discovery (or blacklisted)
-            self._remove_on(name)
+            self._choose_mode(placed, size)
+        listing, listed = hosts, {h.name for h in hosts}
+        for name in [n for n in self.remover.ran_on if n not in listed]:  # dropped by discovery (or blacklisted)
+            self.remover.remove_on(name)
         self.remover.wait(h.name for h in placed)  # a host back from the blacklist: its deletion is over
-        self.ran_on.update((h.name, h) for h in placed)
-        logger.info("starting %d ranks on %s (reset %d)", size, ",".join(map(str, placed)), self.resets)
-        if self.args.verbose:
-            shown = {k: ("<hidden>" if k == SECRET_VARIABLE else v) for k, v in env.items() if self.env.get(k) != v}
-            logger.info("running: %s", format_command(cmd, shown))
+        self.remover.ran_on.update((h.name, h) for h in placed)
+        proc = self.standby.take(placed, server)
+        logger.info("starting %d ranks on %s (reset %d)%s", size, ",".join(map(str, placed)), self.resets,
+                    f": the standby job started {time.monotonic() - self.standby.started_at:.1f} s ago takes over"
+                    if proc is not None else "")
         shm = shm_files() if not self.in_process and all(is_local(h.name) for h in placed) else None
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=stop_with(os.getpid()))
-        srun = launcher.kind == SRUN
+        if proc is not None:
+            server.release(self.resets)
+        else:
+            proc = self._launch(placed, server)
         lost_at = 0.0
         losses = inprocess.Losses(size, before=self.resets)
         changed = False
@@ -253,21 +193,24 @@ class ElasticDriver:
             self.remover.poll()
             now = time.monotonic()
             if self.stop_signal:
-                self._stop(proc, srun)
+                self._stop(proc)
                 return proc.returncode, "signal"
             if self.in_process:
                 counted = len(losses.seen)
-                stopped = self._follow_losses(server, losses, proc, srun, placed, size)
+                stopped = self._follow_losses(server, losses, proc, placed, size)
                 if stopped:
                     return proc.returncode or 1, stopped
                 if len(losses.seen) != counted and self.source.script:  # discovery listing the lost ranks' slots
                     hosts, next_check = inprocess.running_on(placed, size, losses.seen), now  # asked now: grows back
-            elif not lost_at and server.first_lost() is not None:
+            elif not lost_at and any(r.ended == "lost" for r in server.snapshot()):
                 lost_at = now
+            self.standby.tend(bool(self.in_process and self.source.script and (self.resets or losses.seen))
+                              and len(server.snapshot()) == size, listing, self.max_np, server)
             if lost_at and now - lost_at > LOST_RANK_GRACE_S:
-                self._stop(proc, srun)
+                self._stop(proc)
             if added is not None and len(server.snapshot()) == size:
-                inprocess.report_growth(logger, added, size, bool(self.in_process))
+                logger.info("host(s) %s in use: %d ranks joined %.1f s after discovery added them%s", ",".join(
+                    added.hosts), size, now - added.seen_at, f" ({inprocess.GROWTH_PATH})" if self.in_process else "")
                 added = None
             if not changed and not lost_at and now >= next_check:
                 next_check = now + DISCOVERY_INTERVAL_S
@@ -279,7 +222,7 @@ class ElasticDriver:
         ranks = server.snapshot()
         self.finished_on = losses.alive
         if not ranks:
-            return code, outcome_of.none_joined(code, size, server.joined_any, bool(self.in_process), logger)
+            return code, inprocess.none_joined(code, size, server.joined_any, bool(self.in_process), logger)
         if self.in_process and inprocess.finished(ranks, size):
             return 0, "done"  # (the launcher's code counts the lost ranks)
         if not self.in_process and len(ranks) == size and all(r.ended == "done" for r in ranks):
@@ -294,32 +237,68 @@ class ElasticDriver:
             return code, "hosts changed: the ranks committed and left to resize"
         return code, f"the job ended with exit code {code} and no rank reported why"
 
-    def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool,
+    def _choose_mode(self, placed: list[Host], size: int) -> None:
+        """Decide the run's mode (--elastic-mode) with the launcher of its first job."""
+        launcher, _, _ = self._plan(placed, size)
+        self.srun = launcher.kind == SRUN
+        self.in_process, why = inprocess.choose_mode(self.args.elastic_mode, launcher)
+        logger.info("%s", why)
+        if self.in_process:  # without hvdlite-run's sentinel: Open MPI 5.0's launcher ended the whole ULFM job when
+            self.args.launch_sentinel = False  # a second rank's sentinel exited 137; a lost rank is named anyway
+
+    def _launch(self, placed: list[Host], server: DriverServer, standby: bool = False) -> subprocess.Popen[bytes]:
+        """Start an MPI job on the slots ``placed`` (``standby``: a standby job, run/elastic/standby.py)."""
+        launcher, plan, warnings = self._plan(placed, total_slots(placed))
+        for warning in () if standby else warnings:
+            logger.warning("%s", warning)
+        if self.in_process:
+            plan.mpi_args = inprocess.ulfm_mpi_args(plan.mpi_args)
+        env = child_environment(self.env, plan, launcher)
+        env[inprocess.MODE_VARIABLE] = "in-process" if self.in_process else "restart"
+        env[MIN_NP_VARIABLE] = str(self.min_np)
+        env[DRIVER_VARIABLE] = f"{server.address}:{server.port}"
+        env[JOB_VARIABLE] = self.job
+        env[RESTART_VARIABLE] = str(self.resets)
+        env[GENERATION_VARIABLE] = str(server.generation)
+        if standby:
+            env[STANDBY_VARIABLE] = "1"
+        # the secret travels in the environment only: Open MPI's -x names it, no launcher gets its value
+        # as an argument, and --verbose shows it hidden
+        env[SECRET_VARIABLE] = self.secret
+        cmd = build_command(launcher, plan, env)
+        if self.args.verbose:
+            shown = {k: ("<hidden>" if k == SECRET_VARIABLE else v) for k, v in env.items() if self.env.get(k) != v}
+            logger.info("running: %s", format_command(cmd, shown))
+        return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=stop_with(os.getpid()))
+
+    def _follow_losses(self, server: DriverServer, losses: inprocess.Losses, proc: subprocess.Popen[bytes],
                        placed: list[Host], size: int) -> str:
-        """In-process mode: count the resets (one per recovery of the survivors: inprocess.Losses), blacklist each
-        lost rank while the survivors recover by themselves; stop the job ("" while it goes on) past --reset-limit,
-        or below --min-np survivors (growth goes through a restart: inprocess.report_growth)."""
+        """In-process mode: count the resets (inprocess.Losses) and each lost rank against its host while the survivors
+        recover by themselves; stop the job ("" while it goes on) past --reset-limit or below --min-np survivors."""
         limit = self.args.reset_limit
         snapshot = server.snapshot()
         losses.note_recoveries(snapshot)
         for silent, started in losses.to_fence(snapshot):
             inprocess.fence(logger, silent, started, hosts_by_rank(placed, size), self._command_on)
         if losses.before + losses.resets > self.resets:  # lost ranks the driver had counted as one recovery
-            if not self._within_limit(losses, proc, srun):  # were recovered from one after the other
+            if not self._within_limit(losses, proc):  # were recovered from one after the other
                 return "the survivors recovered from ranks lost together one after the other"
-            inprocess.report_two_steps(logger, losses, self.resets, limit)
+            logger.info("reset %d%s: the survivors recovered from the ranks lost together in two steps (%d ranks left)",
+                        self.resets, f" of {limit}" if limit is not None else "", losses.alive)
         for lost in losses.new(snapshot):
             standing = self._failed_on(placed, size, lost)
             if "blacklisted" in standing:
                 logger.info("%s", standing)
             outcome = f"rank {lost.rank} on host {lost.host} (pid {lost.pid}) failed"
             joined = losses.before + losses.resets == self.resets
-            if not joined and not self._within_limit(losses, proc, srun):
+            if not joined and not self._within_limit(losses, proc):
                 return outcome
             if losses.alive < self.min_np:
-                self._stop(proc, srun)
+                self._stop(proc)
                 self.resets -= 1  # the reset under way (counted above) is the restart, which _loop counts
-                return outcome_of.below_min_np(outcome, losses.alive, self.min_np)
+                return (f"{outcome}; {losses.alive} rank(s) left, below --min-np {self.min_np}: in-process mode cannot "
+                        f"add ranks to a running job (Open MPI 5.0 cannot grow it safely: docs/elastic.md, Growth), so "
+                        f"the job starts again from its last commit once {self.min_np} slots are usable")
             inprocess.report(logger, lost, losses, self.resets, limit, joined)
         return ""
 
@@ -330,17 +309,16 @@ class ElasticDriver:
         host = placement[lost.rank] if lost.rank < len(placement) else lost.host
         failures, seconds = self.blacklist.failed(host)
         if remove and seconds is not None:
-            self._remove_on(host)
+            self.remover.remove_on(host)
         return describe_failure(host, failures, seconds)
 
-    def _within_limit(self, losses: inprocess.Losses, proc: subprocess.Popen[bytes], srun: bool) -> bool:
-        """Count the resets ``losses`` now needs; past --reset-limit stop the job instead (False): _loop
-        then counts the reset that was refused and says so."""
+    def _within_limit(self, losses: inprocess.Losses, proc: subprocess.Popen[bytes]) -> bool:
+        """Count the resets ``losses`` now needs; past --reset-limit stop the job instead (False: _loop says so)."""
         needed = losses.before + losses.resets
         limit = self.args.reset_limit
         if limit is not None and needed > limit:
             self.resets = needed - 1
-            self._stop(proc, srun)
+            self._stop(proc)
             return False
         self.resets = needed
         return True
@@ -361,6 +339,8 @@ class ElasticDriver:
             return False
         added = sorted({h.name for h in now} - {h.name for h in started_on})
         removed = sorted({h.name for h in started_on} - {h.name for h in now})
+        if self.standby.hold_growth(now, self.max_np, server):  # (the handover: docs/elastic.md, "Growth")
+            return False
         generation = server.bump_generation()
         if added:
             self.added = inprocess.Added(tuple(added), time.monotonic())
@@ -370,8 +350,8 @@ class ElasticDriver:
                     "" if added or removed else f" (from {','.join(map(str, started_on))}: slots usable again)")
         return True
 
-    def _stop(self, proc: subprocess.Popen[bytes], srun: bool) -> None:
-        proc.send_signal(signal.SIGTERM if srun else signal.SIGINT)  # (nothing if it has exited)
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGTERM if self.srun else signal.SIGINT)  # (nothing if it has exited)
         try:
             proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import subprocess
 import sys
-import time
 from typing import Callable, Iterator, Optional
 
 from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm
@@ -15,21 +14,16 @@ from ..hosts import Host, HostSpecError, hosts_by_rank, merge
 from ..launchers import OPENMPI, Launcher, LaunchError
 from .server import RankInfo, is_local
 
-#: Open MPI 5's fault tolerance: ULFM on, shared memory between a host's ranks and TCP across hosts (the
-#: steady state of plain mpiexec; over shared memory a rank that exits without a signal and without MPI_Finalize
-#: is seen only at the detector's 10 s timeout, where TCP sees it at once: docs/elastic.md, "Which transport")
-#: and the failure detector's heartbeats. (Once, at load 20 on 2 cores, a rank's
-#: peers declared it dead after it missed heartbeats.) ``async_mpi_finalize``: MPI_Finalize skips its closing
-#: PMIx fence over every process the job started, which after a lost rank sometimes never completed (the
-#: survivors' exit hung; the fault-tolerant MPI_Finalize still synchronises the survivors first).
+#: Open MPI 5's fault tolerance: ULFM on, shared memory between a host's ranks and TCP across hosts, the failure
+#: detector's heartbeats, and MPI_Finalize without its closing PMIx fence over every process the job started, which
+#: after a lost rank sometimes never completed (docs/elastic.md, "Which transport" and "Turning ULFM on").
 ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "sm,tcp,self", "--mca", "mpi_ft_detector", "true",
                  "--mca", "async_mpi_finalize", "true"]
 
 
 def ulfm_mpi_args(user: list[str]) -> list[str]:
-    """In-process mode's flags, then the user's --mpi-args. A ``--mca btl`` there replaces our ``sm,tcp,self``
-    (Open MPI refuses one parameter given twice): ``tcp,self`` sees every kind of exit at once, even one
-    without a signal, for TCP's price in the steady state on one host: docs/elastic.md, "Which transport"."""
+    """In-process mode's flags, then the user's --mpi-args, whose ``--mca btl`` replaces our ``sm,tcp,self`` (Open
+    MPI refuses one parameter given twice; docs/elastic.md, "Which transport")."""
     ours = list(ULFM_MPI_ARGS)
     if any(flag in ("--mca", "-mca") and name == "btl" for flag, name in zip(user, user[1:])):
         at = ours.index("btl") - 1
@@ -37,18 +31,12 @@ def ulfm_mpi_args(user: list[str]) -> list[str]:
     return [*ours, *user]
 
 
-#: In-process mode starts the ranks without hvdlite-run's sentinel (hvdlite/run/sentinel.py): Open MPI 5.0's
-#: launcher ended the whole ULFM job when a second rank's sentinel exited with code 137 (measured), while a
-#: rank killed by a signal itself leaves the survivors running. The driver and every survivor name a lost
-#: rank themselves.
-NO_SENTINEL = True
 #: The setting that tells the ranks which mode they run in (hvdlite/core/config.py, elastic_mode).
 MODE_VARIABLE = "HVDLITE_ELASTIC_MODE"
 
 
 def choose_mode(asked: str, launcher: Launcher) -> tuple[bool, str]:
-    """(in-process?, why) for ``--elastic-mode asked`` with this launcher; raises ValueError when
-    in-process is asked for and cannot work."""
+    """(in-process?, why) for ``--elastic-mode asked`` with this launcher; ValueError if in-process cannot work."""
     if asked == "restart":
         return False, "restart mode (--elastic-mode restart): a lost rank restarts the job from its last commit"
     usable, why = probe_ulfm()
@@ -66,10 +54,7 @@ def choose_mode(asked: str, launcher: Launcher) -> tuple[bool, str]:
 @dataclasses.dataclass
 class Losses:
     """The ranks lost during one in-process job, each counted once, what they leave, and how many resets they
-    cost. A reset is one recovery of the survivors, as in Horovod, where ``--reset-limit`` counts the times the
-    job is re-formed, however many workers failed before it: ranks lost together (two killed at once, which
-    ULFM's shrink removes in one recovery) are one reset; a rank lost after the survivors reported their
-    recovery from the earlier ones (or one they recover from separately) is another."""
+    cost: one per recovery of the survivors, however many ranks it drops (as Horovod counts --reset-limit)."""
 
     size: int
     before: int = 0  # the resets of the run before this job started
@@ -78,8 +63,7 @@ class Losses:
     fenced: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # (host, pid) the driver fenced
 
     def new(self, ranks: list[RankInfo]) -> Iterator[RankInfo]:
-        """The lost ranks not reported before, oldest first, each counted as it is yielded (so ``alive`` is
-        what that loss left, even when two are seen in one snapshot)."""
+        """The lost ranks not reported before, oldest first, each counted as it is yielded (``alive``: what it left)."""
         fresh = sorted((r for r in ranks if r.ended == "lost" and (r.rank, r.pid) not in self.seen),
                        key=lambda r: r.ended_at)
         for lost in fresh:
@@ -87,17 +71,14 @@ class Losses:
             yield lost
 
     def note_recoveries(self, ranks: list[RankInfo]) -> None:
-        """Take in the recoveries the survivors reported (each survivor reports each one; every recovery
-        shrinks the job, so the size it left names it)."""
+        """Take in the recoveries the survivors reported (every recovery shrinks the job: the size it left names it)."""
         for info in ranks:
             self.recovered_to.update(info.recovered)
 
     def to_fence(self, ranks: list[RankInfo]) -> list[tuple[RankInfo, int]]:
-        """The ranks the survivors declared lost (ULFM's detector, or before it their stall inspector's
-        verdict: stopped, wedged or cut off) whose connection to the driver is still open, so their process is
-        still there, each with its start ticks, once: the driver ends them, wherever they run (a survivor ends
-        those on its own host, but a rank alone on its host has none), so that they neither hold the job nor
-        the launcher's end, nor come back."""
+        """The ranks the survivors declared lost (ULFM's detector, or their stall inspector) whose connection to the
+        driver is still open (their process is still there), each with its start ticks, once: the driver ends them
+        wherever they run (a rank alone on its host has no survivor there to end it)."""
         declared = {(host, pid): started for info in ranks for host, pid, started in info.declared_lost}
         found = []
         for info in ranks:
@@ -119,9 +100,25 @@ class Losses:
         return self.size - len(self.seen)
 
 
+def none_joined(code: int, size: int, joined_before: bool, in_process: bool, log: logging.Logger) -> str:
+    """The outcome of a job none of whose ``size`` ranks reached hvd.elastic.run: "done" (a program that does not use
+    it, exit code 0 where it proves something: not under ULFM), "fatal" (said here), or, once a rank of this run
+    reached it (``joined_before``), a reset: ranks that end before it were lost, like any other."""
+    if joined_before:
+        return (f"none of the {size} ranks reached hvd.elastic.run (lost before it: killed, or failed at start-up; "
+                f"the launcher exited {code}), while this run's earlier ranks did")
+    if code == 0 and not in_process:
+        log.warning("no rank used hvd.elastic.run; the job exited 0: done")
+        return "done"
+    ulfm = (" (under ULFM the launcher exits 0 even when ranks were killed, so that 0 says nothing of how they "
+            "ended)" if in_process and not code else "")
+    log.error("stopping: the job exited %d before any rank reached hvd.elastic.run%s (the program fails at start-up, "
+              "or it does not use hvd.elastic.run); not restarting it", code, ulfm)
+    return "fatal"
+
+
 def finished(ranks: list[RankInfo], size: int) -> bool:
-    """Every rank that joined and was not lost said it was done (in-process mode: the lost ranks' work went
-    on in the survivors)."""
+    """Every rank that joined and was not lost said it was done (the lost ranks' work went on in the survivors)."""
     alive = [r for r in ranks if r.ended != "lost"]
     return len(ranks) == size and bool(alive) and all(r.ended == "done" for r in alive)
 
@@ -145,16 +142,9 @@ NBC_NOTE = ("(Open MPI's \"NBC_Progress: an error 75 was found during schedule .
 _explained: list[bool] = []
 
 
-def report_two_steps(logger: logging.Logger, losses: Losses, reset: int, limit: Optional[int]) -> None:
-    """The survivors recovered twice from ranks the driver had counted as lost together: say so (one more reset)."""
-    logger.info("reset %d%s: the survivors recovered from the ranks lost together in two steps (%d ranks left)",
-                reset, f" of {limit}" if limit is not None else "", losses.alive)
-
-
 def fence(logger: logging.Logger, rank: RankInfo, started: int, placement: list[str],
           command_on: Callable[[str, list[str]], tuple[list[str], dict[str, str]]]) -> None:
-    """Kill the process of a rank the survivors declared lost but that is still there (Losses.to_fence), on its
-    host: here directly, elsewhere with a command started there through the launcher (``command_on``)."""
+    """Kill a rank the survivors declared lost that is still there (Losses.to_fence), on its host (``command_on``)."""
     logger.warning("rank %d on host %s (pid %d) was declared failed by the survivors but its process is still "
                    "there (stopped or wedged): ending it (SIGKILL) so that it cannot hold the job's end or come "
                    "back", rank.rank, rank.host, rank.pid)
@@ -178,21 +168,13 @@ class Added:
     seen_at: float
 
 
-#: Why a running job grows through a restart at its next commit in both modes (docs/elastic.md, "Growth").
 GROWTH_PATH = ("new hosts join through a restart at a commit boundary, in both modes: Open MPI 5.0 can grow a "
                "running job only with Comm.Spawn, after which one of the job's first ranks exiting with an error "
                "hangs the survivors' recovery")
 
 
-def report_growth(logger: logging.Logger, added: Added, size: int, in_process: bool) -> None:
-    """Every rank of the job that uses the added hosts joined: say how long that took since discovery said so."""
-    logger.info("host(s) %s in use: %d ranks joined %.1f s after discovery added them%s", ",".join(added.hosts),
-                size, time.monotonic() - added.seen_at, f" ({GROWTH_PATH})" if in_process else "")
-
-
 def running_on(placed: list[Host], size: int, lost: set[tuple[int, int]]) -> list[Host]:
     """The slots a job started with ``size`` ranks on ``placed`` still runs on after losing ``lost`` ((rank at the
-    start, pid)): the driver compares the usable hosts with them, so that the lost ranks' slots, usable again
-    (a process that died is not a lost slot), make the job grow back at its next commit."""
+    start, pid)): compared with the usable hosts, the lost ranks' slots listed again make the job grow back."""
     gone = {rank for rank, _ in lost}
     return merge([Host(name, 1) for rank, name in enumerate(hosts_by_rank(placed, size)) if rank not in gone])

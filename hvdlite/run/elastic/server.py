@@ -1,15 +1,10 @@
-"""The elastic driver's TCP endpoint: ranks say hello, ask for the host generation, report resize/done.
-
-A rank's connection closing without "done" or "resize" means the rank died; the first such rank of a
-job is the one that failed (the launcher kills the others after it).
-
-The endpoint listens on one address, the interface the job uses (loopback for a job on this machine only,
-see :func:`bind_address`), and accepts only messages signed with the job's secret (the protocol is
-described in ``hvdlite.core.elastic.link``; the shared names are in ``hvdlite.core.elastic_wire``): a connection
-whose message is unsigned, wrongly signed or replayed is logged with its peer's address and closed, and changes nothing.
-"""
+"""The elastic driver's TCP endpoint: ranks say hello, ask for the host generation, report resize/done/recoveries;
+a standby job's ranks wait there for the handover. A connection that closes without "done" or "resize" is a lost
+rank. It listens on the interface the job uses (bind_address) and accepts only messages signed with the run's secret
+(``hvdlite.core.elastic.link``): anything else is logged with its peer's address, closed, and changes nothing."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hmac
@@ -20,7 +15,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from hvdlite.core.launch import signature
 
@@ -96,6 +91,7 @@ class DriverServer:
         self.attempt = 0
         self.ranks: dict[int, RankInfo] = {}
         self.joined_any = False  # a rank of some attempt said hello: the program uses hvd.elastic.run
+        self._standing: set[socket.socket] = set()  # the connections of the standby job's waiting ranks
         self._conns: dict[socket.socket, dict[str, Any]] = {}
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._sock, selectors.EVENT_READ)
@@ -117,9 +113,19 @@ class DriverServer:
         with self._lock:
             return [dataclasses.replace(info) for info in self.ranks.values()]
 
-    def first_lost(self) -> Optional[RankInfo]:
-        lost = [info for info in self.snapshot() if info.ended == "lost"]
-        return min(lost, key=lambda info: info.ended_at) if lost else None
+    def standing_by(self) -> int:
+        """How many ranks of the standby job wait at hvd.elastic.run's connect."""
+        with self._lock:
+            return len(self._standing)
+
+    def release(self, restart: int) -> None:
+        """Hand the run over to the standby job: its waiting ranks go on as the job of reset ``restart``."""
+        with self._lock:
+            line = (json.dumps({"restart": restart, "generation": self.generation}) + "\n").encode()
+            waiting, self._standing = self._standing, set()
+        for conn in waiting:
+            with contextlib.suppress(OSError):
+                self._send(conn, line)
 
     def close(self) -> None:
         self._stop = True
@@ -162,11 +168,9 @@ class DriverServer:
             line, state["buffer"] = state["buffer"].split(b"\n", 1)
             try:
                 msg = json.loads(line)
-                if not isinstance(msg, dict):
-                    raise ValueError("not a JSON object")
             except ValueError:
                 msg = {}
-            if not self._authentic(state, msg):
+            if not isinstance(msg, dict) or not self._authentic(state, msg):
                 self._log(f"refused a connection from {state['peer']}: its message is not signed with this "
                           f"job's secret (only the processes this driver starts have it)")
                 self._closed(conn, state)
@@ -188,7 +192,7 @@ class DriverServer:
         return True
 
     def _handle(self, conn: socket.socket, state: dict[str, Any], msg: dict[str, Any]) -> None:
-        op = msg.get("op")
+        op, info = msg.get("op"), state["info"]
         if op == "hello":
             info = RankInfo(rank=int(msg["rank"]), host=str(msg["host"]), pid=int(msg["pid"]),
                             attempt=int(msg.get("attempt", -1)))
@@ -200,35 +204,37 @@ class DriverServer:
                 self.joined_any = True
             if current:
                 self._log(f"rank {info.rank} of {msg.get('size')} joined from host {info.host} (pid {info.pid})")
+        elif op == "standby":  # a standby job's rank, waiting for the handover (release)
+            with self._lock:
+                self._standing.add(conn)
         elif op == "generation":
             with self._lock:
                 generation = self.generation
-            conn.setblocking(True)
-            conn.sendall((json.dumps({"generation": generation}) + "\n").encode())
-            conn.setblocking(False)
-        elif op in ("done", "resize"):
-            info = state["info"]
-            if info is not None:
-                with self._lock:
-                    info.ended, info.ended_at = op, time.monotonic()
-        elif op in ("recovered", "silent"):  # silent: ranks the stall inspector gave up on, on other hosts
-            info = state["info"]
-            if info is not None:
-                peers = msg.get("lost_peers" if op == "recovered" else "peers", ())
-                with self._lock:
-                    if op == "recovered":
-                        info.recovered = (*info.recovered, int(msg["size"]))
-                    info.declared_lost = (*info.declared_lost, *((str(h), int(p), int(t)) for h, p, t in peers))
-        elif op == "log":
-            info = state["info"]
-            if info is not None and info.attempt == self.attempt:
-                self._log(f"rank {info.rank}: {msg.get('text')}")
+            self._send(conn, (json.dumps({"generation": generation}) + "\n").encode())
+        elif op in ("done", "resize") and info is not None:
+            with self._lock:
+                info.ended, info.ended_at = op, time.monotonic()
+        elif op in ("recovered", "silent") and info is not None:  # silent: ranks the stall inspector gave up on,
+            peers = msg.get("lost_peers" if op == "recovered" else "peers", ())  # on other hosts
+            with self._lock:
+                if op == "recovered":
+                    info.recovered = (*info.recovered, int(msg["size"]))
+                info.declared_lost = (*info.declared_lost, *((str(h), int(p), int(t)) for h, p, t in peers))
+        elif op == "log" and info is not None and info.attempt == self.attempt:
+            self._log(f"rank {info.rank}: {msg.get('text')}")
+
+    @staticmethod
+    def _send(conn: socket.socket, line: bytes) -> None:
+        conn.setblocking(True)
+        conn.sendall(line)
+        conn.setblocking(False)
 
     def _closed(self, conn: socket.socket, state: dict[str, Any]) -> None:
         self._selector.unregister(conn)
         del self._conns[conn]
         conn.close()
         info = state["info"]
-        if info is not None and not info.ended:
-            with self._lock:
+        with self._lock:
+            self._standing.discard(conn)
+            if info is not None and not info.ended:
                 info.ended, info.ended_at = "lost", time.monotonic()
