@@ -12,9 +12,10 @@ mpi_nb_pipe_avg_end_* (the same with Average's pass over the whole buffer at the
 """
 from __future__ import annotations
 
+import collections
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -37,11 +38,17 @@ class Parts(grad_sync.Bench):
             out[f"mpi_nb_pipe_{label}"] = self._nonblocking(step, "pipe", False)
             out[f"mpi_nb_pipe_avg_{label}"] = self._nonblocking(step, "pipe", True)
             out[f"mpi_nb_pipe_avg_end_{label}"] = self._nonblocking(step, "pipe", True, at_end=True)
+            out[f"mpi_nb_pipe_pre_{label}"] = self._nonblocking(step, "pipe", True, before=True)
+            out[f"mpi_nb_pipe_avg_slices_{label}"] = self._sliced(step)
+            out[f"mpi_nb_pipe_avg_slices4_{label}"] = self._sliced(step, 131072)
+            out[f"mpi_nb_rsag_{label}"] = self._scatter_gather(step, False)
+            out[f"mpi_nb_rsag_avg_{label}"] = self._scatter_gather(step, True)
         out["mpi_fused_copy"] = self._fused_copy
         out["hvdlite_async_sum"] = lambda: self._hvd_async(hvd, self.arrays, hvd.Sum, "sum.")
         return out
 
-    def _nonblocking(self, step: int, how: str, scale: bool, at_end: bool = False) -> Callable[[], None]:
+    def _nonblocking(self, step: int, how: str, scale: bool, at_end: bool = False, before: bool = False
+                     ) -> Callable[[], None]:
         """The chunked in-place reduction with Iallreduce: completed by Wait, or polled by Test in a loop
         (as the engine's polling.wait does while a user thread waits); ``how`` "pipe": polled, with the
         engine's chunk pipeline depth (PIPE_DEPTH) outstanding, the oldest completed first; ``scale``:
@@ -60,12 +67,14 @@ class Parts(grad_sync.Bench):
                 test = request.Test
                 while not test():
                     pass
-            if scale and not at_end:
+            if scale and not at_end and not before:
                 np.multiply(piece, factor, out=piece)
 
         def run() -> None:
             inflight: list[tuple[Any, np.ndarray]] = []
             for piece in pieces:
+                if before:
+                    np.multiply(piece, factor, out=piece)
                 inflight.append((comm.Iallreduce(MPI.IN_PLACE, piece, op=MPI.SUM), piece))
                 if len(inflight) >= depth:
                     complete(*inflight.pop(0))
@@ -73,6 +82,94 @@ class Parts(grad_sync.Bench):
                 complete(request, piece)
             if scale and at_end:
                 np.multiply(flat, factor, out=flat)
+        return run
+
+    def _sliced(self, step: int, slice_elems: int = 32768) -> Callable[[], None]:
+        """mpi_nb_pipe_avg_*, with Average's pass done in slices of ``slice_elems`` between the polls of the
+        chunks still in flight (progressing them meanwhile) instead of after each chunk's completion."""
+        from mpi4py import MPI
+        comm, flat = self.comm, self.flat
+        pieces = [flat[i:i + step] for i in range(0, flat.size, step)]
+        factor = np.float32(1.0 / comm.Get_size())
+        todo: collections.deque = collections.deque()
+
+        def work() -> bool:
+            if not todo:
+                return False
+            piece = todo.popleft()
+            if piece.size > slice_elems:
+                todo.appendleft(piece[slice_elems:])
+                piece = piece[:slice_elems]
+            np.multiply(piece, factor, out=piece)
+            return True
+
+        def complete(request: Any, piece: np.ndarray) -> None:
+            test = request.Test
+            while not test():
+                if not work():
+                    break
+            while not test():
+                pass
+            while work():  # at most one completed chunk waits (as engine/chunks.py)
+                pass
+            todo.extend(piece[i:i + slice_elems] for i in range(0, piece.size, slice_elems))
+
+        def run() -> None:
+            inflight: collections.deque = collections.deque()
+            for piece in pieces:
+                inflight.append((comm.Iallreduce(MPI.IN_PLACE, piece, op=MPI.SUM), piece))
+                if len(inflight) >= PIPE_DEPTH:
+                    complete(*inflight.popleft())
+            while inflight:
+                complete(*inflight.popleft())
+            while work():
+                pass
+        return run
+
+    def _scatter_gather(self, step: int, scale: bool) -> Callable[[], None]:
+        """Each chunk as an in-place Ireduce_scatter (this rank's slice lands at the chunk's start), the slice
+        moved to its place (multiplied by 1/size on the way with ``scale``: Average's division over 1/size of
+        the bytes, in a copy rank > 0 makes anyway), then an in-place Iallgatherv; pipelined as mpi_nb_pipe_*."""
+        from mpi4py import MPI
+        comm, flat = self.comm, self.flat
+        size, me = comm.Get_size(), comm.Get_rank()
+        factor = np.float32(1.0 / size)
+        plans = []
+        for i in range(0, flat.size, step):
+            piece = flat[i:i + step]
+            base, extra = divmod(piece.size, size)
+            counts = [base + (1 if r < extra else 0) for r in range(size)]
+            displs = [sum(counts[:r]) for r in range(size)]
+            plans.append((piece, counts, displs))
+
+        def complete(entry: tuple) -> Optional[tuple]:
+            stage, request, piece, counts, displs = entry
+            test = request.Test
+            while not test():
+                pass
+            if stage == "ag":
+                return None
+            lo, n = displs[me], counts[me]
+            if scale:
+                np.multiply(piece[:n], factor, out=piece[lo:lo + n])
+            elif lo:
+                piece[lo:lo + n] = piece[:n]
+            return ("ag", comm.Iallgatherv(MPI.IN_PLACE, [piece, counts, displs, MPI.FLOAT]), piece, counts,
+                    displs)
+
+        def run() -> None:
+            inflight: collections.deque = collections.deque()
+            for piece, counts, displs in plans:
+                inflight.append(("rs", comm.Ireduce_scatter(MPI.IN_PLACE, [piece, MPI.FLOAT], counts, op=MPI.SUM),
+                                 piece, counts, displs))
+                while len(inflight) >= PIPE_DEPTH:
+                    nxt = complete(inflight.popleft())
+                    if nxt is not None:
+                        inflight.append(nxt)
+            while inflight:
+                nxt = complete(inflight.popleft())
+                if nxt is not None:
+                    inflight.append(nxt)
         return run
 
     def _fused_copy(self) -> None:
