@@ -245,33 +245,27 @@ class BucketSync:
         complete, the bucket's reduction starts (if ``overlap``). Before the layout is agreed everything waits
         for it (True); False: ``p`` has no place that fits (a sparse gradient, or a change that synchronize's
         ``refit`` plans for)."""
-        if self.order is None:
-            self._record(p)
+        if self.order is None:  # the first backward's order, and the parameters seen with a sparse gradient
+            self.seen.setdefault(id(p), len(self.seen))
+            if p.grad is not None and p.grad.is_sparse:
+                self.sparse_seen.add(id(p))
             return True
-        if not self._collect(p):
-            return False
-        if complete:
-            k = self.where[id(p)][0]
-            self.ready[k] += 1
-            if overlap and self.ready[k] == len(self.buckets[k].params) and k not in self.inflight:
-                self.submit([k])
-        return True
-
-    def _record(self, p: torch.Tensor) -> None:
-        """Note the first backward's order and every parameter seen with a sparse gradient."""
-        self.seen.setdefault(id(p), len(self.seen))
-        if p.grad is not None and p.grad.is_sparse:
-            self.sparse_seen.add(id(p))
-
-    def _collect(self, p: torch.Tensor) -> bool:
-        """Make ``p.grad`` a view of its bucket (copying it in once); False if ``p`` has no place that fits."""
         where = self.where.get(id(p))
-        if where is None or p.grad is None or not self.flat:
-            return where is not None
-        if p.grad.is_sparse or not self.fits(*where, p):
+        if where is None:
             return False
-        with torch.no_grad():
-            self.buckets[where[0]].collect(where[1])
+        k, i = where
+        bucket, grad = self.buckets[k], p.grad
+        if self.flat and grad is not None:
+            if grad.is_sparse or not self.fits(k, i, p):
+                return False
+            views = bucket.grad_views()
+            if not views or grad is not views[i]:  # (from the second step on it is that view: nothing to do)
+                with torch.no_grad():
+                    bucket.collect(i)
+        if complete:
+            self.ready[k] += 1
+            if overlap and self.ready[k] == len(bucket.params) and k not in self.inflight:
+                self.submit([k])
         return True
 
     def submit(self, ks: list[int]) -> None:
@@ -301,11 +295,11 @@ class BucketSync:
         """Wait for every started request and let the collective put its results in place; without ``use``
         (load_state_dict) the results are dropped."""
         try:
-            for started in {id(s): s for _, s in sorted(self.inflight.items())}.values():  # each request once
-                if use:
-                    self.collective.finish(started.chosen, started.started)
-                else:
-                    started.started.wait()
+            requests = list({id(s): s for _, s in sorted(self.inflight.items())}.values())  # each request once
+            for started in reversed(requests):  # the last first: this thread wakes once, not once per bucket
+                started.started.wait()
+            for started in requests if use else ():
+                self.collective.finish(started.chosen, started.started)
         finally:
             self.reset()
 

@@ -65,16 +65,17 @@ class Readiness:
             _owners[id(p)] = me
 
     def _fire(self, p: torch.Tensor) -> None:
-        if id(p) not in self._delay:
+        left = self._delay.get(id(p))
+        if left is None:
             return
         if self.local:
             self._on_ready(p, False)
             return
-        if self._delay[id(p)] <= 0:
+        if left <= 0:
             raise AssertionError(TOO_MANY_PASSES)
-        self._delay[id(p)] -= 1
+        self._delay[id(p)] = left - 1
         self.waiting = True
-        self._on_ready(p, self._delay[id(p)] == 0)
+        self._on_ready(p, left == 1)
 
     def reset(self) -> None:
         """A step's reductions are done: count passes afresh."""

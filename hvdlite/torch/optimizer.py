@@ -24,14 +24,17 @@ from .replicas import check_every
 class _DistributedOptimizer(ReadinessOwner):
     """Mixed in front of the user's optimizer class: ``isinstance(opt, UserOptimizer)`` stays true. Dense
     gradients live in flat buckets (bucket_sync; ``groups=`` units are bucket boundaries) reduced by the bucket
-    collective (``_collective``); sparse ones, as in DDP, are reduced apart. Readiness is grad_ready's."""
+    collective (``_hook``); sparse ones, as in DDP, are reduced apart. Readiness is grad_ready's. With
+    ``op=hvd.Adasum`` on a set of 2, 4, 8... ranks the collective is bucket_sync.AdasumDeltas: as in Horovod,
+    each rank's optimizer state stays local, ``synchronize()`` does nothing (step() does the whole exchange)
+    and ``skip_synchronize()`` is refused."""
 
     param_groups: list[dict[str, Any]]  # the user's optimizer's (this class is mixed in front of it)
 
     # -- set-up -----------------------------------------------------------------------------------
     def _hvd_setup(self, named_parameters: Optional[Iterable], compression: Any, backward_passes_per_step: int,
                    op: Any, gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
-                   process_set: ProcessSet) -> None:
+                   process_set: ProcessSet, adasum: bool) -> None:
         self._compression = compression
         self.op = resolve_op(op)
         self.gradient_predivide_factor = float(gradient_predivide_factor)
@@ -45,18 +48,15 @@ class _DistributedOptimizer(ReadinessOwner):
         units = _make_groups(groups, self._all_params())
         #: prescale and postscale of every gradient reduction (gradient_predivide_factor splits Average's division)
         self._scales = gradient_scales(self.op, self.gradient_predivide_factor)
-        self._hook = self._collective()
-        self._buckets = BucketSync(self._hook, process_set, "grads", setting("fusion_threshold_bytes"),
-                                   flat=isinstance(self._hook, HookAllreduce),
+        self._adasum = adasum  # Horovod's delta scheme: local steps, parameter deltas combined with Adasum
+        self._hook: BucketCollective = AdasumDeltas(process_set, compression, self._local_step) if adasum else \
+            HookAllreduce(process_set, compression_hook(compression, self.op, *self._scales))
+        self._buckets = BucketSync(self._hook, process_set, "grads", setting("fusion_threshold_bytes"), flat=not adasum,
                                    unit=None if units is None else lambda p: units.get(id(p), -id(p)))
         self._readiness = Readiness(process_set, backward_passes_per_step, self._on_grad_ready,
                                     self._all_params())
         self._enabled = self._readiness.enabled
         self._refresh()
-
-    def _collective(self) -> BucketCollective:
-        """How a bucket is reduced: compression=, op= and gradient_predivide_factor as a comm hook."""
-        return HookAllreduce(self.process_set, compression_hook(self._compression, self.op, *self._scales))
 
     def _all_params(self) -> list[torch.Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
@@ -110,17 +110,19 @@ class _DistributedOptimizer(ReadinessOwner):
 
     # -- public API ---------------------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Finish every gradient allreduce of this step (starting those not started yet)."""
-        if self._enabled:
+        """Finish every gradient allreduce of this step (starting those not started yet); with Adasum nothing
+        (Horovod's Adasum optimizer: step() steps and combines)."""
+        if self._enabled and not self._adasum:
             self._reduce()
         self._synchronized = True
 
     def _reduce(self) -> None:
         """Start what backward has not started (planning the buckets first, re-planning changed ones) and
         finish every reduction of this step."""
-        self._refresh()
         params = self._all_params()
         signature = self._signature()
+        if signature != self._buckets.signature:  # (only then can a parameter be new or newly trainable)
+            self._refresh()
         if not self._buckets.agreed:
             self._buckets.agree(params)  # the first step: one collective fixes the layout
             self._buckets.plan(params, signature)
@@ -143,6 +145,9 @@ class _DistributedOptimizer(ReadinessOwner):
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Inside this block step() does not synchronize (call synchronize() yourself first)."""
+        if self._adasum:
+            raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer: step() "
+                                 "applies the local step and combines the deltas in one go")
         self._should_synchronize = False
         try:
             yield
@@ -150,6 +155,15 @@ class _DistributedOptimizer(ReadinessOwner):
             self._should_synchronize = True
 
     def step(self, closure: Any = None) -> Any:
+        """Synchronize unless skip_synchronize() says not to, then the wrapped step; with Adasum: step every bucket
+        not stepped yet, combine all deltas and set each parameter to its start plus the combined delta."""
+        if self._adasum:
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            self._reduce()
+            return loss
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -180,12 +194,24 @@ class _DistributedOptimizer(ReadinessOwner):
                              "without compression=, op= and gradient_predivide_factor= (found "
                              f"compression={getattr(self._compression, '__name__', self._compression)}, "
                              f"op={self.op}, gradient_predivide_factor={self.gradient_predivide_factor})")
-        if not isinstance(self._hook, HookAllreduce):
+        if not isinstance(self._hook, HookAllreduce):  # (Adasum)
             raise ValueError("register_comm_hook: comm hooks reduce gradient buckets by allreduce; they cannot "
                              "be combined with op=hvd.Adasum")
         if self._buckets.agreed or self._readiness.waiting:
             raise RuntimeError("register_comm_hook() must be called before the first backward pass")
         self._hook.hook, self._hook.state, self._user_hook = hook, state, True
+
+    def _local_step(self, params: list[torch.Tensor]) -> None:
+        """Adasum: the wrapped optimizer's step on ``params`` only (the others' groups are emptied meanwhile)."""
+        wanted = {id(q) for q in params}
+        stashed = [group["params"] for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["params"] = [q for q in group["params"] if id(q) in wanted]
+            super().step()  # type: ignore[misc]  # the user's optimizer
+        finally:
+            for group, kept in zip(self.param_groups, stashed):
+                group["params"] = kept
 
     def load_state_dict(self, state_dict: dict) -> None:
         for entry in self._sparse.values():  # never leave a collective unwaited
@@ -196,50 +222,6 @@ class _DistributedOptimizer(ReadinessOwner):
         self._should_synchronize = True
         self._readiness.reset()
         super().load_state_dict(state_dict)  # type: ignore[misc]
-
-
-class DistributedAdasumOptimizer(_DistributedOptimizer):
-    """Mixed in front of the user's optimizer class when ``op=hvd.Adasum`` on a set of 2, 4, 8... ranks: the
-    averaging optimizer with bucket_sync.AdasumDeltas as the bucket collective. As in Horovod, each rank's
-    optimizer state stays local, ``synchronize()`` does nothing (step() does the whole exchange) and
-    ``skip_synchronize()`` is refused."""
-
-    def _collective(self) -> BucketCollective:
-        return AdasumDeltas(self.process_set, self._compression, self._local_step)
-
-    def _local_step(self, params: list[torch.Tensor]) -> None:
-        """The wrapped optimizer's step on ``params`` only (the others' groups are emptied meanwhile)."""
-        wanted = {id(q) for q in params}
-        stashed = [group["params"] for group in self.param_groups]
-        try:
-            for group in self.param_groups:
-                group["params"] = [q for q in group["params"] if id(q) in wanted]
-            super(_DistributedOptimizer, self).step()  # type: ignore[misc]  # the user's optimizer
-        finally:
-            for group, kept in zip(self.param_groups, stashed):
-                group["params"] = kept
-
-    def synchronize(self) -> None:
-        """Nothing to do before step() (Horovod's Adasum optimizer): step() steps and combines."""
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        raise AssertionError("Skipping synchronization is not supported when using Adasum optimizer: step() "
-                             "applies the local step and combines the deltas in one go")
-        yield  # pragma: no cover
-
-    def step(self, closure: Any = None) -> Any:
-        """Step every bucket not stepped yet, combine all deltas with Adasum and set each parameter to its
-        starting value plus the combined delta."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._reduce()
-        self._synchronized = False
-        return loss
-
-    setattr(step, "hooked", True)  # torch's step hooks run in the wrapped step
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Optional[Iterable] = None,
@@ -273,14 +255,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
     if num_groups:
         warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning)
         groups = num_groups if groups is None else groups
-    # op=hvd.Adasum: Horovod's delta scheme (local steps, parameter deltas combined with Adasum)
-    cls = mixin_class(DistributedAdasumOptimizer if adasum else _DistributedOptimizer, type(optimizer))
+    cls = mixin_class(_DistributedOptimizer, type(optimizer))
     opt: _DistributedOptimizer = object.__new__(cls)
     attrs = dict(optimizer.__dict__)
     attrs.pop("step", None)  # an LR scheduler's per-instance step wrapper is bound to the old object
     opt.__dict__.update(attrs)
     opt._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
-                   groups, sparse_as_dense, process_set)
+                   groups, sparse_as_dense, process_set, adasum)
     check_every(opt, int(check_replicas_every_steps))
     return opt
 
