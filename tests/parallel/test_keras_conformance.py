@@ -242,6 +242,31 @@ if LEGACY:  # _compute_gradients is the hook of tf-keras' legacy optimizers (tes
         assert int(agg._agg_helper.counter.numpy()) == 0
         np.testing.assert_allclose(y.numpy(), [-3 * 2 * total / size], rtol=1e-6)
 
+    def test_compute_gradients_of_a_2_11_optimizer_reduces_and_aggregates(rank: int, size: int) -> None:
+        """tf-keras 2.11+ (no _compute_gradients of its own): Horovod's test_tensorflow2_keras.py calls
+        opt._compute_gradients on them; it is their compute_gradients, reduced, and aggregated in a tf.function
+        (it raised AttributeError); a grad_loss, which compute_gradients has not, is refused."""
+        x = tf.Variable([1.0, 2.0])
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.5), op=hvd.Sum)
+        pairs = opt._compute_gradients(lambda: tf.reduce_sum(x * (rank + 1.0)), var_list=[x])
+        total = sum(range(1, size + 1))
+        np.testing.assert_allclose(pairs[0][0].numpy(), [total, total])
+        opt.apply_gradients(pairs)
+        np.testing.assert_allclose(x.numpy(), [1.0 - 0.5 * total, 2.0 - 0.5 * total])
+        y = tf.Variable([0.0])
+        agg = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+
+        @tf.function
+        def step() -> None:
+            agg.apply_gradients(agg._compute_gradients(lambda: y * (rank + 1.0), var_list=[y]))
+        for i in range(4):
+            step()
+            assert int(agg._agg_helper.counter.numpy()) == (i + 1) % 2
+            assert int(agg.iterations.numpy()) == i + 1
+            np.testing.assert_allclose(y.numpy(), [-((i + 1) // 2) * 2 * total / size], rtol=1e-6)
+        with pytest.raises(ValueError, match="takes no grad_loss"):
+            opt._compute_gradients(lambda: tf.reduce_sum(x), var_list=[x], grad_loss=tf.constant(1.0))
+
 
 def test_tf_keras_found_after_from_tensorflow_keras_import(rank: int, caplog: pytest.LogCaptureFixture) -> None:
     """`from tensorflow.keras import ...` renames tf.keras to "tensorflow.keras"; the Keras it stands for is

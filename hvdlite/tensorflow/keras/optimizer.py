@@ -74,16 +74,16 @@ class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
     """tf-keras: ``apply_gradients`` reduces (every ``backward_passes_per_step`` calls), then applies."""
 
     def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None) -> list:
-        """The legacy optimizers' hook (``minimize()`` calls it, and Horovod's Keras 2 code may): the local
-        gradients, reduced over the ranks (with ``backward_passes_per_step=N``: summed locally and reduced on
-        every N-th call). ``apply_gradients()`` given exactly these gradients applies them without reducing
-        again (with N > 1: on the reducing call only; the others advance ``iterations``)."""
+        """Horovod's hook (legacy ``minimize()`` calls it; a 2.11+ optimizer's ``compute_gradients``): the local
+        gradients reduced (``backward_passes_per_step=N``: summed locally, reduced every N-th call), which
+        ``apply_gradients()`` then applies without reducing again (N > 1: on the reducing call only; the other
+        calls advance ``iterations``)."""
         compute = getattr(super(), "_compute_gradients", None)
-        if compute is None:
-            raise AttributeError(f"{type(self).__name__} (a tf-keras 2.11+ optimizer) has no _compute_gradients; "
-                                 f"use a tf.keras.optimizers.legacy optimizer, or compute the gradients with "
-                                 f"tf.GradientTape and call apply_gradients(), which reduces them")
-        pairs = list(compute(loss, var_list, grad_loss=grad_loss, tape=tape))
+        if compute is None and grad_loss is not None:
+            raise ValueError(f"{type(self).__name__} (a tf-keras 2.11+ optimizer): _compute_gradients takes no "
+                             f"grad_loss; compute the gradients with tf.GradientTape and call apply_gradients()")
+        pairs = list(compute(loss, var_list, grad_loss=grad_loss, tape=tape) if compute is not None
+                     else super().compute_gradients(loss, var_list, tape=tape))  # type: ignore[misc]
         variables = [v for _, v in pairs]
         reduced = self._hvd.combine([g for g, _ in pairs], variables)
         self._hvd.prepared = [g for g in reduced if g is not None]
