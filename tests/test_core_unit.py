@@ -556,15 +556,10 @@ def test_a_killed_job_leaves_its_last_timeline_events(tmp_path) -> None:
 
 # -- chunk pipeline (engine/chunks.py) ----------------------------------------------------------------
 class _Request:
-    """A request that completes when the pipeline's wait function is called on it; its Test() says False
-    ``polls`` times first."""
+    """A request that completes when the pipeline's wait function is called on it."""
 
-    def __init__(self, log: list, name: str, polls: int = 0) -> None:
-        self.log, self.name, self.polls = log, name, polls
-
-    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
-        self.polls -= 1
-        return self.polls < 0
+    def __init__(self, log: list, name: str) -> None:
+        self.log, self.name = log, name
 
 
 def _pipeline(log: list, fail_wait_on: str = ""):
@@ -578,40 +573,23 @@ def _pipeline(log: list, fail_wait_on: str = ""):
 
 
 @pytest.mark.parametrize("depth", [1, 2, 4])
-def test_chunk_pipeline_keeps_chunks_in_flight_and_scales_each_while_the_next_travels(monkeypatch, depth: int
-                                                                                     ) -> None:
-    """Each completed chunk is scaled in slices while the next one is polled (each poll that finds it still
-    travelling scales one slice), the rest once that one has completed; drain() scales the last."""
+def test_chunk_pipeline_keeps_chunks_in_flight_and_scales_each_as_it_completes(monkeypatch, depth: int) -> None:
     from hvdlite.core.engine import chunks
     from hvdlite.core.reduce_ops import Scale
     monkeypatch.setattr(chunks, "IN_FLIGHT", depth)
-    monkeypatch.setattr(chunks, "SCALE_SLICE_BYTES", 8)  # two float32 per slice
     log: list = []
     pipe = _pipeline(log)
-    want = np.arange(1, 61, dtype=np.float32)
-    data = want * 3
-
-    def scaled() -> int:  # how many leading elements are scaled (divided by 3) already
-        return int(np.argmax(np.append(data != want, True)))
-
-    polls = []
+    data = np.arange(60, dtype=np.float32) * 3
     for i in range(6):
-        request = _Request(log, f"c{i}", polls=3)
-        original = request.Test
-        request.Test = lambda original=original, i=i: polls.append((i, scaled())) or original()  # type: ignore
-        pipe.post(request, data[10 * i:10 * i + 10], "float32", Scale(1.0, 3),
+        pipe.post(_Request(log, f"c{i}"), data[10 * i:10 * i + 10], "float32", Scale(1.0, 3),
                   (lambda i=i: log.append(("done", f"c{i}"))) if i == 5 else None)
         # posting chunk i completes chunk i - (depth - 1): the later ones travel while it is scaled
         completed = max(0, i + 2 - depth)
         assert [e for e in log if e[0] == "wait"] == [("wait", f"c{k}") for k in range(completed)], (i, log)
-        done = 10 * max(0, completed - 1)  # the last chunk completed waits for the next one's polls
-        np.testing.assert_array_equal(data[:done], want[:done])
-        np.testing.assert_array_equal(data[done:], want[done:] * 3)
+        np.testing.assert_array_equal(data[:10 * completed], np.arange(10 * completed, dtype=np.float32))
+        np.testing.assert_array_equal(data[10 * completed:], np.arange(10 * completed, 60, dtype=np.float32) * 3)
     pipe.drain()
-    np.testing.assert_array_equal(data, want)
-    # while chunk k > 0 was polled, chunk k - 1 was scaled a slice per poll that found k still travelling
-    for k in range(1, 6):
-        assert [n for c, n in polls if c == k][:4] == [10 * (k - 1) + 2 * j for j in range(4)], (k, polls)
+    np.testing.assert_array_equal(data, np.arange(60, dtype=np.float32))
     assert log[-2:] == [("wait", "c5"), ("done", "c5")]
 
 
@@ -644,19 +622,6 @@ def test_chunk_pipeline_completes_chunks_in_flight_before_their_memory_is_touche
     assert log == []
     pipe.clear([data[30:31]])  # one byte of an in-flight chunk: everything in flight completes first
     assert log == [("wait", "first.c0"), ("wait", "first.c1")]
-
-
-def test_chunk_pipeline_scales_a_completed_chunk_before_its_memory_is_touched_again(monkeypatch) -> None:
-    from hvdlite.core.engine import chunks
-    from hvdlite.core.reduce_ops import Scale
-    monkeypatch.setattr(chunks, "IN_FLIGHT", 1)  # each chunk completes as it is posted; its scaling waits
-    log: list = []
-    pipe = _pipeline(log)
-    data = np.full(8, 4.0, np.float32)
-    pipe.post(_Request(log, "c0"), data, "float32", Scale(1.0, 2))
-    assert log == [("wait", "c0")] and data[0] == 4.0
-    pipe.clear([data[7:]])
-    np.testing.assert_array_equal(data, np.full(8, 2.0, np.float32))
 
 
 def test_names_made_before_the_verdict_was_read_move_on_as_the_others() -> None:

@@ -1,9 +1,8 @@
-"""Chunked reductions, several chunks in flight: each chunk is scaled after it completes while later ones travel.
+"""Chunked reductions, several chunks in flight: each chunk is scaled as it completes while later ones travel.
 
-Up to ``IN_FLIGHT`` chunk collectives (of ``allreduce_chunk_bytes``) are outstanding. MPI moves a chunk only inside
-this rank's calls, so a completed chunk's scaling (Average's division) is done in slices between the polls of the
-next one, which progresses meanwhile. Every rank starts the same chunks in the same order (agreed batches), so the
-collectives match whatever the depth: it changes only when this rank waits, never what is sent.
+Up to ``IN_FLIGHT`` chunk collectives (of ``allreduce_chunk_bytes``) are outstanding, so one is always travelling
+while the engine scales a finished one. Every rank starts the same chunks in the same order (agreed batches), so
+the collectives match whatever the depth: it changes only when this rank waits, never what is sent.
 """
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ from ..reduce_ops import scale_inplace
 
 #: Chunk collectives outstanding at once (measurements: benchmarks/HISTORY.md).
 IN_FLIGHT = 4
-#: A completed chunk is scaled this many bytes at a time between the polls of the chunk travelling after it.
-SCALE_SLICE_BYTES = 128 * 1024
 
 
 def shortest_fast_length(ranks: int) -> int:
@@ -61,7 +58,7 @@ class _Chunk(NamedTuple):
     """One outstanding chunk collective."""
 
     request: Any  # the MPI request to wait on
-    piece: np.ndarray  # the chunk's memory (still to scale), multiplied by ``factor`` once the collective completes
+    piece: np.ndarray  # the chunk's memory, multiplied by ``factor`` once the collective completes
     dtype: str
     factor: float
     on_done: Optional[Callable[[], None]]  # runs after the scaling
@@ -73,13 +70,12 @@ class ChunkPipeline:
     def __init__(self, wait: Callable[[Any], None]) -> None:
         self._wait = wait
         self._inflight: collections.deque[_Chunk] = collections.deque()  # outstanding chunks, oldest first
-        self._scaling: Optional[_Chunk] = None  # the last chunk completed, while not wholly scaled yet
         self._in_wait = False
 
     def post(self, request: Any, piece: np.ndarray, dtype: str, factor: float,
              on_done: Optional[Callable[[], None]] = None) -> None:
-        """Take a started chunk collective; ``piece`` is multiplied by ``factor`` once it completes (drain()
-        at the latest), then ``on_done`` runs. Completes the oldest chunks while ``IN_FLIGHT`` or more are out."""
+        """Take a started chunk collective; ``piece`` is multiplied by ``factor`` once it completes, then
+        ``on_done`` runs. Completes the oldest chunks while ``IN_FLIGHT`` or more are outstanding."""
         self._inflight.append(_Chunk(request, piece, dtype, factor, on_done))
         while len(self._inflight) >= max(1, IN_FLIGHT):
             self._complete_oldest()
@@ -87,9 +83,8 @@ class ChunkPipeline:
     def clear(self, arrays: Iterable[Optional[np.ndarray]]) -> None:
         """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``
         (the same tensor twice in one batch), so results are those of one reduction after the other."""
-        pending = [*self._inflight, self._scaling] if self._scaling is not None else self._inflight
-        if pending and any(a is not None and a.nbytes and _overlap(a, chunk.piece) for a in arrays
-                           for chunk in pending):
+        if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.piece)
+                                  for a in arrays for chunk in self._inflight):
             self.drain()
 
     @contextlib.contextmanager
@@ -103,15 +98,13 @@ class ChunkPipeline:
             raise
 
     def drain(self) -> None:
-        """Complete and scale every outstanding chunk."""
+        """Complete every outstanding chunk."""
         while self._inflight:
             self._complete_oldest()
-        self._scale(whole=True)
 
     def settle(self) -> None:
         """After an error: complete what is in flight (MPI may still write into those buffers), unless the
         error came from waiting on MPI itself (the job is ending: waiting again could only hang)."""
-        self._scaling = None
         if self._in_wait:
             self._inflight.clear()
             self._in_wait = False
@@ -124,30 +117,13 @@ class ChunkPipeline:
             self._in_wait = False
 
     def _complete_oldest(self) -> None:
-        """Wait for the oldest chunk, scaling the one completed before it meanwhile, a slice per poll that finds
-        this one still travelling (the rest of it once this one has completed)."""
-        chunk = self._inflight.popleft()
+        request, piece, dtype, factor, on_done = self._inflight.popleft()
         self._in_wait = True
-        test = chunk.request.Test
-        while self._scaling is not None and not test():
-            self._scale()
-        self._wait(chunk.request)
+        self._wait(request)
         self._in_wait = False
-        self._scale(whole=True)
-        self._scaling = chunk
-
-    def _scale(self, whole: bool = False) -> None:
-        """Scale the next slice of the last completed chunk (``whole``: what is left of it), then, once all of it
-        is, run its ``on_done``. Every factor acts element by element: slices give the bits of one pass."""
-        chunk = self._scaling
-        if chunk is None:
-            return
-        n = chunk.piece.shape[0]
-        step = n if whole or chunk.factor == 1.0 else max(1, SCALE_SLICE_BYTES // chunk.piece.itemsize)
-        scale_inplace(chunk.piece[:step], chunk.dtype, chunk.factor)
-        self._scaling = chunk._replace(piece=chunk.piece[step:]) if step < n else None
-        if self._scaling is None and chunk.on_done is not None:
-            chunk.on_done()
+        scale_inplace(piece, dtype, factor)  # while the later chunks travel
+        if on_done is not None:
+            on_done()
 
 
 def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
