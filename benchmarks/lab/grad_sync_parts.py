@@ -8,7 +8,10 @@ and the transport's non-blocking collective on the flat buffer in the chunks of 
 (Iallreduce + Wait per chunk), mpi_nb_test_* (Iallreduce polled by Test, as the engine polls), mpi_nb_test_avg_*
 (the same, each chunk scaled by 1/size after it completes, Average as the engine did per chunk), mpi_nb_pipe_*
 and mpi_nb_pipe_avg_* (polled, with as many chunks in flight as the engine keeps: its pipeline without hvdlite),
-mpi_nb_pipe_avg_end_* (the same with Average's pass over the whole buffer at the end).
+mpi_nb_pipe_avg_end_* (the same with Average's pass over the whole buffer at the end), mpi_nb_pipe_pre_* (each
+chunk divided before it is posted), mpi_nb_pipe_avg_slices(4)_* (each completed chunk divided in 128 KiB (512 KiB)
+slices between the polls of the next), mpi_nb_rsag(_avg)_* (Ireduce_scatter + Iallgatherv per chunk, Average's
+division on this rank's slice only).
 """
 from __future__ import annotations
 
