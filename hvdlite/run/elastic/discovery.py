@@ -77,17 +77,17 @@ class Blacklist:
     def __init__(self, cooldown: Optional[Sequence[float]] = None) -> None:
         self.cooldown = tuple(cooldown) if cooldown else None
         self._until: list[tuple[str, float]] = []
-        self._failures: dict[str, list[float]] = {}
+        self.failures: dict[str, list[float]] = {}  # the hosts that lost a rank (the times)
 
     def failed(self, host: str) -> tuple[int, Optional[float]]:
         """One rank of ``host`` was lost: (its host's lost ranks within FAILURE_WINDOW_S, the seconds ``host`` is
         now excluded for: None when it is not, inf for good)."""
         now = time.monotonic()
-        recent = [t for t in self._failures.get(host, []) if now - t < FAILURE_WINDOW_S] + [now]
-        self._failures[host] = recent
+        recent = [t for t in self.failures.get(host, []) if now - t < FAILURE_WINDOW_S] + [now]
+        self.failures[host] = recent
         if len(recent) < REPEATED_FAILURES:
             return len(recent), None
-        self._failures[host] = []
+        self.failures[host] = []
         return len(recent), self.add(host)
 
     def add(self, host: str) -> float:

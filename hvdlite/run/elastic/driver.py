@@ -204,7 +204,7 @@ class ElasticDriver:
                     hosts, next_check = inprocess.running_on(placed, size, losses.seen), now  # asked now: grows back
             elif not lost_at and any(r.ended == "lost" for r in server.snapshot()):
                 lost_at = now
-            self.standby.tend(bool(self.in_process and self.source.script and (self.resets or losses.seen))
+            self.standby.tend(bool(self.in_process and self.source.script and self.blacklist.failures)
                               and len(server.snapshot()) == size, listing, self.max_np, server)
             if lost_at and now - lost_at > LOST_RANK_GRACE_S:
                 self._stop(proc)
