@@ -108,13 +108,8 @@ class HvdliteEnvironment(ClusterEnvironment):
 
 
 class HvdliteStrategy(ParallelStrategy):
-    """``Trainer(strategy=HvdliteStrategy())`` or, after ``import hvdlite.lightning``, ``strategy="hvdlite"``.
-
-    The ranks come from hvdlite (initialised here if the program has not called ``hvd.init()``); Lightning
-    starts no processes. Each optimizer is wrapped in ``hvdlite.torch.DistributedOptimizer`` (``compression``
-    and ``gradient_predivide_factor`` are its arguments), which starts each gradient's allreduce from
-    backward and is finished right after the backward pass (before gradient clipping and the step).
-    """
+    """``Trainer(strategy=HvdliteStrategy())`` or, after ``import hvdlite.lightning``, ``strategy="hvdlite"``: each
+    optimizer wrapped in ``hvdlite.torch.DistributedOptimizer``, synchronized after backward (docs/lightning.md)."""
 
     strategy_name = "hvdlite"
     model: Any  # Lightning's properties (mypy sees the base as Any)
@@ -204,8 +199,7 @@ class HvdliteStrategy(ParallelStrategy):
     # -- gradients ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def block_backward_sync(self) -> Generator[None, None, None]:
-        """Lightning accumulates (accumulate_grad_batches, or toggle_model(sync_grad=False)): backward passes
-        inside reduce nothing; the DistributedOptimizer's backward_passes_per_step counts them."""
+        """Backward passes Lightning accumulates reduce nothing (backward_passes_per_step counts them)."""
         self._accumulating = True
         try:
             yield None

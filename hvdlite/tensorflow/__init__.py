@@ -1,9 +1,4 @@
-"""hvdlite.tensorflow: Horovod's ``horovod.tensorflow`` API for TensorFlow 2 (eager and tf.function).
-
-``import hvdlite.tensorflow as hvd`` replaces ``import horovod.tensorflow as hvd``. Collectives take and
-return tf tensors, carry gradients, and work eagerly and inside ``tf.function``; they refuse to run inside
-XLA-compiled code (``jit_compile=True``) with an error that names the fix.
-"""
+"""hvdlite.tensorflow: Horovod's ``horovod.tensorflow`` API for TensorFlow 2 (eager and tf.function)."""
 from __future__ import annotations
 
 from typing import Any
@@ -24,10 +19,8 @@ from . import elastic  # noqa: E402  (hvd.elastic)
 
 
 def _library_code_for_autograph() -> None:
-    """Have AutoGraph call hvdlite's functions as they are (their control flow is on Python values), as it does
-    TensorFlow's and Keras' own, instead of converting every one a user's tf.function reaches: a Keras custom
-    loop's first trace 1.49 -> 0.32 s (one process, 2-core machine). A TensorFlow without that rule table only
-    loses that time."""
+    """Have AutoGraph call hvdlite's functions as they are, as it does TensorFlow's own, instead of converting
+    them (a Keras custom loop's first trace: 1.49 -> 0.32 s)."""
     try:
         from tensorflow.python.autograph.core import config
     except ImportError:
@@ -46,14 +39,8 @@ def DistributedOptimizer(optimizer: Any, name: Any = None, use_locking: bool = F
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap an optimizer so it averages (``op=hvd.Sum``: sums; ``op=hvd.Adasum``: combines with Adasum) the
-    gradients over all ranks before applying them.
-
-    A TF1 ``tf.compat.v1.train.Optimizer`` (GradientDescentOptimizer, MomentumOptimizer, ...) is wrapped as
-    Horovod does: a TF1 optimizer whose ``compute_gradients()`` (and so ``minimize()``) returns the combined
-    gradients, in a graph and eagerly. A Keras 3 or tf-keras optimizer gets
-    ``hvdlite.tensorflow.keras.DistributedOptimizer``.
-    """
+    """Wrap a TF1 ``tf.compat.v1.train.Optimizer`` (as Horovod does), or a Keras one (with
+    ``hvdlite.tensorflow.keras.DistributedOptimizer``), so it combines the gradients over all ranks."""
     import tensorflow as tf
 
     from .optimizer_v1 import DistributedTF1Optimizer

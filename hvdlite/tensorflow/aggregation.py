@@ -1,7 +1,5 @@
 """Every DistributedOptimizer's gradient combination (TF1, Keras 3, tf-keras): :class:`Combiner`, with the local
-aggregation of ``backward_passes_per_step`` (``aggregate``, then ``on_reduced_pass``), built from ``tf.cond`` on a
-counter variable so that it works eagerly, in a ``tf.function`` and in a ``tf.compat.v1`` graph.
-"""
+aggregation of ``backward_passes_per_step`` (``tf.cond`` on a counter: eagerly, in tf.function and in a graph)."""
 from __future__ import annotations
 
 from functools import partial
@@ -28,10 +26,8 @@ class Combiner:
         self.prepared: list = []  # tf-keras: the gradients _compute_gradients reduced, until applied
 
     def reduce(self, grads: list[Any], variables: list[Any], generic_names: bool = False) -> list[Any]:
-        """``grads`` (of ``variables``; None entries stay None) reduced; local ones stay on this rank, divided by
-        the set size if ``scale_local_gradients``. The reductions are named after the variables (Keras 3's path,
-        else the name), or with ``generic_names`` after their positions (for variables named differently per
-        rank): stable across steps, so the response cache hits."""
+        """``grads`` (of ``variables``) reduced, local ones divided by the set size if ``scale_local_gradients``;
+        named after the variables, or with ``generic_names`` after their positions."""
         s = self.settings
         local = [id(v) in self.local_vars for v in variables]
         shared = [v for v, is_local in zip(variables, local) if not is_local]
@@ -83,9 +79,8 @@ class Combiner:
 
 
 def _state_variable(make: Callable[[], Any], name: str, graph_local: bool) -> tf.Variable:
-    """A non-trainable variable of value ``make()``, made outside any function or cond branch being built; in a
-    ``tf.compat.v1`` graph (``graph_local``) a local variable (initialised by ``local_variables_initializer`` or
-    a MonitoredTrainingSession, never checkpointed)."""
+    """A non-trainable variable of value ``make()``, made outside any function being built (in a tf.compat.v1
+    graph with ``graph_local``: a local variable, never checkpointed)."""
     with tf.init_scope():
         initial = make()
         if tf.executing_eagerly() or not graph_local:
@@ -102,10 +97,8 @@ def _after(dependencies: Sequence[Any], make: Callable[[], Any]) -> Any:
 
 def aggregate(grads: Sequence[Any], accumulators: Sequence[Optional[tf.Variable]], counter: tf.Variable,
               steps: int, average: bool, reduce: Callable[[list[Any], list[int]], list[Any]]) -> list[Any]:
-    """Add ``grads`` (None entries stay None; sparse ones are made dense) to ``accumulators`` (one per
-    gradient, zeroed when ``counter`` is 0) and count the pass. On the ``steps``-th pass return
-    ``reduce(sums, positions)`` of the sums (divided by ``steps`` if ``average``) and set ``counter`` to 0;
-    otherwise return the sums."""
+    """Add ``grads`` to ``accumulators`` (zeroed when ``counter`` is 0) and count the pass; on the ``steps``-th
+    pass return ``reduce(sums, positions)`` (of the means if ``average``) and reset ``counter``, else the sums."""
     present = [i for i, g in enumerate(grads) if g is not None]
     accs: list[tf.Variable] = [accumulators[i] for i in present]
 

@@ -1,11 +1,8 @@
 """Output buffers of one TensorFlow collective op, kept from step to step and reused once TensorFlow is done.
 
-A collective inside ``tf.function`` hands TensorFlow numpy arrays; a 64-byte-aligned array is wrapped without
-a copy, and the wrapping tensor keeps a Python reference to it. Fresh arrays every step cost page faults on
-every byte (ResNet-50's 94 MB of gradients: a fresh out-of-place reduction took 1.6x the in-place one on
-warm buffers). So each op keeps its last outputs and reuses an array at the next step when nothing but this
-pool references it (no tensor, view or variable that TensorFlow or the user still holds); otherwise it
-allocates a new one, so a result the caller kept is never overwritten.
+TensorFlow wraps a 64-byte-aligned numpy array without a copy, and fresh arrays every step cost page faults on
+every byte (ResNet-50's gradients: 1.6x the time on warm buffers). So each op reuses its last output arrays
+while nothing but this pool references them, and allocates new ones otherwise.
 """
 from __future__ import annotations
 

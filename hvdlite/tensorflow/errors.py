@@ -45,9 +45,8 @@ def as_list(values: Any, what: str) -> list[Any]:
 
 
 def as_tensor(value: Any, what: str) -> tf.Tensor:
-    """``value`` as a tf.Tensor (tf.convert_to_tensor: a tf.IndexedSlices becomes dense) for the collective
-    ``what``, the op the user called. A value it cannot convert, a string, or a dtype the collectives cannot
-    carry is a TypeError naming ``what``, as a Horovod op's type constraint is."""
+    """``value`` as a tf.Tensor for the collective ``what``; anything else is a TypeError naming ``what``, as a
+    Horovod op's type constraint is."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what}: expected a tf.Tensor, got {type(value).__name__}")
     try:

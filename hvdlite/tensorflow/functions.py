@@ -14,11 +14,8 @@ from .mpi_ops import broadcast_group, unchained_collectives
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: ProcessSet = global_process_set,
                         inplace: bool = False) -> Optional[tf.Operation]:
-    """Overwrite every variable with its value on ``root_rank`` (one op for the whole list).
-
-    Works on tf.Variable and Keras 3 variables, eagerly (returns None) or in a tf.function (returns an op).
-    ``inplace`` is accepted for Horovod compatibility; the values are always assigned in place.
-    """
+    """Overwrite every variable (tf.Variable or Keras 3) with its value on ``root_rank`` in one op: eagerly returns
+    None, in a graph the op (``inplace`` is ignored: always in place)."""
     variables = list(variables)
     values = broadcast_group(variables, root_rank, process_set=process_set, what="broadcast_variables")
     # in a graph (tf.function or a tf.compat.v1 session), the returned op runs the assignments themselves
@@ -35,10 +32,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Op
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
                         process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
-    """A function ``f(obj)`` that broadcasts ``obj`` from ``root_rank`` each time it is called.
-
-    Horovod builds TF1 placeholders here; in TensorFlow 2 the function calls broadcast_object directly.
-    """
+    """A function ``f(obj)`` that broadcasts ``obj`` from ``root_rank`` each time it is called."""
     def _broadcast(obj: Any) -> Any:
         return broadcast_object(obj, root_rank, name=name, process_set=process_set)
     return _broadcast
@@ -52,8 +46,7 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
 
 def broadcast_global_variables(root_rank: int) -> tf.Operation:
     """An op that overwrites every global variable of the current tf.compat.v1 graph with its value on
-    ``root_rank`` (run it in a session). As in Horovod, this raises RuntimeError in eager mode, where
-    TensorFlow keeps no global variable collection: broadcast your model's variables instead."""
+    ``root_rank`` (eagerly, as in Horovod, a RuntimeError)."""
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
                            "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
@@ -62,9 +55,7 @@ def broadcast_global_variables(root_rank: int) -> tf.Operation:
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
-    """A SessionRunHook (for ``tf.compat.v1.train.MonitoredTrainingSession`` and friends) that broadcasts every
-    global variable from ``root_rank`` once the session is created, so all ranks start from the same values
-    (random initialisation or a restored checkpoint on the root). ``device`` places the op, as in Horovod."""
+    """A SessionRunHook that runs broadcast_global_variables(``root_rank``) once the session is created."""
 
     def __init__(self, root_rank: int, device: str = "") -> None:
         super().__init__()

@@ -34,9 +34,7 @@ class _DistributedTape:
 
     def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
                                        use_generic_names: bool = False) -> tuple[list, list]:
-        """``gradient()``'s results split as Horovod's tape does: ``(local, shared)``, each a list of
-        ``(source, gradient)`` pairs in the order of ``sources``; local ones are those registered with
-        ``register_local_source`` (or a local layer's weights)."""
+        """``gradient()``'s ``(source, gradient)`` pairs split as Horovod's tape does: ``(local, shared)``."""
         flat_sources = tf.nest.flatten(sources)
         grads = tf.nest.flatten(self.gradient(target, sources, output_gradients, use_generic_names))
         local_pairs: list[tuple[Any, Any]] = []
@@ -51,14 +49,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                             op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups: Any = None, process_set: ProcessSet = global_process_set,
                             scale_local_gradients: bool = True) -> tf.GradientTape:
-    """Wrap ``gradtape`` so that ``gradient()`` combines the gradients of all ranks (Average by default).
-
-    Use it after recording (``tape = hvd.DistributedGradientTape(tape)``) or around a fresh tape
-    (``with hvd.DistributedGradientTape(tf.GradientTape()) as tape``). Dense gradients travel as one
-    fused allreduce; sparse ones (tf.IndexedSlices) by allgather unless ``sparse_as_dense=True``.
-    ``groups``/``num_groups`` are accepted for compatibility: every gradient already goes in one group.
-    ``device_dense``/``device_sparse`` are ignored (hvdlite reduces on the CPU).
-    """
+    """Wrap ``gradtape`` (recorded, or fresh) so that ``gradient()`` combines the gradients of all ranks (Average
+    by default), dense ones in one fused allreduce; ``groups``, ``num_groups`` and ``device_*`` are ignored."""
     cls = mixin_class(_DistributedTape, getattr(type(gradtape), "_hvd_base", type(gradtape)))
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

@@ -1,9 +1,7 @@
 """The two Keras families hvdlite.tensorflow(.keras) serves, Keras 3 and tf-keras (Keras 2), told apart per object.
 
-Everything that differs between them (the classes, how an optimizer lists and builds its state, how a file is
-loaded) is one method of a ``Family``; the rest of the Keras frontend is written once. ``import keras`` is
-always Keras 3; ``tf.keras`` is tf-keras when ``TF_USE_LEGACY_KERAS=1`` was set before TensorFlow was
-imported. tf-keras is never imported here: an object of it exists only once its user imported it.
+Everything that differs between them is one method of a ``Family``; the rest of the Keras frontend is written
+once. tf-keras is never imported here: an object of it exists only once its user imported it.
 """
 from __future__ import annotations
 
@@ -145,10 +143,8 @@ def model_family(model: Any, what: str, optimizer: Optional[Any] = None) -> Fami
 
 
 def tf_keras_family() -> Family:
-    """The family ``tf.keras`` stands for in this process (tf-keras iff TF_USE_LEGACY_KERAS was set).
-
-    Decided from the classes ``tf.keras`` hands out, not from its module name, which ``from tensorflow.keras
-    import ...`` rewrites to ``"tensorflow.keras"`` whichever Keras it is."""
+    """The family ``tf.keras`` stands for in this process, from the classes it hands out (``from tensorflow.keras
+    import ...`` rewrites their module name)."""
     import tensorflow as tf
 
     model = tf.keras.Model  # resolves tf.keras' lazy loader (which imports tf_keras when it stands for it)

@@ -1,11 +1,8 @@
 """TensorFlow ops over the hvdlite core: each collective is a numpy call, eager or in tf.function, with a gradient;
 and the topology ops (``hvd.rank_op()``, ``size_op()``, ...), int32 scalars read when the graph runs.
 
-Eagerly the tensors' numpy values go straight to ``hvdlite.core``; inside a ``tf.function`` the same call
-runs from a stateful ``tf.numpy_function``. Within one graph every collective gets a control dependency on
-the one created before it, so all ranks run them in the order the program traced them (and never block
-several of TensorFlow's few executor threads at once). Under XLA (``jit_compile=True``) Python cannot run,
-so building a collective there raises :class:`XLANotSupportedError` instead of skipping the reduction.
+In a graph each collective is a stateful ``tf.numpy_function`` with a control dependency on the one created before
+it, so all ranks run them in traced order (and never block several executor threads at once).
 """
 from __future__ import annotations
 
@@ -257,11 +254,8 @@ def broadcast_group(tensors: Sequence[Any], root_rank: int, name: Optional[str] 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
-    """Overwrite each variable with its value on ``root_rank``; returns the new values.
-
-    In a graph the returned tensors are the variables read after their assignment (as Horovod's in-place
-    op returns the variables themselves), so evaluating them in a tf.compat.v1 session also assigns; inside
-    tf.function, automatic control dependencies order later reads after the assignment anyway."""
+    """Overwrite each variable with its value on ``root_rank``; returns the new values (in a graph, the variables
+    read after their assignment, as Horovod's in-place op returns the variables)."""
     variables = as_list(variables, "broadcast_")
     values = broadcast_group(variables, root_rank, name, process_set, "broadcast_")
     assigned = [v.assign(val) for v, val in zip(variables, values)]

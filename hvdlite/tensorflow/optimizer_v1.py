@@ -1,13 +1,4 @@
-"""DistributedOptimizer for TF1 optimizers (``tf.compat.v1.train.Optimizer``): reduces in compute_gradients().
-
-As Horovod's, the wrapper is a ``tf.compat.v1.train.Optimizer`` that holds the user's optimizer as
-``_optimizer``: ``compute_gradients()`` asks it for the local gradients and returns them combined over the
-ranks, and ``apply_gradients()`` is the wrapped optimizer's. ``minimize()`` (the base class' own) calls both,
-so it reduces too. It works in a ``tf.compat.v1`` graph (sessions, ``MonitoredTrainingSession``) and eagerly
-(``minimize(loss_fn, var_list=...)``). With ``backward_passes_per_step=N`` the gradients are summed locally
-and reduced on every N-th call; ``apply_gradients()`` applies them on that call only and otherwise just
-advances ``global_step``.
-"""
+"""DistributedOptimizer for TF1 optimizers (``tf.compat.v1.train.Optimizer``): reduces in compute_gradients()."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -20,7 +11,8 @@ __all__ = ["DistributedTF1Optimizer"]
 
 
 class DistributedTF1Optimizer(tf.compat.v1.train.Optimizer):
-    """A TF1 optimizer whose ``compute_gradients()`` combines the gradients of all ranks (see the module)."""
+    """As Horovod's: holds the user's optimizer as ``_optimizer``; ``compute_gradients()`` (and so ``minimize()``)
+    returns the gradients combined over the ranks (docs/tensorflow.md, TF1)."""
 
     def __init__(self, optimizer: Any, settings: dict, name: Optional[str] = None,
                  use_locking: bool = False) -> None:

@@ -18,10 +18,8 @@ from .mpi_ops import _grouped_allreduce, _grouped_reducescatter, dense, grouped_
 
 def _sparse_allreduce(slices: list[tf.IndexedSlices], op: ReduceOp,
                       process_set: ProcessSet, name: Optional[str] = None) -> list[tf.IndexedSlices]:
-    """Reduce sparse tensors as Horovod does, by gathering every rank's (indices, values) in one grouped allgather
-    op (eagerly or in a graph, with its gradient): duplicates add up when applied. Average then divides the
-    gathered values by the set's size with TensorFlow's ``/``, as Horovod does: integer values become floats
-    (float32 for 8- and 16-bit integers, float64 for 32- and 64-bit ones)."""
+    """Reduce sparse tensors as Horovod does: one grouped allgather of every rank's (indices, values), then for
+    Average TensorFlow's ``/`` by the set's size (integer values become floats)."""
     check_sparse(op, name)
     k = len(slices)
     gathered = grouped_allgather([s.values for s in slices] + [s.indices for s in slices], name=name,
@@ -65,10 +63,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
               compression: type = Compression.none, op: Any = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False) -> Any:
-    """Reduce a tf.Tensor, tf.Variable or tf.IndexedSlices over all ranks; default op is Average.
-
-    A tf.IndexedSlices is reduced by allgathering its values and indices (Sum or Average only).
-    """
+    """Reduce a tf.Tensor, tf.Variable or tf.IndexedSlices (Sum or Average only) over all ranks; default Average."""
     tensor = tensor if isinstance(tensor, tf.IndexedSlices) else as_tensor(tensor, "allreduce")
     return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
                              postscale_factor, process_set, ignore_name_scope, name)[0]
@@ -119,11 +114,8 @@ def reduce_gradients(grads: Sequence[Any], compression: type = Compression.none,
                      op: Any = Average, gradient_predivide_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set,
                      names: Optional[Sequence[str]] = None) -> list[Any]:
-    """Reduce a list of gradients (None entries stay None) in one fused dense op and one sparse op.
-
-    ``names`` (one per gradient, e.g. its variable's name) give the ops stable names, the same at every
-    step, so the response cache hits and the timeline does not grow a new entry per step.
-    """
+    """Reduce a list of gradients (None entries stay None) in one fused dense op and one sparse op, named from
+    ``names`` (one per gradient) the same at every step, so the response cache hits."""
     reduce_op = resolve_op(op)
     grads = [dense(g) if sparse_as_dense and g is not None else g for g in grads]
     if not process_set.included() or process_set.size() == 1:

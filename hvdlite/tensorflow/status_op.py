@@ -1,15 +1,9 @@
 """The op that raises collective errors inside tf.function (HvdliteCheckStatus): its registration and error store.
 
-TensorFlow's PyFunc kernel (behind ``tf.numpy_function``) turns any Python exception into UnknownError or
-InvalidArgumentError, so a graph-mode collective cannot raise ``FailedPreconditionError`` itself. Instead its
-Python body stores the error under a token (:func:`defer_error`) and returns the token; this op, registered
-once per process through TensorFlow's stable C API (``tensorflow/c/ops.h``, ``kernels.h``) with ctypes
-callbacks, receives the token alone: token 0 succeeds, any other fails the kernel with the stored error's code
-and message. The collective's results pass on through an IdentityN that depends on the op (:func:`gate`), so
-the Python kernel (tens of microseconds per tensor it would touch) sees no tensor. Nothing is compiled: the
-kernel is a Python function TensorFlow calls through a C function pointer. Where the C API cannot be loaded
-(another TensorFlow build, a missing symbol, registration refused), :func:`available` is False and callers
-keep raising from the Python body (one debug log line says why).
+``tf.numpy_function`` turns any Python exception into UnknownError or InvalidArgumentError, so a graph-mode
+collective stores its error under a token (:func:`defer_error`) and returns the token; this op, registered through
+TensorFlow's stable C API with a ctypes kernel, fails with the stored error for any token but 0. Where that API
+cannot be loaded, :func:`available` is False and the errors stay PyFunc's.
 """
 from __future__ import annotations
 
@@ -86,11 +80,9 @@ def fail(lib: ctypes.CDLL, ctx: int, code: int, message: str) -> None:
 
 
 def make_kernel(lib: ctypes.CDLL, op_name: str, take_error: Callable[[int], Optional[tuple[int, str]]]) -> object:
-    """The C compute callback of op ``op_name``'s kernel, returned so the caller keeps it alive forever: it
-    fails with ``take_error(token)`` for a nonzero token (input 0). The kernel has no create or delete
-    callback (NULL: it keeps no state): TensorFlow creates and destroys kernels while it holds its own locks
-    (tf.random.set_seed clears every cached kernel under the eager context's lock), and a Python callback
-    there needs the GIL, which a thread waiting for that lock may hold (a deadlock)."""
+    """The C compute callback of op ``op_name``'s kernel (keep it alive): fails with ``take_error(token)`` for a
+    nonzero token. No create or delete callback: TensorFlow calls those under its own locks, where a Python
+    callback waiting for the GIL can deadlock (tf.random.set_seed)."""
 
     def compute(_kernel: int, ctx: int) -> None:
         status = lib.TF_NewStatus()

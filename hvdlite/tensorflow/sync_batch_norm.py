@@ -54,18 +54,9 @@ class _SyncBatchNormalizationMeta(type):
 
 @keras.saving.register_keras_serializable(package="hvdlite")
 class SyncBatchNormalization(keras.layers.BatchNormalization, metaclass=_SyncBatchNormalizationMeta):
-    """Batch normalization with mean and variance computed over the union of the batches of every rank of
-    ``process_set`` (default: all ranks).
-
-    The statistics come from hvdlite's one SyncBatchNorm algorithm (the same as hvdlite.torch): the global
-    mean first, then the mean of squared deviations from it (two allreduces, numerically stable), so ranks
-    may hold batches of different sizes. Gradients flow through both allreduces. Outside training it uses
-    the moving statistics, as usual.
-
-    ``fused`` (Horovod's default False) is accepted with any value and ignored: Keras 3 has no fused kernel.
-    When ``tf.keras`` is tf-keras (TF_USE_LEGACY_KERAS=1), this builds the tf-keras layer of the same name
-    (:func:`_tf_keras_class`), as Horovod's is a ``tf.keras`` layer.
-    """
+    """Batch normalization whose training statistics cover the batches of every rank of ``process_set`` (the
+    core's sync_moments, as hvdlite.torch's; gradients flow through it). ``fused`` is ignored: Keras 3 has no
+    fused kernel. When ``tf.keras`` is tf-keras this builds the tf-keras layer (:func:`_tf_keras_class`)."""
 
     def __init__(self, fused: Optional[bool] = False, process_set: ProcessSet = global_process_set,
                  **kwargs: Any) -> None:
@@ -100,14 +91,12 @@ class SyncBatchNormalization(keras.layers.BatchNormalization, metaclass=_SyncBat
 
 @functools.cache
 def _tf_keras_class() -> type:
-    """The tf-keras SyncBatchNormalization, made on first use (tf-keras is imported only once its user did): it
-    works wherever tf-keras layers do (eagerly, tf.function, tf.compat.v1 sessions)."""
+    """The tf-keras SyncBatchNormalization, made on first use (tf-keras is imported only once its user did)."""
     tf_keras: Any = KERAS2.module()
 
     @tf_keras.utils.register_keras_serializable(package="hvdlite")
     class SyncBatchNormalization(tf_keras.layers.BatchNormalization):
-        """As the Keras 3 layer; ``fused`` is accepted with any value and ignored (a fused kernel would compute
-        its own statistics)."""
+        """As the Keras 3 layer (``fused`` is ignored: a fused kernel would compute its own statistics)."""
 
         def __init__(self, fused: Optional[bool] = False, process_set: ProcessSet = global_process_set,
                      **kwargs: Any) -> None:

@@ -1,8 +1,4 @@
-"""hvdlite.tensorflow.keras (also ``hvdlite.keras``): Horovod's Keras API on Keras 3 and on tf-keras (Keras 2).
-
-``import hvdlite.tensorflow.keras as hvd`` replaces ``import horovod.tensorflow.keras as hvd``. Which Keras
-is served is decided per object (the optimizer wrapped, the model a callback gets): see ../keras_families.py.
-"""
+"""hvdlite.tensorflow.keras (also ``hvdlite.keras``): Horovod's Keras API on Keras 3 and on tf-keras (Keras 2)."""
 from __future__ import annotations
 
 from typing import Any, Optional

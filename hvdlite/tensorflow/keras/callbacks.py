@@ -28,10 +28,7 @@ def _say(message: str) -> None:
 
 
 class AnyKerasCallback(keras.callbacks.Callback):
-    """A Keras 3 callback that tf-keras' ``model.fit`` accepts as well, so one callback class serves both.
-
-    tf-keras asks each callback which batch hooks it implements (and whether it takes tensor logs: no).
-    """
+    """A Keras 3 callback that tf-keras' ``model.fit`` accepts as well (it asks which batch hooks it implements)."""
 
     _supports_tf_logs = False
 
@@ -49,9 +46,8 @@ class AnyKerasCallback(keras.callbacks.Callback):
 
 
 class CheckReplicasCallback(AnyKerasCallback):
-    """Check that the model's and optimizer's variables (Keras 3 or tf-keras) are bit-identical on every rank:
-    after every ``every_n_batches``-th training batch, or (0, the default) at the end of each epoch. A divergence raises
-    ``hvd.ReplicaDivergenceError`` on every rank, naming the variable, the ranks and the largest difference."""
+    """hvd.check_replicas of the model and its optimizer after every ``every_n_batches``-th training batch, or (0,
+    the default) at the end of each epoch."""
 
     def __init__(self, every_n_batches: int = 0) -> None:
         super().__init__()
@@ -71,13 +67,8 @@ class CheckReplicasCallback(AnyKerasCallback):
 
 
 class BroadcastGlobalVariablesCallback(AnyKerasCallback):
-    """Broadcast the model's and optimizer's variables from ``root_rank`` once, before training moves on.
-
-    With a built model (e.g. one that starts with ``keras.Input``) this happens in ``on_train_begin``, after
-    building the optimizer's state, so every rank takes its first step from the same weights. A model that
-    only gets built by its first batch is broadcast after that batch, as Horovod does. Variables given as
-    ``local_variables`` (one variable or a list) or passed to ``register_local_var`` are left alone.
-    """
+    """Broadcast the model's and optimizer's variables from ``root_rank`` once: in ``on_train_begin`` for a
+    built model, else after the first batch (docs/tensorflow.md). ``local_variables`` are left alone."""
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
@@ -116,11 +107,7 @@ def _is_variable(value: Any) -> bool:
 
 
 class MetricAverageCallback(AnyKerasCallback):
-    """Replace each epoch-end metric (training and validation) by its average over all ranks.
-
-    Keras 3 passes one logs dict to the callbacks in list order and appends its own History and progress
-    bar last, so those (and any callback listed after this one) see the averaged values.
-    """
+    """Replace each epoch-end metric (training and validation) by its average over all ranks."""
 
     def __init__(self, device: str = "") -> None:
         super().__init__()
@@ -144,13 +131,9 @@ def _current_lr(optimizer: Any) -> float:
 
 
 class LearningRateScheduleCallback(AnyKerasCallback):
-    """Set the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` to ``end_epoch``.
-
-    ``multiplier`` is a constant (exponential decay: ``multiplier ** (epoch - start_epoch)``) or a function
-    of the epoch. With ``staircase=True`` the rate changes at the start of each epoch (integer epochs),
-    otherwise before every batch with ``epoch + batch / steps_per_epoch``. ``momentum_correction`` scales
-    the momentum of SGD by ``new_lr / old_lr`` for the step after a change (see the README for Keras 3).
-    """
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` to ``end_epoch``: a
+    constant ``multiplier`` decays exponentially; ``staircase=False`` adjusts before every batch with fractional
+    epochs; ``momentum_correction``: see docs/tensorflow.md."""
 
     def __init__(self, initial_lr: float, multiplier: Union[float, Callable[[float], float]],
                  start_epoch: int = 0, end_epoch: Optional[int] = None, staircase: bool = True,
@@ -206,12 +189,8 @@ class LearningRateScheduleCallback(AnyKerasCallback):
 
 
 def _correct_momentum(optimizer: Any, ratio: float) -> None:
-    """Horovod's momentum correction, as one scaling of the momentum buffers (either Keras).
-
-    Horovod multiplied the momentum hyper-parameter by ``ratio`` for one step; SGD's next velocity
-    ``(momentum * ratio) * v - lr * g`` equals ``momentum * (ratio * v) - lr * g``, and scaling the buffer
-    also works where the momentum is a constant of a traced function (Keras 3, tf-keras' 2.11+ optimizers).
-    """
+    """Horovod's momentum correction (momentum times ``ratio`` for one step) as a scaling of the velocities,
+    which also works where the momentum is a constant of a traced function."""
     if not float(np.asarray(getattr(optimizer, "momentum", 0) or 0)):
         return
     for velocity in family_of(optimizer, "optimizer", "momentum_correction").velocities(optimizer):
@@ -219,11 +198,7 @@ def _correct_momentum(optimizer: Any, ratio: float) -> None:
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
-    """Gradual warm-up: the rate goes from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``.
-
-    ``lr'(epoch) = initial_lr / size * (epoch * (size - 1) / warmup_epochs + 1)``, adjusted before every
-    batch (Goyal et al., "Accurate, Large Minibatch SGD", 2017).
-    """
+    """Gradual warm-up from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al., 2017)."""
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
                  steps_per_epoch: Optional[int] = None, verbose: int = 0) -> None:
@@ -245,13 +220,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Keep the best model seen so far (by ``monitor``); only rank 0 writes the file.
-
-    Horovod's signature has no ``filepath``: its Spark estimator sets ``callback.filepath`` before training.
-    Set that attribute the same way, or pass the hvdlite keyword ``filepath=`` (after Horovod's arguments).
-    A ``.keras`` (or ``.h5``) path saves the model, a ``.weights.h5`` path with ``save_weights_only=True``
-    its weights. Training with no path set raises ValueError.
-    """
+    """Keep the best model seen so far (by ``monitor``); only rank 0 writes the file, at ``callback.filepath``
+    (set as Horovod's Spark estimator does) or the keyword ``filepath=``."""
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, save_weights_only: bool = False,
                  mode: str = "auto", save_freq: Union[str, int] = "epoch", *, filepath: Optional[str] = None) -> None:

@@ -1,15 +1,9 @@
 """DistributedOptimizer: a subclass of the user's optimizer class that reduces gradients first (either Keras), and
 load_model, which hands a saved model back with its optimizer wrapped.
 
-Keras 3's ``model.fit`` (TensorFlow backend) calls ``optimizer.apply_gradients`` -> ``optimizer.apply`` inside a
-tf.function, so its wrapper overrides ``apply``; tf-keras' ``fit`` and ``minimize`` end in ``apply_gradients`` for
-both its optimizer families (2.11+ and ``legacy``), so its wrapper overrides that (Horovod 0.28 reduced in the legacy
-``_compute_gradients``, i.e. in ``minimize``/``fit`` only). Every path reduces the gradients exactly once; a caller
-that turns the optimizer's own aggregation off (``skip_gradients_aggregation=True``, legacy
-``experimental_aggregate_gradients=False``) reduces them itself, so they are applied as given. The class is built
-on the fly as ``type(name, (mixin, UserOptimizer), ...)``, so ``isinstance(opt, keras.optimizers.Adam)``
-holds, ``get_config`` is the plain optimizer's config and a saved model loads back with plain Keras (as the
-plain optimizer) or with ``hvd.load_model`` (wrapped).
+Keras 3 reduces in ``apply`` (what ``apply_gradients`` and ``fit`` call), tf-keras in ``apply_gradients`` (both
+its optimizer families), each exactly once; a caller that turned the optimizer's own aggregation off reduced them
+itself. The class is ``type(name, (mixin, UserOptimizer), ...)``: isinstance and ``get_config`` are the user's.
 """
 from __future__ import annotations
 
@@ -43,8 +37,7 @@ class DistributedOptimizerMixin:
 
     @property
     def _agg_helper(self) -> Optional[Combiner]:
-        """Horovod's name for the aggregation state (``_agg_helper.counter``: the backward passes summed since
-        the last reduction); None without ``backward_passes_per_step``."""
+        """Horovod's name for the aggregation state (``.counter``); None without ``backward_passes_per_step``."""
         return self._hvd if self._hvd.settings["backward_passes_per_step"] > 1 else None
 
     def _hvd_skip(self) -> Any:
@@ -74,10 +67,8 @@ class Keras2DistributedOptimizerMixin(DistributedOptimizerMixin):
     """tf-keras: ``apply_gradients`` reduces (every ``backward_passes_per_step`` calls), then applies."""
 
     def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None) -> list:
-        """Horovod's hook (legacy ``minimize()`` calls it; a 2.11+ optimizer's ``compute_gradients``): the local
-        gradients reduced (``backward_passes_per_step=N``: summed locally, reduced every N-th call), which
-        ``apply_gradients()`` then applies without reducing again (N > 1: on the reducing call only; the other
-        calls advance ``iterations``)."""
+        """Horovod's hook (legacy ``minimize()`` calls it): the gradients combined, which ``apply_gradients()``
+        then applies without reducing again."""
         compute = getattr(super(), "_compute_gradients", None)
         if compute is None and grad_loss is not None:
             raise ValueError(f"{type(self).__name__} (a tf-keras 2.11+ optimizer): _compute_gradients takes no "
@@ -126,16 +117,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
                          backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                          num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 or tf-keras optimizer (SGD, Adam, ..., tf.keras.optimizers.legacy.*) so it averages
-    gradients over ranks before applying.
-
-    Returns a new optimizer of a subclass of ``type(optimizer)`` built from ``optimizer.get_config()``.
-    ``op`` is hvd.Average (default), hvd.Sum or hvd.Adasum (the gradients are combined with Adasum, which
-    needs a power-of-two number of ranks; do not scale the learning rate by the number of ranks). With
-    ``backward_passes_per_step=N`` gradients are summed locally (averaged if ``average_aggregated_gradients``)
-    and reduced and applied every N-th step; the other steps only advance ``optimizer.iterations``.
-    ``groups``, ``device_*`` are accepted and ignored.
-    """
+    """Wrap a Keras 3 or tf-keras optimizer so it combines gradients over ranks (``op``: Average, Sum or
+    Adasum) before applying: a new optimizer of a subclass of ``type(optimizer)``, from its ``get_config()``.
+    With ``backward_passes_per_step=N`` the other steps only advance ``iterations``; ``groups``, ``device_*``
+    are ignored."""
     settings = gradient_settings(op, gradient_predivide_factor, groups, compression, sparse_as_dense, process_set,
                                  scale_local_gradients, backward_passes_per_step, average_aggregated_gradients)
     family = family_of(optimizer, "optimizer", "DistributedOptimizer")
@@ -167,8 +152,7 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None, devi
                                 average_aggregated_gradients: bool = False, groups: Any = None,
                                 process_set: ProcessSet = global_process_set, local_layers: Any = None,
                                 scale_local_gradients: bool = True) -> Any:
-    """A DistributedOptimizer whose ``local_layers`` (a Keras layer or a list of them) keep their own
-    gradients: those are not reduced, only divided by the set size if ``scale_local_gradients``."""
+    """A DistributedOptimizer whose ``local_layers`` (a Keras layer or a list) keep their own gradients."""
     family = family_of(optimizer, "optimizer", "PartialDistributedOptimizer")
     single = family.owns(local_layers, "layer") or not isinstance(local_layers, (list, tuple, type(None)))
     layers = [local_layers] if single else list(local_layers or [])
@@ -190,12 +174,8 @@ def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None
                legacy_opts: bool = False) -> Any:
     """Load a saved model; its optimizer comes back as a DistributedOptimizer with the state saved with it.
 
-    A ``.keras`` file is loaded with Keras 3; an ``.h5`` file or a SavedModel directory with the Keras that
-    ``tf.keras`` is (tf-keras when TF_USE_LEGACY_KERAS=1, else Keras 3). Optimizer classes in
-    ``custom_optimizers`` and objects in ``custom_objects`` are made known to Keras for loading. With
-    ``legacy_opts`` (Horovod's meaning) tf-keras loads the optimizer as its ``tf.keras.optimizers.legacy``
-    class; Keras 3 has no legacy optimizers, so there it is ignored.
-    """
+    A ``.keras`` file loads with Keras 3, anything else with the Keras ``tf.keras`` is; ``legacy_opts`` (tf-keras
+    only) loads the optimizer as its ``tf.keras.optimizers.legacy`` class."""
     family = KERAS3 if str(filepath).endswith(".keras") else tf_keras_family()
     if legacy_opts and family is KERAS3:
         logger.debug("load_model: legacy_opts=True ignored (Keras 3 has no legacy optimizers)")

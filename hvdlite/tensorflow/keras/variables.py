@@ -33,13 +33,8 @@ def model_and_optimizer_variables(model: Any, build_optimizer: bool = True) -> l
 
 
 def broadcast_global_variables(root_rank: int) -> None:
-    """Broadcast the variables of every live Keras model (and its optimizer), of either Keras, from ``root_rank``.
-
-    Neither Keras 3 nor tf-keras in TF 2 has a global variable collection, so hvdlite finds the live Keras
-    models (``keras.Model``, then ``tf.keras.Model``), takes them in name order, and first checks that every
-    rank holds the same variables (names, shapes, dtypes) and that no two share a name (models are matched
-    by name: give each model its own).
-    """
+    """Broadcast the variables of every live Keras model (and its optimizer), of either Keras, from ``root_rank``,
+    in model-name order, once every rank is seen to hold the same, uniquely named variables."""
     gc.collect()
     found: dict[int, tuple[Any, str]] = {}  # id -> (variable, its name), each variable once
     for family in (f for f in FAMILIES if f.available()):
@@ -88,12 +83,8 @@ def _named(variables: list) -> list:
 
 
 def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
-    """Check that ``obj`` (a Keras model with its optimizer's state, a Keras optimizer, or a collection of
-    variables, tensors and numpy arrays) is bit-identical on every rank of ``process_set``; returns how many
-    tensors were compared. One small gather of 64-bit digests; when any differs, only the first differing
-    tensor is gathered and ``hvd.ReplicaDivergenceError`` is raised on every rank naming it, the ranks that
-    differ and the largest absolute difference. Every rank must call it. Layers' random-seed state (Dropout)
-    is left out: it differs per rank on purpose."""
+    """hvd.check_replicas of a Keras model with its optimizer's state (not layers' seed state, which differs
+    per rank on purpose), a Keras optimizer, or a collection of variables, tensors and numpy arrays."""
     if any(family.owns(obj, "model") for family in FAMILIES):  # Keras 3 or tf-keras
         named = _named(model_and_optimizer_variables(obj, build_optimizer=False))
     elif hasattr(obj, "apply_gradients") and hasattr(obj, "variables"):  # an optimizer
