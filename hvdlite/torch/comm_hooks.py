@@ -1,8 +1,5 @@
-"""Communication hooks for DistributedOptimizer's gradient buckets (DDP's GradBucket protocol):
-allreduce_hook (the default), fp16_compress_hook, bf16_compress_hook, their float32-accumulating variants
-(bf16_fp32acc_compress_hook, fp16_fp32acc_compress_hook), and compression= as a hook; and the one
-compressed-reduction path of both torch optimizers (``start_reduction``: an in-place grouped allreduce, or a
-reducescatter into given rows)."""
+"""Communication hooks for DistributedOptimizer's gradient buckets (DDP's GradBucket protocol), compression= as a
+hook, and the one compressed-reduction path of both torch optimizers (``start_reduction``)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, NamedTuple, Optional

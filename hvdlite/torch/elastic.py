@@ -12,11 +12,7 @@ __all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler", "Hosts
 
 
 class TorchState(ObjectState):
-    """The model, the optimizer and any other values (``epoch=0, batch=0``, an ElasticSampler...).
-
-    Model and optimizer are snapshotted with state_dict() and restored in place with load_state_dict(),
-    so the objects the training loop holds stay valid across restore() and restarts.
-    """
+    """The model, the optimizer (restored in place with load_state_dict()) and any other values."""
 
     def __init__(self, model: Optional[torch.nn.Module] = None, optimizer: Optional[torch.optim.Optimizer] = None,
                  **kwargs: Any) -> None:
@@ -25,11 +21,8 @@ class TorchState(ObjectState):
 
 
 class ElasticSampler(ElasticShards, torch.utils.data.Sampler):
-    """Shards a dataset over the current ranks and resumes a restarted epoch where its last commit was.
-
-    Call ``record_batch(batch_idx, batch_size)`` after each batch and keep the sampler in the elastic
-    state (``TorchState(..., train_sampler=sampler)``) so what was processed is committed with the model.
-    """
+    """Shards a dataset over the current ranks and resumes a restarted epoch where its last commit was
+    (``record_batch(batch_idx, batch_size)`` after each batch; keep it in the elastic state)."""
 
     def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset = dataset

@@ -12,13 +12,8 @@ from .async_ops import broadcast_async_, synchronize
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet = global_process_set) -> None:
-    """Overwrite every rank's tensors in place with root_rank's.
-
-    ``params`` is a ``model.state_dict()`` (parameters and buffers, e.g. BatchNorm running stats and
-    its 0-dim ``num_batches_tracked``), ``model.named_parameters()`` or ``model.parameters()`` (lists
-    or generators). Non-tensor values of a dict (plain Python scalars) are broadcast as objects and
-    stored back into the dict.
-    """
+    """Overwrite every rank's tensors (``state_dict()``, ``named_parameters()`` or ``parameters()``) in place with
+    root_rank's; a dict's non-tensor values are broadcast as objects."""
     if isinstance(params, dict):
         items = sorted(params.items(), key=lambda kv: str(kv[0]))
     elif isinstance(params, Iterable) and not isinstance(params, (torch.Tensor, str, bytes)):
@@ -65,10 +60,8 @@ def _step_with_zero_gradients(optimizer: torch.optim.Optimizer, model: Any) -> N
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None,
                               process_set: ProcessSet = global_process_set) -> None:
-    """Make every rank's optimizer state and hyper-parameters (lr, betas, ...) equal root_rank's: the structure
-    as an object, then the tensors in place (created where missing). A rank whose optimizer has no state yet
-    first steps it with zero gradients, as Horovod does (LBFGS, which Horovod refuses, is not stepped);
-    ``model`` names the sparse Embeddings; a ProcessSet passed third is understood as ``process_set``."""
+    """Make every rank's optimizer state and hyper-parameters equal root_rank's, stepping a stateless one with zero
+    gradients first as Horovod does (docs/torch.md); a ProcessSet passed third is ``process_set``."""
     if isinstance(model, ProcessSet):
         process_set, model = model, None
     if not optimizer.state_dict()["state"] and not isinstance(optimizer, torch.optim.LBFGS):

@@ -30,12 +30,8 @@ _owners: dict[int, "weakref.ref[Readiness]"] = {}
 
 
 class Readiness:
-    """Tracks when each parameter's gradient is complete for this step and tells the optimizer.
-
-    ``on_ready(p, complete)`` runs from ``p``'s post-accumulate-grad hook after every counted backward pass;
-    ``complete`` is True on the pass that finishes ``backward_passes_per_step`` passes (then the optimizer
-    may start reducing). Passes inside ``no_sync()`` are not counted: they call ``on_ready(p, False)``.
-    """
+    """Tracks when each parameter's gradient is complete for this step: ``on_ready(p, complete)`` after every
+    backward pass, ``complete`` on the one that finishes ``backward_passes_per_step`` (never inside no_sync())."""
 
     def __init__(self, process_set: ProcessSet, passes: int, on_ready: Callable[[torch.Tensor, bool], None],
                  params: Iterable[torch.Tensor]) -> None:

@@ -1,8 +1,4 @@
-"""The CUDA-aware MPI data plane: torch tensors' device buffers handed to MPI directly, without host staging.
-
-plane.py's TorchPlane runs over this group, which calls MPI instead of NCCL or gloo. MPI knows no CUDA streams:
-the host polls CUDA events for the work that wrote a buffer before MPI reads it.
-"""
+"""The CUDA-aware MPI data plane: torch tensors' device buffers handed to MPI directly, without host staging."""
 from __future__ import annotations
 
 import math

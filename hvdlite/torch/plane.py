@@ -1,8 +1,6 @@
 """The torch.distributed data plane: NCCL for CUDA tensors, gloo for CPU ones, bootstrapped over hvdlite's MPI.
 
-hvdlite never touches torch.distributed's default group: each plane is a ProcessGroup object of its own
-(one per hvdlite process set, made when the set is made) on a TCPStore that world rank 0 opens on a free
-port and announces over MPI. Only the engine thread calls these groups.
+Each plane is a ProcessGroup of its own (never torch.distributed's default group), called by the engine thread only.
 """
 from __future__ import annotations
 

@@ -20,20 +20,8 @@ _log = logging.getLogger(__name__)
 
 class PowerSGDState:
     """What powerSGD_hook keeps between steps: the iteration count, per-bucket error feedback and the
-    warm-started P and Q factors. The keywords are torch's ``PowerSGDState``'s, with hvdlite's ``process_set``
-    in place of ``process_group`` (None: the bucket's own process set).
-
-    - ``matrix_approximation_rank``: r; a gradient of shape (n, ...) is viewed as an n x m matrix and sent as
-      P (n x r) and Q (m x r).
-    - ``start_powerSGD_iter``: the first iterations (counted on each step's last bucket) are plain averaging
-      allreduces; compression starts at this iteration.
-    - ``min_compression_rate``: a matrix is compressed only if (n + m) * r * min_compression_rate < n * m;
-      others (and every 0-D or 1-D tensor) are averaged uncompressed, in one allreduce per bucket.
-    - ``use_error_feedback``: the part of the gradient the approximation lost is added to the next step's.
-    - ``warm_start``: Q starts from the previous step's Q (else from fresh random values each step).
-    - ``orthogonalization_epsilon``: added to each column norm when orthogonalizing P (0: a zero column stays 0).
-    - ``random_seed``: seeds the initial Q, identically on every rank.
-    """
+    warm-started P and Q factors. The keywords are torch's (docs/torch.md), with hvdlite's ``process_set``
+    in place of ``process_group`` (None: the bucket's own process set)."""
 
     def __init__(self, process_set: Optional[ProcessSet] = None, matrix_approximation_rank: int = 1,
                  start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2,
@@ -121,12 +109,8 @@ def _views(memory: torch.Tensor, shapes: list[tuple[int, int]]) -> list[torch.Te
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: Any) -> Any:
-    """Average ``bucket``'s gradients over its process set with rank-r PowerSGD compression (see PowerSGDState).
-
-    Per bucket and step: the uncompressible tensors go in one averaging allreduce and every matrix's P = M Q in
-    one summing allreduce, both started here; ``wait()`` orthogonalizes P, allreduces Q = M^T P (averaged) and
-    writes P Q^T into the bucket's buffer. Every rank computes the same result bit for bit.
-    """
+    """Average ``bucket``'s gradients over its process set with rank-r PowerSGD compression: the uncompressed
+    tensors' and P's allreduces start here, Q's in ``wait()`` (docs/torch.md)."""
     process_set = state._reduce_set(bucket)
     buffer = bucket.buffer()
     if state.iter < state.start_powerSGD_iter:

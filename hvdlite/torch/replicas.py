@@ -29,12 +29,7 @@ def _leaf(value: Any) -> Optional[np.ndarray]:
 def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
     """Check that ``obj`` (a torch module: its state_dict; an optimizer: each parameter, its state and the groups'
     numeric hyperparameters; or a collection of tensors, numpy arrays and numbers) is bit-identical on every rank
-    of ``process_set``; returns how many tensors were compared.
-
-    Each tensor is reduced to a 64-bit digest and the digests are gathered (one small collective); when any
-    differs, only the first differing tensor is gathered, and ``hvd.ReplicaDivergenceError`` is raised on every
-    rank naming it, the ranks that differ and the largest absolute difference. Every rank must call it.
-    """
+    of ``process_set`` (the core's check, docs/ARCHITECTURE.md); returns how many tensors were compared."""
     if isinstance(obj, torch.nn.Module):
         named = flatten_tensors(obj.state_dict(), _leaf)
     elif isinstance(obj, torch.optim.Optimizer):

@@ -13,14 +13,8 @@ from .async_ops import Sum
 
 
 class SyncBatchNorm(_BatchNorm):
-    """Batch normalisation over the union of every rank's batch (N-dimensional, input ``(N, C, ...)``).
-
-    In training the mean and variance are computed across all ranks of ``process_set`` by the
-    algorithm both frontends share (``hvdlite.core.frontend.sync_moments``: the global mean, then the
-    mean squared deviation from it) with differentiable allreduces, so gradients are exactly those of
-    batch norm on the combined batch; running statistics are updated identically on every rank.
-    In eval mode it is a plain batch norm with the running statistics. Unlike Horovod's, CPU tensors are supported.
-    """
+    """Batch normalisation over the union of every rank's batch (input ``(N, C, ...)``, CPU or CUDA): in training
+    the core's sync_moments over ``process_set``, with differentiable allreduces."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, process_set: ProcessSet = global_process_set) -> None:

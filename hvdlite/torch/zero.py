@@ -1,9 +1,4 @@
-"""ZeroRedundancyOptimizer: ZeRO stage 1, each rank keeps and steps the optimizer state of 1/N of the model.
-
-Gradients are averaged with one reducescatter per flat bucket (bucket_sync), so each rank receives the rows
-it owns and steps them; an allgather of the updated rows shares the new parameters. Parameters and gradients
-are views of the buckets, and both collectives write into buffers kept across steps.
-"""
+"""ZeroRedundancyOptimizer: ZeRO stage 1, each rank keeps and steps the optimizer state of 1/N of the model."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -25,14 +20,9 @@ _NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor", "Muon")
 
 
 class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
-    """Shard ``optimizer_class``'s state over ``process_set``: a drop-in for ``DistributedOptimizer``.
-
-    ``ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)`` averages the gradients
-    over the set (no separate gradient wrapper), steps this rank's shard and shares the new parameters.
-    ``optimizer_class`` must update each element from that element's own gradient and state (SGD, Adam,
-    AdamW, Adagrad, RMSprop, ... do; LBFGS and Adafactor do not): shards are flat ranges that may cut a
-    parameter in two. Parameters with ``requires_grad=False`` at construction are never stepped.
-    """
+    """Shard ``optimizer_class``'s state over ``process_set`` in flat ranges (so its update must be elementwise):
+    averages the gradients with one reducescatter per bucket, steps this rank's rows, allgathers them
+    (docs/torch.md). Parameters with ``requires_grad=False`` at construction are never stepped."""
 
     def __init__(self, params: Any, optimizer_class: type, process_set: ProcessSet = global_process_set,
                  *, compression: Any = Compression.none, backward_passes_per_step: int = 1,
