@@ -151,7 +151,7 @@ def test_a_standby_jobs_ranks_wait_for_the_handover_then_join_as_the_new_jobs(
     server.bump_generation()
     server.release(3)
     waiting.join(10)
-    assert [link.generation for link in links] == [1] and os.environ[RESTART_VARIABLE] == "3"
-    assert STANDBY_VARIABLE not in os.environ and server.standing_by() == 0
+    assert [(link.generation, link.restart) for link in links] == [(1, 3)] and server.standing_by() == 0
+    assert os.environ[RESTART_VARIABLE] == "1" and os.environ[GENERATION_VARIABLE] == "0"  # (the link holds them)
     wait_until(lambda: [(r.rank, r.attempt) for r in server.snapshot()] == [(0, 3)], "joined as reset 3's rank 0")
     links[0].close()

@@ -31,6 +31,7 @@ class DriverLink:
         self._nonce, self._seq = "", 0
         self._sending = threading.Lock()  # the engine thread sends too (ask_to_end), besides the training thread
         self.generation = 0
+        self.restart = number(RESTART_VARIABLE)  # the driver's restarts of the job (a standby's: at its handover)
 
     @property
     def enabled(self) -> bool:
@@ -57,16 +58,13 @@ class DriverLink:
         self._sock.settimeout(None)
         self._seq = 0
         set_elsewhere(self.ask_to_end)
+        # the generation the driver started this job with: a change before the ranks connected counts too
+        self.generation = number(GENERATION_VARIABLE)
         if getenv(STANDBY_VARIABLE):  # a standby job's rank: wait until the driver hands the run over to this job,
             self.send(op="standby", rank=rank, size=size)  # then go on with that moment's restart and generation
             handover = self._answer(f" before handing the run over to this standby job's rank {rank}")
-            os.environ[RESTART_VARIABLE] = str(handover["restart"])
-            os.environ[GENERATION_VARIABLE] = str(handover["generation"])
-            os.environ.pop(STANDBY_VARIABLE)
-        self.send(op="hello", rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
-                  attempt=number(RESTART_VARIABLE))
-        # the generation the driver started this job with: a change before the ranks connected counts too
-        self.generation = int_or_none(getenv(GENERATION_VARIABLE)) or 0
+            self.restart, self.generation = int(handover["restart"]), int(handover["generation"])
+        self.send(op="hello", rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(), attempt=self.restart)
 
     def send(self, **message: Any) -> bool:
         """Send one signed message; whether it went (False: no driver, or the connection is gone)."""
@@ -128,5 +126,5 @@ def link() -> DriverLink:
 
 def number(variable: str) -> int:
     """A number the elastic driver sets in its ranks (0 outside one): RESTART_VARIABLE (how many times it restarted
-    the job), MIN_NP_VARIABLE (--min-np)."""
+    the job), GENERATION_VARIABLE, MIN_NP_VARIABLE (--min-np)."""
     return int_or_none(getenv(variable)) or 0

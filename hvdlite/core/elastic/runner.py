@@ -7,7 +7,7 @@ import sys
 from typing import Any, Callable, TypeVar
 
 from .. import recovery, runtime
-from ..elastic_wire import MIN_NP_VARIABLE, RESTART_VARIABLE
+from ..elastic_wire import MIN_NP_VARIABLE
 from ..log import logger
 from . import link as driver
 from .state import HostsUpdatedInterrupt, State
@@ -44,7 +44,7 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
     """Sync the state (after a restart, then run the reset callbacks), and call ``func`` until it returns; after a
     lost rank, where the MPI allows it (core/recovery.py), recover, restore the last commit from memory, run the
     reset callbacks, agree on the newest commit, and call again (lost during the first sync: sync it again)."""
-    synced, reset = False, driver.number(RESTART_VARIABLE) > 0
+    synced, reset = False, driver.link().restart > 0
     while True:
         try:
             if not synced:
