@@ -1,7 +1,6 @@
 """The framework-agnostic core of hvdlite: runtime, engine and collectives on numpy arrays.
 
-The names exported here are the public API (``import hvdlite as hvd``). Frontends use these and
-``hvdlite.core.frontend``; every other module of the core is private.
+Its exports are the public API (``import hvdlite as hvd``); frontends also use ``hvdlite.core.frontend``.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The runtime names every frontend re-exports (init, rank, size, ..., process sets, reduce ops, errors, build flags).
 
-Part of the frontend interface: a frontend writes ``from hvdlite.core.basics import *`` and
-``__all__ += basics.__all__``, so the list is written once and every name is visible to type checkers. The
-build flags are Horovod's ``*_built()`` / ``*_enabled()`` queries: GPU and gloo support comes from the
-frontends' data planes (core/engine/planes.py), asked at run time.
+A frontend writes ``from hvdlite.core.basics import *`` and ``__all__ += basics.__all__``.
 """
 from __future__ import annotations
 
@@ -45,12 +42,8 @@ def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
     return bool(probe is not None and probe())
 
 
-def mpi_enabled() -> bool:
-    """True: MPI is the control plane and the host data plane."""
-    return True
-
-
 def mpi_built() -> bool:
+    """True (as mpi_enabled): MPI is the control plane and the host data plane."""
     return True
 
 
@@ -73,10 +66,7 @@ def nccl_built() -> bool:
 
 
 def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
+    """False (as ccl_built and rocm_built): hvdlite has no DDL, oneCCL or ROCm."""
     return False
 
 
@@ -85,8 +75,8 @@ def cuda_built() -> bool:
     return built("cuda")
 
 
-def rocm_built() -> bool:
-    return False
+mpi_enabled = mpi_built
+ccl_built = rocm_built = ddl_built
 
 
 def add_process_set(process_set: Any) -> ProcessSet:

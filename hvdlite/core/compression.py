@@ -1,8 +1,4 @@
-"""Gradient compression's one algorithm for every frontend: cast floating-point tensors for the wire and back.
-
-A frontend subclasses ``CastCompressor`` with its framework's cast. ``AccumulatingCompressor`` (``bf16_fp32acc``...)
-casts nothing itself: the allreduce hands its ``Accumulation`` to the engine (core/engine/deterministic.py).
-"""
+"""Gradient compression's one algorithm for every frontend: cast floating-point tensors for the wire and back."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -61,7 +57,8 @@ class CastCompressor(Compressor):
 
 
 class AccumulatingCompressor(NoneCompressor):
-    """Half precision on the wire, float32 sums: the tensor goes to the allreduce as it is, with ``accumulation``."""
+    """Half precision on the wire, float32 sums (``bf16_fp32acc``...): the tensor goes to the allreduce as it is,
+    with ``accumulation`` for the engine (core/engine/deterministic.py)."""
 
     accumulation: Accumulation = Accumulation("bfloat16", "bfloat16")
 

@@ -1,7 +1,6 @@
 """The one configuration object: every knob, read from HVDLITE_/HOROVOD_ variables or init() keywords.
 
-This is the only module in hvdlite that reads ``os.environ``; everything else asks it.
-"""
+The only module that reads ``os.environ``."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,8 +1,7 @@
 """What the elastic driver (hvdlite-run) and its ranks share: the variables it sets in the ranks, how a rank
 signs its messages (see ``hvdlite.core.elastic.link``), and where the ranks keep their commits.
 
-The driver runs this file by path on a host (``python -I -S .../elastic_wire.py DIR JOB``, see
-:func:`remover_command`) to delete that host's commit of run JOB: it imports only the standard library.
+Run by path on a host (remover_command), it deletes that host's commit: it imports only the standard library.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """The documented interface between the core and the framework frontends: what they may use beyond the
-public API (``hvdlite.core``'s exports and the public ``hvdlite.core.elastic`` package). Every other core
-module is private to the core.
+public API (``hvdlite.core``'s exports, ``hvdlite.core.elastic`` and ``hvdlite.core.basics``).
 
-``hvdlite.core.basics`` holds the runtime names every frontend re-exports (``from hvdlite.core.basics import *``;
-``__all__ += basics.__all__``); ``__all__`` below lists the rest, each documented where it is defined. Policy
-both frontends need (op resolution and checks, gradient options, scales and overlap, compression, SyncBatchNorm's
-moments, data planes, the one submit for prepared arrays) is written once here or in the module it comes from.
+Policy both frontends need is written once here or in the module it comes from (docs/ARCHITECTURE.md).
 """
 from __future__ import annotations
 

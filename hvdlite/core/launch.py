@@ -1,12 +1,10 @@
 """The documented interface between the core and the launcher (``hvdlite.run``): what the launcher may use.
 
-Every other core module is private to the core (``tests/test_layering.py`` checks this). ``__all__`` lists
-the names: the settings and the environment they read, the launcher's view of a rank and of the MPI library, the
-build flags, and for the elastic driver what it shares with its ranks (core/elastic_wire.py) and fencing.
+Every other core module is private to the core (``tests/test_layering.py`` checks this).
 """
 from __future__ import annotations
 
-from .basics import ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built
+from .basics import ccl_built, ddl_built, gloo_built, mpi_built, nccl_built
 from .config import Config, environ, getenv
 from .engine.mpi import probe_library as probe_mpi_library
 from .engine.mpi import ulfm_library as probe_ulfm
@@ -18,8 +16,7 @@ from .launch_check import int_or_none, launcher_mismatch, launcher_rank, library
 from .log import LEVELS as LOG_LEVELS, logger
 
 __all__ = ["Config", "environ", "getenv", "launcher_rank", "int_or_none", "library_family", "launcher_mismatch",
-           "probe_mpi_library", "probe_ulfm", "logger", "LOG_LEVELS",
-           "LaunchError", "mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-           "rocm_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE", "GENERATION_VARIABLE",
-           "SECRET_VARIABLE", "MIN_NP_VARIABLE", "STANDBY_VARIABLE", "signature", "remove_job", "job_dir",
-           "remover_command", "fence_command", "kill_if_same"]
+           "probe_mpi_library", "probe_ulfm", "logger", "LOG_LEVELS", "LaunchError", "mpi_built", "gloo_built",
+           "nccl_built", "ddl_built", "ccl_built", "DRIVER_VARIABLE", "JOB_VARIABLE", "RESTART_VARIABLE",
+           "GENERATION_VARIABLE", "SECRET_VARIABLE", "MIN_NP_VARIABLE", "STANDBY_VARIABLE", "signature", "remove_job",
+           "job_dir", "remover_command", "fence_command", "kill_if_same"]

@@ -1,8 +1,4 @@
-"""hvdlite-run: start one hvdlite process per slot with mpiexec, mpirun or srun (``python -m hvdlite.run``).
-
-The package is also Horovod's ``horovod.run`` function: ``hvdlite.run(fn, args=(), kwargs=None, np=2)`` calls
-``hvdlite.run.run`` (func.py), through the package module's class: a ``ModuleType`` subclass with ``__call__``.
-"""
+"""hvdlite-run: start one hvdlite process per slot with mpiexec, mpirun or srun (``python -m hvdlite.run``)."""
 from __future__ import annotations
 
 import sys
@@ -22,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class _CallableModule(types.ModuleType):
-    """``hvdlite.run(fn, ...)`` is ``hvdlite.run.run(fn, ...)``, as ``horovod.run(fn, ...)``."""
+    """The package is callable, as ``horovod.run``: ``hvdlite.run(fn, ...)`` is ``hvdlite.run.run(fn, ...)``."""
 
     def __call__(self, func: Any, *args: Any, **kwargs: Any) -> list[Any]:
         return run(func, *args, **kwargs)

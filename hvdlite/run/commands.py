@@ -65,14 +65,8 @@ def rank_wrapper(sentinel: bool, directory: Optional[str], timestamp: bool, pyth
 
 
 def resolve_program(command: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """The command with its program named by the path the user's shell would run (``python3`` ->
-    ``/home/u/venv/bin/python3``, the first match on our PATH, symlinks kept); unchanged when the name has
-    a slash already or is not found here (a program only the ranks' hosts have).
-
-    Launchers may start ranks with another PATH than ours: Open MPI's mpirun called by its absolute path
-    behaves as if given ``--prefix`` and puts that prefix's bin/ first (``/usr/bin/mpirun`` ->
-    ``/usr/bin/python3`` instead of the virtualenv's), and srun or a remote host's login may differ too.
-    """
+    """The command with its program named by the path found on our PATH (symlinks kept), as the user's shell
+    would run it: the ranks' PATH may differ (Open MPI's mpirun puts its own bin/ first, README "Launching")."""
     if not command or os.sep in command[0]:
         return list(command)
     found = shutil.which(command[0], path=env.get("PATH", os.defpath))
@@ -103,16 +97,8 @@ def build_command(launcher: Launcher, plan: Plan, env: Mapping[str, str]) -> lis
 
 
 def mpich_command(path: str, plan: Plan) -> list[str]:
-    """MPICH hydra: ``mpiexec -n N [-hosts h:s,...] [-iface NIC -genv UCX_NET_DEVICES NICS] [-launcher ssh]
-    [-genv VAR VALUE ...] [BINDING] ARGS PROGRAM``.
-
-    Hydra passes the whole environment to every rank, local or remote; the -x values are also given
-    with -genv, which adds to that environment (-genvlist would replace it). Without hosts, hydra runs
-    locally, or inside a Slurm allocation on the allocation's nodes. Network interfaces: hydra's own
-    connections take one (-iface, the first); MPICH's data path (UCX) is given all of them in
-    UCX_NET_DEVICES. ssh options (port, key, timeout) reach hydra's ssh launcher in
-    HYDRA_LAUNCHER_EXTRA_ARGS (see child_environment).
-    """
+    """MPICH hydra, which passes the whole environment to every rank: the -x values go as -genv (which adds to
+    it); hydra's connections take the first NIC (-iface), UCX all of them (UCX_NET_DEVICES)."""
     cmd = [path, "-n", str(plan.num_proc)]
     if plan.hosts:
         cmd += ["-hosts", ",".join(str(h) for h in plan.hosts)]
@@ -129,13 +115,8 @@ def mpich_command(path: str, plan: Plan) -> list[str]:
 
 
 def openmpi_command(path: str, plan: Plan, env: Mapping[str, str]) -> list[str]:
-    """Open MPI: ``mpirun [--allow-run-as-root] -np N -H h:s,... --bind-to none --map-by slot [--noprefix] -x ...
-    PROGRAM``.
-
-    mpirun refuses to run as root without --allow-run-as-root (and the OMPI_ALLOW_RUN_AS_ROOT* variables,
-    set in the environment), binds every rank to one core by default (wrong for a rank that drives a GPU
-    with several threads), and forwards only the variables named with -x to other hosts.
-    """
+    """Open MPI's mpirun, which refuses root without --allow-run-as-root, binds each rank to one core by default
+    (wrong for a rank with several threads) and forwards to other hosts only the variables named with -x."""
     cmd = [path]
     if plan.is_root:
         cmd.append("--allow-run-as-root")
@@ -164,24 +145,17 @@ SYSTEM_BIN = ("/usr/bin", "/bin", "/usr/local/bin")
 
 
 def keeps_user_path(path: str, plan: Plan) -> bool:
-    """Whether Open MPI's mpirun gets --noprefix, so the ranks' PATH is the user's. Started by its absolute path
-    (as hvdlite-run starts it), Open MPI 4 behaves as if given ``--prefix`` of its directory and puts that bin/
-    first on every rank's PATH: ``/usr/bin`` for the distribution's, so ``#!/usr/bin/env python3`` scripts and a
-    rank's own ``python3`` subprocesses ran the system's python, not the virtualenv's. The prefix only matters for
-    finding orted on other hosts: kept for a multi-host job of an Open MPI outside the system's directories (its
-    bin/ holds MPI's tools alone), and left to the user who gives --prefix or --noprefix in --mpi-args."""
+    """Whether Open MPI's mpirun gets --noprefix, so the ranks' PATH is the user's (docs/system-mpi.md): not for a
+    multi-host job of an Open MPI outside the system's directories (its hosts need the prefix to find orted), nor
+    when --mpi-args gives --prefix or --noprefix."""
     if any(arg in ("--prefix", "-prefix", "--noprefix", "-noprefix") for arg in plan.mpi_args):
         return False
     return os.path.dirname(path) in SYSTEM_BIN or not (plan.hosts or plan.in_slurm)
 
 
 def srun_command(path: str, plan: Plan) -> list[str]:
-    """Slurm: ``srun -n N --mpi=PLUGIN --kill-on-bad-exit=1 --export=ALL ARGS PROGRAM``.
-
-    --mpi gives the ranks a PMI to find each other (without it each is a size-1 MPI job);
-    --kill-on-bad-exit stops the others when one rank fails; --export=ALL makes sure the -x values reach
-    the ranks even when the job was submitted with --export=NONE.
-    """
+    """Slurm: --mpi gives the ranks a PMI (without it each is a size-1 job), --export=ALL passes the -x values even
+    under sbatch --export=NONE."""
     cmd = [path, "-n", str(plan.num_proc), f"--mpi={plan.srun_mpi}", "--kill-on-bad-exit=1", "--export=ALL"]
     return cmd + list(plan.binding_args or [])
 

@@ -1,10 +1,7 @@
 """``hvdlite.run(fn, args, kwargs, num_proc/np, hosts, ...)``: Horovod's programmatic launch.
 
-The function is cloudpickled and served, with a secret key, from a small server in this process; the
-ranks are started exactly as ``hvdlite-run`` starts them (same flags, same launcher choice), each running
-``python -m hvdlite.run.task``, which fetches the function, calls it and sends back its return value or
-its exception. The return values come back as a list in rank order; an exception in a rank is raised
-here as that rank's own exception (its type and message), with the rank's traceback as its cause.
+A key-authenticated server in this process hands the cloudpickled function to the ranks (``hvdlite.run.task``,
+started as hvdlite-run starts a program) and collects their results (README, "hvdlite.run").
 """
 from __future__ import annotations
 
@@ -155,8 +152,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[dic
 
 
 def _importable_paths() -> list[str]:
-    """This process's import path beyond the interpreter's own, so ranks import what the caller imports
-    (a function defined in a module next to the caller's script is pickled by reference)."""
+    """This process's import path beyond the interpreter's own, so ranks import what the caller imports."""
     roots = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
     return [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p) and not os.path.abspath(p).startswith(roots)]
 

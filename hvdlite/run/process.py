@@ -15,20 +15,10 @@ GRACE_SECONDS = 15.0
 
 
 def run(cmd: Sequence[str], env: Mapping[str, str], srun: bool = False) -> int:
-    """Run ``cmd``; return its exit code (128+N when it died of signal N).
-
-    The launcher runs in its own session, so a terminal's Ctrl-C reaches only hvdlite-run, which forwards
-    it: SIGINT to mpiexec/mpirun (they pass it to every rank and stop the job), SIGTERM to srun (one
-    SIGINT only makes srun print the step's state). A second signal, or a launcher still alive
-    ``GRACE_SECONDS`` later, gets SIGKILL for the launcher's whole process group. A job stopped by a
-    signal exits 128+N whatever the launcher returns (Open MPI's mpirun says 1): 130 for Ctrl-C, 143 for
-    SIGTERM, under every launcher.
-
-    hvdlite-run itself killed without a chance to forward anything (``kill -9``, a timeout's SIGKILL) still
-    takes its job with it: Linux sends the launcher SIGTERM when hvdlite-run dies (``PR_SET_PDEATHSIG``),
-    and the launcher stops its ranks as on any SIGTERM (the per-rank sentinels do the same if the
-    launcher's own daemons die).
-    """
+    """Run ``cmd`` in its own session; return its exit code (128+N when it or the job died of signal N, whatever
+    the launcher says). A signal is forwarded: SIGTERM to srun (SIGINT only makes it print the step's state),
+    SIGINT to mpiexec/mpirun; a second one, or a launcher alive ``GRACE_SECONDS`` later, kills its process group.
+    The launcher gets SIGTERM if hvdlite-run dies (``PR_SET_PDEATHSIG``)."""
     proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, preexec_fn=stop_with(os.getpid()))
     received: list[tuple[int, float]] = []
 

@@ -1,18 +1,8 @@
 """Per-rank wrapper of hvdlite-run: name the rank a signal kills, and copy the rank's output to files if asked.
 
-hvdlite-run puts ``python -S .../hvdlite/run/sentinel.py [--dir DIR] [--timestamp] [--exec] -- PROGRAM ARGS`` in
-front of every rank's program. With --dir (``--output-filename``) or --timestamp, a forked forwarder first takes
-over stdout and stderr: every line goes to the console (after ``<time>[rank]<stdout>:`` with --timestamp) and to
-``DIR/rank.<rank>/stdout`` and ``stderr`` (rank zero-padded so the names sort, as horovodrun). With --exec
-(``--no-launch-sentinel``) this process then becomes the program. Otherwise the program is forked (same argv,
-environment and open files), dies with the sentinel (``PR_SET_PDEATHSIG``), is stopped (SIGTERM) when the
-launcher's daemon dies, and gets the signals launchers send. A death by a signal nobody forwarded (``kill -9``,
-the OOM killer, a crash) and a non-zero exit are reported in one line naming the rank; the exit status passes on
-(128+signal after a signal), so the launcher still stops the other ranks.
-
-Run by path, not with ``-m`` (which would import numpy and mpi4py into a process that lives as long as the rank):
-it imports only the standard library and ``hvdlite.core.launch_check``. Linux only (elsewhere the program is
-simply not killed with a killed sentinel).
+README's "When a rank dies" says what it does. Run by path, not with ``-m`` (which would import numpy and mpi4py
+into a process that lives as long as the rank): it imports only the standard library and
+``hvdlite.core.launch_check``.
 """
 from __future__ import annotations
 
@@ -28,8 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # run by path: hvdlite/run/ must not shadow anything
 
-#: Signals passed on to the program: how mpiexec, mpirun, srun (and scancel --signal, Slurm's time limit,
-#: a terminal) stop, pause, resume or notify a job. The sentinel itself keeps running; the program decides.
+#: Signals passed on to the program: how launchers, Slurm and a terminal stop, pause, resume or notify a job.
 FORWARDED = tuple(getattr(signal, name) for name in (
     "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGCONT", "SIGTSTP", "SIGALRM", "SIGXCPU")
     if hasattr(signal, name))
@@ -39,8 +28,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def launch_check() -> ModuleType:
-    """``hvdlite.core.launch_check`` without running ``hvdlite/__init__.py`` and ``hvdlite/core/__init__.py``
-    (they import numpy and mpi4py); within hvdlite (a test importing this module) it is the usual import."""
+    """``hvdlite.core.launch_check`` without running the packages' ``__init__.py`` (they import numpy and mpi4py)."""
     import importlib
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for name, path in (("hvdlite", root), ("hvdlite.core", os.path.join(root, "core"))):
@@ -73,9 +61,8 @@ def killed_message(who: str, pid: int, host: str, signum: int) -> str:
 
 
 def die_with_parent(signum: int = signal.SIGKILL, parent: Optional[int] = None) -> Callable[[], None]:
-    """A function for a (forked) child that asks Linux to send it ``signum`` when its parent dies
-    (``PR_SET_PDEATHSIG``; nothing where prctl is unavailable) and, given the ``parent`` it was forked from,
-    sends it at once when that parent died before the signal was armed."""
+    """A function for a forked child: Linux sends it ``signum`` when its parent dies (``PR_SET_PDEATHSIG``), at
+    once if ``parent`` died before that was armed."""
     try:
         import ctypes
         prctl: Optional[Callable[..., int]] = ctypes.CDLL(None, use_errno=True).prctl
@@ -203,9 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     caught = [sig for sig in FORWARDED if signal.getsignal(sig) != signal.SIG_IGN]
     for sig in caught:
         signal.signal(sig, forward)
-    # The launcher's per-host daemon (hydra's proxy, Open MPI's orted/prted, slurmstepd) killed without a
-    # chance to clean up (kill -9 of the launcher) must not leave this rank running: its death stops the
-    # program as the launcher would have (SIGTERM, forwarded like any stop signal).
+    # the launcher's per-host daemon killed (kill -9 of the launcher) stops the program (SIGTERM, as forwarded)
     launcher_daemon = os.getppid()
     die_with_parent(signal.SIGTERM)()
     if os.getppid() != launcher_daemon:
@@ -239,8 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _exec(command: Sequence[str], arm: Callable[[], None], caught: Sequence[int]) -> None:
-    """In the forked child (or instead of it, --exec): default signal handling, die with the sentinel (``arm``),
-    become the program. Never returns."""
+    """In the forked child (or, with --exec, instead of it): default signals, ``arm``, become the program."""
     try:
         for sig in (*caught, *RESTORED):
             signal.signal(sig, signal.SIG_DFL)
