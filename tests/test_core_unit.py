@@ -711,7 +711,7 @@ def test_a_crowded_or_arrival_wait_backs_off_while_a_user_thread_waits(monkeypat
     peers arrive within it), then sleeps between polls on any node (a peer still computing needs the core), and
     after such a long wait the next arrival wait spins only SPIN_POLLS times."""
     from hvdlite.core.engine import handles, polling
-    for name in ("YIELD_EVERY", "EAGER_POLLS", "_FINE_SLACK", "_SPIN_WHILE_WAITED", "ARRIVAL_SPIN_S",
+    for name in ("YIELD_EVERY", "EAGER_POLLS", "CROWDED", "ARRIVAL_SPIN_S",
                  "_arrivals_prompt"):
         monkeypatch.setattr(polling, name, getattr(polling, name))  # restored after the test
     polling.set_watch(None)  # (this thread's; the test runs in no engine thread)

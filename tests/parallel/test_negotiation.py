@@ -54,6 +54,35 @@ def test_unnamed_ops_of_a_loop_are_agreed_by_position(reinit: Callable[..., None
     assert delta["cycles"] == 40, delta
 
 
+def test_a_burst_of_cached_names_paused_midway_takes_one_round_a_step_on_a_crowded_node(
+        reinit: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a crowded node (more ranks than cores) a burst's first submission may wake the engine while the
+    submitting thread is descheduled midway (it loses the GIL after the switch interval); here each rank pauses
+    5 ms after half its 16 names, as such a thread does: the engine waits for the thread to block on a handle,
+    so each step is one round (it was two: the first round agreed the half each rank had submitted)."""
+    reinit(idle_heartbeat_seconds=30.0)
+    from hvdlite.core.engine import polling
+    monkeypatch.setattr(polling, "CROWDED", True)
+    names = [f"burst.{i}" for i in range(16)]
+
+    def step(k: int) -> None:
+        handles = []
+        for i, name in enumerate(names):
+            if i == 8:
+                time.sleep(0.005)
+            handles.append(hvd.allreduce_async(np.full(2, R + k + i, np.float32), op=hvd.Sum, name=name))
+        for i, handle in enumerate(handles):
+            same(hvd.synchronize(handle), np.full(2, TRI + N * (k + i), np.float32), names[i])
+
+    step(0)
+    hvd.barrier()
+    before = hvd.engine_stats()
+    for k in range(1, 11):
+        step(k)
+    delta = _delta(before, hvd.engine_stats())
+    assert delta["full_cycles"] == 0 and delta["cycles"] == 10, delta
+
+
 def test_unnamed_ops_of_two_shapes_alternating_stay_exact(reinit: Callable[..., None]) -> None:
     """One stream, two signatures in turn: each op misses the stream's bit and is voted through, exactly."""
     reinit()

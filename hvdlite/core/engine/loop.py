@@ -21,6 +21,7 @@ from ..log import logger
 from . import mpi, negotiation, polling
 from .completion import Completion
 from .execution import Executor
+from .handles import threads_waiting
 from .mpi import MPIOps
 from .names import Names
 from .negotiation import (FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE,
@@ -213,13 +214,15 @@ class Engine:
         return ProcessFailedError(message, tuple(lost), hosts, seen_at)
 
     def _wait_for_work(self) -> bool:
-        """Sleep while there is nothing to do; return when a cycle should run. With nothing of its own pending, a
-        round could agree nothing (every op waits for each member's submission) and would make the op this rank
-        submits next wait for one more: it waits for that submission (which ends the pause at once), a stop, or
-        ``idle_heartbeat_seconds``, at most a quarter of the stall-check period (the others' explaining rounds and
-        presence probes find it in a round by then). With ops pending and no round agreeing any (peers absent),
-        it paces rounds by polling.stalled_pause."""
+        """Sleep while there is nothing to do; return when a cycle should run. With nothing of its own pending a
+        round could agree nothing (each op waits for every member's submission) and would make this rank's next op
+        wait one more: it waits for that submission, a stop, or ``idle_heartbeat_seconds``, at most a quarter of the
+        stall-check period (the others' explaining rounds and presence probes find it in a round by then); on a
+        crowded node (polling.CROWDED), where a submission may wake it mid-burst (the submitting thread, descheduled,
+        lost the GIL), then until a user thread blocks on a handle, up to the same bound: the burst is one round.
+        With ops pending and no round agreeing any (peers absent), it paces rounds by polling.stalled_pause."""
         cycle_s = self.config.cycle_time_ms / 1000.0
+        longest = min(self.config.idle_heartbeat_seconds, max(cycle_s, self.watchdog.period / 4))
         with self._cv:
             if self.completion.pending:  # left over: pace cycles so waiting for peers does not spin
                 delay = max(self._last_cycle + cycle_s, self._round_end + polling.stalled_pause(
@@ -228,7 +231,11 @@ class Engine:
                     self._sleep(delay)
                 return True
             if not (self._queue or self._shutdown_requested):
-                self._sleep(min(self.config.idle_heartbeat_seconds, max(cycle_s, self.watchdog.period / 4)))
+                self._sleep(longest)
+        if polling.CROWDED and self._queue:
+            end = time.monotonic() + longest
+            polling.wait(polling.Polled(lambda: threads_waiting() or self._shutdown_requested
+                                        or time.monotonic() > end), cap=0.001)
         return True
 
     def _set_changed(self, kind: Kind, ps_id: int) -> None:
@@ -256,10 +263,8 @@ class Engine:
     def _sleep(self, seconds: float) -> None:
         """Wait on the condition (its lock held) until a submission or the timeout."""
         self._sleeping = True
-        try:
-            self._cv.wait(seconds)
-        finally:
-            self._sleeping = False
+        self._cv.wait(seconds)
+        self._sleeping = False
 
     def _cycle(self) -> None:
         self._last_cycle = time.monotonic()
@@ -303,6 +308,7 @@ class Engine:
         self.observer.agreed(all_flags)
 
         full = bool(all_flags & (FLAG_FULL | FLAG_EXPLAIN))
+        self.full_cycles += full
         if all_flags & FLAG_EXPLAIN:
             responses = negotiation.explaining_round(self, shutdown)
         else:

@@ -218,7 +218,6 @@ def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
     engine.vote_bytes += 8
     engine.negotiation_calls += 1
     if not size[0]:  # nothing proposed
-        engine.full_cycles += 1
         return cached
     buf = np.frombuffer(mine, dtype=np.uint8).copy() if mine else np.empty(int(size[0]), dtype=np.uint8)
     wait(comm.Ibcast(buf, root=engine.scope.local(engine.scope.proposer)))
@@ -248,14 +247,12 @@ def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
         if sig.kind is Kind.BROADCAST and invalid_argument(names[j], {0: sig}, members_of.get(sig.ps_id, [])):
             return explaining_round(engine, False)  # an argument no member can use: explained with the members' lines
         responses.append(Response(names[j], sig))
-    engine.full_cycles += 1
     remember(engine, responses)
     return cached + responses
 
 
 def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
     """Every member's whole message gathered (placed at its job rank) and decided from (``decide``)."""
-    engine.full_cycles += 1
     engine.explain_cycles += 1
     now = time.monotonic()
     msg = RankMessage(engine.completion.pending.values(), now, shutdown=shutdown, join_cycle=engine.join_cycle,

@@ -32,21 +32,19 @@ _watches = threading.local()
 
 
 def share_cores(ranks: int, cores: int) -> None:
-    """Set how the engine's polls share the core: when this node runs more ranks than it has cores for
-    (oversubscribed ranks progress only when the others give the core away), spinning yields often and stops
-    after SPIN_POLLS even while a user thread waits; otherwise it yields rarely and goes on."""
-    global YIELD_EVERY, EAGER_POLLS, _FINE_SLACK, _SPIN_WHILE_WAITED
-    crowded = ranks > cores
-    YIELD_EVERY = 8 if crowded else 256
-    EAGER_POLLS = 0 if crowded else 16  # crowded: sleep at once, others need the core to progress
-    _FINE_SLACK = not crowded  # crowded: the default slack batches wake-ups, which the others need too
-    _SPIN_WHILE_WAITED = not crowded  # crowded: a waiting user thread frees no core for this engine
+    """Set how the engine's polls share the core: where this node runs more ranks than it has cores for (CROWDED:
+    the ranks progress only when the others give the core away), spinning yields often and stops after SPIN_POLLS
+    even while a user thread waits, and wake-ups keep the default timer slack; otherwise it yields rarely."""
+    global YIELD_EVERY, EAGER_POLLS, CROWDED
+    CROWDED = ranks > cores
+    YIELD_EVERY = 8 if CROWDED else 256
+    EAGER_POLLS = 0 if CROWDED else 16  # crowded: sleep at once, others need the core to progress
 
 
 def fine_timer_slack() -> None:
     """Let this thread's short sleeps end on time: Linux rounds a sleeping thread's wake-up up by its timer
     slack (50 us by default), which would make every back-off sleep of the engine at least that long."""
-    if not _FINE_SLACK:
+    if CROWDED:
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -56,8 +54,7 @@ def fine_timer_slack() -> None:
 
 
 _PR_SET_TIMERSLACK = 29
-_FINE_SLACK = True
-_SPIN_WHILE_WAITED = True
+CROWDED = False  # more ranks on this node than cores for them (share_cores)
 
 
 class Polled:
@@ -108,7 +105,7 @@ def wait(request: Any, cap: float = POLL_CAP, arrival: bool = False) -> None:
             continue
         if watch is not None and watch(time.monotonic() - started):
             started = time.monotonic()
-        if _SPIN_WHILE_WAITED and threads_waiting() and (
+        if not CROWDED and threads_waiting() and (
                 not arrival or time.monotonic() - began < spin_for):
             spins, every, delay = SPIN_POLLS, YIELD_EVERY, 0.0
             continue
