@@ -104,14 +104,10 @@ def f32_to_bf16(values: np.ndarray, scratch: bool = False) -> np.ndarray:
     return out
 
 
-_NP_REDUCE: dict[ReduceOp, Callable[..., Any]] = {
+#: The numpy ufunc that combines two operands of each op (Average adds; the division comes after).
+NUMPY_REDUCTION: dict[ReduceOp, Callable[..., Any]] = {
     Sum: np.add, Average: np.add, Min: np.minimum, Max: np.maximum, Product: np.multiply,
 }
-
-
-def numpy_reduction(op: ReduceOp) -> Callable[..., Any]:
-    """The numpy ufunc that combines two operands of ``op`` (Average adds; the division comes after)."""
-    return _NP_REDUCE[op]
 
 
 def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: bool = False,
@@ -138,9 +134,8 @@ def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: boo
 
 
 class Accumulation(NamedTuple):
-    """bf16/fp16 on the wire, sums in float32 (engine/deterministic.py): each rank casts its floating-point
-    contributions to ``wire`` once; a slice's owner sums them in float32, in rank order, and rounds the result
-    once to ``gather``, the dtype the slices are all-gathered in (``wire``, or "float32")."""
+    """bf16/fp16 on the wire, sums in float32 (engine/deterministic.py): contributions are cast to ``wire`` once,
+    each slice's float32 sum rounded once to ``gather``, the dtype the slices are all-gathered in."""
 
     wire: str  # "bfloat16" or "float16"
     gather: str  # the wire dtype, or "float32"

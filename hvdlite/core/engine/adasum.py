@@ -17,16 +17,14 @@ _TAG = 0x5ADA
 
 
 class LevelComms:
-    """For each tree level d of a communicator, the communicator of the 2d ranks sharing ``rank // 2d``.
-
-    Created on first use: every member runs the same Adasum op at the same point, so the splits match."""
+    """For each tree level d of a communicator, the communicator of the 2d ranks sharing ``rank // 2d``, made on
+    first use (every member runs the same Adasum op at the same point, so the splits match)."""
 
     def __init__(self) -> None:
-        # keyed by id(comm); the communicator object is kept, so its id cannot be reused meanwhile
         self._by_comm: dict[int, tuple[Any, list[Any]]] = {}
 
     def levels(self, comm: Any) -> list[Any]:
-        found = self._by_comm.get(id(comm))
+        found = self._by_comm.get(id(comm))  # the comm is kept with its levels: its id is not reused meanwhile
         if found is None:
             size, rank = comm.Get_size(), comm.Get_rank()
             levels, d = [], 1
@@ -46,12 +44,8 @@ class LevelComms:
 
 def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tuple[int, int]],
            sum_op: Any, float64: Any, wait: Callable[[Any], None]) -> None:
-    """Adasum-reduce ``buf`` (float32 or float64, 1-D, identical length on every rank) in place.
-
-    ``bounds`` lists each tensor's [start, end) in ``buf``; each is combined as its own vector. ``sum_op`` and
-    ``float64`` (MPI's datatype) sum the dot products and norms over each level's ranks; ``wait`` completes
-    one MPI request (the executor's, which counts the calls).
-    """
+    """Adasum-reduce ``buf`` (float32 or float64, 1-D, identical length on every rank) in place; each tensor's
+    [start, end) of ``bounds`` is its own vector, whose dot products and norms ``sum_op`` sums in float64."""
     rank, size = comm.Get_rank(), comm.Get_size()
     lo, hi = 0, buf.size
     recv = np.empty_like(buf)

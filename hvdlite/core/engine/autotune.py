@@ -1,12 +1,7 @@
 """Autotune: rank 0 scores the engine's settings while training runs and proposes better ones (GP + EI).
 
-Tuned: ``fusion_threshold_bytes``, ``cycle_time_ms`` and ``allreduce_chunk_bytes``, which the engine reads each cycle.
-A *step* ends when a name that already ran since the last step boundary runs again; a *sample* is
-``autotune_steps_per_sample`` steps under one set of settings, scored in bytes (allreduce, reducescatter, broadcast)
-per second. After ``autotune_warmup_samples`` discarded samples, the start settings, two test points and
-Gaussian-process proposals (expected improvement) are scored up to ``autotune_bayes_opt_max_samples``; the best is kept.
-Only rank 0 measures and decides; its proposal travels in its message of a full round, and every rank adopts it
-right after that round, so all switch at the same cycle.
+Steps, samples, scores and the search: README.md, "Autotune". Only rank 0 measures and decides; its proposal
+travels in its message of a full round, and every rank adopts it after that round: all switch at the same cycle.
 """
 from __future__ import annotations
 
@@ -77,7 +72,7 @@ def from_unit(x: Iterable[float]) -> dict[str, Any]:
 
 class BayesTuner:
     """Which settings to score next: the start, the test points, then the maximum of expected improvement of
-    a Gaussian process fitted to the standardised scores. Pure logic: no MPI, no clock."""
+    a Gaussian process fitted to the standardised scores (no MPI, no clock)."""
 
     def __init__(self, start: dict[str, Any], max_samples: int, noise: float, seed: int = 0) -> None:
         self.max_samples = max_samples

@@ -1,5 +1,4 @@
-"""The user's line that submitted an op: captured when a name is first submitted (or with a new signature),
-never in steady state; shown in stall and mismatch errors. The one submit (core/submission.py) keeps it."""
+"""The user's line that submitted an op: captured on a memo miss, never in steady state; shown in errors."""
 from __future__ import annotations
 
 import importlib.util
@@ -64,8 +63,7 @@ def capture(depth: int = 2) -> Optional[Site]:
 
 
 def show(site: Optional[Site], cwd: Optional[str] = None) -> str:
-    """``file:line``, the file relative to the working directory (``cwd``, default the current one) when it
-    lies below it."""
+    """``file:line``, the file relative to the working directory (``cwd``) when it lies below it."""
     if site is None:
         return "an unknown line (no frame outside hvdlite and the frameworks)"
     filename, line = site
@@ -79,7 +77,7 @@ def show(site: Optional[Site], cwd: Optional[str] = None) -> str:
 
 def site_table(requests: Iterable[Any]) -> tuple[list[int], list[str]]:
     """For a full negotiation round: each pending request's site as an index into a list of distinct texts
-    (-1: unknown), and that list (each line's text made once per working directory, sent once per round)."""
+    (-1: unknown), and that list."""
     indices: list[int] = []
     texts_sent: list[str] = []
     index_of: dict[Site, int] = {}

@@ -1,8 +1,7 @@
 """Chunked reductions, several chunks in flight: each chunk is scaled as it completes while later ones travel.
 
-Up to ``IN_FLIGHT`` chunk collectives (of ``allreduce_chunk_bytes``) are outstanding, so one is always travelling
-while the engine scales a finished one. Every rank starts the same chunks in the same order (agreed batches), so
-the collectives match whatever the depth: it changes only when this rank waits, never what is sent.
+Every rank starts the same chunks in the same order (agreed batches), so the collectives match whatever the depth
+in flight: it changes only when this rank waits, never what is sent.
 """
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ IN_FLIGHT = 4
 
 
 def shortest_fast_length(ranks: int) -> int:
-    """The fewest elements for which Open MPI's Rabenseifner iallreduce (config.openmpi_iallreduce_algorithm)
-    takes 2 log2(p) steps: the largest power of two <= ``ranks``; a shorter vector goes round its ring, 2(p-1)
-    steps (126 instead of 12 for a scalar at 64 ranks). 1 below 4 ranks, where the two take as many steps."""
+    """The fewest elements for which Open MPI's Rabenseifner iallreduce takes 2 log2(p) steps: the largest power of
+    two <= ``ranks`` (1 below 4 ranks); a shorter vector goes round its ring, 2(p-1) steps."""
     largest = 1 << (max(1, ranks).bit_length() - 1)
     return largest if largest >= 4 else 1
 
@@ -30,8 +28,7 @@ def start_allreduce(comm: Any, tree: bool, send: Any, recv: np.ndarray, datatype
                     wait: Callable[[Any], None]) -> Any:
     """Start an all-reduce of ``recv`` (``send``: a buffer or IN_PLACE; ``datatype`` None: numpy's); its request.
     With ``tree`` (Open MPI) a vector shorter than shortest_fast_length is a binomial reduce to rank 0 and a
-    binomial broadcast (libnbc's own choices): 2 log2(p) steps, bytes that do not grow with p (padding it cost
-    8p). Rank 0 completes its reduce (``wait``) before the broadcast: every rank starts them in one order."""
+    broadcast (docs/ARCHITECTURE.md); rank 0 completes its reduce before the broadcast: one order on every rank."""
     spec = recv if datatype is None else [recv, datatype]
     count = recv.size if datatype is None else recv.nbytes // datatype.Get_size()
     if not tree or count >= shortest_fast_length(comm.Get_size()) or type(comm).__module__ != "mpi4py.MPI":
@@ -74,15 +71,15 @@ class ChunkPipeline:
 
     def post(self, request: Any, piece: np.ndarray, dtype: str, factor: float,
              on_done: Optional[Callable[[], None]] = None) -> None:
-        """Take a started chunk collective; ``piece`` is multiplied by ``factor`` once it completes, then
-        ``on_done`` runs. Completes the oldest chunks while ``IN_FLIGHT`` or more are outstanding."""
+        """Take a started chunk collective (``piece`` is scaled by ``factor`` once it completes, then ``on_done``
+        runs); completes the oldest while ``IN_FLIGHT`` or more are outstanding."""
         self._inflight.append(_Chunk(request, piece, dtype, factor, on_done))
         while len(self._inflight) >= max(1, IN_FLIGHT):
             self._complete_oldest()
 
     def clear(self, arrays: Iterable[Optional[np.ndarray]]) -> None:
-        """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``
-        (the same tensor twice in one batch), so results are those of one reduction after the other."""
+        """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays`` (the
+        same tensor twice in one batch)."""
         if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.piece)
                                   for a in arrays for chunk in self._inflight):
             self.drain()

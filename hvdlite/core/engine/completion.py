@@ -17,9 +17,8 @@ from .timeline import Timeline
 
 
 class Completion:
-    """The requests this rank has pending (``pending``: taken from the queue; ``inflight``: the names that
-    ``Engine.submit`` checks, from submission to ``finish``) and how each ends: agreed batches run on the executor,
-    and ``finish`` frees the name, then completes the handle."""
+    """The requests this rank has pending (``pending``: taken from the queue; ``inflight``: the names from
+    submission to ``finish``) and how each ends: ``finish`` frees the name, then completes the handle."""
 
     def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
                  timeline: Timeline, names: Optional[Names], keep_times: bool) -> None:

@@ -1,14 +1,10 @@
 """hvdlite's own rank-order allreduce: reproducible reductions (``deterministic=True``) and float32 accumulation.
 
 Every element's result is ``((x_0 + x_1) + x_2) + ...`` over the set's ranks, whatever buffer, chunk or batch
-it travels in: a piece is split into one slice per rank, an all-to-all gives each rank every rank's contribution
-to its slice, it combines them in rank order, and an all-gather returns the slices (a ring allreduce's bytes).
-Only floating-point sums and products take this path (the rest is exact in any order). The executor sees only
-communicators: with the setting on, each is wrapped in an OrderedComm.
-An accumulating compression (bf16/fp16 on the wire) has the same shape with float32 sums, then scaled and rounded
-once: every contribution is rounded once to the wire dtype and every result once to the gather dtype, so the error
-does not grow with the number of ranks. Its batches reduce through an AccumulatingComm (engine/execution.py), a
-data plane's through planes.accumulated_allreduce.
+it travels in: a piece is cut in one slice per rank, an all-to-all gives each rank every rank's part of its slice,
+it combines them in rank order, and an all-gather returns the slices (a ring allreduce's bytes). An accumulating
+compression has the same shape with float32 sums: every value is rounded once to the wire dtype and once to the
+gather dtype, so the error does not grow with the number of ranks. Who uses which: docs/ARCHITECTURE.md.
 """
 from __future__ import annotations
 
@@ -17,8 +13,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..reduce_ops import (ACCUMULABLE_DTYPES, FLOAT_DTYPES, HALF_DTYPES, Accumulation, Max, Min, Product, ReduceOp,
-                          Sum, bf16_to_f32, f32_to_bf16, numpy_reduction, scale_inplace, storage_dtype)
+from ..reduce_ops import (ACCUMULABLE_DTYPES, FLOAT_DTYPES, HALF_DTYPES, NUMPY_REDUCTION, Accumulation, Max, Min,
+                          Product, ReduceOp, Sum, bf16_to_f32, f32_to_bf16, scale_inplace, storage_dtype)
 from . import polling
 from .mpi import MPIOps, counts_displacements
 
@@ -30,19 +26,18 @@ def applies(dtype: str, op: ReduceOp) -> bool:
 
 def slices(n: int, parts: int) -> list[int]:
     """Elements of each rank's slice of an ``n``-element piece (the first ``n % parts`` one more); also each
-    rank's rows of a reducescatter (engine/row_exec.py, and a data plane's), as Horovod splits them."""
+    rank's rows of a reducescatter, as Horovod splits them."""
     base, extra = divmod(n, parts)
     return [base + (1 if r < extra else 0) for r in range(parts)]
 
 
 def reduce_scatter(comm: Any, send: np.ndarray, counts: list[int], dtype: str, op: ReduceOp, datatype: Any,
                    wait: Callable[[Any], None], out: Optional[np.ndarray] = None) -> np.ndarray:
-    """This rank's slice (``counts[rank]`` elements, slices in rank order in ``send``) of the rank-order
-    reduction of every rank's ``send``."""
+    """This rank's slice (``counts[rank]`` elements) of the rank-order reduction of every rank's ``send``."""
     store = storage_dtype(dtype)
     received = exchange(comm, send, counts, datatype, store, wait)
     if dtype == "bfloat16":
-        combine = numpy_reduction(op)  # rounded to bfloat16 after every step, as the MPI path's operator does
+        combine = NUMPY_REDUCTION[op]  # rounded to bfloat16 after every step, as the MPI path's operator does
         acc = bf16_to_f32(received[0])
         for row in received[1:]:
             acc = bf16_to_f32(f32_to_bf16(combine(acc, bf16_to_f32(row))))
@@ -59,8 +54,7 @@ def reduce_scatter(comm: Any, send: np.ndarray, counts: list[int], dtype: str, o
 
 def exchange(comm: Any, send: np.ndarray, counts: list[int], datatype: Any, store: Any,
              wait: Callable[[Any], None]) -> np.ndarray:
-    """Every rank's part of this rank's slice, one row per rank (slices of ``counts[r]`` elements, in rank order
-    in ``send``): the all-to-all of the rank-order rule."""
+    """The rule's all-to-all: every rank's part of this rank's slice, one row per rank."""
     size, mine = comm.Get_size(), counts[comm.Get_rank()]
     received = np.empty((size, mine), dtype=store)
     wait(comm.Ialltoallv([send, counts_displacements(counts), datatype],
@@ -69,9 +63,8 @@ def exchange(comm: Any, send: np.ndarray, counts: list[int], datatype: Any, stor
 
 
 def rank_order(rows: Sequence[Any], op: ReduceOp, out: Any = None) -> Any:
-    """``((rows[0] op rows[1]) op rows[2]) ...`` element by element, each step rounded to the rows' dtype, into
-    ``out`` (else a new array). Only the arrays' own operators are used, so numpy arrays and a data plane's
-    framework tensors (on their device) combine by the same rule."""
+    """``((rows[0] op rows[1]) op rows[2]) ...``, each step rounded to the rows' dtype, into ``out`` (else a new
+    array); only the arrays' own operators, so a data plane's framework tensors combine by the same rule."""
     combine: Callable[[Any, Any], Any] = operator.imul if op is Product else operator.iadd
     if out is None:
         if len(rows) == 1:
@@ -87,8 +80,7 @@ def rank_order(rows: Sequence[Any], op: ReduceOp, out: Any = None) -> Any:
 
 
 def plane_slices(plane: Any, rank: int, size: int, flat: Any, reduce: Callable[[list[Any]], Any]) -> Any:
-    """The rank-order rule's moves on a data plane: ``flat`` (1-D) cut in slices, every rank's part of this rank's
-    slice by the plane's all-to-all, ``reduce(the parts, in rank order)``, the slices all-gathered (returned)."""
+    """The rule's moves on a data plane's 1-D ``flat``: ``reduce(the parts, in rank order)`` between them."""
     counts = slices(int(flat.shape[0]), size)
     mine = counts[rank]
     received = plane.alltoall(flat, counts, [mine] * size)
@@ -105,8 +97,7 @@ def allreduce(comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
 
 
 class OrderedComm:
-    """An engine communicator whose floating-point ``Iallreduce`` and ``Ireduce_scatter`` reduce in rank order
-    (hvdlite's own, above); every other call goes to the wrapped communicator."""
+    """A communicator whose floating-point ``Iallreduce`` and ``Ireduce_scatter`` reduce in rank order."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps) -> None:
         self.comm = comm
@@ -146,8 +137,6 @@ class OrderedComm:
 
 def comms(comm_of: Callable[[int], Any], mpi_ops: MPIOps, enabled: bool) -> Callable[[int], Any]:
     """The executor's ``comm_of`` (process set id -> communicator): wrapped in OrderedComms when ``enabled``."""
-    if not enabled:
-        return comm_of
     wrapped: dict[int, OrderedComm] = {}
 
     def ordered_comm_of(ps_id: int) -> Any:
@@ -156,7 +145,7 @@ def comms(comm_of: Callable[[int], Any], mpi_ops: MPIOps, enabled: bool) -> Call
         if found is None or found.comm is not comm:
             found = wrapped[ps_id] = OrderedComm(comm, mpi_ops)
         return found
-    return ordered_comm_of
+    return ordered_comm_of if enabled else comm_of
 
 
 # -- accumulating compressions (reduce_ops.Accumulation): bf16/fp16 on the wire, float32 sums --------------------
@@ -185,8 +174,8 @@ def write(dst: np.ndarray, values32: np.ndarray, dtype: str) -> None:
 
 def accumulating_allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: str, acc: Accumulation, pre: float,
                            post: float, mpi_ops: MPIOps, wait: Callable[[Any], None]) -> None:
-    """``dst`` = ``post`` * the rank-order float32 sum over ``comm`` of every rank's ``pre * src`` rounded to
-    the wire dtype, rounded once to the gather dtype (then to ``dtype``); ``src`` may be ``dst`` (in place)."""
+    """``dst`` = ``post`` * the rank-order float32 sum of every rank's ``pre * src`` in the wire dtype, rounded once
+    to the gather dtype (then to ``dtype``); ``src`` may be ``dst``."""
     n = dst.shape[0]
     counts = slices(n, comm.Get_size())
     if dtype == acc.wire and pre == 1.0:
@@ -224,8 +213,7 @@ def accumulating_allreduce(comm: Any, src: np.ndarray, dst: np.ndarray, dtype: s
 
 
 class AccumulatingComm:
-    """One batch's communicator (one dtype, one signature): its ``Iallreduce`` is ``accumulating_allreduce`` with
-    the batch's factors, which the executor then leaves at 1; every other call goes to the wrapped one."""
+    """One batch's communicator whose ``Iallreduce`` is ``accumulating_allreduce`` with the batch's factors."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, dtype: str, acc: Accumulation, pre: float, post: float) -> None:
         self.comm, self._mpi_ops = comm, mpi_ops
@@ -243,8 +231,7 @@ class AccumulatingComm:
 
 
 def accumulates(extra: Any, dtype: str) -> bool:
-    """Whether a batch of ``dtype`` with signature argument ``extra`` reduces by this rule, over MPI or a plane:
-    ``extra`` names an Accumulation and the dtype is floating point."""
+    """Whether a batch of ``dtype`` with signature argument ``extra`` reduces by the accumulating rule."""
     return type(extra) is Accumulation and dtype in ACCUMULABLE_DTYPES
 
 

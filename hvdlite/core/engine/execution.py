@@ -1,8 +1,8 @@
 """Running batches of agreed responses, by kind: chunked, fused reductions, broadcasts, barriers over MPI, or on a
 data plane when their requests name one (the agreed row counts and splits over MPI, the bytes over the plane).
 
-Called only from the engine thread. Every MPI call here is non-blocking and polled (engine/polling.py),
-so one slow collective never freezes the engine inside MPI, and the training thread keeps its core.
+Every MPI call here is non-blocking and polled (engine/polling.py): a slow collective never freezes the engine
+inside MPI, and the training thread keeps its core.
 """
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ from .timeline import Timeline
 
 
 class Executor:
-    """Runs batches built by engine/fusion.py; one method per kind (and per data plane's kind), chosen by an
-    explicit table."""
+    """Runs batches built by engine/fusion.py: one method per kind (and per data plane's kind), by a table."""
 
     def __init__(self, mpi_ops: mpi.MPIOps, psets: Registry, config: Config, timeline: Timeline,
                  planes: Optional[PlaneTable]) -> None:
@@ -162,8 +161,7 @@ class Executor:
         for start in range(0, n, step):
             piece = dst[start:start + step]
             send = self.ops.IN_PLACE if src is None else [src[start:start + step], datatype]
-            # Non-blocking on every rank (a blocking and a non-blocking collective never match); polled
-            # continuously while a user thread waits, with short sleeps while the training thread computes.
+            # non-blocking on every rank: a blocking and a non-blocking collective never match
             request = start_allreduce(comm, self.ops.tree, send, piece, datatype, mpi_op, self.wait)
             self._chunks.post(request, piece, dtype, post, on_done if start + step >= n else None)
 
@@ -173,8 +171,8 @@ class Executor:
         return self._fusion[:nbytes]
 
     def _reduce_small(self, comm: Any, items: list[Item], op: ReduceOp, pre: float, post: float) -> None:
-        """Pack, reduce with as few MPI calls as the chunk size allows, unpack (a lone tensor: no packing). When no
-        item has an output yet (out-of-place ops) the packed block itself becomes the outputs: views of it."""
+        """Pack, reduce, unpack (a lone tensor: no packing); when no item has an output yet (out-of-place ops) the
+        outputs are views of the packed block."""
         if len(items) == 1:
             return self._reduce_direct(comm, items[0], op, pre, post)
         tl = self.timeline
@@ -282,8 +280,7 @@ class Executor:
             results = self._plane_table[sig.kind](plane, batch)
         except (HvdliteError, Stop):  # what ends the engine anyway (a wedged wait inside a plane included)
             raise
-        except Exception as exc:  # noqa: BLE001 - the plane is in an unknown state: the job ends, as after a
-            # failed MPI call, with the plane's error on this rank (its peers' waits end in the StallError)
+        except Exception as exc:  # noqa: BLE001 - the plane's state is unknown: the job ends, as after MPI's error
             if mpi.is_process_failure(exc):  # a lost peer (ULFM), seen by the stall watch of the plane's wait
                 raise
             names = ", ".join(sorted({item.resp.name for item in batch}))

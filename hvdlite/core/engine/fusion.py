@@ -1,7 +1,4 @@
-"""Tensor fusion: grouping one cycle's agreed responses into batches that share MPI calls.
-
-Every rank builds the same batches from the same responses in the same order, so the MPI calls match.
-"""
+"""Tensor fusion: grouping one cycle's agreed responses into batches that share MPI calls (the same on every rank)."""
 from __future__ import annotations
 
 import math
@@ -55,14 +52,13 @@ class Marker:
 
 
 def packable(nbytes: int, threshold: int, chunk_bytes: int) -> bool:
-    """Whether a tensor of ``nbytes`` is copied into a fusion buffer with others (fusion on, and the tensor
-    smaller than both the threshold and the chunk size; larger ones are sent in place)."""
+    """Whether a tensor of ``nbytes`` is copied into a fusion buffer with others (else it is sent in place)."""
     return threshold > 0 and nbytes < min(threshold, chunk_bytes)
 
 
 def over_cap(count: int, filled: int, nbytes: int, threshold: int) -> bool:
-    """The fusion cap, applied in one place: whether a tensor of ``nbytes`` must start a new pack instead of
-    joining one of ``count`` tensors and ``filled`` bytes (a pack always takes its first tensor)."""
+    """The fusion cap: whether a tensor of ``nbytes`` must start a new pack instead of joining one of ``count``
+    tensors and ``filled`` bytes (a pack always takes its first tensor)."""
     return count > 0 and filled + nbytes > threshold
 
 

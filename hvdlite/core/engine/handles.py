@@ -19,12 +19,9 @@ _FIRST = operator.itemgetter(0)  # one shared callable: first() adds no object p
 
 
 class Handle:
-    """The pending result of one collective. ``poll()`` / ``synchronize()`` take it.
-
-    A thread that must block makes its own lock (most handles of a training step are done before anyone
-    waits, so most never need one): it registers the lock, then re-checks ``done``; completion sets
-    ``done``, then releases every registered lock. Either order of the two wakes the waiter.
-    """
+    """The pending result of one collective. A thread that must block makes its own lock (most handles are done
+    before anyone waits): it registers the lock, then re-checks ``done``; completion sets ``done``, then releases
+    every registered lock. Either order of the two wakes the waiter."""
 
     __slots__ = ("name", "_waiters", "_done", "_result", "_error", "_finalize", "_value", "__weakref__")
     # Set by the one kind of handle there is, engine/requests.py's Request (a request is its own handle).
@@ -49,8 +46,7 @@ class Handle:
         return self._done
 
     def reads_result(self) -> bool:
-        """Whether wait() will look at the result (not when returning() set what it returns): the engine
-        then need not build one."""
+        """Whether wait() will look at the result (not when returning() set what it returns)."""
         return self._finalize is not None or self._value is UNSET
 
     def wait(self) -> Any:
@@ -81,8 +77,8 @@ class Handle:
     __call__ = wait  # Horovod's torch sparse_allreduce_async returns a function that waits: its handle is called
 
     def returning(self, value: Any) -> "Handle":
-        """Make ``wait()`` return ``value`` once the op succeeded (an in-place op returns its own input:
-        no conversion to build); a conversion already set still runs first. Returns self."""
+        """Make ``wait()`` return ``value`` once the op succeeded (an in-place op's own input), after any
+        conversion already set. Returns self."""
         self._value = value
         return self
 

@@ -10,8 +10,8 @@ __all__ = ["RankMessage", "name_table"]
 
 
 class RankMessage:
-    """One rank's pending requests as parallel lists (names; index into the distinct signatures; age; index into
-    the distinct call-site texts or -1), then the round's fields: 1,000 names pickle as 1,000 strings."""
+    """One rank's pending requests as parallel lists (names, signature and call-site indices into distinct ones,
+    ages), then the round's fields: 1,000 names pickle as 1,000 strings."""
 
     __slots__ = ("names", "sig_index", "sigs", "ages", "site_index", "site_texts", "shutdown", "join_cycle", "tune",
                  "elsewhere", "again", "_by_key")
@@ -19,7 +19,6 @@ class RankMessage:
     def __init__(self, pending: Collection[Any] = (), now: float = 0.0, shutdown: bool = False,
                  join_cycle: int = -1, tune: Optional[dict[Any, Any]] = None,
                  elsewhere: Sequence[tuple[int, str]] = ()) -> None:
-        """This rank's pending requests (names, signatures, ages at ``now``, call sites) and the round's fields."""
         self.names, self.sig_index, self.sigs = name_table((req.name, req.sig) for req in pending)
         self.ages = [now - req.submitted for req in pending]
         self.site_index, self.site_texts = callsite.site_table(pending)

@@ -9,12 +9,11 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..errors import LaunchError
-from ..reduce_ops import (HALF_DTYPES, Average, ReduceOp, Sum, Min, Max, Product, bf16_to_f32, f32_to_bf16,
-                          numpy_reduction)
+from ..reduce_ops import (HALF_DTYPES, NUMPY_REDUCTION, Average, ReduceOp, Sum, Min, Max, Product, bf16_to_f32,
+                          f32_to_bf16)
 
 _MPI: Any = None
 
-#: Thread levels by name, lowest first; the engine needs at least SERIALIZED (one thread at a time).
 THREAD_LEVELS = ("MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED", "MPI_THREAD_MULTIPLE")
 
 
@@ -58,8 +57,8 @@ def library_version() -> str:
 
 
 def probe_library() -> Optional[tuple[str, tuple[int, int]]]:
-    """The MPI library's version text and (major, minor) standard, without initialising MPI (for the
-    launcher, which must not start MPI itself); None when mpi4py or its library cannot be loaded."""
+    """The MPI library's version text and (major, minor) standard, without initialising MPI (the launcher must
+    not start it); None when mpi4py or its library cannot be loaded."""
     try:
         import mpi4py
         mpi4py.rc.initialize = False
@@ -80,8 +79,7 @@ def world_size() -> int:
 
 
 def make_world(comm: Any) -> Any:
-    """The communicator hvdlite runs on: a dup of COMM_WORLD, of a given communicator, or of the listed
-    ranks of COMM_WORLD (only those ranks may call init() with such a list)."""
+    """The communicator hvdlite runs on: a dup of COMM_WORLD, of a given communicator, or of the listed ranks."""
     MPI = _MPI
     if comm is None:
         return MPI.COMM_WORLD.Dup()
@@ -97,8 +95,7 @@ def make_world(comm: Any) -> Any:
 
 
 def communicator_world_ranks(comm: Any, world: Any) -> Optional[list[int]]:
-    """The ranks of ``world`` that make up the mpi4py communicator ``comm`` (None where this rank holds
-    COMM_NULL, i.e. is not a member)."""
+    """The ranks of ``world`` that make up the mpi4py communicator ``comm`` (None where this rank is no member)."""
     if comm == _MPI.COMM_NULL:
         return None
     ranks = _translate(comm.Get_group(), world)
@@ -134,8 +131,8 @@ def abort(code: int = 1) -> None:
 
 
 def finalize() -> None:
-    """End MPI now (MPI_Finalize), where it is up and not ended yet; mpi4py's own exit hook then does nothing.
-    Called through ctypes, which lets other Python threads run meanwhile (mpi4py's Finalize holds the GIL)."""
+    """End MPI now where it is up, through ctypes, which lets other Python threads run meanwhile (mpi4py's
+    Finalize holds the GIL); mpi4py's own exit hook then does nothing."""
     if _MPI is None or not _MPI.Is_initialized() or _MPI.Is_finalized():
         return
     (_mpi_symbol("MPI_Finalize") or _MPI.Finalize)()  # (ctypes' default result type, int, is MPI's)
@@ -168,7 +165,7 @@ class MPIOps:
         self._user: dict[tuple[Callable[[Any, Any, Any], None], int], tuple[Any, Any]] = {}
         for half in HALF_DTYPES:
             for op in (Sum, Min, Max, Product):
-                self._half[(half, op)] = MPI.Op.Create(_half_op(half, numpy_reduction(op)), commute=True)
+                self._half[(half, op)] = MPI.Op.Create(_half_op(half, NUMPY_REDUCTION[op]), commute=True)
 
     def op(self, dtype: str, op: ReduceOp) -> Any:
         """The MPI.Op for ``op`` on ``dtype`` (the submit checks have refused combinations without one)."""
@@ -215,9 +212,8 @@ def counts_displacements(counts: Sequence[int] | np.ndarray) -> tuple[np.ndarray
 
 # -- device buffers (CUDA-aware MPI) -------------------------------------------------------------------
 def cuda_aware(override: str = "auto") -> tuple[bool, str]:
-    """Whether the loaded MPI library takes CUDA device buffers, and how that was found (after MPI is up).
-    ``override`` (the mpi_cuda_aware setting) "on"/"off" says so; "auto" asks MPI 4.1's
-    ``mpi_memory_alloc_kinds``, else ``MPIX_Query_cuda_support()``; neither answering means no."""
+    """Whether the loaded MPI library takes CUDA device buffers, and how that was found (after MPI is up):
+    ``override`` "on"/"off", else MPI 4.1's ``mpi_memory_alloc_kinds``, else ``MPIX_Query_cuda_support()``."""
     library = " ".join(library_version().split())
     if override in ("on", "off"):
         return override == "on", f"{library}; HVDLITE_MPI_CUDA_AWARE={override} says so"
@@ -256,10 +252,9 @@ def _mpi_symbol(name: str) -> Any:
 
 
 class BufferComm:
-    """MPI collectives on a plane's own buffers, handed to MPI as they are: any object with the buffer
-    protocol, DLPack or ``__cuda_array_interface__`` (device memory, under a CUDA-aware MPI). A duplicate of
-    the set's communicator, so its traffic never meets the engine's. The calls block: Open MPI takes device
-    buffers only in blocking collectives. The caller makes the bytes ready (its streams done) first."""
+    """MPI collectives on a plane's own buffers as they are (buffer protocol, DLPack or ``__cuda_array_interface__``),
+    on a duplicate of the set's communicator. The calls block: Open MPI takes device buffers only in blocking
+    collectives. The caller makes the bytes ready (its streams done) first."""
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm.Dup()
@@ -287,8 +282,7 @@ class BufferComm:
 
 # -- fault tolerance (ULFM: MPIX_Comm_revoke/shrink/agree) -----------------------------------------------
 def ulfm_library() -> tuple[bool, str]:
-    """Whether the loaded MPI library can recover in-process (ULFM: MPIX_Comm_shrink, and Open MPI 5), and why;
-    MPI need not be up."""
+    """Whether the loaded MPI library can recover in-process (ULFM, and Open MPI 5), and why; MPI need not be up."""
     if _MPI is not None:
         library = library_version()
     else:
@@ -304,9 +298,8 @@ def ulfm_library() -> tuple[bool, str]:
 
 
 def fault_tolerance(launcher_enabled: bool) -> tuple[bool, str]:
-    """Whether this job can survive a lost rank in the same processes, and why (after MPI is up): a library
-    with ULFM (ulfm_library) and a launch that turned it on (``launcher_enabled``: Open MPI's
-    ``mpiexec --with-ft ulfm`` sets OMPI_MCA_mpi_ft_enable=1 for the ranks)."""
+    """Whether this job can survive a lost rank in the same processes, and why: a library with ULFM and a launch
+    that turned it on (``launcher_enabled``: ``mpiexec --with-ft ulfm`` sets OMPI_MCA_mpi_ft_enable=1)."""
     usable, why = ulfm_library()
     if not usable:
         return False, why
@@ -328,8 +321,7 @@ def is_process_failure(exc: BaseException) -> bool:
 
 
 def revoke(comm: Any) -> None:
-    """Revoke ``comm`` so every member's pending and later calls on it fail at once (no survivor waits for a
-    dead peer); a communicator already revoked, or a library without ULFM, is left as it is."""
+    """Revoke ``comm`` so every member's pending and later calls on it fail at once (none waits for a dead peer)."""
     try:
         comm.Revoke()
     except (_MPI.Exception, NotImplementedError, AttributeError):
@@ -337,8 +329,7 @@ def revoke(comm: Any) -> None:
 
 
 def progress() -> None:
-    """One turn of MPI's progress engine (an Iprobe on COMM_SELF): news of a dead peer arrives only inside MPI
-    calls (without it a survivor often never named the dead rank: docs/elastic.md, "Which transport")."""
+    """One turn of MPI's progress engine: news of a dead peer arrives only inside MPI calls (docs/elastic.md)."""
     try:
         _MPI.COMM_SELF.Iprobe(_MPI.ANY_SOURCE, _MPI.ANY_TAG)
     except _MPI.Exception:  # only a turn of progress is wanted; the caller asks Get_failed next

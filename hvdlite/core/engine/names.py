@@ -8,15 +8,12 @@ from typing import Optional
 
 #: ``<kind>[.ps<id>].noname.<n>``, possibly followed by a suffix (broadcast_object's ``.size``, ``.data``).
 _GENERATED = re.compile(r"^(?P<kind>.+?)(?:\.ps(?P<ps>\d+))?\.noname\.(?P<n>\d+)(?P<suffix>\..*)?$")
-#: Seconds after a verdict during which names this rank generated before it read the verdict are moved on
-#: (see Names.learn): such a name reaches the engine within the call that made it.
-MOVE_WINDOW_S = 30.0
+MOVE_WINDOW_S = 30.0  # how long after a verdict a name made before it is moved on (Names.learn): ample for a call
 
 
 class Names:
-    """The counters behind generated names; a fresh set per init(). After a stall verdict (or an op refused
-    because ranks joined), which every rank learns of (learn()), each rank skips past the names it failed, so
-    the ranks' next generated names agree again."""
+    """The counters behind generated names; a fresh set per init(). After a stall verdict (or a join error),
+    which every rank learns of, each rank skips past the names it failed: the ranks' next names agree again."""
 
     def __init__(self) -> None:
         self._next: dict[tuple[str, int], int] = {}
@@ -42,8 +39,7 @@ class Names:
         return seen and site is not None
 
     def give_back(self, name: str, ps_id: int = 0) -> None:
-        """A call refused before it submitted ``name`` consumes no name: if it is the last generated one of its
-        kind and set, the next call gets it again."""
+        """A call refused before it submitted ``name`` (the last generated of its stream) consumes no name."""
         found = _GENERATED.match(name)
         if found is None or int(found["ps"] or 0) != ps_id:
             return
@@ -53,9 +49,8 @@ class Names:
                 self._next[key] = int(found["n"])
 
     def learn(self, failed_name: str, ps_id: int, submitted_here: bool = True) -> None:
-        """A stall verdict failed generated name ``failed_name`` on every rank: this rank's next one comes after it.
-        Names a rank that never submitted it made before its engine read the verdict are the others' next ones:
-        each moves one on (moved(), when the engine takes the op)."""
+        """A stall verdict failed ``failed_name`` on every rank: this rank's next one comes after it. Names a rank
+        that never submitted it made before reading the verdict are the others' next ones: each moves one on."""
         found = _GENERATED.match(failed_name)
         if found is None or int(found["ps"] or 0) != ps_id:
             return
@@ -92,9 +87,8 @@ def _name_of(kind: str, ps_id: int, n: int) -> str:
 
 
 def generated(name: str) -> tuple[str, int]:
-    """A generated name's stream ("<kind>[.ps<id>]") and number, or ("", -1) for any other name (each stands for
-    one call: the response cache keeps its stream's next, never the name itself). No regular expression: 1,000
-    names a round."""
+    """A generated name's stream ("<kind>[.ps<id>]") and number, or ("", -1) for any other name (no regular
+    expression: 1,000 names a round)."""
     stream, marker, number = name.rpartition(".noname.")
     if marker and stream and number.isascii() and number.isdigit():
         return stream, int(number)

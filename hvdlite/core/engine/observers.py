@@ -13,9 +13,8 @@ from .timeline import Timeline
 
 
 class CycleObserver:
-    """The engine loop's one view of its bookkeeping: which flags a cycle's round raises for it, what it does
-    with the round's agreed flags, the settings a full round carries, and the agreed ops before and after they
-    run. Each call is made by every rank in the same cycle (the agreement rule), so what it decides is agreed."""
+    """The engine loop's one view of its bookkeeping (flags a round raises, settings a full round carries, agreed
+    ops before and after they run); every rank calls it in the same cycle, so what it decides is agreed."""
 
     def __init__(self, config: Config, rank: int, size: int, mpi_ops: Any, timeline: Timeline) -> None:
         self.autotune = Autotuner(config, rank)  # its settings are the config's, which every reader reads
@@ -23,8 +22,8 @@ class CycleObserver:
         self.timeline = timeline
 
     def flags(self, now: float) -> int:
-        """The flags this rank raises in the cycle starting at ``now``: an explaining round (every rank's message
-        gathered) for rank 0's new settings, the exchange of straggler times when rank 0's clock says one is due."""
+        """The flags this rank raises in the cycle starting at ``now``: an explaining round for rank 0's new
+        settings, the exchange of straggler times when rank 0's clock says one is due."""
         raised = FLAG_EXPLAIN if self.autotune.wants_round() else 0
         return raised | FLAG_EXCHANGE if now >= self.stragglers.tick_at else raised
 
@@ -44,8 +43,7 @@ class CycleObserver:
 
     def before_run(self, responses: list[Any], pending: dict[Any, Any], now: float, comm: Any,
                    known: Optional[np.ndarray]) -> None:
-        """The agreed ops of a round ending at ``now``, before they run (``known``: their submission times when
-        the round was a cached one of the global set alone, see Stragglers.record)."""
+        """The agreed ops of a round ending at ``now``, before they run (``known``: see Stragglers.record)."""
         self.stragglers.record(responses, pending, now, self.timeline, known)
         self.stragglers.swap(comm)  # a window complete, or rank 0's tick: exchange before ops complete
         self.autotune.observe(responses)

@@ -1,9 +1,4 @@
-"""Data planes: the interface a frontend implements to move an agreed batch's bytes off MPI's host path.
-
-Negotiation (MPI) decides *what* runs; a data plane moves the bytes of the framework tensors handed in
-(``PlaneBuffer``). A request's plane is part of its signature, agreed like its dtype (``""``: MPI on host
-buffers), so a rank that named another plane for the same tensor gets a mismatch error, not a hang.
-"""
+"""Data planes: the interface a frontend implements to move an agreed batch's bytes off MPI's host path."""
 from __future__ import annotations
 
 import math
@@ -41,13 +36,10 @@ class PlaneBuffer:
 
 
 class DataPlane:
-    """Moves the bytes of agreed batches among the members of one process set (engine thread only).
-
-    Each method gets the batch's payloads (framework tensors, in batch order, the same order on every
-    member) and returns the results; ``outputs[i]`` is where result i must be written (None: a new tensor).
-    Everything is already agreed: ops, scale factors, root, row counts and splits (exchanged over MPI by
-    the core). Average arrives as Sum with its divisor folded into ``post`` (a reduce_ops.Scale).
-    """
+    """Moves the bytes of agreed batches among the members of one process set (engine thread only): each method
+    gets the batch's payloads (framework tensors, in batch order) and returns the results; ``outputs[i]`` is where
+    result i goes (None: a new tensor). Ops, factors, root, rows and splits are agreed; Average's divisor is in
+    ``post`` (a reduce_ops.Scale)."""
 
     name = ""
 
@@ -57,9 +49,7 @@ class DataPlane:
 
     def allreduce_accumulated(self, inputs: list[Any], outputs: list[Any], dtype: str, acc: Accumulation,
                               pre: float, post: float) -> list[Any]:
-        """Sum (Average's divisor in ``post``) with an accumulating compression: engine/deterministic.py's
-        accumulating rule (each rank's contribution rounded once to ``acc.wire``, float32 sums of each slice in rank
-        order, rounded once to ``acc.gather``), moved by the plane's own all-to-all and all-gather."""
+        """Sum with an accumulating compression: engine/deterministic.py's rule over the plane's own moves."""
         raise NotImplementedError(f"the {self.name} data plane has no float32-accumulating allreduce; use "
                                   f"Compression.bf16, or reduce these tensors over MPI")
 
@@ -110,26 +100,23 @@ class Bootstrap:
         return list(self._comm.allgather(value))
 
     def buffers(self) -> BufferComm:
-        """MPI collectives on the plane's own buffers (device memory under a CUDA-aware MPI), on a duplicate of
-        the set's communicator (collective: every member calls it at the same point of making the plane)."""
+        """MPI collectives on the plane's own buffers (collective: every member calls it while making the plane)."""
         return BufferComm(self._comm)
 
     @staticmethod
     def wait(test: Callable[[], bool]) -> None:
-        """Wait until ``test()`` is true the way the engine waits for MPI: polled, with the stall watch
-        running between polls (a plane's wait that a vanished peer holds ends in the StallError)."""
+        """Wait until ``test()`` is true as the engine waits for MPI (the stall watch runs between polls)."""
         polling.wait(polling.Polled(test))
 
 
 def in_rank_order(boot: Bootstrap, dtype: str, op: ReduceOp) -> bool:
-    """Whether a plane must reduce ``dtype`` with ``op`` by rank_order_allreduce(), not its backend's own
-    algorithm: deterministic=True and an order-sensitive reduction (floating-point sums and products)."""
+    """Whether a plane must reduce ``dtype`` with ``op`` by rank_order_allreduce() (deterministic=True), not its
+    backend's own algorithm."""
     return boot.deterministic and deterministic.applies(dtype, op)
 
 
 def rank_order_allreduce(plane: DataPlane, boot: Bootstrap, flat: Any, op: ReduceOp) -> None:
-    """deterministic=True on a plane: engine/deterministic.py's rule (its slices and combine) over the plane's own
-    all-to-all and all-gather, the 1-D ``flat`` in place."""
+    """deterministic=True on a plane: engine/deterministic.py's rule over the plane's moves, ``flat`` (1-D) in place."""
     if int(flat.shape[0]):
         flat[...] = deterministic.plane_slices(plane, boot.rank, boot.size, flat,
                                                lambda parts: deterministic.rank_order(parts, op))
@@ -137,10 +124,8 @@ def rank_order_allreduce(plane: DataPlane, boot: Bootstrap, flat: Any, op: Reduc
 
 def accumulated_allreduce(plane: DataPlane, boot: Bootstrap, flat32: Any, acc: Accumulation, post: float,
                           cast: Callable[[Any, str], Any]) -> Any:
-    """An accumulating compression on a plane: engine/deterministic.py's accumulating rule over the plane's moves.
-    ``flat32`` (a 1-D float32 framework tensor, prescaled as float32(double(x) * prescale)) is cast to the wire
-    dtype, moved by the plane's all-to-all, summed in float32 in rank order, multiplied by ``post`` and all-gathered
-    in ``acc.gather`` (returned, 1-D). ``cast(tensor, dtype name)`` is the framework's cast."""
+    """An accumulating compression on a plane: engine/deterministic.py's rule over the plane's moves, of ``flat32``
+    (1-D float32, prescaled); returns the all-gathered result in ``acc.gather``. ``cast``: the framework's cast."""
     def reduce(parts: list[Any]) -> Any:
         total = cast(parts[0], "float32")
         for part in parts[1:]:  # rank order, in float32
@@ -233,9 +218,8 @@ class PlaneTable:
         return [rank for rank, names in enumerate(self._offered) if name not in names]
 
     def close(self, clean: bool = True) -> None:
-        """Close every plane, then let the factories end the job's rendezvous together. After a failure
-        (``clean`` False: a peer may be gone or stuck) closing could block forever: each plane only
-        ``abandon()``s what it can release alone and is kept until the process exits."""
+        """Close every plane, then let the factories end the job's rendezvous together; after a failure (not
+        ``clean``) closing could block forever: each plane only ``abandon()``s what it can release alone."""
         if not clean:
             for plane in self._planes.values():
                 plane.abandon()
@@ -254,8 +238,7 @@ class PlaneTable:
 
 
 def plane_of(inputs: Sequence[Any], kind: Any, name: str) -> str:
-    """The data plane the buffers of request ``kind`` ``name`` name (all the same, or a clear error; "" for none).
-    On every submission: the error's text is built only when it is raised."""
+    """The data plane the buffers of request ``kind`` ``name`` name (all the same, or a clear error; "" for none)."""
     names = {getattr(a, "plane", "") for a in inputs}
     if len(names) > 1:
         raise TypeError(f"{kind} {name!r}: the tensors of one grouped op must all be on one kind of device "

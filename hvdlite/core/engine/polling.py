@@ -8,20 +8,16 @@ from typing import Any, Callable, Optional
 
 from .handles import threads_waiting
 
-#: The longest sleep between polls of a data collective while the training thread computes.
-POLL_CAP = 1e-4
-#: MPI polls without sleeping while a user thread waits (a few tens of microseconds).
-SPIN_POLLS = 200
-#: While spinning, yield the core every this many polls (share_cores: often on an oversubscribed node).
-YIELD_EVERY = 8
+POLL_CAP = 1e-4  # the longest sleep between polls of a data collective while the training thread computes
+SPIN_POLLS = 200  # MPI polls without sleeping while a user thread waits (a few tens of microseconds)
+YIELD_EVERY = 8  # while spinning, yield the core every this many polls (share_cores: often when oversubscribed)
 #: Polls (each yielding the core) before the first sleep when no user thread waits: an exchange with an active
 #: peer ends within microseconds, and the shortest sleep costs tens of them.
 EAGER_POLLS = 16
 #: How long an arrival wait (a negotiation round) spins while a user thread waits on an uncrowded node: a burst's
 #: peers arrive within it; a peer still computing takes far longer and needs its core.
 ARRIVAL_SPIN_S = 0.002
-#: Whether the last arrival wait ended within ARRIVAL_SPIN_S: only then does the next one spin that long.
-_arrivals_prompt = True
+_arrivals_prompt = True  # whether the last arrival wait ended within ARRIVAL_SPIN_S: only then the next spins
 #: A wait for absent peers looks again at most every LONG_WAIT_RATE * waited**2 s, up to LONG_WAIT_CAP_S (within
 #: stalls.GRACE_S): a peer that comes after t seconds is seen at most LONG_WAIT_RATE * t seconds late.
 LONG_WAIT_RATE = 0.02
@@ -58,8 +54,7 @@ CROWDED = False  # more ranks on this node than cores for them (share_cores)
 
 
 class Polled:
-    """A request that ``wait`` completes when ``Test()`` is true: a plane's own work, or DONE (a wrapped
-    communicator's call that reduced before it returned: engine/deterministic.py)."""
+    """A request that ``wait`` completes when ``Test()`` is true: a plane's own work, or DONE (already reduced)."""
 
     __slots__ = ("Test",)
 
@@ -81,20 +76,16 @@ def stalled_pause(waited: float) -> float:
 
 
 def wait(request: Any, cap: float = POLL_CAP, arrival: bool = False) -> None:
-    """Complete ``request``. While a user thread is blocked on a handle its core is idle, so poll
-    continuously (on a crowded node only SPIN_POLLS times); otherwise sleep between polls, backing off to
-    ``cap`` seconds, so a training thread computing keeps its core.
-    ``arrival``: the request completes when the peers arrive (a negotiation round), so it spins only
-    ARRIVAL_SPIN_S (and only when the last arrival wait ended within it), then backs off, further as it ages
-    (stalled_pause): a long wait there is a peer still computing, which needs its core.
-    The engine's watch runs before each sleep (see set_watch)."""
+    """Complete ``request``. While a user thread is blocked on a handle its core is idle, so poll continuously
+    (on a crowded node only SPIN_POLLS times); otherwise sleep between polls, backing off to ``cap`` seconds,
+    so a training thread computing keeps its core. ``arrival`` (a negotiation round): spin only ARRIVAL_SPIN_S,
+    then back off further as it ages (stalled_pause): a peer still computing needs its core. The watch runs
+    before each sleep."""
     global _arrivals_prompt
     test = request.Test
     watch = getattr(_watches, "watch", None)
     started = began = time.monotonic()
     spin_for = ARRIVAL_SPIN_S if _arrivals_prompt else 0.0
-    # spinning: continuously while a user thread waits; otherwise a few polls first, each yielding the
-    # core (the training thread may need it), since an exchange with an active peer ends within microseconds
     spins, every = (SPIN_POLLS, YIELD_EVERY) if threads_waiting() else (EAGER_POLLS, 1)
     delay = 0.0
     while not test():

@@ -92,8 +92,8 @@ class Registry:
 
 
 class Scope:
-    """The ranks one engine negotiates among: the whole job's (``ps_id`` None: the global set's, full sets' and
-    the set changes) or a partial set's members (its own engine). Ranks are the job's; ``local``: on the comm."""
+    """The ranks one engine negotiates among: the whole job's (``ps_id`` None) or a partial set's members (its
+    own engine). Ranks are the job's; ``local``: on the comm."""
 
     def __init__(self, registry: Registry, ps_id: Optional[int] = None) -> None:
         self.registry = registry

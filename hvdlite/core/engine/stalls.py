@@ -1,9 +1,4 @@
-"""The stall inspector: when to look, what is logged, which stalled names fail, and when a wait ends the job.
-
-Presence probes name the ranks that stopped answering when a round never completes: a waiting engine answers
-probes; past ``stall_shutdown_time_seconds`` it probes every peer point-to-point on its own communicator, and
-those that do not answer within the grace period hold the job.
-"""
+"""The stall inspector: when to look, what is logged, which stalled names fail, and when a wait ends the job."""
 from __future__ import annotations
 
 import itertools
@@ -104,8 +99,8 @@ class Watchdog:
 
     def watch(self, waited: float) -> bool:
         """Between the polls of every engine wait: answer presence probes; past the stall shutdown time, end with
-        the peers that do not answer (Wedged), or in a fault-tolerant job first fence them once (MPI then fails
-        the wait as for any lost rank). True restarts the count."""
+        the peers that do not answer (Wedged), or in a fault-tolerant job first fence them once. True restarts
+        the count."""
         self.presence.serve()
         cfg = self.config
         limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
@@ -139,8 +134,7 @@ class Watchdog:
         return now - self.last_check >= period and now - min(req.submitted for req in pending) >= period
 
     def handle(self, stalled: list[Stalled]) -> list[Response]:
-        """Rank 0 logs who did not submit what (at most once per ``stall_check_time_seconds``); every rank returns
-        the same verdicts."""
+        """Rank 0 logs who did not submit what (at most once a period); every rank returns the same verdicts."""
         cfg, now = self.config, time.monotonic()
         period = cfg.stall_check_time_seconds
         if self.rank == 0 and min(max(s.age for s in stalled), now - self._last_warning) >= period:
@@ -198,9 +192,8 @@ def verdict(stalled: list[Stalled], cfg: Config, spared: Optional[dict[tuple[int
 
 def ahead(stalled: list[Stalled], limit: float) -> list[Stalled]:
     """Ranks out of step (some left a loop of unnamed collectives early): disjoint groups each wait on a generated
-    name the others have not made yet. The names of the groups still in their loop (``again``: each from a line
-    that made one of its kind before) fail; the others' stay one more period, for the failed ranks to reach after
-    their error. Else nothing is spared."""
+    name the others have not made yet. The names of the groups still in their loop (``again``) fail; the others'
+    are returned: they stay one more period, for the failed ranks to reach after their error."""
     looping: dict[tuple[int, ...], bool] = {}
     for s in stalled:
         looping[tuple(s.ready_ranks)] = looping.get(tuple(s.ready_ranks), True) and s.again

@@ -1,15 +1,9 @@
 """Straggler attribution: how late each rank submits each op, measured on each rank's own clock.
 
-Each rank records, per agreed op of the global set, when it submitted it and when it saw the round that agreed
-it. That round ends at one moment for every rank, so the median difference of a rank's agreement times and rank
-0's is its clock's offset (clocks of different hosts never need to agree); rank r's lateness on an op is its
-submission time on rank 0's clock minus the earliest. The ranks reduce these times in a cycle that agrees ops,
-before running them: every ``straggler_window_ops`` ops, or after ``straggler_window_seconds`` on rank 0's clock
-(its FLAG_EXCHANGE, seen by every rank in one cycle). Each rank's bytes do not grow with the job: rank 0's
-agreement times (a broadcast), each op's earliest and latest submission (an all-reduce), then every rank's
-summary of the last window reduced to the TOP_RANKS latest (a fixed-size record): ``report()``, the same on every
-rank. An op submitted before the ranks first met is start-up (NaN, as for a joined rank); the log line judges only
-ops agreed STEADY_AFTER_S after that, once there are STEADY_OPS.
+A round that agrees ops ends at one moment on every rank, so the median difference of a rank's agreement times and
+rank 0's is its clock's offset (hosts' clocks never need to agree). When and how the ranks exchange their times, in
+bytes that do not grow with the job: docs/ARCHITECTURE.md. An op submitted before the ranks first met is start-up
+(NaN, as for a joined rank).
 """
 from __future__ import annotations
 
@@ -28,15 +22,12 @@ from .chunks import start_allreduce
 from .timeline import Timeline
 
 _KEY = attrgetter("key")
-#: The log line judges only ops agreed this long after the ranks first met (the first steps' lazy set-up aside)...
-STEADY_AFTER_S = 0.5
-#: ... and only once it has this many of them.
-STEADY_OPS = 10
-#: A rank is named when two exchanges in a row find it (one that alternates with another is noise, not a straggler),
-#: another rank after at least this many more ops (or a window): noise may name a rank before the real one.
+STEADY_AFTER_S = 0.5  # the log line judges only ops agreed this long after the ranks first met (lazy set-up aside)
+STEADY_OPS = 10  # ... and only once it has this many of them
+#: A rank is named when two exchanges in a row find it (one that alternates with another is noise); another rank only
+#: this many ops (or a window) later: noise may name a rank before the real one.
 RENAME_OPS = 100
-#: The report's ranks: the this-many latest on average (every rank of a smaller job).
-TOP_RANKS = 8
+TOP_RANKS = 8  # the report's ranks: the this-many latest on average (every rank of a smaller job)
 _NONE = (-math.inf, 0.0, 0.0, math.inf)  # no summary; a summary: (mean lateness s, p95 s, last share, rank)
 
 
@@ -73,10 +64,8 @@ class Stragglers:
 
     def record(self, responses: list[Any], pending: dict[Any, Any], now: float, timeline: Timeline,
                known: Optional[np.ndarray] = None) -> None:
-        """After a round ending at ``now``: the times of each agreed op of the global set (NaN where a joined
-        rank had no request), in agreed order. ``known``: the responses' submission times, when every response
-        is a good one of the global set with a request here (a cached round, the steady state: the times were
-        kept at each request's cache bit, engine/cache.py's PendingBits); else one Python pass."""
+        """After a round ending at ``now``: the times of each agreed op of the global set (NaN: a joined rank's), in
+        agreed order. ``known``: their submission times from cache.PendingBits (a cached round of the global set)."""
         if self.config.straggler_window_ops <= 0:
             return
         self._met = min(self._met, now)
@@ -94,15 +83,13 @@ class Stragglers:
             self._stamps += [timeline.now()] * (len(submitted) - len(self._stamps))
 
     def tick(self) -> None:
-        """Every rank, in the cycle whose round carried rank 0's FLAG_EXCHANGE: exchange at the next swap()
-        that has ops (rank 0 raises it again only after that exchange)."""
+        """Every rank, in the cycle whose round carried rank 0's FLAG_EXCHANGE: exchange at the next swap() with ops."""
         self._due = True
         self.tick_at = math.inf
 
     def swap(self, comm: Any) -> None:
-        """After a cycle's ops were recorded, before they run (the same cycle on every rank): when a window
-        of ``straggler_window_ops`` ops is complete, or rank 0's time tick is due, reduce the ops' times with
-        every rank's (a full window exactly; after a tick, every op counted) and keep the last window."""
+        """After a cycle's ops were recorded, before they run (the same cycle on every rank): when a window is
+        complete (exactly) or a tick is due (every op counted), reduce the ops' times and keep the last window."""
         window, count, mpi = self.config.straggler_window_ops, len(self._submitted), self._mpi
         if window <= 0 or (count < window and not (self._due and count)):
             return
@@ -123,7 +110,11 @@ class Stragglers:
         polling.wait(start_allreduce(comm, mpi.tree, spans.copy(), spans, None, mpi.MPI.MIN, polling.wait))
         valid = spans[2] == 0  # no rank lacked the op
         late, last = mine - spans[0], valid & (mine == -spans[1])
-        held = self._keep(Held(zero[:count], agreed, late, last, valid))
+        held = Held(zero[:count], agreed, late, last, valid)
+        self.windows, self.ops, self._due = self.windows + 1, self.ops + count, False
+        if self._held is not None:  # the last straggler_window_ops ops
+            held = Held(*(np.concatenate(pair)[-window:] for pair in zip(self._held, held)))
+        self._held = held
         steady = held.valid & (held.agreed0 >= zero[count] + STEADY_AFTER_S)
         top = self._reduce(comm, _summary(held, held.valid, self.rank), _summary(held, steady, self.rank))
         self._report = _report(top[:TOP_RANKS], int(held.valid.sum()), self.windows, self.ops,
@@ -138,17 +129,8 @@ class Stragglers:
             self._fresh = (top[TOP_RANKS], int(steady.sum()), stamps if valid.all() else [], rows,
                            [int(r) for r in ranks[np.isfinite(ranks)]])
 
-    def _keep(self, new: Held) -> Held:
-        """The new ops' side appended to the held ones."""
-        self.windows, self.ops, self._due = self.windows + 1, self.ops + len(new.agreed), False
-        if self._held is not None:  # the last straggler_window_ops ops
-            new = Held(*(np.concatenate(pair)[-self.config.straggler_window_ops:] for pair in zip(self._held, new)))
-        self._held = new
-        return new
-
     def _reduce(self, comm: Any, mine: tuple[float, ...], steady: tuple[float, ...]) -> np.ndarray:
-        """Every rank's summaries (all held ops, the steady ones) reduced to the TOP_RANKS latest of the first
-        (latest first), then the latest of the second: one all-reduce of a fixed-size record (_merge)."""
+        """Every rank's summaries (all held ops; the steady ones) as one all-reduce of a fixed-size record (_merge)."""
         record = np.array([mine, *[_NONE] * (TOP_RANKS - 1), steady])
         op, dtype = self._mpi.record_op(_merge, record.size)
         out = np.empty_like(record)
@@ -156,8 +138,7 @@ class Stragglers:
         return out
 
     def settle(self, timeline: Timeline) -> None:
-        """Rank 0, after the cycle of an exchange ran its ops: name a new straggler in one log line, and put
-        each new op's lateness of the report's ranks on the timeline."""
+        """Rank 0, after an exchange's ops ran: name a new straggler in one log line; lateness on the timeline."""
         fresh, self._fresh = self._fresh, None
         if fresh is None:
             return

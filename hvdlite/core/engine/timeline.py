@@ -11,16 +11,14 @@ FLUSH_S = 0.05  # events reach the file within this long (a job that hangs or is
 
 
 def negotiate_activity(kind: Any, op: Any = None) -> str:
-    """Horovod's name of the negotiation phase: ``NEGOTIATE_`` and the request type (``NEGOTIATE_ALLREDUCE``,
-    ``NEGOTIATE_BROADCAST``, ...; an Adasum allreduce is ``NEGOTIATE_ADASUM``)."""
+    """Horovod's name of the negotiation phase (``NEGOTIATE_ALLREDUCE``...; Adasum's: ``NEGOTIATE_ADASUM``)."""
     if op is not None and getattr(op, "value", None) == "Adasum":
         return "NEGOTIATE_ADASUM"
     return "NEGOTIATE_" + str(kind).upper()
 
 
 class Timeline:
-    """Writes trace events; one row ("process") per tensor name. Cheap no-ops while disabled. While it
-    writes, a small thread flushes the file every ``FLUSH_S`` when there is something new."""
+    """Writes trace events, one row ("process") per tensor name (no-ops while disabled); a thread flushes them."""
 
     def __init__(self) -> None:
         self._file: Optional[IO[str]] = None
