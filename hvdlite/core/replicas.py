@@ -20,9 +20,11 @@ _FIX = ("Data-parallel replicas must stay bit-identical: broadcast the initial s
 
 
 def flatten(obj: Any, leaf: Callable[[Any], Optional[np.ndarray]], prefix: str = "") -> Named:
-    """(name, array) for each tensor of a nested mapping/list/tuple; ``leaf`` turns one value into a numpy
-    array (None: not a tensor, skipped). Mapping keys and list indices make the names."""
+    """(name, array) for each tensor of a nested mapping/list/tuple; ``leaf`` turns one framework tensor into a
+    numpy array (None: not one; numpy arrays and numbers are tensors too). Keys and indices make the names."""
     array = leaf(obj)
+    if array is None:
+        array = numpy_leaf(obj)
     if array is not None:
         return [(prefix or "tensor", array)]
     out: Named = []

@@ -49,8 +49,7 @@ class Combiner:
         return out
 
     def combine(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        """``grads`` reduced; with ``backward_passes_per_step=N``, summed locally and reduced every N-th call
-        (the other calls: the sums so far, see :func:`aggregate`)."""
+        """``grads`` reduced; with ``backward_passes_per_step=N``, :func:`aggregate`'d (reduced every N-th call)."""
         s = self.settings
         if s["backward_passes_per_step"] == 1:
             return self.reduce(grads, variables)

@@ -45,8 +45,7 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
 
 
 def broadcast_global_variables(root_rank: int) -> tf.Operation:
-    """An op that overwrites every global variable of the current tf.compat.v1 graph with its value on
-    ``root_rank`` (eagerly, as in Horovod, a RuntimeError)."""
+    """An op that overwrites every global variable of the tf.compat.v1 graph with its value on ``root_rank``."""
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
                            "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")

@@ -33,8 +33,7 @@ class DistributedTF1Optimizer(tf.compat.v1.train.Optimizer):
         return list(zip(self._hvd.combine([g for g, _ in pairs], variables), variables))
 
     def apply_gradients(self, grads_and_vars: Any, global_step: Any = None, name: Optional[str] = None) -> Any:
-        """The wrapped optimizer's apply_gradients (with backward_passes_per_step > 1: only on the calls whose
-        compute_gradients reduced; the others only advance ``global_step``)."""
+        """The wrapped optimizer's apply_gradients (N > 1: on reducing calls; the others advance ``global_step``)."""
         if self._hvd.counter is None:  # backward_passes_per_step == 1, or nothing computed yet
             return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
         pairs = list(grads_and_vars)

@@ -97,8 +97,7 @@ def gradient_settings(op: Any, gradient_predivide_factor: float, groups: Any, co
                       sparse_as_dense: bool, process_set: ProcessSet, scale_local_gradients: bool,
                       backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                       optimizer: bool = True) -> dict:
-    """The settings of a DistributedOptimizer (TF1 or Keras) or, ``optimizer=False``, of a
-    DistributedGradientTape, checked as Horovod checks them."""
+    """A DistributedOptimizer's (``optimizer=False``: DistributedGradientTape's) settings, checked as Horovod's."""
     reduce_op, passes = check_gradient_options(op, gradient_predivide_factor, backward_passes_per_step)
     if optimizer and reduce_op not in (Average, Sum, Adasum):
         raise ValueError(f"op currently only supports hvd.Average, hvd.Sum and hvd.Adasum, got {reduce_op!r}")

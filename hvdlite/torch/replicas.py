@@ -19,10 +19,6 @@ def _leaf(value: Any) -> Optional[np.ndarray]:
         if t.dtype is torch.bfloat16:
             t = t.float()  # exact: every bfloat16 is a float32
         return t.cpu().resolve_conj().numpy()
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, (bool, int, float, np.generic)):
-        return np.asarray(value)
     return None
 
 

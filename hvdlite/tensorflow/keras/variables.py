@@ -70,10 +70,6 @@ def _leaf(value: Any) -> Optional[np.ndarray]:
             and hasattr(value, "shape") and not isinstance(value, np.ndarray):
         array = np.asarray(value.numpy())
         return array.astype(np.float32) if array.dtype.name == "bfloat16" else array  # exact widening
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, (bool, int, float, np.generic)):
-        return np.asarray(value)
     return None
 
 
