@@ -22,12 +22,8 @@ from .replicas import check_every
 
 
 class _DistributedOptimizer(ReadinessOwner):
-    """Mixed in front of the user's optimizer class: ``isinstance(opt, UserOptimizer)`` stays true. Dense
-    gradients live in flat buckets (bucket_sync; ``groups=`` units are bucket boundaries) reduced by the bucket
-    collective (``_hook``); sparse ones, as in DDP, are reduced apart. Readiness is grad_ready's. With
-    ``op=hvd.Adasum`` on a set of 2, 4, 8... ranks the collective is bucket_sync.AdasumDeltas: as in Horovod,
-    each rank's optimizer state stays local, ``synchronize()`` does nothing (step() does the whole exchange)
-    and ``skip_synchronize()`` is refused."""
+    """Mixed in front of the user's optimizer class: dense gradients live in flat buckets (bucket_sync) reduced by
+    the bucket collective (``_hook``; Adasum: bucket_sync.AdasumDeltas), sparse ones apart, as in DDP."""
 
     param_groups: list[dict[str, Any]]  # the user's optimizer's (this class is mixed in front of it)
 
@@ -230,16 +226,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Opt
                          groups: Any = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set,
                          check_replicas_every_steps: int = 0) -> torch.optim.Optimizer:
-    """Wrap ``optimizer`` so that step() applies gradients averaged (``op``) over ``process_set``.
-
-    Dense gradients are views of flat buckets; a bucket's in-place allreduce starts from a hook as
-    soon as backward() has accumulated its last gradient (or, when ``gradient_overlap`` decides against
-    overlap, all of them at step()); step() waits for them, then runs the wrapped optimizer's step. The result is an
-    instance of a subclass of ``type(optimizer)`` sharing its param_groups, state and hooks; use it
-    instead of the original. For gradient clipping call ``synchronize()``, clip, then ``step()``
-    inside ``with optimizer.skip_synchronize():``. ``check_replicas_every_steps=N`` (hvdlite only) runs
-    ``hvd.check_replicas`` on the parameters and optimizer state after every N-th step().
-    """
+    """Wrap ``optimizer`` so that step() applies gradients averaged (``op``) over ``process_set``: an instance of
+    a subclass of ``type(optimizer)`` sharing its param_groups, state and hooks (docs/torch.md)."""
     core.size()  # raises NotInitializedError (saying to call hvd.init()) before init
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("the optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
