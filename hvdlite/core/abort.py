@@ -1,6 +1,7 @@
 """The abort-on-error excepthook: an uncaught exception on one rank ends the whole job, after its traceback."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -94,13 +95,11 @@ def interrupted(state: Any, tb: Any) -> None:
     Python does (status 130), ignoring further SIGINTs; no shutdown: every rank is stopping."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     where = f" at {users_line(tb)}" if tb is not None else ""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # a closed console must not keep the rank alive
         sys.stdout.flush()
         sys.stderr.write(f"[hvdlite rank {state.rank if state else '?'}] interrupted (KeyboardInterrupt{where}); "
                          f"stopping\n")
         sys.stderr.flush()
-    except (OSError, ValueError):  # a closed console must not keep the rank alive
-        pass
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
     os._exit(130)  # not reached: the default SIGINT action ends the process

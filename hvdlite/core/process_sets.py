@@ -1,8 +1,6 @@
 """Process sets: subsets of ranks that run collectives among themselves, and which sets a list of them registers.
 
-``ProcessSet(comm)`` is each rank's own piece of a ``Split``: one set per distinct piece (gathered, sorted;
-communicator entries first, then rank lists: Horovod's ids). A duplicate entry (the global set, an earlier
-entry's: equal communicator, ``Dup``, equal rank list) is refused on the ranks whose entry it is."""
+The rules (Horovod's: a ``Split`` communicator's pieces, their ids, duplicates refused) are in docs/torch.md."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional, Sequence
@@ -68,9 +66,8 @@ class Plan(NamedTuple):
 
 
 def plan(sets: Sequence[ProcessSet], world: Any, rank: int, size: int, gather: bool) -> Plan:
-    """Which sets ``sets`` registers (above). ``gather``: exchange the communicators' pieces over ``world``
-    (collective: every rank calls with the same number of communicator entries); without it, no entry may hold a
-    communicator."""
+    """Which sets ``sets`` registers. ``gather``: exchange the communicators' pieces over ``world`` (collective);
+    without it, no entry may hold a communicator."""
     comm_at = [i for i, ps in enumerate(sets) if ps.mpi_comm is not None]
     mine: list[Optional[list[int]]] = [None if ps.mpi_comm is not None else list(ps.ranks or ()) for ps in sets]
     for i, ranks in enumerate(mine):

@@ -147,17 +147,12 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet] | str] = 
         if state is not None and state.engine.error is None:
             if state.init_sets is not None and not process_sets:
                 return
-            # hvdlite stays up; register this call's list (the last one's was refused, or this one has sets)
         else:
-            if state is not None:
-                # The engine ended with a job-wide error (shutdown, a wedged peer, an engine failure), which
-                # ended it on every rank in the same round: every rank's init() starts afresh, names too.
+            if state is not None:  # the engine's error ended it on every rank in the same round
                 _state = None
                 state.close()
             state = _start(comm, settings)
-    # Horovod's init(process_sets=...), collective: a rank with a duplicate entry raises ValueError, the others
-    # registered, and hvdlite stays initialized (init_sets None) for the next init() to pass a list
-    state.init_sets = None
+    state.init_sets = None  # while a refused list raises ValueError here, the others' sets registered
     state.init_sets = state.register_sets(list(process_sets), set(), True) if process_sets else []
 
 

@@ -6,26 +6,15 @@ from typing import Mapping, Optional, Sequence
 
 from ..core.launch import LOG_LEVELS
 
-#: hvdlite-run tuning flags and the hvdlite setting (its ``HVDLITE_<NAME>`` variable) each one sets for every rank,
-#: with a scale applied to the flag's value (MiB -> bytes).
-TUNING_FLAGS: dict[str, tuple[str, float]] = {
-    "fusion_threshold_mb": ("fusion_threshold_bytes", 1024 * 1024),
-    "cycle_time_ms": ("cycle_time_ms", 1),
-    "cache_capacity": ("cache_capacity", 1),
-    "timeline_filename": ("timeline", 1),
-    "timeline_mark_cycles": ("timeline_mark_cycles", 1),
-    "log_level": ("log_level", 1),
-    "log_hide_time": ("log_hide_time", 1),
-    "stall_check_warning_time_seconds": ("stall_check_time_seconds", 1),
-    "stall_check_shutdown_time_seconds": ("stall_shutdown_time_seconds", 1),
-    "no_stall_check": ("stall_check_disable", 1),
-    "autotune": ("autotune", 1),
-    "autotune_log_file": ("autotune_log_file", 1),
-    "autotune_warmup_samples": ("autotune_warmup_samples", 1),
-    "autotune_steps_per_sample": ("autotune_steps_per_sample", 1),
-    "autotune_bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", 1),
-    "autotune_gaussian_process_noise": ("autotune_gaussian_process_noise", 1),
-}
+#: hvdlite-run's tuning flags (argparse dests) and the setting (``HVDLITE_<NAME>``) each one sets in every rank: those
+#: named as their setting, then the others (--fusion-threshold-mb is in MiB, its setting in bytes).
+TUNING_FLAGS: dict[str, str] = {
+    **{name: name for name in ("cycle_time_ms", "cache_capacity", "timeline_mark_cycles", "log_level", "log_hide_time",
+                               "autotune", "autotune_log_file", "autotune_warmup_samples", "autotune_steps_per_sample",
+                               "autotune_bayes_opt_max_samples", "autotune_gaussian_process_noise")},
+    "fusion_threshold_mb": "fusion_threshold_bytes", "timeline_filename": "timeline",
+    "stall_check_warning_time_seconds": "stall_check_time_seconds",
+    "stall_check_shutdown_time_seconds": "stall_shutdown_time_seconds", "no_stall_check": "stall_check_disable"}
 
 LAUNCHERS = ("auto", "mpich", "openmpi", "srun")
 
@@ -94,10 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--cycle-time-ms", type=float, metavar="MS", help="milliseconds between engine cycles")
     tuning.add_argument("--cache-capacity", type=int, metavar="N", help="response cache entries")
     tuning.add_argument("--timeline-filename", metavar="FILE", help="write a Chrome-trace timeline (rank 0)")
-    tuning.add_argument("--timeline-mark-cycles", action="store_true", default=None,
-                        help="mark engine cycles in the timeline")
-    tuning.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles", action="store_false",
-                        default=None, help="do not mark engine cycles in the timeline")
+    tuning.add_argument("--timeline-mark-cycles", action=argparse.BooleanOptionalAction,
+                        help="mark engine cycles in the timeline (or not)")
     tuning.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, help="hvdlite log level")
     stamps = tuning.add_mutually_exclusive_group()
     stamps.add_argument("--log-with-timestamp", dest="log_hide_time", action="store_false", default=None,
@@ -170,10 +157,8 @@ def add_horovodrun_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tcp", dest="tcp_flag", action="store_true", default=None, help="no effect in hvdlite")
     tune = parser.add_argument_group("autotune (Bayesian optimisation of the engine's settings while training "
                                      "runs; needs pip install 'hvdlite[autotune]')")
-    tune.add_argument("--autotune", dest="autotune", action="store_true", default=None,
-                      help="tune --fusion-threshold-mb, --cycle-time-ms and the chunk size while training runs")
-    tune.add_argument("--no-autotune", dest="autotune", action="store_false", default=None,
-                      help="do not tune (the default)")
+    tune.add_argument("--autotune", action=argparse.BooleanOptionalAction, help="tune --fusion-threshold-mb, "
+                      "--cycle-time-ms and the chunk size while training runs (or not: the default)")
     tune.add_argument("--autotune-log-file", dest="autotune_log_file", metavar="FILE",
                       help="CSV log (rank 0): one line per sample and the final choice")
     tune.add_argument("--autotune-warmup-samples", dest="autotune_warmup_samples", type=int, metavar="N",
@@ -231,14 +216,14 @@ def tuning_environment(args: argparse.Namespace) -> dict[str, str]:
     """HVDLITE_* variables for the tuning flags that were given."""
     from ..core.launch import Config
     values: dict[str, str] = {}
-    for flag, (setting, scale) in TUNING_FLAGS.items():
+    for flag, setting in TUNING_FLAGS.items():
         value = getattr(args, flag, None)
         if value is None:
             continue
         if isinstance(value, bool):
             text = "1" if value else "0"
         elif isinstance(value, (int, float)):
-            scaled = value * scale
+            scaled = value * (1024 * 1024 if flag == "fusion_threshold_mb" else 1)
             text = str(int(scaled)) if float(scaled).is_integer() else str(scaled)
         else:
             text = str(value)
@@ -264,7 +249,6 @@ def env_assignments(items: Sequence[str], current: dict[str, str]) -> dict[str, 
     return values
 
 
-# ---------------------------------------------------------------------------------------------- elastic
 #: Flags that make hvdlite-run the elastic driver (hvdlite/run/elastic/, docs/elastic.md).
 ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script")
 

@@ -1,6 +1,7 @@
 """``hvdlite-run --check-build``: which frameworks, MPI library, thread level and launchers this install has."""
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -65,12 +66,10 @@ def built_flags(env: Mapping[str, str]) -> dict[str, bool]:
              "mpi": runtime.mpi_built(), "gloo": runtime.gloo_built()}
     if importlib.util.find_spec("torch") is None:
         return flags
-    try:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired, ValueError, IndexError):  # else the core's answer
         proc = subprocess.run([sys.executable, "-c", _FLAGS_PROBE], capture_output=True, text=True, timeout=300,
                               env=dict(env), stdin=subprocess.DEVNULL)
         flags.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        pass  # torch that cannot load: the core's answer stands
     return flags
 
 

@@ -5,6 +5,7 @@ started as hvdlite-run starts a program) and collects their results (README, "hv
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import pickle
@@ -59,10 +60,8 @@ class _Server:
 
     def close(self) -> None:
         self._stop = True
-        try:
+        with contextlib.suppress(OSError):
             socket.create_connection(("127.0.0.1", self.port), timeout=5).close()  # wake accept()
-        except OSError:
-            pass
         self._thread.join(timeout=10)
         self.listener.close()
 
@@ -70,10 +69,8 @@ class _Server:
 def _addresses() -> list[str]:
     """Addresses of this host the ranks may reach the server on, most specific first."""
     found: list[str] = []
-    try:
+    with contextlib.suppress(OSError):
         found += socket.gethostbyname_ex(socket.gethostname())[2]
-    except OSError:
-        pass
     found.append("127.0.0.1")
     return list(dict.fromkeys(a for a in found if a))
 

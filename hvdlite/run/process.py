@@ -57,7 +57,5 @@ def stop_with(parent: int) -> Callable[[], None]:
 
 def kill_group(pgid: int) -> None:
     """SIGKILL the process group ``pgid`` (a launcher and the ranks it left in its session), if it exists."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -7,6 +7,7 @@ into a process that lives as long as the rank): it imports only the standard lib
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
 import signal
@@ -78,11 +79,8 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: Optional[int] = None) 
 
 
 def _write(line: str) -> None:
-    data = (line + "\n").encode(errors="replace")
-    try:
-        os.write(2, data)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode(errors="replace"))
 
 
 def padded_rank(rank: int, size: Optional[int]) -> str:
@@ -142,13 +140,9 @@ def redirect_output(directory: Optional[str], stamp: bool) -> None:
     if os.fork() == 0:  # the forwarder: keep only its pipes, the console and the files
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # drain the program's last words after Ctrl-C
         keep = {pipes[n][0] for n in pipes} | set(consoles.values()) | {f for f in files.values() if f is not None}
-        for fd in range(max(keep) + 1):  # stdin, stdout and stderr included
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        os.closerange(max(keep) + 1, 65536)
+        edges = sorted(keep)
+        for low, high in zip([-1, *edges], [*edges, 65536]):  # every other fd, stdin, stdout and stderr included
+            os.closerange(low + 1, high)
         try:
             _forward({pipes[n][0]: (n, consoles[n], files[n]) for n in pipes}, rank, stamp)
         finally:
@@ -179,10 +173,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def forward(signum: int, _frame: Optional[FrameType]) -> None:
         state["forwarded"].add(signum)
         if state["child"]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(state["child"], signum)
-            except ProcessLookupError:
-                pass
         else:
             state["pending"].append(signum)
 
@@ -206,12 +198,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pending, state["pending"] = state["pending"], []
     for sig in pending:  # signals that arrived before the child existed
         forward(sig, None)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except ChildProcessError:
-            return 1
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return 1
     code = os.waitstatus_to_exitcode(status)
     host = os.uname().nodename
     if code < 0:
