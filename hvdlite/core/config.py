@@ -56,15 +56,12 @@ class Config:
     gpu_operations: str = ""  # nccl, mpi, gloo, or "": NCCL where every rank has it, else host staging
     cpu_operations: str = "mpi"  # or gloo (torch tensors only): what the tests use to run the device planes
     mpi_cuda_aware: str = "auto"  # whether MPI takes CUDA buffers: auto asks the library; on/off override
-    #: Open MPI's libnbc iallreduce algorithm (set as OMPI_MCA_coll_libnbc_iallreduce_algorithm before MPI starts,
-    #: unless set): its "default" binomial tree made gradient sync 1.2-1.4x slower (benchmarks/HISTORY.md).
-    openmpi_iallreduce_algorithm: str = "rabenseifner"
+    openmpi_iallreduce_algorithm: str = "rabenseifner"  # Open MPI's iallreduce (launch_check.openmpi_iallreduce)
     launch_sentinel: bool = True  # read by hvdlite-run only (run/sentinel.py)
     straggler_window_ops: int = 1000  # 0 turns straggler attribution off
     straggler_window_seconds: float = 0.5
     straggler_threshold_ms: float = 5.0
-    #: Let allgather and broadcast run after a rank joined (Horovod raises, as by default here).
-    join_allows_allgather_broadcast: bool = False
+    join_allows_allgather_broadcast: bool = False  # Horovod raises after a join, as by default here
     deterministic: bool = False  # rank-order reductions: bit-identical results (engine/deterministic.py)
     autotune: bool = False  # needs the ``autotune`` extra (engine/autotune.py)
     autotune_log_file: str = ""
@@ -79,13 +76,11 @@ class Config:
               "timeline_mark_cycles", "idle_heartbeat_seconds", "gradient_overlap", "autotune", "gpu_operations",
               "cpu_operations", "straggler_window_ops", "straggler_window_seconds", "straggler_threshold_ms",
               "deterministic", "join_allows_allgather_broadcast", "elastic_mode")
-    #: openmpi_iallreduce_algorithm's names and their numbers in Open MPI's coll_libnbc_iallreduce_algorithm: the
-    #: ones measured (benchmarks/HISTORY.md, "... and under Open MPI")
+    #: openmpi_iallreduce_algorithm's names (those measured) and their numbers in Open MPI's MCA variable.
     OPENMPI_IALLREDUCE_ALGORITHMS = {"default": 0, "ring": 1, "rabenseifner": 3}
     #: Other variable names a setting is read from (Horovod's own spellings), after HVDLITE_/HOROVOD_<NAME>.
     ALIASES = {"autotune_log_file": ("HVDLITE_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG")}
-    #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals: Horovod's
-    #: variable names, which have no unit, for fields whose Python names carry one.
+    #: The <NAME> of HVDLITE_<NAME>/HOROVOD_<NAME> where it is not the field's name in capitals.
     ENV_NAMES = {"cycle_time_ms": "CYCLE_TIME", "fusion_threshold_bytes": "FUSION_THRESHOLD"}
     #: Former init() keywords (and setting() names) without units: still accepted, with a DeprecationWarning.
     DEPRECATED_KEYWORDS = {"cycle_time": "cycle_time_ms", "fusion_threshold": "fusion_threshold_bytes"}

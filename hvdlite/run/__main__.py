@@ -19,8 +19,7 @@ from .launchers import (MPICH, SRUN, Launcher, LaunchError, choose_srun_mpi, fin
 def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launcher, Plan, list[str]]:
     """Choose the launcher and work out the plan; also return warnings to show. Raises on a plan that
     cannot work (no launcher, too few slots, bad host list)."""
-    warnings: list[str] = []
-    if getattr(args, "use_jsrun", False):
+    if args.use_jsrun:
         raise LaunchError(jsrun_refusal(env))
     hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
     allocation = slurm_allocation(env)
@@ -63,7 +62,7 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
 
     extra_env = env_assignments(args.env, dict(env))
     extra_env.update(tuning_environment(args))
-    warnings += list(getattr(args, "config_notes", [])) + no_effect_warnings(args)
+    warnings = args.config_notes + no_effect_warnings(args)
     ssh_args = ssh_arguments(args.ssh_port, args.ssh_identity_file, args.start_timeout)
     if ssh_args and launcher.kind == SRUN:
         warnings.append("-p/--ssh-port, -i/--ssh-identity-file and --start-timeout have no effect under srun "
@@ -71,8 +70,7 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[Launc
         ssh_args = []
     if args.start_timeout is not None and args.start_timeout < 1:
         raise ValueError(f"--start-timeout must be at least 1 second, got {args.start_timeout}")
-    sentinel = getattr(args, "launch_sentinel", None)
-    sentinel = Config.setting("launch_sentinel", env) if sentinel is None else sentinel
+    sentinel = Config.setting("launch_sentinel", env) if args.launch_sentinel is None else args.launch_sentinel
     command = rank_wrapper(sentinel, args.output_filename, args.prefix_output_with_timestamp, sys.executable)
     plan = Plan(num_proc=num_proc, command=command + resolve_program(args.command, env), hosts=hosts,
                 extra_env=extra_env, mpi_args=shlex.split(args.mpi_args), network_interfaces=list(args.nics or []),

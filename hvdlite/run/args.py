@@ -184,7 +184,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             args.config_notes = apply_config_file(args, args.config_file)
         except ConfigFileError as exc:
             parser.error(str(exc))
-    if getattr(args, "use_gloo", False):  # one line: the usage is not what went wrong
+    if args.use_gloo:  # one line: the usage is not what went wrong
         parser.exit(2, f"{parser.prog}: error: --gloo: {GLOO_ROLE}. Drop --gloo (or give --mpi)\n")
     if not (args.check_build or args.version) and not args.command:
         parser.error("give the program to run, e.g.: hvdlite-run -np 2 python train.py")

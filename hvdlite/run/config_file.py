@@ -59,7 +59,7 @@ def apply_config_file(args: argparse.Namespace, path: str) -> list[str]:
     notes: list[str] = []
     for section, values in data.items():
         if section == "controller":
-            if str(values).lower() == "gloo" and not getattr(args, "use_mpi", False):
+            if str(values).lower() == "gloo" and not args.use_mpi:
                 args.use_gloo = True
             elif str(values).lower() != "mpi":
                 raise ConfigFileError(f"--config-file {path}: controller {values!r} is not one hvdlite has; use mpi")
