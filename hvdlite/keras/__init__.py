@@ -1,8 +1,4 @@
-"""hvdlite.keras: the same package as ``hvdlite.tensorflow.keras`` (Keras 3 or tf-keras), by another name.
-
-``import hvdlite.keras as hvd`` replaces ``import horovod.keras as hvd``; ``hvdlite.keras.callbacks`` is
-``hvdlite.tensorflow.keras.callbacks`` itself, so there is one Keras integration, not two.
-"""
+"""hvdlite.keras: the same package as ``hvdlite.tensorflow.keras`` (Keras 3 or tf-keras), by another name."""
 from __future__ import annotations
 
 import sys

@@ -75,8 +75,9 @@ class BroadcastGlobalVariablesCallback(AnyKerasCallback):
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
-        local_variables = [local_variables] if _is_variable(local_variables) else list(local_variables or [])
-        if not all(_is_variable(v) for v in local_variables):
+        kinds = (tf.Variable, keras.Variable)
+        local_variables = [local_variables] if isinstance(local_variables, kinds) else list(local_variables or [])
+        if not all(isinstance(v, kinds) for v in local_variables):
             raise ValueError("All local variables must be of tf.Variable type (or Keras variables).")
         self.local_variables: list = local_variables
 
@@ -100,10 +101,6 @@ class BroadcastGlobalVariablesCallback(AnyKerasCallback):
     def on_train_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         if not self.broadcast_done:
             self._broadcast()
-
-
-def _is_variable(value: Any) -> bool:
-    return isinstance(value, (tf.Variable, keras.Variable))
 
 
 class MetricAverageCallback(AnyKerasCallback):
