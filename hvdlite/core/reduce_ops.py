@@ -202,19 +202,19 @@ def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
 
 def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> None:
     """``dst[...] = src * factor`` with scale_inplace's rounding, in one pass where the dtype allows it."""
+    divisor = exact_divisor(factor)  # a plain Average's: x / n, correctly rounded (Horovod's tests' t / s)
     if factor == 1.0:
         if dst is not src:
             np.copyto(dst, src, casting="no")
-    elif exact_divisor(factor) != 1 and dtype in ("float32", "float64", "float16"):
-        divide_by = exact_divisor(factor)  # a plain Average: x / n, correctly rounded (Horovod's tests' t / s)
+    elif divisor != 1 and dtype in ("float32", "float64", "float16"):
         if dtype == "float16":
-            np.copyto(dst, src.astype(np.float32) / np.float32(divide_by), casting="unsafe")
-        elif divide_by & (divide_by - 1) == 0:
+            np.copyto(dst, src.astype(np.float32) / np.float32(divisor), casting="unsafe")
+        elif divisor & (divisor - 1) == 0:
             # n a power of two: x * (1/n) is x / n bit for bit (1/n is exact, each is rounded once), and numpy's
             # multiply takes 0.57x its divide (1 MiB of float32: 16 against 29 us; benchmarks/HISTORY.md)
-            np.multiply(src, dst.dtype.type(1.0 / divide_by), out=dst)
+            np.multiply(src, dst.dtype.type(1.0 / divisor), out=dst)
         else:
-            np.divide(src, dst.dtype.type(divide_by), out=dst)
+            np.divide(src, dst.dtype.type(divisor), out=dst)
     elif dtype == "float32":
         np.multiply(src, np.float32(float(factor)), out=dst)
     elif dtype == "float64":
@@ -226,6 +226,5 @@ def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> 
     elif dtype == "bool":
         raise TypeError("scale factors are not defined for bool tensors")
     else:  # integers: trunc(double(src) * factor), a C cast as Horovod's ScaleBuffer; a plain Average: / n
-        divisor = exact_divisor(factor)
         wide = src / np.float64(divisor) if divisor != 1 else src * np.float64(float(factor))
         np.copyto(dst, np.trunc(wide), casting="unsafe")

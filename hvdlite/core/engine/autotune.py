@@ -30,8 +30,7 @@ BOUNDS: dict[str, tuple[float, float, bool]] = {
 TEST_POINTS = ({"fusion_threshold_bytes": 4 * MIB, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 1 * MIB},
                {"fusion_threshold_bytes": 16 * MIB, "cycle_time_ms": 0.3, "allreduce_chunk_bytes": 4 * MIB})
 LOG_COLUMNS = ("phase", "sample", *TUNED, "score_bytes_per_s", "steps", "bytes", "seconds")
-#: Kinds whose signature holds only the shape beyond the first dimension: their bytes are not known here.
-_ROW_SHAPED = (Kind.ALLGATHER, Kind.ALLTOALL)
+_ROW_SHAPED = (Kind.ALLGATHER, Kind.ALLTOALL)  # their signature holds only the shape beyond the first dimension
 CANDIDATES = 2048  # random points the acquisition function is maximised over
 
 
@@ -71,8 +70,7 @@ def from_unit(x: Iterable[float]) -> dict[str, Any]:
 
 
 class BayesTuner:
-    """Which settings to score next: the start, the test points, then the maximum of expected improvement of
-    a Gaussian process fitted to the standardised scores (no MPI, no clock)."""
+    """Which settings to score next: the start, the test points, then the GP's maximum of expected improvement."""
 
     def __init__(self, start: dict[str, Any], max_samples: int, noise: float, seed: int = 0) -> None:
         self.max_samples = max_samples

@@ -13,11 +13,8 @@ __all__ = ["PendingBits", "ResponseCache"]
 
 
 class ResponseCache:
-    """Names agreed before, each holding one bit; identical on every rank (changed only by agreed decisions).
-    Generated names (``<kind>[.ps<id>].noname.<n>``) are agreed by position: one bit per (set, kind) stream stands
-    for its next name with the signature last agreed, and moves on each time it runs.
-    Bit sets are numpy bool arrays (``bits()``), packed into uint64 words only for the all-reduce.
-    """
+    """Names agreed before, each holding one bit, identical on every rank (changed only by agreed decisions); one
+    bit per (set, kind) stream of generated names stands for its next name and moves on each time it runs."""
 
     def __init__(self, capacity: int, my_rank: int) -> None:
         self.capacity = capacity

@@ -13,8 +13,7 @@ import numpy as np
 
 from ..reduce_ops import scale_inplace
 
-#: Chunk collectives outstanding at once (measurements: benchmarks/HISTORY.md).
-IN_FLIGHT = 4
+IN_FLIGHT = 4  # chunk collectives outstanding at once (measurements: benchmarks/HISTORY.md)
 
 
 def shortest_fast_length(ranks: int) -> int:
@@ -71,15 +70,13 @@ class ChunkPipeline:
 
     def post(self, request: Any, piece: np.ndarray, dtype: str, factor: float,
              on_done: Optional[Callable[[], None]] = None) -> None:
-        """Take a started chunk collective (``piece`` is scaled by ``factor`` once it completes, then ``on_done``
-        runs); completes the oldest while ``IN_FLIGHT`` or more are outstanding."""
+        """Take a started chunk collective (``piece`` scaled by ``factor`` when done, then ``on_done``)."""
         self._inflight.append(_Chunk(request, piece, dtype, factor, on_done))
-        while len(self._inflight) >= max(1, IN_FLIGHT):
+        while len(self._inflight) >= IN_FLIGHT:
             self._complete_oldest()
 
     def clear(self, arrays: Iterable[Optional[np.ndarray]]) -> None:
-        """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays`` (the
-        same tensor twice in one batch)."""
+        """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``."""
         if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.piece)
                                   for a in arrays for chunk in self._inflight):
             self.drain()

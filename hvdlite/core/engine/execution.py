@@ -61,9 +61,11 @@ class Executor:
             return self._on_plane(batch)
         return self._table[first.resp.sig.kind](batch)
 
-    def post(self, sig: Signature) -> float:
-        """The batch's postscale factor, Average's divisor (the set's size) folded in."""
-        return Scale(sig.postscale, self.psets.size(sig.ps_id)) if sig.op is Average else sig.postscale
+    def reduction(self, sig: Signature) -> tuple[ReduceOp, float, float]:
+        """A reduction batch's op, prescale and postscale factors (Average's divisor, the set's size, folded in)."""
+        assert sig.op is not None  # resolved at submit for every reduction
+        post = Scale(sig.postscale, self.psets.size(sig.ps_id)) if sig.op is Average else sig.postscale
+        return sig.op, sig.prescale, post
 
     def _root(self, sig: Signature) -> int:
         """A broadcast's root: the job's rank -> the set's (agreed valid)."""
@@ -77,9 +79,7 @@ class Executor:
     def _allreduce(self, items: list[Item]) -> Iterable[tuple[Item, Any]]:
         first = items[0].resp
         comm = self.comm_of(first.sig.ps_id)
-        op = first.sig.op
-        assert op is not None  # resolved at submit for every reduction
-        pre, post = first.sig.prescale, self.post(first.sig)
+        op, pre, post = self.reduction(first.sig)
         if op is Adasum:
             return self._adasum(comm, items, pre, post)
         if deterministic.accumulates(first.sig.extra, items[0].dtype):  # its own Iallreduce applies the factors
@@ -299,12 +299,11 @@ class Executor:
         if sig.op is Adasum:
             raise NotImplementedError("hvd.Adasum runs on MPI host buffers only; reduce these tensors with "
                                       "hvd.Average or hvd.Sum, or move them to the CPU")
-        assert sig.op is not None  # resolved at submit for every reduction
+        op, pre, post = self.reduction(sig)
         outputs = [_payload(item.dst) for item in batch]  # (None: a new tensor)
         if deterministic.accumulates(sig.extra, batch[0].dtype):
-            return plane.allreduce_accumulated(_payloads(batch), outputs, batch[0].dtype, sig.extra,
-                                               sig.prescale, self.post(sig))
-        return plane.allreduce(_payloads(batch), outputs, batch[0].dtype, sig.op, sig.prescale, self.post(sig))
+            return plane.allreduce_accumulated(_payloads(batch), outputs, batch[0].dtype, sig.extra, pre, post)
+        return plane.allreduce(_payloads(batch), outputs, batch[0].dtype, op, pre, post)
 
     def _plane_allgather(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         all_rows = row_exec.row_counts(self.comm_of(batch[0].resp.sig.ps_id), batch, polling.wait)
@@ -315,10 +314,9 @@ class Executor:
 
     def _plane_reducescatter(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         sig = batch[0].resp.sig
-        assert sig.op is not None  # resolved at submit for every reduction
         n = self.psets.size(sig.ps_id)
         splits = [deterministic.slices(item.src.shape[0], n) for item in batch]  # as the MPI path's
-        return plane.reducescatter(_payloads(batch), batch[0].dtype, sig.op, sig.prescale, self.post(sig), splits)
+        return plane.reducescatter(_payloads(batch), batch[0].dtype, *self.reduction(sig), splits)
 
     def _plane_alltoall(self, plane: DataPlane, batch: list[Item]) -> list[Any]:
         item = batch[0]

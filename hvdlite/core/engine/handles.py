@@ -77,8 +77,7 @@ class Handle:
     __call__ = wait  # Horovod's torch sparse_allreduce_async returns a function that waits: its handle is called
 
     def returning(self, value: Any) -> "Handle":
-        """Make ``wait()`` return ``value`` once the op succeeded (an in-place op's own input), after any
-        conversion already set. Returns self."""
+        """Make ``wait()`` return ``value`` once the op succeeded (after any conversion already set); returns self."""
         self._value = value
         return self
 

@@ -1,8 +1,4 @@
-"""The engine loop: the one thread per process that negotiates, fuses and runs every collective.
-
-Pipeline: user threads ``submit()`` requests -> each cycle, ``negotiation`` agrees which run -> ``fusion``
-groups them into batches -> ``execution`` runs each batch's MPI calls -> handles complete (``completion``).
-"""
+"""The engine loop: the one thread per process that negotiates, fuses and runs every collective."""
 from __future__ import annotations
 
 import collections

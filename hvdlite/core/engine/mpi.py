@@ -57,8 +57,7 @@ def library_version() -> str:
 
 
 def probe_library() -> Optional[tuple[str, tuple[int, int]]]:
-    """The MPI library's version text and (major, minor) standard, without initialising MPI (the launcher must
-    not start it); None when mpi4py or its library cannot be loaded."""
+    """The MPI library's version text and (major, minor) standard, without starting MPI; None where none loads."""
     try:
         import mpi4py
         mpi4py.rc.initialize = False
@@ -252,9 +251,8 @@ def _mpi_symbol(name: str) -> Any:
 
 
 class BufferComm:
-    """MPI collectives on a plane's own buffers as they are (buffer protocol, DLPack or ``__cuda_array_interface__``),
-    on a duplicate of the set's communicator. The calls block: Open MPI takes device buffers only in blocking
-    collectives. The caller makes the bytes ready (its streams done) first."""
+    """MPI collectives on a plane's own buffers as they are, on a duplicate of the set's communicator; they block (Open
+    MPI takes device buffers only in blocking collectives). The caller makes the bytes ready (its streams done)."""
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm.Dup()

@@ -1,8 +1,4 @@
-"""Negotiation: every rank agrees, identically, what runs: the round's flags, the vote and the explaining round.
-
-A cycle's bit-vector all-reduce (engine/cache.py) agrees names seen before; new ones take a vote (``vote_round``,
-one proposal in, bits out); only a mismatch, a stall check, join, shutdown or autotune's switch gathers every
-rank's table (``explaining_round``, decided by ``decide``)."""
+"""Negotiation: every rank agrees, identically, what runs: the round's flags, the vote and the explaining round."""
 from __future__ import annotations
 
 import functools
@@ -202,10 +198,8 @@ def uncached_flags(pending: dict[tuple[int, str], Request], agrees: Callable[[in
 
 
 def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
-    """The cached responses, then the new names voted through, at a cost per rank that does not grow with the job:
-    the engine's lowest rank proposes its pending names but ``cached``'s, in submission order (size: one all-reduce;
-    names: one broadcast); every rank votes two bits a name (missing here / another signature) in one all-reduce.
-    Names no one misses run, in order; another signature or an unusable argument takes the explaining round."""
+    """The cached responses, then the new names voted through (docs/ARCHITECTURE.md, step 4): the lowest rank
+    proposes its pending names but ``cached``'s; another signature or an unusable argument takes an explaining round."""
     comm, mpi, pending, members_of = engine.comm, engine.mpi_ops, engine.completion.pending, engine.psets.ranks
     mine = b""
     if engine.rank == engine.scope.proposer:

@@ -110,8 +110,7 @@ class Bootstrap:
 
 
 def in_rank_order(boot: Bootstrap, dtype: str, op: ReduceOp) -> bool:
-    """Whether a plane must reduce ``dtype`` with ``op`` by rank_order_allreduce() (deterministic=True), not its
-    backend's own algorithm."""
+    """Whether a plane must reduce ``dtype`` with ``op`` by rank_order_allreduce() (deterministic=True)."""
     return boot.deterministic and deterministic.applies(dtype, op)
 
 

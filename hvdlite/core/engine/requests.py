@@ -12,14 +12,9 @@ from .handles import UNSET, Handle
 
 
 class Kind(enum.Enum):
-    """A collective, with the properties the engine decides by.
-
-    fusable: several tensors (of several requests) may share one MPI call.
-    cacheable: remembered by the response cache, so steady-state agreement is a bit-vector all-reduce.
-    control: changes the engine's own tables (process sets) instead of moving data.
-    multi_tensor: one request may carry several tensors; its result is the list of their results.
-    (Which kinds run while ranks have joined is negotiation.JOIN_TOLERANT, a setting.)
-    """
+    """A collective, with the properties the engine decides by: fusable (tensors of several requests may share one
+    MPI call), cacheable (agreed by a response cache bit), control (changes the engine's process sets instead of
+    moving data), multi_tensor (a request of several tensors, whose result is the list of theirs)."""
 
     #           label                fusable cacheable control multi
     ALLREDUCE = ("allreduce",          True,  True,  False, True)
@@ -74,8 +69,7 @@ FIELD_LABELS = {
 
 def make_signature(kind: Kind, ps_id: int, op: Optional[ReduceOp], prescale: float, postscale: float,
                    root: int, tensors: tuple[Any, ...], extra: Any = None, plane: str = "") -> Signature:
-    """The signature, shared with every equal one made before (a training step makes the same ones
-    again and again: sharing them keeps the per-op objects few)."""
+    """The signature, shared with every equal one made before (a training step makes the same ones again and again)."""
     return shared(Signature(kind, ps_id, op, float(prescale), float(postscale), int(root), tensors, extra, plane))
 
 
@@ -129,9 +123,8 @@ _BATCH_KEYS: dict[Signature, tuple[Any, ...]] = {}
 
 
 class Request(Handle):
-    """One named collective submitted on this rank, waiting for the engine. It is also the handle the
-    caller waits on: one object per tensor operation, built on the per-op path (few allocations, none
-    that only the garbage collector could free)."""
+    """One named collective submitted on this rank, and the handle the caller waits on: one object per op, built
+    on the per-op path (few allocations, none that only the garbage collector could free)."""
 
     __slots__ = ("sig", "key", "inputs", "outputs", "splits", "submitted", "cache_bit", "cache_version", "results",
                  "remaining", "site", "held", "again")

@@ -82,9 +82,7 @@ def reducescatter(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
     sig = items[0].resp.sig
     ops, comm, timeline = ex.ops, ex.comm_of(sig.ps_id), ex.timeline
     nranks, me = comm.Get_size(), comm.Get_rank()
-    op = sig.op
-    assert op is not None  # resolved at submit for every reduction
-    pre, post = sig.prescale, ex.post(sig)
+    op, pre, post = ex.reduction(sig)
     dtype = items[0].dtype
     store = storage_dtype(dtype)
     splits = [deterministic.slices(item.src.shape[0], nranks) for item in items]

@@ -83,8 +83,7 @@ class Wedged(Stop):
 
 
 class Watchdog:
-    """The engine's clock for stalls: when a full round must look for them, rank 0's warnings and the
-    verdicts, and the watch that runs between the polls of every engine wait (engine/polling.py)."""
+    """The engine's clock for stalls: when a round looks for them, rank 0's warnings, the verdicts, and the watch."""
 
     def __init__(self, config: Config, rank: int, size: int, presence: Presence,
                  waiting_names: Callable[[], list[str]],
@@ -99,8 +98,7 @@ class Watchdog:
 
     def watch(self, waited: float) -> bool:
         """Between the polls of every engine wait: answer presence probes; past the stall shutdown time, end with
-        the peers that do not answer (Wedged), or in a fault-tolerant job first fence them once. True restarts
-        the count."""
+        the silent peers (Wedged), or in a fault-tolerant job first fence them once. True restarts the count."""
         self.presence.serve()
         cfg = self.config
         limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
