@@ -113,8 +113,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
 
 def _allgather_grads(grads: list[torch.Tensor], shapes: list[torch.Size],
                      process_set: ProcessSet) -> list[torch.Tensor]:
-    """Average the gathered tensors' gradients over the set (Horovod's convention), then cut out this
-    rank's rows."""
+    """Average the gathered tensors' gradients over the set (Horovod's convention); keep this rank's rows."""
     rows = [shape[0] if len(shape) else 1 for shape in shapes]
     averaged = _allreduce_grads(grads, Average, (1.0, 1.0), process_set)
     all_rows = synchronize(allgather_async(torch.tensor([rows], dtype=torch.int64), process_set=process_set))

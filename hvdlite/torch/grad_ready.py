@@ -126,8 +126,7 @@ class ReadinessOwner:
     @property
     def gradients_pending(self) -> bool:
         """hvdlite extension: True from a counted backward pass until the step() (or synchronize()) that
-        reduces its gradients; False when nothing awaits reduction (also always on one rank, where nothing is
-        reduced). A training loop driving several optimizers asks it to finish only those that got gradients."""
+        reduces its gradients (always False on one rank, where nothing is reduced)."""
         return self._readiness.waiting
 
     @property
@@ -146,8 +145,7 @@ class ReadinessOwner:
 
     def no_sync(self) -> Any:
         """Context manager (DDP's idiom): backward passes inside it accumulate gradients locally and submit
-        nothing; the first backward after it reduces everything accumulated. Requires
-        backward_passes_per_step=1: both ways of accumulating at once would count the passes twice."""
+        nothing; the first backward after it reduces everything accumulated (backward_passes_per_step=1 only)."""
         return self._readiness.no_sync()
 
 

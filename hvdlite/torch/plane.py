@@ -171,8 +171,7 @@ class TorchPlane(DataPlane):
             return self._unflatten(reduced, inputs, outputs)
 
     def _unflatten(self, flat: torch.Tensor, inputs: list, outputs: list) -> list:
-        """The reduced flat buffer as one result per input (its shape and dtype), written into ``outputs``
-        where given."""
+        """The reduced flat buffer as one result per input (its shape and dtype), into ``outputs`` where given."""
         pieces = [piece.view(t.shape).to(t.dtype)  # no copy where the dtype is t's
                   for t, piece in zip(inputs, flat.split([t.numel() for t in inputs]))]
         results = [piece if out is None else out.copy_(piece) for piece, out in zip(pieces, outputs)]
@@ -302,8 +301,7 @@ class TorchPlane(DataPlane):
 
 
 class TorchPlanes(PlaneFactory):
-    """Registered when hvdlite.torch is imported: offers gloo and NCCL where this torch has them, and
-    CUDA-aware MPI where the MPI library takes CUDA buffers."""
+    """Registered when hvdlite.torch is imported: offers gloo, NCCL and CUDA-aware MPI where they work."""
 
     def __init__(self) -> None:
         self._store: Optional[Any] = None

@@ -19,9 +19,8 @@ _log = logging.getLogger(__name__)
 
 
 class PowerSGDState:
-    """What powerSGD_hook keeps between steps: the iteration count, per-bucket error feedback and the
-    warm-started P and Q factors. The keywords are torch's (docs/torch.md), with hvdlite's ``process_set``
-    in place of ``process_group`` (None: the bucket's own process set)."""
+    """What powerSGD_hook keeps between steps. The keywords are torch's (docs/torch.md), with hvdlite's
+    ``process_set`` in place of ``process_group`` (None: the bucket's own process set)."""
 
     def __init__(self, process_set: Optional[ProcessSet] = None, matrix_approximation_rank: int = 1,
                  start_powerSGD_iter: int = 1_000, min_compression_rate: float = 2,
@@ -83,8 +82,7 @@ class PowerSGDState:
 
 
 class _Future:
-    """The hook's result: ``wait()`` (run once) finishes the remaining rounds (P's, then Q's allreduce) and
-    returns the bucket's buffer, now holding the averaged approximation."""
+    """The hook's result: ``wait()`` (run once) finishes the rounds and returns the bucket's averaged buffer."""
 
     def __init__(self, finish: Callable[[], torch.Tensor]) -> None:
         self.wait = self.value = functools.cache(finish)

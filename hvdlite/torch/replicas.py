@@ -23,9 +23,8 @@ def _leaf(value: Any) -> Optional[np.ndarray]:
 
 
 def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> int:
-    """Check that ``obj`` (a torch module: its state_dict; an optimizer: each parameter, its state and the groups'
-    numeric hyperparameters; or a collection of tensors, numpy arrays and numbers) is bit-identical on every rank
-    of ``process_set`` (the core's check, docs/ARCHITECTURE.md); returns how many tensors were compared."""
+    """hvd.check_replicas of a torch module (its state_dict), an optimizer (each parameter, its state and the
+    groups' numeric hyperparameters), or a collection of tensors, numpy arrays and numbers."""
     if isinstance(obj, torch.nn.Module):
         named = flatten_tensors(obj.state_dict(), _leaf)
     elif isinstance(obj, torch.optim.Optimizer):
@@ -44,8 +43,7 @@ def check_replicas(obj: Any, process_set: ProcessSet = global_process_set) -> in
 
 
 def check_every(opt: torch.optim.Optimizer, steps: int) -> None:
-    """After every ``steps``-th ``opt.step()``, check its parameters and state (DistributedOptimizer's
-    ``check_replicas_every_steps``)."""
+    """DistributedOptimizer's ``check_replicas_every_steps``: check ``opt`` after every ``steps``-th step()."""
     if steps <= 0:
         return
     step, count = opt.step, itertools.count(1)

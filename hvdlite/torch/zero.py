@@ -20,9 +20,8 @@ _NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor", "Muon")
 
 
 class ZeroRedundancyOptimizer(ReadinessOwner, torch.optim.Optimizer):
-    """Shard ``optimizer_class``'s state over ``process_set`` in flat ranges (so its update must be elementwise):
-    averages the gradients with one reducescatter per bucket, steps this rank's rows, allgathers them
-    (docs/torch.md). Parameters with ``requires_grad=False`` at construction are never stepped."""
+    """Shard ``optimizer_class``'s state over ``process_set`` in flat ranges (its update must be elementwise;
+    docs/torch.md). Parameters with ``requires_grad=False`` at construction are never stepped."""
 
     def __init__(self, params: Any, optimizer_class: type, process_set: ProcessSet = global_process_set,
                  *, compression: Any = Compression.none, backward_passes_per_step: int = 1,
