@@ -47,10 +47,8 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str) -> l
     killed = []
     for rank in ranks:
         peer = peers[rank]
-        if peer.host != here or peer.pid == os.getpid() or not peer.started:
-            continue
-        if not kill_if_same(peer.pid, peer.started):
-            continue  # already gone (its pid may belong to another process by now)
+        if peer.host != here or peer.pid == os.getpid() or not kill_if_same(peer.pid, peer.started):
+            continue  # another host's, this one, or gone already (its pid may belong to another process by now)
         logger.warning("rank %d (host %s, pid %d) %s: killed it (SIGKILL), %s", rank, peer.host, peer.pid, why, then)
         killed.append(rank)
     return killed

@@ -96,10 +96,8 @@ def launcher_rank() -> tuple[Optional[int], Optional[int]]:
 def check_launch(mpi_size: int, mpi_library: Optional[str] = None) -> None:
     """LaunchError when the launcher started several ranks but MPI_COMM_WORLD has size 1 in each; ``mpi_library``
     (MPI_Get_library_version's text, asked when not given) makes the suggested fix specific."""
-    if mpi_size != 1:
-        return
     expected, source = expected_world_size()
-    if expected is None or expected <= 1:
+    if mpi_size != 1 or expected is None or expected <= 1:
         return
     if mpi_library is None:
         from .engine import mpi  # only used to word the message

@@ -82,8 +82,8 @@ def report(env: Mapping[str, str]) -> str:
     from .. import __version__
 
     lines = [f"hvdlite v{__version__}:", "", "Available frameworks:"]
-    for name, version in framework_versions().items():
-        lines.append(f"    {_box(version is not None)} {name}" + (f" {version}" if version else ""))
+    lines += [f"    {_box(version is not None)} {name}" + (f" {version}" if version else "")
+              for name, version in framework_versions().items()]
     library = mpi_library()
     flags = built_flags(env)
     lines += ["", "Available controllers:",
@@ -91,14 +91,10 @@ def report(env: Mapping[str, str]) -> str:
               + (f": {library.version}" if library else " (mpi4py cannot load an MPI library)"),
               f"    {_box(flags['gloo'])} Gloo" + (" (torch.distributed's gloo, for hvdlite.torch's CPU tensors)"
                                                    if flags["gloo"] else "")]
-    lines += ["", f"MPI thread level: {thread_level(env) if library else 'n/a'}"]
-    lines += ["", "Available tensor operations:"]
-    for name in ("NCCL", "DDL", "CCL", "MPI", "Gloo"):
-        lines.append(f"    {_box(flags[name.lower()])} {name}")
-    lines += ["", "Launchers:"]
+    lines += ["", f"MPI thread level: {thread_level(env) if library else 'n/a'}", "", "Available tensor operations:"]
+    lines += [f"    {_box(flags[name.lower()])} {name}" for name in ("NCCL", "DDL", "CCL", "MPI", "Gloo")]
     launchers = [launcher for launcher in (identify(path, env) for path in candidate_paths(env)) if launcher]
-    for launcher in launchers:
-        lines.append(f"    [X] {launcher.describe()}")
+    lines += ["", "Launchers:", *(f"    [X] {launcher.describe()}" for launcher in launchers)]
     if not launchers:
         lines.append("    [ ] mpiexec/mpirun: none found (pip install mpich, or load your cluster's MPI)")
     srun = find_srun(env)
