@@ -11,6 +11,5 @@ from .strategy import HvdliteEnvironment, HvdliteStrategy
 
 __all__ = ["HvdliteEnvironment", "HvdliteStrategy"]
 
-# Lightning builds its registry from its own strategy classes only (no entry points for strategies), so a
-# name such as "hvdlite" exists once the module that registers it has been imported.
+# Lightning has no entry points for strategies: "hvdlite" exists once this module has registered it.
 HvdliteStrategy.register_strategies(StrategyRegistry)

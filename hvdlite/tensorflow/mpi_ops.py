@@ -221,9 +221,8 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, ignore_na
         y = broadcast_group([x], root, name, process_set, "broadcast")[0]
 
         def grad(dy: Any) -> tf.Tensor:
-            # Horovod's gradient: the average of the upstream gradients, kept on the root, zero elsewhere.
-            # The zeros depend on the allreduce: in a tf.compat.v1 session, zeros of a known shape would
-            # not, and the non-root ranks would skip the allreduce that the root runs
+            # Horovod's gradient: the average, kept on the root, zero elsewhere; the zeros depend on the allreduce,
+            # so that a tf.compat.v1 session runs it on every rank (zeros of a known shape would not)
             reduced = _grouped_allreduce([dense(dy)], op=Average, process_set=process_set)[0]
             if core.rank() == root:
                 return reduced

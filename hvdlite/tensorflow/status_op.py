@@ -118,7 +118,7 @@ def check(lib: ctypes.CDLL, status: int, what: str) -> None:
 
 _lock = threading.Lock()  # registration
 _errors_lock = threading.Lock()  # the stored errors (taken by the kernel on TensorFlow's threads)
-_state: dict[str, object] = {}  # "lib", "callbacks" (kept alive for the process), "ok", "why"
+_state: dict[str, object] = {}  # "compute" (kept alive for the process), "ok", "why"
 _errors: dict[int, tuple[int, str]] = {}  # token -> (TF_Code, message), consumed by the kernel
 _tokens = itertools.count(1)
 
@@ -138,8 +138,7 @@ def _take_error(token: int) -> Optional[tuple[int, str]]:
 
 def _register() -> None:
     lib = load()
-    _state["compute"] = compute = make_kernel(lib, OP_NAME, _take_error)  # kept for the process' life
-    _state["lib"] = lib
+    _state["compute"] = compute = make_kernel(lib, OP_NAME, _take_error)  # kept (with lib) for the process' life
     status = lib.TF_NewStatus()
     try:
         builder = lib.TF_NewOpDefinitionBuilder(OP_NAME.encode())
