@@ -155,3 +155,30 @@ def test_a_standby_jobs_ranks_wait_for_the_handover_then_join_as_the_new_jobs(
     assert os.environ[RESTART_VARIABLE] == "1" and os.environ[GENERATION_VARIABLE] == "0"  # (the link holds them)
     wait_until(lambda: [(r.rank, r.attempt) for r in server.snapshot()] == [(0, 3)], "joined as reset 3's rank 0")
     links[0].close()
+
+
+def test_a_fault_tolerant_rank_kills_only_the_stopped_ranks_of_its_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While its engine waits, a rank of a fault-tolerant job kills the stopped processes (SIGSTOP) of its host's
+    ranks (runtime.State.fence_silent: fencing.fence with stopped_only); one that runs (busy, or short of CPU under
+    load) or waits is slow, not gone, and stays. ULFM's verdict (a rank declared failed) kills whatever its state."""
+    import signal
+    import subprocess
+    import sys
+
+    from hvdlite.core.fencing import Peer, _start_ticks, _stat, fence, this_process
+
+    code = {"busy": "while True: pass", "stopped": "while True: pass", "asleep": "import time; time.sleep(60)"}
+    procs = {name: subprocess.Popen([sys.executable, "-c", text]) for name, text in code.items()}
+    try:
+        os.kill(procs["stopped"].pid, signal.SIGSTOP)  # (it stops once it next runs)
+        wait_until(lambda: _stat(procs["stopped"].pid)[0] == b"T", "stopped")
+        here = this_process()
+        peers = [here] + [Peer(here.host, p.pid, _start_ticks(p.pid)) for p in procs.values()] + [Peer("h2", 1, 1)]
+        assert fence(range(5), peers, "is stopped", "then", stopped_only=True) == [2]
+        assert procs["stopped"].wait(10) == -signal.SIGKILL and procs["busy"].poll() is procs["asleep"].poll() is None
+        assert fence([1, 3], peers, "was declared failed", "then") == [1, 3]
+        assert procs["busy"].wait(10) == procs["asleep"].wait(10) == -signal.SIGKILL
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()

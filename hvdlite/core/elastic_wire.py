@@ -1,8 +1,6 @@
-"""What the elastic driver (hvdlite-run) and its ranks share: the variables it sets in the ranks, how a rank
-signs its messages (see ``hvdlite.core.elastic.link``), and where the ranks keep their commits.
-
-Run by path on a host (remover_command), it deletes that host's commit: it imports only the standard library.
-"""
+"""What the elastic driver (hvdlite-run) and its ranks share: the variables it sets in the ranks, how a rank signs
+its messages, and where the ranks keep their commits; run by path on a host (remover_command), with the standard
+library only, it deletes that host's commit of a run."""
 from __future__ import annotations
 
 import hashlib

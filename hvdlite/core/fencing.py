@@ -29,26 +29,32 @@ def this_process() -> Peer:
     return Peer(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()))
 
 
-def _start_ticks(pid: int) -> int:
-    """The start time of process ``pid`` (field 22 of /proc/PID/stat); 0 when it is gone, a zombie, or unknown."""
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces): [state, ppid, ...]; [] if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
-        fields = text[text.rindex(b")") + 2:].split()  # after the command name, which may hold spaces
-        return 0 if fields[0] == b"Z" else int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return 0
+        return text[text.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
+        return []
 
 
-def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str) -> list[int]:
-    """SIGKILL the processes of ``ranks`` on this host that are still those that joined the job (a stopped one
-    dies too); return those ranks."""
+def _start_ticks(pid: int) -> int:
+    """The start time of process ``pid`` (field 22 of /proc/PID/stat); 0 when it is gone, a zombie, or unknown."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[0] != b"Z" else 0
+
+
+def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str, stopped_only: bool = False) -> list[int]:
+    """SIGKILL the processes of ``ranks`` on this host that are still those that joined the job (``stopped_only``:
+    only those stopped by SIGSTOP, state T; a debugger's stop is t); return those ranks."""
     here = socket.gethostname()
     killed = []
     for rank in ranks:
         peer = peers[rank]
-        if peer.host != here or peer.pid == os.getpid() or not kill_if_same(peer.pid, peer.started):
-            continue  # another host's, this one, or gone already (its pid may belong to another process by now)
+        if peer.host != here or peer.pid == os.getpid() or stopped_only and _stat(peer.pid)[:1] != [b"T"] or \
+                not kill_if_same(peer.pid, peer.started):
+            continue  # another host's, this one, a running one, or gone already (its pid may be another's by now)
         logger.warning("rank %d (host %s, pid %d) %s: killed it (SIGKILL), %s", rank, peer.host, peer.pid, why, then)
         killed.append(rank)
     return killed

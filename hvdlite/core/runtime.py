@@ -70,11 +70,12 @@ class State:
                              fence=self.fence_silent if self.fault_tolerant else None)
 
     def fence_silent(self, ranks: list[int]) -> list[int]:
-        """The stall inspector's verdict in a fault-tolerant job: end these ranks' processes, here and elsewhere."""
-        why = (f"answered no probes for {self.config.stall_shutdown_time_seconds:g} s (stall_shutdown_time_seconds; "
-               f"stopped or wedged)")
-        killed = fence(ranks, self.peers, why, "so that MPI sees it as failed and the survivors recover without it")
-        fence_elsewhere(ranks, self.peers, why)
+        """In a fault-tolerant job whose engine waits: end this host's stopped ranks (not a slow one), and ``ranks``
+        (the stall inspector's verdict: they answer no probes) on other hosts through the driver."""
+        killed = fence(range(self.size), self.peers, "is stopped (SIGSTOP) while the others wait for it",
+                       "so that MPI sees it as failed and the survivors recover without it", stopped_only=True)
+        fence_elsewhere(ranks, self.peers, f"answered no probes for {self.config.stall_shutdown_time_seconds:g} s "
+                        f"(stall_shutdown_time_seconds; stopped or wedged)")
         return killed
 
     def abandon(self) -> None:

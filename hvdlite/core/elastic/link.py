@@ -1,8 +1,5 @@
-"""The rank's side of the connection to the elastic driver (hvdlite-run): hello, host-change queries, reports.
-
-One TCP connection a rank, open for its whole life (the kernel closes it when the rank dies, even by SIGKILL);
-JSON lines, each with a sequence number and an HMAC-SHA256 of (the connection's nonce, the message) under the
-run's secret, which only the environment carries (docs/elastic.md, "Who may talk to the driver")."""
+"""The rank's side of the connection to the elastic driver (hvdlite-run): hello, host-change queries, reports; one
+signed TCP connection a rank for its whole life (docs/elastic.md, "Who may talk to the driver")."""
 from __future__ import annotations
 
 import json

@@ -91,22 +91,22 @@ class Watchdog:
         self.config, self.rank, self.size, self.presence = config, rank, size, presence
         self.waiting_names = waiting_names  # the names this rank waits on (pending or queued), sorted
         self.fence = fence  # ULFM jobs: kills given ranks' processes on this host (core/fencing.py)
-        self._fenced = False
         self.last_check = time.monotonic()  # the last full round (every full round looks for stalls)
         self._last_warning = float("-inf")
         self._spared: dict[tuple[int, str], float] = {}  # see verdict()
 
     def watch(self, waited: float) -> bool:
-        """Between the polls of every engine wait: answer presence probes; past the stall shutdown time, end with
-        the silent peers (Wedged), or in a fault-tolerant job first fence them once. True restarts the count."""
+        """Between the polls of every engine wait: answer probes; past STOPPED_S fence this host's stopped ranks (ULFM);
+        past the stall shutdown time, silent peers: fenced (ULFM) or Wedged. True restarts the count."""
         self.presence.serve()
+        if self.fence is not None and waited > STOPPED_S:
+            self.fence([])
         cfg = self.config
         limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
         if not 0 < limit < waited:
             return False
         absent = self.presence.absent()
-        if absent and self.fence is not None and not self._fenced:
-            self._fenced = True
+        if absent and self.fence is not None:
             self.fence(absent)
             return True
         if absent:  # this rank gives up: an MPI call waited past the limit and these ranks answer no probes
@@ -213,6 +213,8 @@ def shutdown_message(rank: int, stopping: list[int]) -> str:
             f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S turns a rank that never comes into an error after S s.")
 
 
+#: Seconds a wait lasts before a fault-tolerant job's rank looks for stopped ranks on its host (and kills them).
+STOPPED_S = 2.0
 _PROBE, _REPLY = 0x7E01, 0x7E02
 GRACE_S = 2.0  # how long a prober waits for answers (answering takes one poll of a waiting engine)
 

@@ -215,8 +215,12 @@ class ElasticDriver:
             if not changed and not lost_at and now >= next_check:
                 next_check = now + DISCOVERY_INTERVAL_S
                 changed = self._hosts_changed(server, hosts)
+            if self.in_process and len(ranks := server.snapshot()) == size and {r.ended for r in ranks} in (
+                    {"resize"}, {"resize", "lost"}):  # every host's commit is written (a rank says "resize" after
+                break  # it): the next job starts now, while this one's processes and launcher end by themselves
         code = proc.returncode
-        kill_group(proc.pid)
+        if code is not None:  # (one still ending is reaped by subprocess; hvdlite-run's exit ends it: stop_with)
+            kill_group(proc.pid)
         for path in remove_leftover_shm(shm) if shm is not None else ():  # (MPICH's, of a rank killed in it)
             logger.info("deleted %s, the shared memory MPICH left behind on this host", path)
         ranks = server.snapshot()

@@ -1,7 +1,5 @@
-"""The elastic driver's TCP endpoint: ranks say hello, ask for the host generation, report resize/done/recoveries;
-a standby job's ranks wait there for the handover. A connection that closes without "done" or "resize" is a lost
-rank. It listens on the interface the job uses (bind_address) and accepts only messages signed with the run's secret
-(``hvdlite.core.elastic.link``): anything else is logged with its peer's address, closed, and changes nothing."""
+"""The elastic driver's TCP endpoint, where its ranks (and a standby job's, waiting) stay connected: a connection
+closing without "done" or "resize" is a lost rank; only messages signed with the run's secret count (see link.py)."""
 from __future__ import annotations
 
 import contextlib

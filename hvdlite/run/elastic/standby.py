@@ -32,7 +32,7 @@ class Standby:
         if self.proc is not None and self.proc.poll() is not None:
             self._failed(f"the standby job ended (exit code {self.proc.returncode}) before its handover")
         if wanted and self.proc is None and self.failures < FAILURES:
-            self.placed, self.started_at = _full(listing, max_np), time.monotonic()
+            self.placed, self.started_at = assign(listing, min(max_np, total_slots(listing))), time.monotonic()
             self.proc = self.launch(self.placed, server, True)
             self.log.info("standby: started %d ranks on %s for the next regrowth (they wait at hvd.elastic.run)",
                           total_slots(self.placed), ",".join(map(str, self.placed)))
@@ -44,7 +44,7 @@ class Standby:
 
     def hold_growth(self, listing: list[Host], max_np: int, server: DriverServer) -> bool:
         """Whether a regrowth to ``listing`` waits: its standby job is still starting (up to READY_WAIT_S)."""
-        placed = _full(listing, max_np)
+        placed = assign(listing, min(max_np, total_slots(listing)))
         if self.proc is None or placed != self.placed or self.ready(placed, server):
             return False
         if time.monotonic() - self.started_at < READY_WAIT_S:
@@ -70,7 +70,3 @@ class Standby:
         self.log.warning("%s%s", why, "; the run grows through fresh starts from now on" if self.failures >= FAILURES
                          else f" (failure {self.failures} of {FAILURES}): dropped, another one starts")
         self.discard()
-
-
-def _full(listing: list[Host], max_np: int) -> list[Host]:
-    return assign(listing, min(max_np, total_slots(listing)))
