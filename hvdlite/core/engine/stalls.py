@@ -213,8 +213,7 @@ def shutdown_message(rank: int, stopping: list[int]) -> str:
             f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=S turns a rank that never comes into an error after S s.")
 
 
-#: Seconds a wait lasts before a fault-tolerant job's rank looks for stopped ranks on its host (and kills them).
-STOPPED_S = 2.0
+STOPPED_S = 2.0  # how long a fault-tolerant job's engine waits before it kills its host's stopped ranks (if any)
 _PROBE, _REPLY = 0x7E01, 0x7E02
 GRACE_S = 2.0  # how long a prober waits for answers (answering takes one poll of a waiting engine)
 
