@@ -70,8 +70,7 @@ class State:
                              fence=self.fence_silent if self.fault_tolerant else None)
 
     def fence_silent(self, ranks: list[int]) -> list[int]:
-        """In a fault-tolerant job whose engine waits: end this host's stopped ranks (not a slow one), and ``ranks``
-        (the stall inspector's verdict: they answer no probes) on other hosts through the driver."""
+        """A fault-tolerant job's long wait: kill this host's stopped ranks; have ``ranks`` (silent) ended elsewhere."""
         killed = fence(range(self.size), self.peers, "is stopped (SIGSTOP) while the others wait for it",
                        "so that MPI sees it as failed and the survivors recover without it", stopped_only=True)
         fence_elsewhere(ranks, self.peers, f"answered no probes for {self.config.stall_shutdown_time_seconds:g} s "
