@@ -106,18 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _NicsAction(argparse.Action):
-    """--network-interface(s): append, splitting on commas, keeping order and dropping repeats."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: Optional[str] = None) -> None:
-        nics = list(getattr(namespace, self.dest, None) or [])
-        for nic in str(values).split(","):
-            if nic.strip() and nic.strip() not in nics:
-                nics.append(nic.strip())
-        setattr(namespace, self.dest, nics)
-
-
 def add_horovodrun_flags(parser: argparse.ArgumentParser) -> None:
     """The rest of horovodrun's flags, so its command lines run unchanged (see docs in README, Launching)."""
     group = parser.add_argument_group("horovodrun flags")
@@ -126,7 +114,7 @@ def add_horovodrun_flags(parser: argparse.ArgumentParser) -> None:
     controller.add_argument("--gloo", dest="use_gloo", action="store_true", help="refused: hvdlite has no Gloo")
     controller.add_argument("--jsrun", dest="use_jsrun", action="store_true",
                             help="refused: hvdlite-run does not drive IBM LSF's jsrun (use mpirun in the allocation)")
-    group.add_argument("--network-interfaces", "--network-interface", dest="nics", action=_NicsAction,
+    group.add_argument("--network-interfaces", "--network-interface", dest="nics", action="append",
                        metavar="NIC[,NIC...]", help="network interfaces for MPI traffic between hosts, e.g. "
                        "eth0,ib0 (repeatable); all are given to MPI")
     group.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, metavar="PORT",
@@ -177,6 +165,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    nics = (nic.strip() for given in args.nics or () for nic in given.split(","))  # in order, each once
+    args.nics = list(dict.fromkeys(nic for nic in nics if nic))
     args.config_notes = []
     if args.config_file:
         from .config_file import ConfigFileError, apply_config_file
