@@ -152,11 +152,10 @@ T = TypeVar("T", bound=Any)
 
 def sync_moments(x: T, weights: Optional[T], sum_over: Callable[[T], T],
                  grouped_allreduce_sum: Callable[[list[Any]], list[Any]], expand: Callable[[T], T]) -> tuple[T, T, T]:
-    """SyncBatchNorm's statistics over every rank of a process set, in two passes (numerically stable): the
-    global mean first, then the mean of squared deviations from it. ``sum_over`` sums over the batch (and
-    spatial) axes, ``expand`` makes per-channel values broadcast against ``x``, ``grouped_allreduce_sum`` sums a
-    list of tensors across the set (differentiably); ``weights`` (a mask, or None) weights each element.
-    Returns (mean, biased variance, element count per channel)."""
+    """SyncBatchNorm's (mean, biased variance, element count) per channel over a process set, in two passes (the
+    global mean, then the mean of squared deviations from it): ``sum_over`` sums the batch (and spatial) axes,
+    ``expand`` broadcasts per-channel values against ``x``, ``grouped_allreduce_sum`` sums a list of tensors
+    across the set (differentiably); ``weights`` (a mask, or None) weights each element."""
     weighted = x if weights is None else x * weights
     count = sum_over(x ** 0) if weights is None else sum_over(weights)  # x ** 0 is 1 even for inf and nan
     total, n = grouped_allreduce_sum([sum_over(weighted), count])

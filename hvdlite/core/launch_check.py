@@ -143,9 +143,8 @@ def int_or_none(text: Optional[str]) -> Optional[int]:
 
 @contextlib.contextmanager
 def openmpi_iallreduce(number: int, mpi_started: bool) -> Iterator[Optional[str]]:
-    """While MPI starts: OPENMPI_IALLREDUCE_VARIABLE set to ``number`` (0: Open MPI's own choice) unless set
-    already, then taken out again, so that child processes do not take hvdlite's default for the user's.
-    Yields the value MPI starts with ("": unset), or None where MPI is up already."""
+    """While MPI starts: OPENMPI_IALLREDUCE_VARIABLE set to ``number`` (0: Open MPI's own) unless set, then taken
+    out again (children must not take it for the user's); yields its value then ("": unset; None: MPI was up)."""
     if mpi_started:
         yield None
         return

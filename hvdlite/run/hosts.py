@@ -101,10 +101,7 @@ def check_slots(num_proc: int, hosts: Sequence[Host]) -> None:
 
 def hosts_by_rank(hosts: Sequence[Host], num_proc: int) -> list[str]:
     """Host of each rank when ranks fill hosts in order (rank 0..slots-1 on the first host, ...)."""
-    placement: list[str] = []
-    for host in hosts:
-        placement.extend([host.name] * host.slots)
-    return placement[:num_proc]
+    return [host.name for host in hosts for _ in range(host.slots)][:num_proc]
 
 
 @dataclasses.dataclass(frozen=True)
