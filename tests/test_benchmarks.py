@@ -507,6 +507,8 @@ def check_negotiation_scale(report: Records, tmp_path: Path) -> None:
     assert first["explain_cycles"] == 0 and first["full_path_bytes"] == 0 and first["vote_bytes"] > 0
     assert unnamed["full_cycles"] == 0 and unnamed["vote_bytes"] == 0
     assert cached["negotiation_calls"] == cached["cycles"] > 0 and first["negotiation_calls"] > first["cycles"]
+    assert result["raw_mpi_vector_allreduce_us"] > 0 and result["raw_mpi_allreduce_us"] > 0  # the model's check
+    assert all(path["median_ms"] > 0 and path["cpu_ms"] > 0 for path in (cached, first, unnamed))
 
 
 @check("profile_step")

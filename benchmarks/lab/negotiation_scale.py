@@ -7,7 +7,8 @@ received in votes and explaining allgathers; the negotiation's MPI calls) for a 
 names, a cached step of the same names and one unnamed allreduce of a loop; and what the kernel counted
 (``/proc/self/io``'s rchar + wchar: socket bytes under a TCP transport, e.g. ``--launcher "/work/venvs/ompi5/bin/
 mpiexec --oversubscribe --mca btl tcp,self --mca pml ob1"``; ~0 over shared memory), beside a raw MPI all-reduce of
-one float measured the same way.
+one float measured the same way, and its time and that of a raw all-reduce of the bit vector's words (to separate
+what oversubscription costs every collective from what the negotiation adds).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -47,32 +49,45 @@ def worker(tensors: int, steps: int) -> None:
         for h in handles:
             hvd.synchronize(h)
 
-    def measure(body: Callable[[], None], rounds: int) -> dict[str, Any]:
-        """Per round (``rounds`` of them), what the engine counted and the kernel's bytes, on this rank."""
+    def measure(step: Callable[[int], Any], rounds: int) -> dict[str, Any]:
+        """Per step (``rounds`` of them), what the engine counted, the kernel's bytes, the time and CPU time."""
         hvd.barrier()
-        before, io0, start = dict(engine.stats()), io_bytes(), time.perf_counter()
-        body()
-        seconds, io1, after = time.perf_counter() - start, io_bytes(), engine.stats()
+        before, io0, cpu0, times = dict(engine.stats()), io_bytes(), time.process_time(), []
+        for s in range(rounds):
+            start = time.perf_counter()
+            step(s)
+            times.append(time.perf_counter() - start)
+        io1, cpu1, after = io_bytes(), time.process_time(), engine.stats()
         d = {k: (after[k] - before[k]) / rounds for k in COUNTED}
         d["engine_bytes"] = d["bitvector_bytes"] + d["vote_bytes"] + d["full_path_bytes"]
         d["kernel_bytes"] = (io1 - io0) / rounds
-        d["ms"] = 1000 * seconds / rounds
+        d["ms"], d["median_ms"] = 1000 * sum(times) / rounds, 1000 * statistics.median(times)
+        d["cpu_ms"] = 1000 * (cpu1 - cpu0) / rounds  # this process's CPU (all its threads): what ranks share
         return d
 
     steady = [f"steady.{i}" for i in range(tensors)]
     run(steady)  # agreed once; then they hit the cache
-    cached = measure(lambda: [run(steady) for _ in range(steps)], steps)
-    first_steps = max(1, steps // 4)
-    first = measure(lambda: [run([f"new.{s}.{i}" for i in range(tensors)]) for s in range(first_steps)], first_steps)
+    cached = measure(lambda s: run(steady), steps)
+    first = measure(lambda s: run([f"new.{s}.{i}" for i in range(tensors)]), max(1, steps // 4))
     hvd.allreduce(np.ones(1), op=hvd.Sum)  # the unnamed stream's first op: a vote
-    unnamed = measure(lambda: [hvd.allreduce(np.ones(1), op=hvd.Sum) for _ in range(steps)], steps)
-    comm, one, out = MPI.COMM_WORLD, np.ones(1), np.empty(1)
-    comm.Barrier()
-    io0 = io_bytes()
-    for _ in range(steps):
-        comm.Allreduce(one, out)
-    raw = (io_bytes() - io0) / steps
-    rows = hvd.allgather_object({"first": first, "cached": cached, "unnamed": unnamed, "raw_mpi_kernel_bytes": raw})
+    unnamed = measure(lambda s: hvd.allreduce(np.ones(1), op=hvd.Sum), steps)
+    comm = MPI.COMM_WORLD
+
+    def raw(data: Any, op: Any) -> tuple[float, float]:
+        """A raw MPI all-reduce of ``data``: its kernel bytes and median microseconds per call on this rank."""
+        out, times = np.empty_like(data), []
+        comm.Barrier()
+        io0 = io_bytes()
+        for _ in range(steps):
+            start = time.perf_counter()
+            comm.Allreduce(data, out, op=op)
+            times.append(time.perf_counter() - start)
+        return (io_bytes() - io0) / steps, 1e6 * statistics.median(times)
+
+    raw_bytes, raw_us = raw(np.ones(1), MPI.SUM)
+    vector_us = raw(np.zeros(engine.cache.vector_words, np.uint64), MPI.BOR)[1]  # the bit vector's size
+    rows = hvd.allgather_object({"first": first, "cached": cached, "unnamed": unnamed, "raw_us": raw_us,
+                                 "raw_mpi_kernel_bytes": raw_bytes, "vector_us": vector_us})
     if hvd.rank() == 0:
         mean = {path: {k: sum(r[path][k] for r in rows) / len(rows) for k in rows[0][path]}
                 for path in ("first", "cached", "unnamed")}
@@ -80,6 +95,9 @@ def worker(tensors: int, steps: int) -> None:
             "ranks": hvd.size(), "tensors_per_step": tensors, "per_rank_mean": mean,
             "per_rank_max_engine_bytes": {p: max(r[p]["engine_bytes"] for r in rows) for p in mean},
             "raw_mpi_allreduce_kernel_bytes": sum(r["raw_mpi_kernel_bytes"] for r in rows) / len(rows),
+            # each rank's median microseconds per call, mean over the ranks: one float (SUM), the bit vector (BOR)
+            "raw_mpi_allreduce_us": sum(r["raw_us"] for r in rows) / len(rows),
+            "raw_mpi_vector_allreduce_us": sum(r["vector_us"] for r in rows) / len(rows),
         }), flush=True)
     hvd.shutdown()
 
