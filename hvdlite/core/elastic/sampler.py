@@ -22,10 +22,6 @@ class ElasticShards:
         self.seed = int(seed)
         self.epoch = 0
         self.processed: set[int] = set()
-        self.indices: list[int] = []
-        self._remaining: list[int] = []
-        self.num_replicas = 1
-        self.rank = 0
         self.reset()
 
     def _order(self) -> list[int]:
