@@ -5,7 +5,7 @@ vectors add, identical ones average. Over 2^k ranks it is applied pairwise in a 
 distance doubling: at level d = 1, 2, 4... a rank swaps half of its current range with the rank ``rank ^ d``,
 the dot products and norms of the two full vectors are summed over the 2d ranks that hold pieces of them,
 and each rank combines its half. The halves are then exchanged back in reverse order, so every rank ends
-with the whole result. A fused batch treats each tensor as its own vector (its own dot products).
+with the whole result.
 """
 from __future__ import annotations
 
@@ -70,7 +70,6 @@ def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tupl
         lo, hi = keep_lo, keep_hi
         d *= 2
         level += 1
-    # Distance doubling: give back the halves in reverse order until every rank holds the whole result.
     for level in reversed(range(len(history))):
         neighbour, left, lo, mid, hi = history[level]
         (keep_lo, keep_hi), (other_lo, other_hi) = ((lo, mid), (mid, hi)) if left else ((mid, hi), (lo, mid))

@@ -158,7 +158,6 @@ class Autotuner:
             self._log.flush()
 
     def settings(self) -> dict[str, Any]:
-        """The settings in effect on this rank."""
         return {name: getattr(self.config, name) for name in TUNED}
 
     # -- every rank ---------------------------------------------------------------------------------------
@@ -199,8 +198,8 @@ class Autotuner:
             self._seen = set()
         self._seen |= keys
         if self._started:
-            self._bytes += sum(_nbytes(r.sig.tensors) for r in responses
-                               if r.error is None and r.sig.kind not in _ROW_SHAPED)
+            self._bytes += sum(math.prod(shape) * storage_dtype(dtype).itemsize for r in responses
+                               if r.error is None and r.sig.kind not in _ROW_SHAPED for dtype, shape in r.sig.tensors)
 
     def _boundary(self, now: float) -> None:
         if not self._started:
@@ -238,7 +237,3 @@ class Autotuner:
         if self._log is not None:
             self._writer.writerow([phase, *row])
             self._log.flush()
-
-
-def _nbytes(tensors: Iterable[tuple[str, tuple[Any, ...]]]) -> int:
-    return sum(math.prod(shape) * storage_dtype(dtype).itemsize for dtype, shape in tensors)

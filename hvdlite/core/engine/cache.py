@@ -9,8 +9,6 @@ import numpy as np
 from .names import generated
 from .requests import Response, Signature
 
-__all__ = ["PendingBits", "ResponseCache"]
-
 
 class ResponseCache:
     """Names agreed before, each holding one bit, identical on every rank (changed only by agreed decisions); one

@@ -116,6 +116,3 @@ def grouped(values: dict[int, Any]) -> str:
         groups.setdefault(value, []).append(rank)
     return "; ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {value}"
                      for value, ranks in groups.items())
-
-
-__all__ = ["FRAMEWORK_PACKAGES", "Site", "capture", "describe", "grouped", "show", "site_table"]

@@ -92,7 +92,6 @@ class ChunkPipeline:
             raise
 
     def drain(self) -> None:
-        """Complete every outstanding chunk."""
         while self._inflight:
             self._complete_oldest()
 
@@ -125,6 +124,3 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     lo_a: int = a.__array_interface__["data"][0]
     lo_b: int = b.__array_interface__["data"][0]
     return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
-
-
-__all__ = ["ChunkPipeline", "IN_FLIGHT", "shortest_fast_length", "start_allreduce"]

@@ -133,6 +133,3 @@ class Completion:
 
 
 _ERROR_KINDS = {"stall": StallError, "invalid": InvalidArgumentError}  # else TensorMismatchError
-
-
-__all__ = ["Completion"]

@@ -41,10 +41,9 @@ def reduce_scatter(comm: Any, send: np.ndarray, counts: list[int], dtype: str, o
         acc = bf16_to_f32(received[0])
         for row in received[1:]:
             acc = bf16_to_f32(f32_to_bf16(combine(acc, bf16_to_f32(row))))
-        result = f32_to_bf16(acc)
         if out is None:
-            return result
-        out[...] = result
+            return f32_to_bf16(acc)
+        out[...] = f32_to_bf16(acc)
         return out
     view = received.view(np.float16) if dtype == "float16" else received
     rows = list(view)
@@ -88,14 +87,6 @@ def plane_slices(plane: Any, rank: int, size: int, flat: Any, reduce: Callable[[
     return plane.allgather([reduced], [[c] for c in counts])[0]
 
 
-def allreduce(comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str, op: ReduceOp, datatype: Any,
-              wait: Callable[[Any], None]) -> None:
-    """Reduce ``dst`` (or ``src`` into ``dst``) across ``comm`` in rank order, element by element."""
-    counts = slices(dst.shape[0], comm.Get_size())
-    mine = reduce_scatter(comm, dst.copy() if src is None else src, counts, dtype, op, datatype, wait)
-    wait(comm.Iallgatherv([mine, datatype], [dst, counts_displacements(counts), datatype]))
-
-
 class OrderedComm:
     """A communicator whose floating-point ``Iallreduce`` and ``Ireduce_scatter`` reduce in rank order."""
 
@@ -114,12 +105,15 @@ class OrderedComm:
         return None
 
     def Iallreduce(self, send: Any, recv: list[Any], mpi_op: Any) -> Any:  # noqa: N802 - mpi4py's name
+        """The rank-order rule: this rank's slice reduced (reduce_scatter), then the slices all-gathered."""
         kind = self._kind(recv[1], mpi_op)  # recv, send: mpi4py's [buffer, datatype] specs
         if kind is None:
             return self.comm.Iallreduce(send, recv, mpi_op)
-        dtype, op = kind
-        src = None if send is self._mpi_ops.IN_PLACE else send[0]
-        allreduce(self.comm, src, recv[0], dtype, op, recv[1], polling.wait)
+        dst, datatype = recv
+        counts = slices(dst.shape[0], self.comm.Get_size())
+        src = dst.copy() if send is self._mpi_ops.IN_PLACE else send[0]
+        mine = reduce_scatter(self.comm, src, counts, *kind, datatype, polling.wait)
+        polling.wait(self.comm.Iallgatherv([mine, datatype], [dst, counts_displacements(counts), datatype]))
         return polling.DONE
 
     def Split(self, color: int, key: int) -> "OrderedComm":  # noqa: N802 - mpi4py's name
@@ -233,8 +227,3 @@ class AccumulatingComm:
 def accumulates(extra: Any, dtype: str) -> bool:
     """Whether a batch of ``dtype`` with signature argument ``extra`` reduces by the accumulating rule."""
     return type(extra) is Accumulation and dtype in ACCUMULABLE_DTYPES
-
-
-__all__ = ["FLOAT_DTYPES", "AccumulatingComm", "OrderedComm", "accumulates", "accumulating_allreduce", "allreduce",
-           "applies", "comms", "exchange", "from_wire", "plane_slices", "rank_order", "reduce_scatter", "slices",
-           "to_wire", "write"]

@@ -330,6 +330,3 @@ def _payload(buffer: Any) -> Any:
 
 def _payloads(batch: list[Item]) -> list[Any]:
     return [_payload(item.src) for item in batch]
-
-
-__all__ = ["Executor"]

@@ -330,6 +330,3 @@ class Engine:
         with self._cv:
             queued = [req.name for req in self._queue]
         return sorted({name for _, name in self.completion.pending} | set(queued))
-
-
-__all__ = ["Engine"]

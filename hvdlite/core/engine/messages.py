@@ -6,8 +6,6 @@ from typing import Any, Collection, Iterable, Optional, Sequence
 from . import callsite
 from .requests import Signature, shared
 
-__all__ = ["RankMessage", "name_table"]
-
 
 class RankMessage:
     """One rank's pending requests as parallel lists (names, signature and call-site indices into distinct ones,
@@ -41,7 +39,6 @@ class RankMessage:
         self._by_key = None
 
     def signatures(self) -> list[Signature]:
-        """Each request's signature, in order."""
         sigs = self.sigs
         return [sigs[i] for i in self.sig_index]
 

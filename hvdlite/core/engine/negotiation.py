@@ -27,10 +27,6 @@ FLAG_EXCHANGE = 8    # rank 0: exchange straggler times at the next cycle with a
 FLAG_EXPLAIN = 16    # some rank needs the explaining round (stall check, join, shutdown, autotune's switch)
 NEGOTIATION_POLL_CAP = 0.001  # seconds between polls of a negotiation message exchange
 
-__all__ = ["FLAG_BUSY", "FLAG_EXCHANGE", "FLAG_EXPLAIN", "FLAG_FULL", "FLAG_SHUTDOWN", "JOIN_TOLERANT",
-           "JOIN_TOLERANT_PERMISSIVE", "Stalled", "allgather_messages", "decide", "describe_mismatch",
-           "explaining_round", "invalid_argument", "remember", "uncached_flags", "vote_round"]
-
 
 def allgather_messages(comm: Any, msg: RankMessage, sizes_out: list[Any]) -> list[RankMessage]:
     """Every rank's message, in rank order: the sizes (into ``sizes_out``), then the bytes, each an arrival wait."""

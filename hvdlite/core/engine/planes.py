@@ -245,7 +245,3 @@ def plane_of(inputs: Sequence[Any], kind: Any, name: str) -> str:
                         f"{sorted(n or 'mpi' for n in names)}. "
                         f"Move them to one device first, or submit them as separate ops")
     return names.pop() if names else ""
-
-
-__all__ = ["PlaneBuffer", "DataPlane", "Bootstrap", "PlaneFactory", "register_factory", "PlaneTable",
-           "plane_of", "built", "in_rank_order", "rank_order_allreduce"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from .handles import threads_waiting
 
@@ -53,20 +53,16 @@ _PR_SET_TIMERSLACK = 29
 CROWDED = False  # more ranks on this node than cores for them (share_cores)
 
 
-class Polled:
+class Polled(NamedTuple):
     """A request that ``wait`` completes when ``Test()`` is true: a plane's own work, or DONE (already reduced)."""
 
-    __slots__ = ("Test",)
-
-    def __init__(self, test: Callable[[], bool]) -> None:
-        self.Test = test
+    Test: Callable[[], bool]
 
 
 DONE = Polled(lambda: True)
 
 
 def set_watch(watch: Optional[Callable[[float], bool]]) -> None:
-    """The calling thread's watch (see _watches)."""
     _watches.watch = watch
 
 

@@ -56,8 +56,8 @@ def allgather(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
     into = len(items) == 1 and _fits(item.dst, whole[0], item.dtype)
     recv = item.dst.reshape(-1).view(np.uint8) if into else aligned_empty((int(per_rank.sum()),), np.uint8)
     me = comm.Get_rank()
-    if into and _at(send, recv, int(displs[me])):  # the caller's row already sits in its output
-        send = ops.IN_PLACE
+    if into and send.__array_interface__["data"][0] == recv.__array_interface__["data"][0] + int(displs[me]):
+        send = ops.IN_PLACE  # the caller's rows already sit where they go in its output
     elif into and np.shares_memory(send, recv):
         send = send.copy()
     wait(comm.Iallgatherv(send if send is ops.IN_PLACE else [send, BYTE], [recv, (per_rank, displs), BYTE]))
@@ -143,12 +143,3 @@ def alltoall(ex: Executor, items: list[Item]) -> list[tuple[Item, Any]]:
 def _fits(dst: Optional[np.ndarray], shape: tuple[Any, ...], dtype: str) -> bool:
     """Whether a caller-given output (allgather/reducescatter ``outputs``) can take the result directly."""
     return dst is not None and dst.shape == shape and dst.dtype == storage_dtype(dtype) and dst.flags.c_contiguous
-
-
-def _at(part: np.ndarray, whole: np.ndarray, offset: int) -> bool:
-    """Whether the bytes of ``part`` are exactly ``whole[offset:offset + part.nbytes]``."""
-    return (part.__array_interface__["data"][0] == whole.__array_interface__["data"][0] + offset
-            and offset + part.nbytes <= whole.nbytes)
-
-
-__all__ = ["Wait", "allgather", "alltoall", "reducescatter", "row_counts", "splits_of"]

@@ -257,7 +257,3 @@ class Presence:
             time.sleep(1e-3)
         self._sends.extend(sends)
         return sorted(set(peers) - answered)
-
-
-__all__ = ["Presence", "Stalled", "Stop", "Watchdog", "Wedged", "shutdown_message", "submitted_at", "used_elsewhere",
-           "verdict", "waiting_instead"]

@@ -202,6 +202,3 @@ def _quantile(x: np.ndarray, q: float) -> float:
     lo, hi = int(pos), min(int(pos) + 1, x.size - 1)
     part = np.partition(x, (lo, hi))
     return float(part[lo] + (part[hi] - part[lo]) * (pos - lo))
-
-
-__all__ = ["Held", "Stragglers"]
