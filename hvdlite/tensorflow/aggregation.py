@@ -121,11 +121,8 @@ def aggregate(grads: Sequence[Any], accumulators: Sequence[Optional[tf.Variable]
     def keep_sums() -> list[tf.Tensor]:
         return [a.read_value() for a in accs]
 
-    outs = tf.nest.flatten(tf.cond(passes >= tf.cast(steps, counter.dtype), reduce_sums, keep_sums))
-    result: list[Any] = [None] * len(grads)
-    for i, out in zip(present, outs):
-        result[i] = out
-    return result
+    outs = dict(zip(present, tf.nest.flatten(tf.cond(passes >= tf.cast(steps, counter.dtype), reduce_sums, keep_sums))))
+    return [outs.get(i) for i in range(len(grads))]
 
 
 def on_reduced_pass(counter: tf.Variable, grads: Sequence[Any], apply: Callable[[], Any],

@@ -35,13 +35,10 @@ class _DistributedTape:
     def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
                                        use_generic_names: bool = False) -> tuple[list, list]:
         """``gradient()``'s ``(source, gradient)`` pairs split as Horovod's tape does: ``(local, shared)``."""
-        flat_sources = tf.nest.flatten(sources)
         grads = tf.nest.flatten(self.gradient(target, sources, output_gradients, use_generic_names))
-        local_pairs: list[tuple[Any, Any]] = []
-        shared_pairs: list[tuple[Any, Any]] = []
-        for source, grad in zip(flat_sources, grads):
-            (local_pairs if id(source) in self._hvd.local_vars else shared_pairs).append((source, grad))
-        return local_pairs, shared_pairs
+        pairs = list(zip(tf.nest.flatten(sources), grads))
+        local = [(s, g) for s, g in pairs if id(s) in self._hvd.local_vars]
+        return local, [(s, g) for s, g in pairs if id(s) not in self._hvd.local_vars]
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",

@@ -118,9 +118,7 @@ class MetricAverageCallback(AnyKerasCallback):
         if not keys:
             return
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        averaged = core.allreduce(values, op=Average)
-        for k, v in zip(keys, averaged.tolist()):
-            logs[k] = v
+        logs.update(zip(keys, core.allreduce(values, op=Average).tolist()))
 
 
 def _current_lr(optimizer: Any) -> float:
