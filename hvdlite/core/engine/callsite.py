@@ -76,7 +76,7 @@ def show(site: Optional[Site], cwd: Optional[str] = None) -> str:
 
 
 def site_table(requests: Iterable[Any]) -> tuple[list[int], list[str]]:
-    """For a full round: each pending request's site as an index into a list of distinct texts (-1: none), and it."""
+    """For a full round: each pending request's site as an index into its distinct texts (-1: none), and those."""
     indices: list[int] = []
     texts_sent: list[str] = []
     index_of: dict[Site, int] = {}

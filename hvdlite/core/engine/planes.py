@@ -36,10 +36,9 @@ class PlaneBuffer:
 
 
 class DataPlane:
-    """Moves the bytes of agreed batches among the members of one process set (engine thread only): each method
-    gets the batch's payloads (framework tensors, in batch order) and returns the results; ``outputs[i]`` is where
-    result i goes (None: a new tensor). Ops, factors, root, rows and splits are agreed; Average's divisor is in
-    ``post`` (a reduce_ops.Scale)."""
+    """Moves the bytes of agreed batches among one process set's members (engine thread only): each method gets the
+    batch's payloads (framework tensors, in batch order) and returns the results; ``outputs[i]`` is where result i
+    goes (None: a new tensor). Ops, factors, root, rows and splits are agreed; Average's divisor is in ``post``."""
 
     name = ""
 
