@@ -169,8 +169,10 @@ class Autotuner:
         proposal, self._outgoing = self._outgoing, None
         return proposal
 
-    def adopt(self, proposal: dict[str, Any], cycle: int) -> None:
-        """Switch to rank 0's settings; called on every rank after the same negotiation round."""
+    def adopt(self, proposal: Optional[dict[str, Any]], cycle: int) -> None:
+        """Switch to rank 0's settings, if it proposed any; called on every rank after the same negotiation round."""
+        if proposal is None:
+            return
         values = {name: proposal[name] for name in TUNED}
         for name, value in values.items():
             setattr(self.config, name, value)

@@ -161,6 +161,7 @@ class Engine:
             self.error = error
             waiting = self.completion.take_all() + list(self._queue)
             self._queue.clear()
+        self.stragglers.quiet.set()  # an exchange it was in will not end: straggler_report() returns the last one
         for req in waiting:
             req.settle(error=error)
         self.timeline.stop()
@@ -314,11 +315,11 @@ class Engine:
         if responses:  # a cached round's responses are all good ones; the global set's if it is the only one
             known = None if full or not self.psets.only_global() else bits.times_of(cache.ready_bits)
             self._agreed_at = time.monotonic()
-            self.observer.before_run(responses, pending, self._agreed_at, self.comm, known)
+            self.observer.before_run(responses, pending, self._agreed_at, known)
             self.completion.execute(responses)
             if self.join_cycle >= 0 and any(r.error is None and r.sig.kind is Kind.JOIN for r in responses):
                 self.join_cycle = -1
-            self.observer.after_run()
+            self.observer.after_run(self.comm)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""

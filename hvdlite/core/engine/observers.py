@@ -13,8 +13,8 @@ from .timeline import Timeline
 
 
 class CycleObserver:
-    """The engine loop's one view of its bookkeeping (flags a round raises, settings a full round carries, agreed
-    ops before and after they run); every rank calls it in the same cycle, so what it decides is agreed."""
+    """The engine loop's one view of its bookkeeping (flags a round raises, agreed ops before and after they run;
+    the settings a full round carries are autotune's); every rank calls it in the same cycle, so it is agreed."""
 
     def __init__(self, config: Config, rank: int, size: int, mpi_ops: Any, timeline: Timeline) -> None:
         self.autotune = Autotuner(config, rank)  # its settings are the config's, which every reader reads
@@ -32,22 +32,12 @@ class CycleObserver:
         if all_flags & FLAG_EXCHANGE:
             self.stragglers.tick()  # every rank in this cycle: the next cycle with agreed ops exchanges
 
-    def outgoing(self) -> Optional[dict[str, Any]]:
-        """What a full round carries from this rank: rank 0's proposed settings, once."""
-        return self.autotune.outgoing()
-
-    def adopt(self, proposal: Optional[dict[str, Any]], cycle: int) -> None:
-        """Rank 0's proposal from a full round, adopted by every rank at the same cycle."""
-        if proposal is not None:
-            self.autotune.adopt(proposal, cycle)
-
-    def before_run(self, responses: list[Any], pending: dict[Any, Any], now: float, comm: Any,
-                   known: Optional[np.ndarray]) -> None:
+    def before_run(self, agreed: list[Any], pending: dict[Any, Any], now: float, known: Optional[np.ndarray]) -> None:
         """The agreed ops of a round ending at ``now``, before they run (``known``: see Stragglers.record)."""
-        self.stragglers.record(responses, pending, now, self.timeline, known)
-        self.stragglers.swap(comm)  # a window complete, or rank 0's tick: exchange before ops complete
-        self.autotune.observe(responses)
+        self.stragglers.record(agreed, pending, now, self.timeline, known)
+        self.autotune.observe(agreed)
 
-    def after_run(self) -> None:
-        """After the round's ops ran: rank 0's log line and timeline of an exchange."""
+    def after_run(self, comm: Any) -> None:
+        """After the round's ops ran: the exchange of straggler times, rank 0's log line and timeline of it."""
+        self.stragglers.swap(comm)
         self.stragglers.settle(self.timeline)

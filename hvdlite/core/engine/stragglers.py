@@ -8,6 +8,7 @@ bytes that do not grow with the job: docs/ARCHITECTURE.md. An op submitted befor
 from __future__ import annotations
 
 import math
+import threading
 import time
 from array import array
 from operator import attrgetter
@@ -56,6 +57,8 @@ class Stragglers:
         self._candidate: Optional[float] = None  # the last steady exchange's straggler: named only when it is again
         self._named_at = -1  # the ops exchanged when it was named (-1: never)
         self._due = False  # rank 0 asked for an exchange: the next cycle with agreed ops makes one
+        self.quiet = threading.Event()  # no exchange in progress: report() waits for it
+        self.quiet.set()
         self._met = math.inf  # when this rank's first round agreed ops (the ranks first met), on its clock
         self.windows = self.ops = 0  # exchanges so far, agreed ops exchanged so far
         # rank 0's clock: when it raises FLAG_EXCHANGE (inf: never; the loop compares it once per cycle)
@@ -64,8 +67,8 @@ class Stragglers:
 
     def record(self, responses: list[Any], pending: dict[Any, Any], now: float, timeline: Timeline,
                known: Optional[np.ndarray] = None) -> None:
-        """After a round ending at ``now``: the times of each agreed op of the global set (NaN: a joined rank's), in
-        agreed order. ``known``: their submission times from cache.PendingBits (a cached round of the global set)."""
+        """Before a round's ops complete: each agreed global-set op's times, in order (NaN: a joined rank's; ``known``:
+        from cache.PendingBits, a cached round of that set). A full window or rank 0's tick: swap() after the ops."""
         if self.config.straggler_window_ops <= 0:
             return
         self._met = min(self._met, now)
@@ -81,6 +84,8 @@ class Stragglers:
             self._agreed += array("d", (now,)) * added
         if timeline.enabled:
             self._stamps += [timeline.now()] * (len(submitted) - len(self._stamps))
+        if len(submitted) >= self.config.straggler_window_ops or (self._due and submitted):
+            self.quiet.clear()  # until swap() ends: report() waits for it
 
     def tick(self) -> None:
         """Every rank, in the cycle whose round carried rank 0's FLAG_EXCHANGE: exchange at the next swap() with ops."""
@@ -88,12 +93,12 @@ class Stragglers:
         self.tick_at = math.inf
 
     def swap(self, comm: Any) -> None:
-        """After a cycle's ops were recorded, before they run (the same cycle on every rank): when a window is
-        complete (exactly) or a tick is due (every op counted), reduce the ops' times and keep the last window."""
-        window, count, mpi = self.config.straggler_window_ops, len(self._submitted), self._mpi
-        if window <= 0 or (count < window and not (self._due and count)):
+        """After the ops of a cycle whose record() found it due: reduce their times (a full window; after a tick, every
+        op counted), keep the last window. After the ops: bursts took 0.89-0.99x the time (benchmarks/HISTORY.md)."""
+        if self.quiet.is_set():
             return
-        count = min(count, window)
+        window, mpi = self.config.straggler_window_ops, self._mpi
+        count = min(len(self._submitted), window)
         submitted = np.frombuffer(self._submitted, dtype=np.float64, count=count).copy()  # the arrays shrink
         agreed = np.frombuffer(self._agreed, dtype=np.float64, count=count).copy()
         submitted[submitted < self._met] = math.nan  # submitted before the ranks first met: start-up, not lateness
@@ -128,6 +133,7 @@ class Stragglers:
         if self.rank == 0:
             self._fresh = (top[TOP_RANKS], int(steady.sum()), stamps if valid.all() else [], rows,
                            [int(r) for r in ranks[np.isfinite(ranks)]])
+        self.quiet.set()
 
     def _reduce(self, comm: Any, mine: tuple[float, ...], steady: tuple[float, ...]) -> np.ndarray:
         """Every rank's summaries (all held ops; the steady ones) as one all-reduce of a fixed-size record (_merge)."""
@@ -159,7 +165,8 @@ class Stragglers:
                                                  for j, r in enumerate(ranks)})
 
     def report(self) -> dict[str, Any]:
-        """The last ``straggler_window_ops`` ops exchanged (or fewer): a fresh copy, identical on every rank."""
+        """The last ``straggler_window_ops`` ops exchanged (or fewer), a fresh copy: every rank's alike after an op."""
+        self.quiet.wait()
         return {**self._report, "ranks": {r: dict(s) for r, s in self._report["ranks"].items()}}
 
 
