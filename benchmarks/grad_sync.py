@@ -210,7 +210,7 @@ def run_model(args: argparse.Namespace, comm: Any, model: str, output: _common.O
     for rnd in range(args.warmup + args.reps):
         if rnd % 5 == 0:  # up to ~15 in-place sums of the flat buffer per round: 2**75 at most
             bench.reset()
-        for name, fn in methods.items():
+        for name, fn in list(methods.items())[::1 if rnd % 2 else -1]:  # both orders: no place favoured
             before = hvd.engine_stats() if name in hvd_stats else None
             enter, leave = bench.hooks.get(name, (None, None))
             if enter is not None:

@@ -11,7 +11,9 @@ and mpi_nb_pipe_avg_* (polled, with as many chunks in flight as the engine keeps
 mpi_nb_pipe_avg_end_* (the same with Average's pass over the whole buffer at the end), mpi_nb_pipe_pre_* (each
 chunk divided before it is posted), mpi_nb_pipe_avg_slices(4)_* (each completed chunk divided in 128 KiB (512 KiB)
 slices between the polls of the next), mpi_nb_rsag(_avg)_* (Ireduce_scatter + Iallgatherv per chunk, Average's
-division on this rank's slice only).
+division on this rank's slice only), mpi_nb_pipe_op_avg_* (mpi_nb_pipe_* with a user-defined MPI op that adds and
+halves each sum where it is made: at 2 ranks MPI combines the 2 contributions once per element; MPICH then
+reduces the whole chunk on each rank).
 """
 from __future__ import annotations
 
@@ -46,12 +48,14 @@ class Parts(grad_sync.Bench):
             out[f"mpi_nb_pipe_avg_slices4_{label}"] = self._sliced(step, 131072)
             out[f"mpi_nb_rsag_{label}"] = self._scatter_gather(step, False)
             out[f"mpi_nb_rsag_avg_{label}"] = self._scatter_gather(step, True)
+            if self.comm.Get_size() == 2:
+                out[f"mpi_nb_pipe_op_avg_{label}"] = self._nonblocking(step, "pipe", False, op=_halving_op())
         out["mpi_fused_copy"] = self._fused_copy
         out["hvdlite_async_sum"] = lambda: self._hvd_async(hvd, self.arrays, hvd.Sum, "sum.")
         return out
 
-    def _nonblocking(self, step: int, how: str, scale: bool, at_end: bool = False, before: bool = False
-                     ) -> Callable[[], None]:
+    def _nonblocking(self, step: int, how: str, scale: bool, at_end: bool = False, before: bool = False,
+                     op: Any = None) -> Callable[[], None]:
         """The chunked in-place reduction with Iallreduce: completed by Wait, or polled by Test in a loop
         (as the engine's polling.wait does while a user thread waits); ``how`` "pipe": polled, with the
         engine's chunk pipeline depth (PIPE_DEPTH) outstanding, the oldest completed first; ``scale``:
@@ -78,7 +82,7 @@ class Parts(grad_sync.Bench):
             for piece in pieces:
                 if before:
                     np.multiply(piece, factor, out=piece)
-                inflight.append((comm.Iallreduce(MPI.IN_PLACE, piece, op=MPI.SUM), piece))
+                inflight.append((comm.Iallreduce(MPI.IN_PLACE, [piece, MPI.FLOAT], op=op or MPI.SUM), piece))
                 if len(inflight) >= depth:
                     complete(*inflight.pop(0))
             for request, piece in inflight:
@@ -189,6 +193,17 @@ class Parts(grad_sync.Bench):
             self.comm.Allreduce(MPI.IN_PLACE, flat[i:i + step], op=MPI.SUM)
         for a, off, n in spans:
             np.copyto(a.reshape(-1), flat[off:off + n])
+
+
+def _halving_op() -> Any:
+    """float32 sum, then halved in place (the sum's bits * 0.5, as Average's pass gives them at 2 ranks)."""
+    from mpi4py import MPI
+
+    def add_halve(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        b = np.frombuffer(inoutbuf, dtype=np.float32)
+        np.add(np.frombuffer(inbuf, dtype=np.float32), b, out=b)
+        np.multiply(b, np.float32(0.5), out=b)
+    return MPI.Op.Create(add_halve, commute=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 too) are multiplied by the factor rounded to float32, in float32; float64 by the double factor; integers in
 float64, truncated. A plain Average divides by the size, correctly rounded (integers truncated).
 Every op that scales: Average, prescale, postscale, reducescatter (Average and prescaled, grouped too), and
-Average while a rank has joined. Every rank holds the same tensor, so the sums do not depend on MPI's order."""
+Average while a rank has joined. Every rank holds the same tensor, so the sums do not depend on MPI's order (and
+in the last test each rank its own: the Average is then the same reduction's Sum, divided)."""
 from __future__ import annotations
 
 import numpy as np
@@ -81,10 +82,12 @@ def hint(dtype: str) -> dict:
 
 
 def test_allreduce_average_prescale_postscale() -> None:
-    for dtype in FLOATS + INTS:
-        x = tensor(dtype)
+    for dtype, rows in [(d, r) for d in FLOATS + INTS for r in (6, 40_001)]:  # 40,001 rows: chunks of 1 MiB
+        x = tensor(dtype, rows)
         got = hvd.allreduce_async(x, op=hvd.Average, **hint(dtype)).wait()
         exact(got, average(summed(x, dtype, N), dtype, N), f"{dtype} Average")
+        exact(hvd.allreduce_async(x.copy(), op=hvd.Average, inplace=True, **hint(dtype)).wait(), got,
+              f"{dtype} Average in place")
         for f in FACTORS:
             if dtype in INTS and dtype.startswith("u") and f < 1:
                 continue
@@ -131,7 +134,19 @@ def test_average_while_a_rank_has_joined() -> None:
         assert hvd.join() in range(N)
         return
     for dtype in ("float16", "float32", "float64", "int32"):
-        x = tensor(dtype)
+        x = tensor(dtype, 40_001)
         got = hvd.allreduce(x, op=hvd.Average, name=f"joined.{dtype}")
         exact(got, average(summed(x, dtype, N - 1), dtype, N), f"{dtype} Average with a joined rank")
     assert hvd.join() in range(N)
+
+
+def test_average_of_different_values_is_the_sum_divided_on_every_rank() -> None:
+    """Each rank its own values: the Average is the Sum of the same reduction, divided, bit for bit (whatever order
+    MPI sums in), small and in 1 MiB chunks, and the same on every rank."""
+    rng = np.random.default_rng(R)
+    for dtype, size in [(d, s) for d in ("float16", "float32", "float64") for s in (30, 300_001)]:
+        x = (rng.standard_normal(size) * 1e3).astype(dtype)
+        total = hvd.allreduce(x, op=hvd.Sum, name=f"own.sum.{dtype}.{size}")
+        got = hvd.allreduce(x, op=hvd.Average, name=f"own.avg.{dtype}.{size}")
+        exact(got, average(total, dtype, N), f"{dtype} Average of each rank's own values, {size} elements")
+        exact(np.asarray(hvd.broadcast(got, 0, name=f"own.bcast.{dtype}.{size}")), got, f"{dtype} on rank {R}")
