@@ -19,10 +19,8 @@ RESIZE_EXIT_CODE = 75
 
 
 def run(func: F) -> F:
-    """Decorate ``func(state, *args, **kwargs)`` for elastic training (Horovod's ``hvd.elastic.run``): at every
-    start the ranks sync the state and, after a restart, run the reset callbacks. A host change ends this
-    process with RESIZE_EXIT_CODE for hvdlite-run to start the job at its new size; a lost rank is recovered
-    from in-process where the MPI allows it, else the driver restarts the job. docs/elastic.md."""
+    """Decorate ``func(state, *args, **kwargs)`` for elastic training (Horovod's ``hvd.elastic.run``; docs/elastic.md):
+    sync the state at every start, resize on a host change, recover from a lost rank."""
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         lk = driver.link()
@@ -42,8 +40,7 @@ def run(func: F) -> F:
 
 def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: Any) -> Any:
     """Sync the state (after a restart, then run the reset callbacks), and call ``func`` until it returns; after a
-    lost rank, where the MPI allows it (core/recovery.py), recover, restore the last commit from memory, run the
-    reset callbacks, agree on the newest commit, and call again (lost during the first sync: sync it again)."""
+    lost rank (where the MPI allows it) recover, restore the last commit, run the reset callbacks and call again."""
     synced, reset = False, driver.link().restart > 0
     while True:
         try:
@@ -84,6 +81,7 @@ def _leave_below_min_np(state: State, size: int) -> None:
         return
     logger.warning("%d rank(s) left, below --min-np %d: leaving at commit %d without training on; hvdlite-run "
                    "starts the job again from it once %d slots are usable", size, min_np, state.commit_counter, min_np)
+    state.keep(if_newer=True)  # (the host's writer of the last commit may have died before writing it)
     _leave(state)
 
 

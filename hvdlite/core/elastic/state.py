@@ -18,8 +18,7 @@ from . import link as driver
 
 
 class CommitStore:
-    """``<dir>/hvdlite-elastic-<job>/<hostname>/commit.pkl``: the newest commit this host holds (the host name
-    keeps hosts that share a file system apart, as local disks would)."""
+    """``<dir>/hvdlite-elastic-<job>/<hostname>/commit.pkl``: this host's newest commit (apart on a shared disk)."""
 
     def __init__(self, configured_dir: str, job: str) -> None:
         self.configured_dir, self.job = configured_dir, job
@@ -54,8 +53,7 @@ class CommitStore:
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Raised on every rank at the same commit when the driver's hosts changed; the job then resizes.
-    ``skip_sync`` is Horovod's (after a restart hvdlite always syncs)."""
+    """Raised on every rank at the same commit on a host change (Horovod's ``skip_sync``: hvdlite always syncs)."""
 
     def __init__(self, skip_sync: bool = False) -> None:
         super().__init__("the hosts of this elastic job changed: the state is committed and the job "
@@ -105,10 +103,14 @@ class State:
         """Save the state, keep it on this host, then check for host changes (every rank, at the same step)."""
         self.save()
         self.commit_counter += 1
-        store = self._store()
-        if store is not None and runtime.local_rank() == 0:
-            store.write(self.commit_counter, self._saved)
+        self.keep()
         self.check_host_updates()
+
+    def keep(self, if_newer: bool = False) -> None:
+        """Write the last commit to this host's store (local rank 0); ``if_newer``: only over an older one."""
+        store = self._store()
+        if store is not None and runtime.local_rank() == 0 and (not if_newer or store.read()[0] < self.commit_counter):
+            store.write(self.commit_counter, self._saved)
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt on every rank, at this call, if the driver's hosts changed (rank 0 asks)."""
