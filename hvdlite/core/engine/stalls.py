@@ -92,17 +92,17 @@ class Watchdog:
         self.waiting_names = waiting_names  # the names this rank waits on (pending or queued), sorted
         self.fence = fence  # ULFM jobs: kills given ranks' processes on this host (core/fencing.py)
         self.last_check = time.monotonic()  # the last full round (every full round looks for stalls)
-        self._last_warning = float("-inf")
+        self._last_warning = self._looked = float("-inf")  # (_looked: watch()'s last look for stopped ranks)
         self._spared: dict[tuple[int, str], float] = {}  # see verdict()
 
     def watch(self, waited: float) -> bool:
         """Between the polls of every engine wait: answer probes; past STOPPED_S fence this host's stopped ranks (ULFM);
         past the stall shutdown time, silent peers: fenced (ULFM) or Wedged. True restarts the count."""
         self.presence.serve()
-        if self.fence is not None and waited > STOPPED_S:
+        if self.fence is not None and waited > STOPPED_S and time.monotonic() - self._looked >= 0.25:
+            self._looked = time.monotonic()  # (a look reads /proc for every peer here: not at every poll of a wait)
             self.fence([])
-        cfg = self.config
-        limit = cfg.stall_shutdown_time_seconds if not cfg.stall_check_disable else 0.0
+        limit = 0.0 if self.config.stall_check_disable else self.config.stall_shutdown_time_seconds
         if not 0 < limit < waited:
             return False
         absent = self.presence.absent()
