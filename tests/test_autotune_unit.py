@@ -13,7 +13,10 @@ import pytest
 from hvdlite.core.config import Config
 from hvdlite.core.engine import autotune
 from hvdlite.core.engine.autotune import BOUNDS, MIB, TEST_POINTS, TUNED, Autotuner, BayesTuner, from_unit, to_unit
+from hvdlite.core.engine.negotiation import FLAG_EXPLAIN
+from hvdlite.core.engine.observers import CycleObserver
 from hvdlite.core.engine.requests import Kind, Response, make_signature
+from hvdlite.core.engine.timeline import Timeline
 from hvdlite.core.reduce_ops import Sum
 
 START = {"fusion_threshold_bytes": 0, "cycle_time_ms": 1.0, "allreduce_chunk_bytes": 64 * MIB}
@@ -76,14 +79,14 @@ def test_samples_steps_scores_and_final_choice(tmp_path: Path, monkeypatch: pyte
                     autotune_steps_per_sample=3, autotune_bayes_opt_max_samples=4, **START)
     clock = [0.0]
     monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
-    tuner = Autotuner(config, 0)
+    observer = CycleObserver(config, 0, 1, None, Timeline())  # what the engine's cycle calls, without MPI
+    tuner = observer.autotune
     names = [("a", 1000), ("b", 250)]  # 5000 bytes per step, in two cycles
     cycle, switches = 0, []
     for _ in range(200):
         cycle += 1
-        if tuner.wants_round():
-            proposal = tuner.outgoing()
-            tuner.adopt(proposal, cycle)
+        if observer.flags(0.0) & FLAG_EXPLAIN:  # rank 0's proposal asks for a full round, which carries it
+            observer.adopt(observer.outgoing(), cycle)
             switches.append(dict(tuner.settings()))
         for name, floats in names:
             tuner.observe([response(name, floats)])
@@ -109,8 +112,10 @@ def config_settings(config: Config) -> dict[str, Any]:
 
 def test_other_ranks_only_adopt() -> None:
     config = Config(autotune=True, **START)
-    tuner = Autotuner(config, 1)
-    assert not tuner.wants_round() and tuner.outgoing() is None
+    observer = CycleObserver(config, 1, 2, None, Timeline())
+    tuner = observer.autotune
+    assert not observer.flags(0.0) and observer.outgoing() is None
+    observer.adopt(None, 6)  # a full round without a proposal changes nothing
     tuner.observe([response("a", 10)])  # rank 1 never measures
     tuner.adopt({**TEST_POINTS[1], "final": True}, 7)
     assert tuner.history == [(7, TEST_POINTS[1])] and tuner.final == TEST_POINTS[1] and not tuner.active

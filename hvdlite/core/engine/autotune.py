@@ -134,7 +134,7 @@ class Autotuner:
         self.active = bool(config.autotune)
         self.history: list[tuple[int, dict[str, Any]]] = []  # (cycle, settings) of every switch, every rank
         self.final: Optional[dict[str, Any]] = None
-        self._outgoing: Optional[dict[str, Any]] = None
+        self.proposal: Optional[dict[str, Any]] = None  # rank 0's settings for a full round to carry (observers.py)
         if not (self.active and rank == 0):
             return
         require_library()
@@ -144,7 +144,7 @@ class Autotuner:
         self._warmup_left = config.autotune_warmup_samples
         self._sample = 0
         self._scored_ids: list[int] = []  # log sample number of each scored sample, in tuner order
-        self._outgoing = dict(self.current, final=False)  # start from the grid-rounded start settings
+        self.proposal = dict(self.current, final=False)  # start from the grid-rounded start settings
         self._waiting = True
         self._started = False
         self._seen: set[tuple[int, str]] = set()
@@ -161,18 +161,8 @@ class Autotuner:
         return {name: getattr(self.config, name) for name in TUNED}
 
     # -- every rank ---------------------------------------------------------------------------------------
-    def wants_round(self) -> bool:
-        """Rank 0 has settings to send (it asks for a full round, which carries them)."""
-        return self._outgoing is not None
-
-    def outgoing(self) -> Optional[dict[str, Any]]:
-        proposal, self._outgoing = self._outgoing, None
-        return proposal
-
-    def adopt(self, proposal: Optional[dict[str, Any]], cycle: int) -> None:
-        """Switch to rank 0's settings, if it proposed any; called on every rank after the same negotiation round."""
-        if proposal is None:
-            return
+    def adopt(self, proposal: dict[str, Any], cycle: int) -> None:
+        """Switch to rank 0's settings; called on every rank after the same negotiation round."""
         values = {name: proposal[name] for name in TUNED}
         for name, value in values.items():
             setattr(self.config, name, value)
@@ -233,7 +223,7 @@ class Autotuner:
             self.current = self.tuner.ask()
             proposal = dict(self.current, final=False)
         logger.debug("autotune sample %d scored %.4g bytes/s; next %s", self._sample - 1, score, proposal)
-        self._outgoing, self._waiting, self._started = proposal, True, False
+        self.proposal, self._waiting, self._started = proposal, True, False
 
     def _write(self, phase: str, row: list[Any]) -> None:
         if self._log is not None:

@@ -246,7 +246,7 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
     engine.explain_cycles += 1
     now = time.monotonic()
     msg = RankMessage(engine.completion.pending.values(), now, shutdown=shutdown, join_cycle=engine.join_cycle,
-                      tune=engine.autotune.outgoing(), elsewhere=_elsewhere(engine))
+                      tune=engine.observer.outgoing(), elsewhere=_elsewhere(engine))
     sizes: list[int] = []
     messages = engine.scope.job_ranks(allgather_messages(engine.comm, msg, sizes), RankMessage)
     engine.full_path_bytes += sum(sizes) + 8 * len(sizes)
@@ -254,7 +254,7 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
     stopping = [r for r, m in enumerate(messages) if m.shutdown]
     if stopping:
         raise Stop(shutdown_message(engine.rank, stopping))
-    engine.autotune.adopt(messages[0].tune, engine.cycles)  # every rank switches here, at the same cycle
+    engine.observer.adopt(messages[0].tune, engine.cycles)  # every rank switches here, at the same cycle
     responses, stalled = decide(messages, engine.psets.ranks, len(messages), engine.join_tolerant)
     engine.watchdog.last_check = now
     if stalled and not engine.config.stall_check_disable:

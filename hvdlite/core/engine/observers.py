@@ -13,8 +13,8 @@ from .timeline import Timeline
 
 
 class CycleObserver:
-    """The engine loop's one view of its bookkeeping (flags a round raises, agreed ops before and after they run;
-    the settings a full round carries are autotune's); every rank calls it in the same cycle, so it is agreed."""
+    """The engine loop's one view of its bookkeeping (flags a round raises, settings a full round carries, agreed
+    ops before and after they run); every rank calls it in the same cycle, so what it decides is agreed."""
 
     def __init__(self, config: Config, rank: int, size: int, mpi_ops: Any, timeline: Timeline) -> None:
         self.autotune = Autotuner(config, rank)  # its settings are the config's, which every reader reads
@@ -24,13 +24,23 @@ class CycleObserver:
     def flags(self, now: float) -> int:
         """The flags this rank raises in the cycle starting at ``now``: an explaining round for rank 0's new
         settings, the exchange of straggler times when rank 0's clock says one is due."""
-        raised = FLAG_EXPLAIN if self.autotune.wants_round() else 0
+        raised = FLAG_EXPLAIN if self.autotune.proposal is not None else 0
         return raised | FLAG_EXCHANGE if now >= self.stragglers.tick_at else raised
 
     def agreed(self, all_flags: int) -> None:
         """Every rank, after the bit-vector round: the flags the job raised."""
         if all_flags & FLAG_EXCHANGE:
             self.stragglers.tick()  # every rank in this cycle: the next cycle with agreed ops exchanges
+
+    def outgoing(self) -> Optional[dict[str, Any]]:
+        """What this rank's full round carries: rank 0's proposed settings, once."""
+        proposal, self.autotune.proposal = self.autotune.proposal, None
+        return proposal
+
+    def adopt(self, proposal: Optional[dict[str, Any]], cycle: int) -> None:
+        """Rank 0's proposal from a full round, adopted by every rank at the same cycle."""
+        if proposal is not None:
+            self.autotune.adopt(proposal, cycle)
 
     def before_run(self, agreed: list[Any], pending: dict[Any, Any], now: float, known: Optional[np.ndarray]) -> None:
         """The agreed ops of a round ending at ``now``, before they run (``known``: see Stragglers.record)."""
