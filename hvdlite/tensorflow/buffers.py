@@ -1,8 +1,8 @@
 """Output buffers of one TensorFlow collective op, kept from step to step and reused once TensorFlow is done.
 
-TensorFlow wraps a 64-byte-aligned numpy array without a copy, and fresh arrays every step cost page faults on
-every byte (ResNet-50's gradients: 1.6x the time on warm buffers). So each op reuses its last output arrays
-while nothing but this pool references them, and allocates new ones otherwise.
+TensorFlow wraps a 64-byte-aligned numpy array without a copy; fresh arrays every step cost page faults on every
+byte (ResNet-50's gradients: 1.6x the time on warm buffers). So each op reuses its last output arrays while only
+this pool references them, else allocates (also when TensorFlow, from its own threads, lets go a moment late).
 """
 from __future__ import annotations
 
