@@ -45,6 +45,12 @@ def _start_ticks(pid: int) -> int:
     return int(fields[19]) if len(fields) > 19 and fields[0] != b"Z" else 0
 
 
+def stopped(pid: int) -> int:
+    """The start ticks of process ``pid`` if a signal stopped it (state T: SIGSTOP; a debugger's stop is t), else 0."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[0] == b"T" else 0
+
+
 def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str, stopped_only: bool = False) -> list[int]:
     """SIGKILL the processes of ``ranks`` on this host that are still those that joined the job (``stopped_only``:
     only those stopped by SIGSTOP, state T; a debugger's stop is t); return those ranks."""
@@ -52,7 +58,7 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str, stop
     killed = []
     for rank in ranks:
         peer = peers[rank]
-        if peer.host != here or peer.pid == os.getpid() or stopped_only and _stat(peer.pid)[:1] != [b"T"] or \
+        if peer.host != here or peer.pid == os.getpid() or stopped_only and not stopped(peer.pid) or \
                 not kill_if_same(peer.pid, peer.started):
             continue  # another host's, this one, a running one, or gone already (its pid may be another's by now)
         logger.warning("rank %d (host %s, pid %d) %s: killed it (SIGKILL), %s", rank, peer.host, peer.pid, why, then)

@@ -25,6 +25,7 @@ def run(func: F) -> F:
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         lk = driver.link()
         lk.connect(runtime.rank(), runtime.size())
+        recovery.limit_finalize()
         try:
             result = _run_recovering(func, state, args, kwargs)
         except HostsUpdatedInterrupt:

@@ -284,6 +284,7 @@ class ElasticDriver:
         losses.note_recoveries(snapshot)
         for silent, started in losses.to_fence(snapshot):
             inprocess.fence(logger, silent, started, hosts_by_rank(placed, size), self._command_on)
+        losses.end_stopped(snapshot, time.monotonic(), logger)
         if losses.before + losses.resets > self.resets:  # lost ranks the driver had counted as one recovery
             if not self._within_limit(losses, proc):  # were recovered from one after the other
                 return "the survivors recovered from ranks lost together one after the other"

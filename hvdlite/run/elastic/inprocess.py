@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Callable, Iterator, Optional
 
-from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm
+from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm, stopped
 
 from ..hosts import Host, HostSpecError, hosts_by_rank, merge
 from ..launchers import OPENMPI, Launcher, LaunchError
@@ -31,6 +31,9 @@ def ulfm_mpi_args(user: list[str]) -> list[str]:
     return [*ours, *user]
 
 
+#: How long a rank of an in-process job on the driver's host may stay stopped (SIGSTOP) before the driver kills it:
+#: twice the wait after which a rank waiting for it does (engine/stalls.py, STOPPED_S), first where there is one.
+STOPPED_S = 4.0
 #: The setting that tells the ranks which mode they run in (hvdlite/core/config.py, elastic_mode).
 MODE_VARIABLE = "HVDLITE_ELASTIC_MODE"
 
@@ -61,6 +64,7 @@ class Losses:
     seen: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (rank at the start, pid) counted
     recovered_to: set[int] = dataclasses.field(default_factory=set)  # the sizes the survivors' recoveries left
     fenced: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # (host, pid) the driver fenced
+    stopped: dict[int, float] = dataclasses.field(default_factory=dict)  # pid -> when seen stopped (this host's)
 
     def new(self, ranks: list[RankInfo]) -> Iterator[RankInfo]:
         """The lost ranks not reported before, oldest first, each counted as it is yielded (``alive``: what it left)."""
@@ -87,6 +91,18 @@ class Losses:
                 self.fenced.add((info.host, info.pid))
                 found.append((info, started))
         return found
+
+    def end_stopped(self, ranks: list[RankInfo], now: float, log: logging.Logger) -> None:
+        """Kill this host's ranks stopped (SIGSTOP) for STOPPED_S: a rank that waits for a stopped one kills it, also
+        inside a recovery, but when every rank left is stopped none does (docs/elastic.md, "A stopped rank")."""
+        for info in ranks:
+            ticks = stopped(info.pid) if not info.ended and is_local(info.host) else 0
+            if not ticks:
+                self.stopped.pop(info.pid, None)
+            elif now - self.stopped.setdefault(info.pid, now) >= STOPPED_S and kill_if_same(info.pid, ticks):
+                log.warning("rank %d on host %s (pid %d) has been stopped (SIGSTOP) for %.0f s and no rank of the job "
+                            "ended it (every rank left is stopped): killed it (SIGKILL), a lost rank like any other",
+                            info.rank, info.host, info.pid, STOPPED_S)
 
     @property
     def resets(self) -> int:
