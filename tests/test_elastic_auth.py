@@ -115,7 +115,7 @@ def test_the_stall_verdict_asks_the_driver_to_end_silent_ranks_of_other_hosts_on
     ranks = server.snapshot()
     silent = next(r for r in ranks if r.rank == 2)
     silent.host, silent.pid = "h-elsewhere", 77  # (its hello came from this machine)
-    assert [(info.rank, started) for info, started in Losses(4).to_fence(ranks)] == [(2, 1234)]
+    assert [(info.rank, started) for info, started, _ in Losses(4).to_fence(ranks, 0.0)] == [(2, 1234)]
     for link in links:
         link.close()
     fence_elsewhere([2], peers, "answered no probes")  # no driver link left: nothing to ask, nothing raised
@@ -165,15 +165,15 @@ def test_a_fault_tolerant_rank_kills_only_the_stopped_ranks_of_its_host(monkeypa
     import subprocess
     import sys
 
-    from hvdlite.core.fencing import Peer, _start_ticks, _stat, fence, this_process
+    from hvdlite.core.fencing import Peer, fence, start_ticks, this_process
 
     code = {"busy": "while True: pass", "stopped": "while True: pass", "asleep": "import time; time.sleep(60)"}
     procs = {name: subprocess.Popen([sys.executable, "-c", text]) for name, text in code.items()}
     try:
         os.kill(procs["stopped"].pid, signal.SIGSTOP)  # (it stops once it next runs)
-        wait_until(lambda: _stat(procs["stopped"].pid)[0] == b"T", "stopped")
+        wait_until(lambda: start_ticks(procs["stopped"].pid, stopped=True), "stopped")
         here = this_process()
-        peers = [here] + [Peer(here.host, p.pid, _start_ticks(p.pid)) for p in procs.values()] + [Peer("h2", 1, 1)]
+        peers = [here] + [Peer(here.host, p.pid, start_ticks(p.pid)) for p in procs.values()] + [Peer("h2", 1, 1)]
         assert fence(range(5), peers, "is stopped", "then", stopped_only=True) == [2]
         assert procs["stopped"].wait(10) == -signal.SIGKILL and procs["busy"].poll() is procs["asleep"].poll() is None
         assert fence([1, 3], peers, "was declared failed", "then") == [1, 3]
@@ -182,3 +182,36 @@ def test_a_fault_tolerant_rank_kills_only_the_stopped_ranks_of_its_host(monkeypa
         for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+def test_the_driver_ends_a_rank_of_its_host_stopped_for_4_s() -> None:
+    """In-process mode: the driver ends a rank of its own host that stays stopped (SIGSTOP) for STOPPED_S (4 s),
+    where every rank left of a job is stopped and none waits to kill it (inprocess.Losses.to_fence); a running or
+    sleeping rank, a rank stopped less long, one that ended, or one of another host is left alone."""
+    import signal
+    import subprocess
+    import sys
+
+    from hvdlite.core.fencing import start_ticks
+    from hvdlite.run.elastic.inprocess import STOPPED_S, Losses
+    from hvdlite.run.elastic.server import RankInfo
+
+    code = {"busy": "while True: pass", "stopped": "while True: pass", "asleep": "import time; time.sleep(60)"}
+    procs = {name: subprocess.Popen([sys.executable, "-c", text]) for name, text in code.items()}
+    try:
+        os.kill(procs["stopped"].pid, signal.SIGSTOP)
+        wait_until(lambda: start_ticks(procs["stopped"].pid, stopped=True), "stopped")
+        here = socket.gethostname()
+        ranks = [RankInfo(r, here, p.pid, 0) for r, p in enumerate(procs.values())]
+        ranks += [RankInfo(3, "h2", procs["stopped"].pid, 0), RankInfo(4, here, procs["busy"].pid + 100000, 0, "lost")]
+        losses = Losses(5)
+        assert losses.to_fence(ranks, 100.0) == [] and losses.to_fence(ranks, 100.0 + STOPPED_S - 0.1) == []
+        why = "has been stopped (SIGSTOP) for 4 s, and no rank ended it"
+        assert losses.to_fence(ranks, 100.0 + STOPPED_S) == [(ranks[1], start_ticks(procs["stopped"].pid), why)]
+        assert losses.to_fence(ranks, 200.0) == []  # once
+        assert all(proc.poll() is None for proc in procs.values())  # (the caller, inprocess.fence, kills it)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+

@@ -233,8 +233,9 @@ def test_in_process_resets_count_recoveries_and_silent_ranks_are_fenced_once() -
     silent, gone = RankInfo(2, "h3", 42, 0, ""), RankInfo(3, "h4", 43, 0, "lost", 1.0)
     reporter = survivor(2, declared=(("h3", 42, 777), ("h4", 43, 778)))
     fencing = Losses(4)
-    assert fencing.to_fence([reporter, silent, gone]) == [(silent, 777)]
-    assert fencing.to_fence([reporter, silent, gone]) == []  # once
+    assert fencing.to_fence([reporter, silent, gone], 0.0) == [
+        (silent, 777, "was declared failed by the survivors but its process is still there (stopped or wedged)")]
+    assert fencing.to_fence([reporter, silent, gone], 0.0) == []  # once
 
 
 def test_a_discovered_listing_below_min_np_leaves_the_running_ranks_alone(tmp_path: Path,

@@ -26,29 +26,18 @@ class Peer:
 
 
 def this_process() -> Peer:
-    return Peer(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()))
+    return Peer(socket.gethostname(), os.getpid(), start_ticks(os.getpid()))
 
 
-def _stat(pid: int) -> list[bytes]:
-    """The fields of /proc/PID/stat after the command name (which may hold spaces): [state, ppid, ...]; [] if gone."""
+def start_ticks(pid: int, stopped: bool = False) -> int:
+    """Start ticks of process ``pid`` (/proc); 0 when gone, a zombie or unknown, or (``stopped``) not in state T."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
-        return text[text.rindex(b")") + 2:].split()
+        fields = text[text.rindex(b")") + 2:].split()  # [state, ppid, ...] after the name (which may hold spaces)
     except (OSError, ValueError):
-        return []
-
-
-def _start_ticks(pid: int) -> int:
-    """The start time of process ``pid`` (field 22 of /proc/PID/stat); 0 when it is gone, a zombie, or unknown."""
-    fields = _stat(pid)
-    return int(fields[19]) if len(fields) > 19 and fields[0] != b"Z" else 0
-
-
-def stopped(pid: int) -> int:
-    """The start ticks of process ``pid`` if a signal stopped it (state T: SIGSTOP; a debugger's stop is t), else 0."""
-    fields = _stat(pid)
-    return int(fields[19]) if len(fields) > 19 and fields[0] == b"T" else 0
+        return 0
+    return int(fields[19]) if len(fields) > 19 and (fields[0] == b"T" if stopped else fields[0] != b"Z") else 0
 
 
 def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str, stopped_only: bool = False) -> list[int]:
@@ -58,7 +47,7 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str, stop
     killed = []
     for rank in ranks:
         peer = peers[rank]
-        if peer.host != here or peer.pid == os.getpid() or stopped_only and not stopped(peer.pid) or \
+        if peer.host != here or peer.pid == os.getpid() or stopped_only and not start_ticks(peer.pid, stopped=True) or \
                 not kill_if_same(peer.pid, peer.started):
             continue  # another host's, this one, a running one, or gone already (its pid may be another's by now)
         logger.warning("rank %d (host %s, pid %d) %s: killed it (SIGKILL), %s", rank, peer.host, peer.pid, why, then)
@@ -83,7 +72,7 @@ def fence_elsewhere(ranks: Sequence[int], peers: Sequence[Peer], why: str) -> No
 
 def kill_if_same(pid: int, started: int) -> bool:
     """SIGKILL process ``pid`` if it is still the one that started at ``started``; whether it was killed."""
-    if not started or _start_ticks(pid) != started:
+    if not started or start_ticks(pid) != started:
         return False
     try:
         os.kill(pid, signal.SIGKILL)

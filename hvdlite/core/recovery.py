@@ -1,7 +1,6 @@
 """In-process recovery from a lost rank (ULFM): shrink the job to its survivors and rebuild the runtime on them."""
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import os
@@ -12,7 +11,6 @@ from typing import Optional
 
 from . import api, log, runtime
 from .engine import mpi
-from .engine.stalls import STOPPED_S
 from .fencing import Peer, fence
 from . import errors
 from .errors import HvdliteError, ProcessFailedError
@@ -56,15 +54,20 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
         if old.engine.alive and old.engine.error is None:
             raise HvdliteError(f"rank {old.rank}: recover() is for after a lost rank; the engine is running")
         old.abandon()
-        done = threading.Event()  # meanwhile kill this host's stopped ranks: one stopped before the loss was seen holds
-        threading.Thread(target=_fence_stopped, args=(old, done), daemon=True).start()  # Shrink, outside the engine
-        try:
-            new, old_ranks = _shrink_and_rebuild(old)
-        finally:
-            done.set()
+        world, old_ranks = old.world, list(range(old.size))
+        while True:  # a rank lost while the runtime is rebuilt: shrink again
+            world, kept = mpi.shrink(world)
+            old_ranks = [old_ranks[r] for r in kept]
+            log.set_rank(world.Get_rank())
+            try:
+                new = runtime.State(world, old.config)
+                break
+            except Exception as exc:  # noqa: BLE001 - only a lost peer is retried
+                if not mpi.is_process_failure(exc):
+                    raise
+                logger.warning("another rank was lost while recovering (%s): shrinking again", exc)
         lost = tuple(r for r in range(old.size) if r not in old_ranks)
         runtime._state = new
-        limit_finalize()
     _rebuild_process_sets(old.psets.sets, old_ranks, new)
     # end a stopped rank ULFM declared failed only once every survivor has built every communicator (its death,
     api.barrier()  # news to Open MPI, segfaults one still building: docs/elastic.md, "A second rank lost ...")
@@ -75,30 +78,6 @@ def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
                    "%d, is %d (the failure was seen here at t=%.6f)", list(lost), hosts, time.monotonic() - started,
                    new.size, old.rank, new.rank, error.seen_at if error is not None else 0.0)
     return Recovery(tuple(old.peers[r] for r in lost), new.size)
-
-
-def _shrink_and_rebuild(old: "runtime.State") -> tuple["runtime.State", list[int]]:
-    """The new State on the survivors of ``old``, and which rank of ``old`` each of them was."""
-    world, old_ranks = old.world, list(range(old.size))
-    while True:  # a rank lost while the runtime is rebuilt: shrink again
-        world, kept = mpi.shrink(world)
-        old_ranks = [old_ranks[r] for r in kept]
-        log.set_rank(world.Get_rank())
-        try:
-            return runtime.State(world, old.config), old_ranks
-        except Exception as exc:  # noqa: BLE001 - only a lost peer is retried
-            if not mpi.is_process_failure(exc):
-                raise
-            logger.warning("another rank was lost while recovering (%s): shrinking again", exc)
-
-
-def _fence_stopped(old: "runtime.State", done: threading.Event) -> None:
-    """Until ``done``, past STOPPED_S, 4 times a second, kill ``old``'s stopped ranks on this host (as the engine's
-    waits do: a rank stopped before the loss was seen held Shrink until ULFM's detector declared it failed, 10-20 s)."""
-    pause = STOPPED_S
-    while not done.wait(pause):
-        old.fence_silent([])
-        pause = 0.25
 
 
 def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], state: "runtime.State") -> None:
@@ -125,27 +104,15 @@ def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], sta
             state.add_process_set(ps)
 
 
-def limit_finalize() -> None:
-    """Have a rank of a fault-tolerant job (ULFM on) end MPI itself at exit, within FINALIZE_TIMEOUT_S (registered
-    once): Open MPI 5.0's MPI_Finalize there waits for every other rank in a fault-tolerant shrink, and for the dead
-    in its closing PMIx fence; both have held ranks after their training ended (docs/elastic.md)."""
-    if runtime.is_initialized() and runtime.state().fault_tolerant:
-        atexit.unregister(_finalize_at_exit)
-        atexit.register(_finalize_at_exit, FINALIZE_TIMEOUT_S)
-
-
-def _finalize_at_exit(timeout_s: float) -> None:
-    """At the exit of a fault-tolerant job's rank: shut down and end MPI within ``timeout_s``, else exit without
-    MPI_Finalize (status 1 after an uncaught exception)."""
+def finalize_at_exit(timeout_s: float) -> None:
+    """At the exit of a fault-tolerant job's rank (hvd.elastic.run registers it): shut down and end MPI within
+    ``timeout_s``, else exit without MPI_Finalize (status 1 after an uncaught exception)."""
     try:
         runtime.shutdown()
     except Exception:  # noqa: BLE001 - never keep the process from ending
         logger.debug("shutdown at exit failed", exc_info=True)
-    done = threading.Event()
 
     def give_up() -> None:
-        if done.wait(timeout_s):
-            return
         status = 1 if getattr(sys, "last_value", None) is not None else 0
         logger.error("MPI_Finalize has not returned within %g s (Open MPI's fault-tolerant MPI_Finalize waits for "
                      "every other rank, and for the dead ranks in its closing PMIx fence unless launched with --mca "
@@ -155,6 +122,8 @@ def _finalize_at_exit(timeout_s: float) -> None:
                 stream.flush()
         os._exit(status)
 
-    threading.Thread(target=give_up, name="hvdlite-finalize-limit", daemon=True).start()
+    limit = threading.Timer(timeout_s, give_up)
+    limit.daemon = True
+    limit.start()
     mpi.finalize()
-    done.set()
+    limit.cancel()

@@ -1,5 +1,5 @@
 """A rank of an elastic job under ULFM that never recovered still ends MPI within the finalize limit
-(hvdlite/core/recovery.py, limit_finalize), for tests/test_elastic_stops.py.
+(hvdlite/core/recovery.py, finalize_at_exit), for tests/test_elastic_stops.py.
 
 ``LIMIT LINGER``: the limit (set here, the test's knob; 60 s otherwise); after hvd.elastic.run's training the last
 rank stays LINGER s outside MPI before it exits, while the others' MPI_Finalize (Open MPI 5's fault-tolerant one, a

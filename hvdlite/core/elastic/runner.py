@@ -1,6 +1,7 @@
 """``elastic.run``: the wrapper around an elastic training function (sync at start, resize on host changes)."""
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import sys
@@ -25,7 +26,8 @@ def run(func: F) -> F:
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         lk = driver.link()
         lk.connect(runtime.rank(), runtime.size())
-        recovery.limit_finalize()
+        if runtime.state().fault_tolerant:  # at exit, MPI_Finalize within its limit (recovered or not)
+            atexit.register(recovery.finalize_at_exit, recovery.FINALIZE_TIMEOUT_S)
         try:
             result = _run_recovering(func, state, args, kwargs)
         except HostsUpdatedInterrupt:

@@ -282,9 +282,8 @@ class ElasticDriver:
         limit = self.args.reset_limit
         snapshot = server.snapshot()
         losses.note_recoveries(snapshot)
-        for silent, started in losses.to_fence(snapshot):
-            inprocess.fence(logger, silent, started, hosts_by_rank(placed, size), self._command_on)
-        losses.end_stopped(snapshot, time.monotonic(), logger)
+        for silent, started, why in losses.to_fence(snapshot, time.monotonic()):
+            inprocess.fence(logger, silent, started, why, hosts_by_rank(placed, size), self._command_on)
         if losses.before + losses.resets > self.resets:  # lost ranks the driver had counted as one recovery
             if not self._within_limit(losses, proc):  # were recovered from one after the other
                 return "the survivors recovered from ranks lost together one after the other"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Callable, Iterator, Optional
 
-from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm, stopped
+from hvdlite.core.launch import fence_command, kill_if_same, probe_ulfm, start_ticks
 
 from ..hosts import Host, HostSpecError, hosts_by_rank, merge
 from ..launchers import OPENMPI, Launcher, LaunchError
@@ -31,9 +31,7 @@ def ulfm_mpi_args(user: list[str]) -> list[str]:
     return [*ours, *user]
 
 
-#: How long a rank of an in-process job on the driver's host may stay stopped (SIGSTOP) before the driver kills it:
-#: twice the wait after which a rank waiting for it does (engine/stalls.py, STOPPED_S), first where there is one.
-STOPPED_S = 4.0
+STOPPED_S = 4.0  # a rank here stopped that long is killed by the driver (twice engine/stalls.py's: theirs come first)
 #: The setting that tells the ranks which mode they run in (hvdlite/core/config.py, elastic_mode).
 MODE_VARIABLE = "HVDLITE_ELASTIC_MODE"
 
@@ -64,7 +62,7 @@ class Losses:
     seen: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (rank at the start, pid) counted
     recovered_to: set[int] = dataclasses.field(default_factory=set)  # the sizes the survivors' recoveries left
     fenced: set[tuple[str, int]] = dataclasses.field(default_factory=set)  # (host, pid) the driver fenced
-    stopped: dict[int, float] = dataclasses.field(default_factory=dict)  # pid -> when seen stopped (this host's)
+    stopped: dict[tuple[str, int], float] = dataclasses.field(default_factory=dict)  # (host, pid) -> seen stopped
 
     def new(self, ranks: list[RankInfo]) -> Iterator[RankInfo]:
         """The lost ranks not reported before, oldest first, each counted as it is yielded (``alive``: what it left)."""
@@ -79,30 +77,23 @@ class Losses:
         for info in ranks:
             self.recovered_to.update(info.recovered)
 
-    def to_fence(self, ranks: list[RankInfo]) -> list[tuple[RankInfo, int]]:
-        """The ranks the survivors declared lost (ULFM's detector, or their stall inspector) whose connection to the
-        driver is still open (their process is still there), each with its start ticks, once: the driver ends them
-        wherever they run (a rank alone on its host has no survivor there to end it)."""
+    def to_fence(self, ranks: list[RankInfo], now: float) -> list[tuple[RankInfo, int, str]]:
+        """The ranks to end, once each, with start ticks and why: declared lost by the survivors but still connected
+        (alone on a host, none there ends them), and this host's ranks stopped (SIGSTOP) for STOPPED_S."""
         declared = {(host, pid): started for info in ranks for host, pid, started in info.declared_lost}
         found = []
         for info in ranks:
-            started = declared.get((info.host, info.pid))
+            started = declared.get((info.host, info.pid), 0)
+            why = "was declared failed by the survivors but its process is still there (stopped or wedged)"
+            ticks = start_ticks(info.pid, stopped=True) if not info.ended and is_local(info.host) else 0
+            if not ticks:
+                self.stopped.pop((info.host, info.pid), None)
+            elif now - self.stopped.setdefault((info.host, info.pid), now) >= STOPPED_S:
+                started, why = ticks, f"has been stopped (SIGSTOP) for {STOPPED_S:.0f} s, and no rank ended it"
             if started and not info.ended and (info.host, info.pid) not in self.fenced:
                 self.fenced.add((info.host, info.pid))
-                found.append((info, started))
+                found.append((info, started, why))
         return found
-
-    def end_stopped(self, ranks: list[RankInfo], now: float, log: logging.Logger) -> None:
-        """Kill this host's ranks stopped (SIGSTOP) for STOPPED_S: a rank that waits for a stopped one kills it, also
-        inside a recovery, but when every rank left is stopped none does (docs/elastic.md, "A stopped rank")."""
-        for info in ranks:
-            ticks = stopped(info.pid) if not info.ended and is_local(info.host) else 0
-            if not ticks:
-                self.stopped.pop(info.pid, None)
-            elif now - self.stopped.setdefault(info.pid, now) >= STOPPED_S and kill_if_same(info.pid, ticks):
-                log.warning("rank %d on host %s (pid %d) has been stopped (SIGSTOP) for %.0f s and no rank of the job "
-                            "ended it (every rank left is stopped): killed it (SIGKILL), a lost rank like any other",
-                            info.rank, info.host, info.pid, STOPPED_S)
 
     @property
     def resets(self) -> int:
@@ -158,12 +149,11 @@ NBC_NOTE = ("(Open MPI's \"NBC_Progress: an error 75 was found during schedule .
 _explained: list[bool] = []
 
 
-def fence(logger: logging.Logger, rank: RankInfo, started: int, placement: list[str],
+def fence(logger: logging.Logger, rank: RankInfo, started: int, why: str, placement: list[str],
           command_on: Callable[[str, list[str]], tuple[list[str], dict[str, str]]]) -> None:
-    """Kill a rank the survivors declared lost that is still there (Losses.to_fence), on its host (``command_on``)."""
-    logger.warning("rank %d on host %s (pid %d) was declared failed by the survivors but its process is still "
-                   "there (stopped or wedged): ending it (SIGKILL) so that it cannot hold the job's end or come "
-                   "back", rank.rank, rank.host, rank.pid)
+    """Kill a rank that is still there (Losses.to_fence: ``why``) on its host (``command_on``)."""
+    logger.warning("rank %d on host %s (pid %d) %s: ending it (SIGKILL) so that it cannot hold the job's end or "
+                   "come back", rank.rank, rank.host, rank.pid, why)
     host = placement[rank.rank] if rank.rank < len(placement) else rank.host
     if is_local(host):
         kill_if_same(rank.pid, started)
