@@ -58,8 +58,8 @@ def test_a_burst_of_cached_names_paused_midway_takes_one_round_a_step_on_a_crowd
         reinit: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
     """On a crowded node (more ranks than cores) a burst's first submission may wake the engine while the
     submitting thread is descheduled midway (it loses the GIL after the switch interval); here each rank pauses
-    5 ms after half its 16 names, as such a thread does: the engine waits for the thread to block on a handle,
-    so each step is one round (it was two: the first round agreed the half each rank had submitted)."""
+    5 ms after half its 16 names, as such a thread does (running no CPU): the engine waits for the rest of the
+    burst, so each step is one round (it was two: the first round agreed the half each rank had submitted)."""
     reinit(idle_heartbeat_seconds=30.0)
     from hvdlite.core.engine import polling
     monkeypatch.setattr(polling, "CROWDED", True)
@@ -81,6 +81,23 @@ def test_a_burst_of_cached_names_paused_midway_takes_one_round_a_step_on_a_crowd
         step(k)
     delta = _delta(before, hvd.engine_stats())
     assert delta["full_cycles"] == 0 and delta["cycles"] == 10, delta
+
+
+def test_an_op_polled_without_blocking_is_not_held_back_on_a_crowded_node(
+        reinit: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a crowded node the engine's wait for the rest of a burst ends when none comes (polling.BURST_QUIET_S):
+    ops whose thread polls the handle, never blocking on it, run at once (each waited out the idle bound before,
+    here a quarter of the 60 s stall-check period)."""
+    reinit(idle_heartbeat_seconds=30.0)
+    from hvdlite.core.engine import polling
+    monkeypatch.setattr(polling, "CROWDED", True)
+    start = time.monotonic()
+    for k in range(3):
+        handle = hvd.allreduce_async(np.full(2, R + k, np.float32), op=hvd.Sum, name="polled")
+        while not hvd.poll(handle):
+            time.sleep(0.002)
+        same(hvd.synchronize(handle), np.full(2, TRI + N * k, np.float32), f"op {k}")
+    assert time.monotonic() - start < 3.0, f"3 polled ops took {time.monotonic() - start:.1f} s"
 
 
 def test_unnamed_ops_of_two_shapes_alternating_stay_exact(reinit: Callable[..., None]) -> None:

@@ -22,11 +22,7 @@ class Completion:
 
     def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
                  timeline: Timeline, names: Optional[Names], keep_times: bool) -> None:
-        self.rank = rank
-        self.comm = comm
-        self.psets = psets
-        self.cache = cache
-        self.executor = executor
+        self.rank, self.comm, self.psets, self.cache, self.executor = rank, comm, psets, cache, executor
         self.timeline = timeline
         self.names = names  # told of every name a stall verdict or join error fails, on every rank
         self.inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set

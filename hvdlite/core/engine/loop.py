@@ -17,7 +17,6 @@ from ..log import logger
 from . import mpi, negotiation, polling
 from .completion import Completion
 from .execution import Executor
-from .handles import threads_waiting
 from .mpi import MPIOps
 from .names import Names
 from .negotiation import (FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE,
@@ -45,18 +44,14 @@ class Engine:
                  hosts: Optional[list[str]] = None,
                  fence: Optional[Callable[[list[int]], list[int]]] = None, scope: Optional[int] = None,
                  parent: Optional[Engine] = None) -> None:
-        self.comm = comm
+        self.comm, self.size = comm, comm.Get_size()
         self.hosts = hosts or []  # each rank's host, to name a lost rank's
         self.rank = process_sets.world_rank  # the job's rank (also in a partial set's own engine)
-        self.size = comm.Get_size()
         self.scope = Scope(process_sets, scope)  # the whole job, or one partial set's members (see _set_changed)
         if scope is not None:  # straggler windows and autotune's agreement are the whole job's
             config = dataclasses.replace(config, straggler_window_ops=0, autotune=False)
-        self.config = config
-        self.timeline = timeline
-        self.psets = process_sets
+        self.config, self.timeline, self.psets, self.mpi_ops = config, timeline, process_sets, mpi_ops
         self.cache = ResponseCache(config.cache_capacity, self.rank)
-        self.mpi_ops = mpi_ops
         self.presence = Presence(presence_comm, mpi_ops)
         self.executor = Executor(mpi_ops, process_sets, config, timeline, planes)
         self._lock = threading.Lock()  # a plain lock: submit() takes it per op (a Condition's own is Python code)
@@ -211,13 +206,9 @@ class Engine:
         return ProcessFailedError(message, tuple(lost), hosts, seen_at)
 
     def _wait_for_work(self) -> bool:
-        """Sleep while there is nothing to do; return when a cycle should run. With nothing of its own pending a
-        round could agree nothing (each op waits for every member's submission) and would make this rank's next op
-        wait one more: it waits for that submission, a stop, or ``idle_heartbeat_seconds``, at most a quarter of the
-        stall-check period (the others' explaining rounds and presence probes find it in a round by then); on a
-        crowded node (polling.CROWDED), where a submission may wake it mid-burst (the submitting thread, descheduled,
-        lost the GIL), then until a user thread blocks on a handle, up to the same bound: the burst is one round.
-        With ops pending and no round agreeing any (peers absent), it paces rounds by polling.stalled_pause."""
+        """Sleep while there is nothing to do; return when a cycle should run (docs/ARCHITECTURE.md, step 3: with
+        nothing pending, until this rank's submission, then on a crowded node the rest of its burst; with ops pending
+        and no round agreeing any, paced by polling.stalled_pause). ``longest``: the others' rounds find it by then."""
         cycle_s = self.config.cycle_time_ms / 1000.0
         longest = min(self.config.idle_heartbeat_seconds, max(cycle_s, self.watchdog.period / 4))
         with self._cv:
@@ -230,9 +221,7 @@ class Engine:
             if not (self._queue or self._shutdown_requested):
                 self._sleep(longest)
         if polling.CROWDED and self._queue:
-            end = time.monotonic() + longest
-            polling.wait(polling.Polled(lambda: threads_waiting() or self._shutdown_requested
-                                        or time.monotonic() > end), cap=0.001)
+            polling.wait(polling.Polled(polling.Burst(self._queue, longest).over), cap=0.001)
         return True
 
     def _set_changed(self, kind: Kind, ps_id: int) -> None:

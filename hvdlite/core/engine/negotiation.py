@@ -74,22 +74,13 @@ def decide(messages: Sequence[RankMessage], members_of: dict[int, list[int]], wo
             continue
         members = members_of.get(ps_id)
         # The usual case, decided without building sets: every member submitted the name with one signature
-        # (received signatures are shared, so equal ones are identical) of a kind with no argument to check.
-        # Loops, not all() over generators: a round may hold 1,000 names, and a generator costs a frame each.
-        if members is not None and len(entries) == len(members) and kind is not Kind.BROADCAST:
-            usual = True
-            for rank, index in entries.items():
-                if sigs_of[rank][index] is not first_sig:
-                    usual = False
-                    break
-            if usual and ps_id != 0:  # the global set's members are every rank: as many entries are all of them
-                for rank in members:
-                    if rank not in entries:
-                        usual = False
-                        break
-            if usual:
-                responses.append(Response(name, first_sig))
-                continue
+        # (received signatures are shared, so equal ones are identical) of a kind with no argument to check
+        # (the global set's members are every rank: as many entries are all of them).
+        if members is not None and len(entries) == len(members) and kind is not Kind.BROADCAST and all(
+                [sigs_of[rank][index] is first_sig for rank, index in entries.items()]) and (
+                ps_id == 0 or all([rank in entries for rank in members])):
+            responses.append(Response(name, first_sig))
+            continue
         if members is None:
             responses.append(Response(name, first_sig, error=f"process set {ps_id} is not registered on "
                                       f"every rank", error_kind="process_set"))

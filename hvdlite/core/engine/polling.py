@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sized
 
 from .handles import threads_waiting
 
@@ -51,6 +51,11 @@ def fine_timer_slack() -> None:
 
 _PR_SET_TIMERSLACK = 29
 CROWDED = False  # more ranks on this node than cores for them (share_cores)
+#: On a crowded node the engine's wait for the rest of a burst (Burst) ends once the process's other threads ran
+#: BURST_CPU_S of CPU without submitting (a burst's submissions come tens of microseconds of CPU apart; a thread
+#: descheduled mid-burst runs none, so not on the clock), or none came for BURST_QUIET_S (they sleep in user code).
+BURST_CPU_S = 0.001
+BURST_QUIET_S = 0.02  # above a descheduled thread's usual wait for a core on a crowded node
 
 
 class Polled(NamedTuple):
@@ -60,6 +65,21 @@ class Polled(NamedTuple):
 
 
 DONE = Polled(lambda: True)
+
+
+class Burst:
+    """``over()``: whether a crowded engine's wait for the rest of a burst of submissions into ``queue`` ends (see
+    BURST_CPU_S), a user thread blocks on a handle, or ``longest`` seconds passed."""
+
+    def __init__(self, queue: Sized, longest: float) -> None:
+        self.queue, self.seen, self.at, self.ran = queue, -1, 0.0, 0.0  # the last submission seen: when, others' CPU
+        self.end = time.monotonic() + longest
+
+    def over(self) -> bool:
+        now, others = time.monotonic(), time.process_time() - time.thread_time()  # (the CPU of this thread's peers)
+        if len(self.queue) != self.seen:
+            self.seen, self.at, self.ran = len(self.queue), now, others
+        return threads_waiting() or now > self.end or others - self.ran > BURST_CPU_S or now - self.at > BURST_QUIET_S
 
 
 def set_watch(watch: Optional[Callable[[float], bool]]) -> None:

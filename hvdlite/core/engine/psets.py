@@ -12,8 +12,7 @@ class Registry:
     """The process sets registered on this rank, with the engine's communicator for each."""
 
     def __init__(self, world_comm: Any, world_rank: int, world_size: int) -> None:
-        self.world_rank = world_rank
-        self.world_size = world_size
+        self.world_rank, self.world_size = world_rank, world_size
         self.sets: dict[int, ProcessSet] = {0: global_process_set}
         self.comms: dict[int, Any] = {0: world_comm}
         self.ranks: dict[int, list[int]] = {0: list(range(world_size))}
@@ -44,10 +43,7 @@ class Registry:
         return len(self.ranks[ps_id])
 
     def find(self, ranks: list[int]) -> Optional[int]:
-        for ps_id, members in self.ranks.items():
-            if members == ranks:
-                return ps_id
-        return None
+        return next((ps_id for ps_id, members in self.ranks.items() if members == ranks), None)
 
     def apply(self, kind: Kind, extra: Any, world_comm: Any) -> int:
         """Run a process-set change agreed by every rank (engine thread only)."""
