@@ -25,7 +25,7 @@ class Completion:
         self.rank, self.comm, self.psets, self.cache, self.executor = rank, comm, psets, cache, executor
         self.timeline = timeline
         self.names = names  # told of every name a stall verdict or join error fails, on every rank
-        self.inflight: set[tuple[int, str]] = set()  # (process set, name): one name table per set
+        self.inflight: dict[tuple[int, str], Request] = {}  # (process set, name): one name table per set
         self.pending: dict[tuple[int, str], Request] = {}
         self.bits = PendingBits(cache, keep_times=keep_times)  # the pending requests' cache bits
 
@@ -117,7 +117,7 @@ class Completion:
             self.bits.remove(req)
         if self.timeline.enabled:
             self.timeline.end(req.name)
-        self.inflight.discard(key)  # one atomic set operation: submit() reads it under the lock
+        self.inflight.pop(key, None)  # one atomic operation: submit() takes no lock
         req.settle(result, error)
 
     def take_all(self) -> list[Request]:

@@ -17,7 +17,7 @@ from ..reduce_ops import (Adasum, Average, ReduceOp, Scale, Sum, bf16_to_f32, f3
                           scaled_copy, storage_dtype)
 from . import adasum, deterministic, mpi, polling, row_exec
 from .chunks import ChunkPipeline, start_allreduce
-from .fusion import Item, Marker, aligned_empty, over_cap, packable
+from .fusion import Item, Marker, aligned_empty, over_cap, packed_below
 from .planes import DataPlane, PlaneTable
 from .psets import Registry
 from .requests import Kind, Signature
@@ -87,16 +87,17 @@ class Executor:
             pre, post = 1.0, 1.0
         small: list[Item] = []
         small_bytes = 0
-        threshold, chunk = self.config.fusion_threshold_bytes, self.config.allreduce_chunk_bytes
+        threshold = self.config.fusion_threshold_bytes
+        below = packed_below(threshold, self.config.allreduce_chunk_bytes)
         with self._chunks.batch():  # the batch's chunks travel back to back (engine/chunks.py)
-            for item in items:
+            for item in items:  # (fusion.over_cap inline: no call per tensor of a burst)
                 nbytes = item.src.nbytes
                 if nbytes == 0:
                     if item.dst is None:
                         item.dst = item.src.copy()
                     continue
-                if packable(nbytes, threshold, chunk):
-                    if over_cap(len(small), small_bytes, nbytes, threshold):
+                if nbytes < below:
+                    if small and small_bytes + nbytes > threshold:
                         self._reduce_small(comm, small, op, pre, post)
                         small, small_bytes = [], 0
                     small.append(item)
@@ -179,8 +180,8 @@ class Executor:
         tracing = tl.enabled
         dtype = items[0].dtype
         store = storage_dtype(dtype)
-        total = sum(item.src.size for item in items)
-        fresh = all([item.dst is None for item in items])  # a list: no generator call per tensor
+        total = sum([item.src.size for item in items])  # (lists: no generator call per tensor)
+        fresh = all([item.dst is None for item in items])
         buf = aligned_empty((total,), store) if fresh else \
             self._fusion_buffer(total * store.itemsize).view(store)
         self._chunks.clear(item.src for item in items)
@@ -231,7 +232,7 @@ class Executor:
             if is_root and item.dst is not item.src:
                 np.copyto(item.dst, item.src)
             self.timeline.begin(item.resp.name, "MPI_BCAST")
-            if packable(item.dst.nbytes, threshold, self.config.allreduce_chunk_bytes):
+            if item.dst.nbytes < packed_below(threshold, self.config.allreduce_chunk_bytes):
                 packed.append(item)
             elif item.dst.nbytes:
                 self.wait(comm.Ibcast([item.dst.reshape(-1).view(np.uint8), BYTE], root=root))

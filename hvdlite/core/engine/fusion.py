@@ -51,9 +51,9 @@ class Marker:
         self.resp, self.req = resp, req
 
 
-def packable(nbytes: int, threshold: int, chunk_bytes: int) -> bool:
-    """Whether a tensor of ``nbytes`` is copied into a fusion buffer with others (else it is sent in place)."""
-    return threshold > 0 and nbytes < min(threshold, chunk_bytes)
+def packed_below(threshold: int, chunk_bytes: int) -> int:
+    """Tensors of fewer bytes than this are copied into a fusion buffer with others (larger ones are sent in place)."""
+    return min(threshold, chunk_bytes) if threshold > 0 else 0
 
 
 def over_cap(count: int, filled: int, nbytes: int, threshold: int) -> bool:

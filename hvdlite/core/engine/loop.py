@@ -90,20 +90,20 @@ class Engine:
 
     # -- user threads -----------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        """The one way into the engine, for every request (each built by core/submission.submit)."""
+        """The one way into the engine, for every request (each built by core/submission.submit). Lock-free: each
+        step one atomic operation on a builtin; the lock only to wake a sleeping engine (marked before it looks)."""
         if self.set_engines and req.key[0] in self.set_engines:  # a partial set's: its members' engine
             return self.set_engines[req.key[0]].submit(req)
-        key, inflight = req.key, self.completion.inflight
-        with self._lock:
-            if self.error is not None:
-                raise self.error
-            if key in inflight:
-                raise DuplicateNameError(
-                    f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait for "
-                    f"it with synchronize() before reusing the name, or give each op its own name")
-            inflight.add(key)
-            self._queue.append(req)
-            if self._sleeping:  # a busy engine takes the queue at its next cycle: no wake-up to pay for
+        if self.error is not None:
+            raise self.error
+        if self.completion.inflight.setdefault(req.key, req) is not req:
+            raise DuplicateNameError(f"rank {self.rank}: a collective named {req.name!r} is already in flight; wait "
+                                     f"for it with synchronize() before reusing the name, or give each op its own name")
+        self._queue.append(req)
+        if self.error is not None:  # the engine ended meanwhile and may have failed the queue before this append
+            req.settle(error=self.error)
+        elif self._sleeping:  # a busy engine takes the queue at its next cycle: no wake-up to pay for
+            with self._cv:
                 self._sleeping = False  # one wake-up is enough: later submissions before it runs need none
                 self._cv.notify()
 
@@ -218,8 +218,7 @@ class Engine:
                 if delay > 0:
                     self._sleep(delay)
                 return True
-            if not (self._queue or self._shutdown_requested):
-                self._sleep(longest)
+            self._sleep(longest)
         if polling.CROWDED and self._queue:
             polling.wait(polling.Polled(polling.Burst(self._queue, longest).over), cap=0.001)
         return True
@@ -241,23 +240,23 @@ class Engine:
         for req in new:
             ps_id = req.key[0]
             moved = names.moved(req.name, ps_id)
-            if moved is not None and (ps_id, moved) not in inflight:
-                inflight.discard(req.key)
+            if moved is not None and inflight.setdefault((ps_id, moved), req) is req:  # (atomic: submit() takes none)
+                inflight.pop(req.key, None)
                 req.name, req.key = moved, (ps_id, moved)
-                inflight.add(req.key)
 
     def _sleep(self, seconds: float) -> None:
-        """Wait on the condition (its lock held) until a submission or the timeout."""
+        """Wait on the condition (lock held) until a submission, a stop or the timeout (marked first: see submit())."""
         self._sleeping = True
-        self._cv.wait(seconds)
+        if not (self._queue or self._shutdown_requested):
+            self._cv.wait(seconds)
         self._sleeping = False
 
     def _cycle(self) -> None:
         self._last_cycle = time.monotonic()
         self.cycles += 1
         with self._cv:
-            new = list(self._queue)
-            self._queue.clear()
+            queue = self._queue
+            new = [queue.popleft() for _ in range(len(queue))]  # (not list() and clear(): submit() takes no lock)
             shutdown = self._shutdown_requested
             if self.names is not None and self.names.moving:
                 self._move_names(self.names, new)
@@ -318,5 +317,5 @@ class Engine:
     def _waiting_names(self) -> list[str]:
         """The names this rank waits on, pending or still queued (a wedged wait's message lists them)."""
         with self._cv:
-            queued = [req.name for req in self._queue]
+            queued = [req.name for req in list(self._queue)]  # (list() in C: submit() appends without the lock)
         return sorted({name for _, name in self.completion.pending} | set(queued))
