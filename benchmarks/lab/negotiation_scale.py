@@ -4,11 +4,12 @@ Run:  python benchmarks/lab/negotiation_scale.py [--sizes 2,4,...,128] [--tensor
 It launches ``mpiexec -n N`` for each size (oversubscribed: ``-bind-to none``; numpy core only) and prints one JSON
 object: per size, what each rank's engine counted per round (the bytes it sent in the bit-vector all-reduce and
 received in votes and explaining allgathers; the negotiation's MPI calls) for a first step of ``--tensors`` new
-names, a cached step of the same names and one unnamed allreduce of a loop; and what the kernel counted
-(``/proc/self/io``'s rchar + wchar: socket bytes under a TCP transport, e.g. ``--launcher "/work/venvs/ompi5/bin/
-mpiexec --oversubscribe --mca btl tcp,self --mca pml ob1"``; ~0 over shared memory), beside a raw MPI all-reduce of
-one float measured the same way, and its time and that of a raw all-reduce of the bit vector's words (to separate
-what oversubscription costs every collective from what the negotiation adds).
+names, a cached step of the same names, one unnamed allreduce of a loop and a cached step of the others while rank 0
+has joined; and what the kernel counted (``/proc/self/io``'s rchar + wchar: socket bytes under a TCP transport,
+e.g. ``--launcher "/work/venvs/ompi5/bin/mpiexec --oversubscribe --mca btl tcp,self --mca pml ob1"``; ~0 over
+shared memory), beside a raw MPI all-reduce of one float measured the same way, and its time and that of a raw
+all-reduce of the bit vector's words (to separate what oversubscription costs every collective from what the
+negotiation adds).
 """
 from __future__ import annotations
 
@@ -71,6 +72,13 @@ def worker(tensors: int, steps: int) -> None:
     first = measure(lambda s: run([f"new.{s}.{i}" for i in range(tensors)]), max(1, steps // 4))
     hvd.allreduce(np.ones(1), op=hvd.Sum)  # the unnamed stream's first op: a vote
     unnamed = measure(lambda s: hvd.allreduce(np.ones(1), op=hvd.Sum), steps)
+    joined: dict[str, Any] = {}  # rank 0 has joined: the others' cached steps (its stand-ins), measured on them
+    if hvd.rank() == 0:
+        hvd.join()
+    else:
+        run(steady)  # (it completes once rank 0's join is agreed)
+        joined = measure(lambda s: run(steady), steps)
+        hvd.join()
     comm = MPI.COMM_WORLD
 
     def raw(data: Any, op: Any) -> tuple[float, float]:
@@ -86,14 +94,14 @@ def worker(tensors: int, steps: int) -> None:
 
     raw_bytes, raw_us = raw(np.ones(1), MPI.SUM)
     vector_us = raw(np.zeros(engine.cache.vector_words, np.uint64), MPI.BOR)[1]  # the bit vector's size
-    rows = hvd.allgather_object({"first": first, "cached": cached, "unnamed": unnamed, "raw_us": raw_us,
-                                 "raw_mpi_kernel_bytes": raw_bytes, "vector_us": vector_us})
+    rows = hvd.allgather_object({"first": first, "cached": cached, "unnamed": unnamed, "joined": joined,
+                                 "raw_us": raw_us, "raw_mpi_kernel_bytes": raw_bytes, "vector_us": vector_us})
     if hvd.rank() == 0:
-        mean = {path: {k: sum(r[path][k] for r in rows) / len(rows) for k in rows[0][path]}
-                for path in ("first", "cached", "unnamed")}
+        mean = {path: {k: sum(r[path][k] for r in rows if r[path]) / len([r for r in rows if r[path]])
+                       for k in rows[-1][path]} for path in ("first", "cached", "unnamed", "joined")}
         print("RESULT " + json.dumps({
             "ranks": hvd.size(), "tensors_per_step": tensors, "per_rank_mean": mean,
-            "per_rank_max_engine_bytes": {p: max(r[p]["engine_bytes"] for r in rows) for p in mean},
+            "per_rank_max_engine_bytes": {p: max(r[p]["engine_bytes"] for r in rows if r[p]) for p in mean},
             "raw_mpi_allreduce_kernel_bytes": sum(r["raw_mpi_kernel_bytes"] for r in rows) / len(rows),
             # each rank's median microseconds per call, mean over the ranks: one float (SUM), the bit vector (BOR)
             "raw_mpi_allreduce_us": sum(r["raw_us"] for r in rows) / len(rows),

@@ -100,6 +100,30 @@ def test_an_op_polled_without_blocking_is_not_held_back_on_a_crowded_node(
     assert time.monotonic() - start < 3.0, f"3 polled ops took {time.monotonic() - start:.1f} s"
 
 
+def test_the_others_steps_while_rank_0_has_joined_gather_no_table(reinit: Callable[..., None]) -> None:
+    """Rank 0 joins; the others' steps of cached, new and unnamed ops while it has joined are cached and voted
+    rounds (rank 1 proposes) with rank 0 standing in with zeros: only its join's own round gathered the tables."""
+    reinit()
+    names = [f"joined.{i}" for i in range(4)]
+    for name in names:
+        same(hvd.allreduce(np.full(2, R, np.float32), op=hvd.Sum, name=name), np.full(2, TRI, np.float32), name)
+    same(hvd.allreduce(np.array([R], np.int64), op=hvd.Sum), np.array([TRI], np.int64), "unnamed")
+    if R == 0:
+        assert hvd.join() in range(1, N)
+        return
+    same(hvd.allreduce(np.full(2, R, np.float32), op=hvd.Sum, name=names[0]), np.full(2, TRI, np.float32))
+    before = hvd.engine_stats()
+    for k in range(5):
+        handles = [hvd.allreduce_async(np.full(2, R + k, np.float32), op=hvd.Sum, name=name)
+                   for name in [*names, f"joined.new.{k}"]]
+        for handle in handles:
+            same(hvd.synchronize(handle), np.full(2, TRI + (N - 1) * k, np.float32), f"step {k}")
+        same(hvd.allreduce(np.array([R + k], np.int64), op=hvd.Sum), np.array([TRI + (N - 1) * k], np.int64))
+    delta = _delta(before, hvd.engine_stats())
+    assert delta["explain_cycles"] == 0 and delta["full_path_bytes"] == 0 and delta["vote_bytes"] > 0, delta
+    assert hvd.join() in range(1, N)
+
+
 def test_unnamed_ops_of_two_shapes_alternating_stay_exact(reinit: Callable[..., None]) -> None:
     """One stream, two signatures in turn: each op misses the stream's bit and is voted through, exactly."""
     reinit()

@@ -29,6 +29,7 @@ class ResponseCache:
         self._free = list(range(capacity))  # a heap of the bits not in use: the lowest first
         self.member = self.bits()  # bits whose process set includes this rank
         self.valid = self.bits()   # bits in use
+        self.global_set = self.bits()  # bits of the global set's names (a rank that joined stands in for them)
         self.version = 0      # bumped when a bit changes meaning
         self.ready_bits = np.zeros(0, dtype=np.intp)  # the bits of the last ready() responses
 
@@ -95,7 +96,7 @@ class ResponseCache:
         else:
             del self.by_name[(old.ps_id, self.names[bit])]
         self.names[bit] = self.sigs[bit] = self.responses[bit] = None
-        self.member[bit] = self.valid[bit] = False
+        self.member[bit] = self.valid[bit] = self.global_set[bit] = False
 
     def _set(self, bit: int, sig: Signature, response: Response, members: Sequence[int], tick: int) -> None:
         self.sigs[bit] = sig
@@ -104,6 +105,7 @@ class ResponseCache:
         self.version += 1
         self.valid[bit] = True
         self.member[bit] = self.my_rank in members
+        self.global_set[bit] = sig.ps_id == 0
 
     def remove_process_set(self, ps_id: int) -> None:
         for bit, sig in enumerate(self.sigs):

@@ -27,6 +27,7 @@ class Completion:
         self.names = names  # told of every name a stall verdict or join error fails, on every rank
         self.inflight: dict[tuple[int, str], Request] = {}  # (process set, name): one name table per set
         self.pending: dict[tuple[int, str], Request] = {}
+        self.joined: frozenset[int] = frozenset()  # the ranks agreed to have joined: the global set's stand-ins
         self.bits = PendingBits(cache, keep_times=keep_times)  # the pending requests' cache bits
 
     def execute(self, responses: list[Response]) -> None:
@@ -61,7 +62,7 @@ class Completion:
             if req is None:
                 if not psets.is_member(sig.ps_id):
                     continue
-                if self.rank not in resp.joined and sig.kind is not Kind.JOIN:
+                if self.rank not in resp.joined and self.rank not in self.joined and sig.kind is not Kind.JOIN:
                     raise HvdliteError(f"rank {self.rank}: internal error: agreed to run {resp.name!r} but it "
                                        f"is not pending here")
             elif tracing:

@@ -20,7 +20,7 @@ from .execution import Executor
 from .mpi import MPIOps
 from .names import Names
 from .negotiation import (FLAG_BUSY, FLAG_EXPLAIN, FLAG_FULL, FLAG_SHUTDOWN, JOIN_TOLERANT, JOIN_TOLERANT_PERMISSIVE,
-                          uncached_flags)
+                          pending_flags)
 from .cache import ResponseCache
 from .chunks import start_allreduce
 from .observers import CycleObserver
@@ -272,16 +272,18 @@ class Engine:
         flags = FLAG_SHUTDOWN | FLAG_EXPLAIN if shutdown else 0
         cache = self.cache
         mine = bits.add(new, pending)
-        if bits.uncached:  # (a join is never cached)
-            flags |= uncached_flags(pending, self.scope.agrees)
+        joined = self.completion.joined
+        if bits.uncached or joined:  # (a join is never cached)
+            flags |= pending_flags(pending, self.scope.agrees, joined, self.join_tolerant)
             if any(req.sig.kind is Kind.JOIN for req in new):
                 self.join_cycle = self.cycles
-        if self.watchdog.check_due(pending.values()) or self.join_cycle >= 0:
+        if self.watchdog.check_due(pending.values()) or self.join_cycle == self.cycles:
             flags |= FLAG_EXPLAIN
         if pending:
             flags |= FLAG_BUSY
         flags |= self.observer.flags(self._last_cycle)
-        vec = cache.encode(flags, cache.member & ~mine)
+        here = mine | cache.global_set if self.rank in joined else mine  # (joined: it stands in for them)
+        vec = cache.encode(flags, cache.member & ~here)
         result = np.empty_like(vec)
         self.bitvector_bytes += vec.nbytes
         self.negotiation_calls += 1
@@ -306,7 +308,7 @@ class Engine:
             self.observer.before_run(responses, pending, self._agreed_at, known)
             self.completion.execute(responses)
             if self.join_cycle >= 0 and any(r.error is None and r.sig.kind is Kind.JOIN for r in responses):
-                self.join_cycle = -1
+                self.join_cycle, self.completion.joined = -1, frozenset()
             self.observer.after_run(self.comm)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:

@@ -175,11 +175,18 @@ def _show(value: object) -> str:
         else str(value)
 
 
-def uncached_flags(pending: dict[tuple[int, str], Request], agrees: Callable[[int], bool]) -> int:
-    """FLAG_FULL for requests here without a cache bit; FLAG_EXPLAIN too if one's set is not this engine's."""
-    flags = FLAG_FULL
+def pending_flags(pending: dict[tuple[int, str], Request], agrees: Callable[[int], bool], joined: frozenset[int],
+                  tolerant: frozenset[Kind]) -> int:
+    """FLAG_FULL for requests here without a cache bit but a join (explained when made: engine._cycle); FLAG_EXPLAIN
+    too for one whose set is not this engine's, or a global-set one that the ``joined`` ranks cannot stand in for
+    (decide's errors say why: a kind join does not tolerate, a broadcast from a joined root)."""
+    flags = 0
     for req in pending.values():
-        if req.cache_bit < 0 and not agrees(req.sig.ps_id):
+        kind, ps_id = req.sig.kind, req.sig.ps_id
+        if req.cache_bit < 0 and kind is not Kind.JOIN:
+            flags |= FLAG_FULL if agrees(ps_id) else FLAG_FULL | FLAG_EXPLAIN
+        if joined and ps_id == 0 and kind is not Kind.JOIN and (
+                kind not in tolerant or kind is Kind.BROADCAST and req.sig.root in joined):
             flags |= FLAG_EXPLAIN
     return flags
 
@@ -188,8 +195,9 @@ def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
     """The cached responses, then the new names voted through (docs/ARCHITECTURE.md, step 4): the lowest rank
     proposes its pending names but ``cached``'s; another signature or an unusable argument takes an explaining round."""
     comm, mpi, pending, members_of = engine.comm, engine.mpi_ops, engine.completion.pending, engine.psets.ranks
-    mine = b""
-    if engine.rank == engine.scope.proposer:
+    mine, joined = b"", engine.completion.joined  # a rank that joined proposes nothing: the lowest other one does
+    proposer = next(r for r in range(engine.size) if r not in joined) if joined else engine.scope.proposer
+    if engine.rank == proposer:
         skip = {resp.key for resp in cached}
         mine = pickle.dumps(name_table((req.name, req.sig) for key, req in pending.items()
                                        if key not in skip and req.sig.kind is not Kind.JOIN), protocol=5)
@@ -201,7 +209,7 @@ def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
     if not size[0]:  # nothing proposed
         return cached
     buf = np.frombuffer(mine, dtype=np.uint8).copy() if mine else np.empty(int(size[0]), dtype=np.uint8)
-    wait(comm.Ibcast(buf, root=engine.scope.local(engine.scope.proposer)))
+    wait(comm.Ibcast(buf, root=engine.scope.local(proposer)))
     names, index, sigs = pickle.loads(buf.tobytes())
     sigs = [shared(sig) for sig in sigs]  # equal signatures are one object: ``is`` decides the usual case
     count, words = len(names), (len(names) + 63) // 64
@@ -211,7 +219,7 @@ def vote_round(engine: Engine, cached: list[Response]) -> list[Response]:
         if engine.rank in members_of.get(sig.ps_id, ()):  # a non-member has no say
             req = pending.get((sig.ps_id, name))
             if req is None:
-                bits[j] = True
+                bits[j] = not (sig.ps_id == 0 and engine.rank in joined)  # a rank that joined stands in
             elif req.sig is not sig and req.sig != sig:
                 bits[64 * words + j] = True
     vec = np.packbits(bits, bitorder="little").view(np.uint64)
@@ -247,6 +255,7 @@ def explaining_round(engine: Engine, shutdown: bool) -> list[Response]:
         raise Stop(shutdown_message(engine.rank, stopping))
     engine.observer.adopt(messages[0].tune, engine.cycles)  # every rank switches here, at the same cycle
     responses, stalled = decide(messages, engine.psets.ranks, len(messages), engine.join_tolerant)
+    engine.completion.joined = frozenset(r for r, m in enumerate(messages) if m.join_cycle >= 0)
     engine.watchdog.last_check = now
     if stalled and not engine.config.stall_check_disable:
         failed = engine.watchdog.handle(stalled)

@@ -129,7 +129,8 @@ class Watchdog:
         if self.config.stall_check_disable or not pending:
             return False
         period, now = self.period, time.monotonic()
-        return now - self.last_check >= period and now - min(req.submitted for req in pending) >= period
+        return now - self.last_check >= period and now - min(  # (a join waits for the others: never stalled)
+            (req.submitted for req in pending if req.sig.kind is not Kind.JOIN), default=now) >= period
 
     def handle(self, stalled: list[Stalled]) -> list[Response]:
         """Rank 0 logs who did not submit what (at most once a period); every rank returns the same verdicts."""
