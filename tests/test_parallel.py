@@ -8,7 +8,9 @@ bounds the whole job, so a deadlock fails fast. Each failure is reported with th
 the rank it failed on. A file's optional ``VARIANTS = ("", "NAME=VALUE ...")`` line runs it once per entry,
 each time with those environment variables set in the ranks ("" is the plain run); the variant joins the
 test id (``test_keras_fit-np2-TF_USE_LEGACY_KERAS=1``). Variables that must be set before an import (such as
-TF_USE_LEGACY_KERAS, read when TensorFlow is imported) can only be varied this way, per process.
+TF_USE_LEGACY_KERAS, read when TensorFlow is imported) can only be varied this way, per process. An optional
+``VARIANT_SIZES = (...)`` line gives the sizes of the variants other than "" (default: MPI_SIZES): a size the
+plain run needs (a process set or a power of two) need not cost a job of its own for each variant.
 """
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ def _cases() -> list:
         sizes = [int(s) for s in re.findall(r"\d+", _setting(text, "MPI_SIZES", "(2, 3)"))]
         timeout = float(_setting(text, "SPAWN_TIMEOUT", "600"))
         variants = re.findall(r'"([^"]*)"', _setting(text, "VARIANTS", '("",)'))
+        variant_sizes = [int(s) for s in re.findall(r"\d+", _setting(text, "VARIANT_SIZES", str(sizes)))]
         for variant in variants:
             env = dict(item.split("=", 1) for item in shlex.split(variant))
-            for n in sizes:
+            for n in variant_sizes if variant else sizes:
                 found.append((path, n, timeout, env, variant))
     budget: dict = {}  # a job's time limit: the sum of its files' (each file's SPAWN_TIMEOUT bounds its own share)
     for _, n, timeout, env, _ in found:
