@@ -143,9 +143,9 @@ def report(logger: logging.Logger, lost: RankInfo, losses: Losses, reset: int, l
 
 
 #: Said once per run, at the first in-process recovery: what Open MPI's own lines about it mean.
-NBC_NOTE = ("(Open MPI's \"NBC_Progress: an error 75 was found during schedule ... - aborting the schedule\" lines "
-            "at a recovery are the survivors' pending non-blocking collectives ending with MPI_ERR_PROC_FAILED (75), "
-            "the loss being recovered from: expected, nothing else failed)")
+NBC_NOTE = ("(Open MPI's \"NBC_Progress: an error 75 (or 77) was found during schedule ... - aborting the schedule\" "
+            "lines at a recovery are the survivors' pending non-blocking collectives ending with MPI_ERR_PROC_FAILED "
+            "(75) or MPI_ERR_REVOKED (77): the loss being recovered from, expected; nothing else failed)")
 _explained: list[bool] = []
 
 
