@@ -90,14 +90,14 @@ class Executor:
         threshold = self.config.fusion_threshold_bytes
         below = packed_below(threshold, self.config.allreduce_chunk_bytes)
         with self._chunks.batch():  # the batch's chunks travel back to back (engine/chunks.py)
-            for item in items:  # (fusion.over_cap inline: no call per tensor of a burst)
+            for item in items:
                 nbytes = item.src.nbytes
                 if nbytes == 0:
                     if item.dst is None:
                         item.dst = item.src.copy()
                     continue
                 if nbytes < below:
-                    if small and small_bytes + nbytes > threshold:
+                    if over_cap(len(small), small_bytes, nbytes, threshold):
                         self._reduce_small(comm, small, op, pre, post)
                         small, small_bytes = [], 0
                     small.append(item)

@@ -54,7 +54,7 @@ class Engine:
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.presence = Presence(presence_comm, mpi_ops)
         self.executor = Executor(mpi_ops, process_sets, config, timeline, planes)
-        self._lock = threading.Lock()  # a plain lock: submit() takes it per op (a Condition's own is Python code)
+        self._lock = threading.Lock()  # a plain lock: submit() takes it only to wake a sleeping engine
         self._cv = threading.Condition(self._lock)
         self._queue: collections.deque[Request] = collections.deque()
         self.completion = Completion(self.rank, comm, process_sets, self.cache, self.executor, timeline, names,
