@@ -77,7 +77,7 @@ def tune(args: argparse.Namespace, grads: Grads) -> dict[str, Any]:
     hvd.init(autotune=True, autotune_warmup_samples=args.warmup_samples,
              autotune_steps_per_sample=args.steps_per_sample, autotune_bayes_opt_max_samples=args.max_samples,
              **BAD)
-    tuner = hvd.core.runtime.state().engine.autotune
+    tuner = hvd.core.runtime.state().engine.observer.autotune
     start, steps = time.perf_counter(), 0
     done = np.zeros(1, dtype=np.int32)
     while steps < args.max_tuning_steps:

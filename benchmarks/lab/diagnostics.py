@@ -232,7 +232,7 @@ def _instrumented(comm: Any, args: argparse.Namespace,
     from hvdlite.core.runtime import state
     hvd.init(**CPU_SETTINGS)
     engine = state().engine
-    tracker = engine.stragglers
+    tracker = engine.observer.stragglers
     # this version's straggler calls (swap exchanges and adopts, settle analyses on rank 0; an older one had
     # wants_round/outgoing and adopted in the full round, then one swapped in one cycle and adopted in the next)
     methods = [n for n in ("record", "wants_round", "swap", "settle", "outgoing") if hasattr(tracker, n)]

@@ -108,7 +108,7 @@ def engine_stats() -> dict[str, int]:
 def straggler_report() -> dict[str, Any]:
     """How late the latest ranks submitted the last ``straggler_window_ops`` agreed ops, and the straggler (or
     None): the same dict on every rank read at the same point of the program (engine/stragglers.py)."""
-    return state().engine.stragglers.report()
+    return state().engine.observer.stragglers.report()
 
 
 class HorovodBasics:

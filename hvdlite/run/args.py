@@ -16,8 +16,6 @@ TUNING_FLAGS: dict[str, str] = {
     "stall_check_warning_time_seconds": "stall_check_time_seconds",
     "stall_check_shutdown_time_seconds": "stall_shutdown_time_seconds", "no_stall_check": "stall_check_disable"}
 
-LAUNCHERS = ("auto", "mpich", "openmpi", "srun")
-
 #: What Gloo is in hvdlite (hvdlite-run --check-build's "[X] Gloo"): why --gloo and hvdlite.run(use_gloo=True)
 #: are refused, and --gloo-timeout-seconds changes nothing.
 GLOO_ROLE = ("hvdlite-run starts the ranks with MPI only (mpiexec, mpirun or srun); Gloo in hvdlite "
@@ -62,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mpi-args", dest="mpi_args", default="", metavar='"ARGS"',
                         help='extra arguments for the MPI launcher (mpiexec, mpirun or srun), e.g. '
                              '--mpi-args="-genv FOO 1"')
-    parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+    parser.add_argument("--launcher", choices=("auto", "mpich", "openmpi", "srun"), default="auto",
                         help="which launcher to drive (default: srun inside a Slurm allocation, else the "
                              "mpiexec/mpirun that matches the MPI library mpi4py loads)")
     parser.add_argument("--srun-mpi", dest="srun_mpi", metavar="PLUGIN",
@@ -239,10 +237,6 @@ def env_assignments(items: Sequence[str], current: dict[str, str]) -> dict[str, 
     return values
 
 
-#: Flags that make hvdlite-run the elastic driver (hvdlite/run/elastic/, docs/elastic.md).
-ELASTIC_FLAGS = ("min_np", "max_np", "host_discovery_script")
-
-
 def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
     """horovodrun's elastic flags; any of --min-np/--max-np/--host-discovery-script turns elastic mode on."""
     group = parser.add_argument_group("elastic training (restarts the job at a new size; see docs/elastic.md)")
@@ -270,4 +264,5 @@ def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def is_elastic(args: argparse.Namespace) -> bool:
-    return any(getattr(args, flag, None) is not None for flag in ELASTIC_FLAGS)
+    """Whether hvdlite-run is the elastic driver (hvdlite/run/elastic/, docs/elastic.md): see add_elastic_flags."""
+    return any(getattr(args, flag, None) is not None for flag in ("min_np", "max_np", "host_discovery_script"))

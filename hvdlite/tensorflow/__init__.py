@@ -21,13 +21,9 @@ from . import elastic  # noqa: E402  (hvd.elastic)
 def _library_code_for_autograph() -> None:
     """Have AutoGraph call hvdlite's functions as they are, as it does TensorFlow's own, instead of converting
     them (a Keras custom loop's first trace: 1.49 -> 0.32 s)."""
-    try:
-        from tensorflow.python.autograph.core import config
-    except ImportError:
-        return
-    rule = config.DoNotConvert("hvdlite")
+    from tensorflow.python.autograph.core import config
     if not any(getattr(r, "_prefix", None) == "hvdlite" for r in config.CONVERSION_RULES):
-        config.CONVERSION_RULES = (rule, *config.CONVERSION_RULES)
+        config.CONVERSION_RULES = (config.DoNotConvert("hvdlite"), *config.CONVERSION_RULES)
 
 
 _library_code_for_autograph()

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from hvdlite import core
 from hvdlite.core import Average, HvdliteError, ProcessSet, Sum, TensorMismatchError, global_process_set
@@ -35,13 +36,8 @@ _last_collective: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDiction
 
 
 def _in_xla_context() -> bool:
-    if tf.executing_eagerly():
-        return False
-    try:
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover - TensorFlow moved its internals; XLA's own error still fires
-        return False
-    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    return graph is not None and bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
 def check_not_xla(what: str) -> None:

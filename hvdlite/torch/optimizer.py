@@ -64,9 +64,6 @@ class _DistributedOptimizer(ReadinessOwner):
                 self._parameter_names.setdefault(p, f"allreduce.noname.{i}.{j}")
         self._readiness.watch(self._all_params())
 
-    def _signature(self) -> tuple:
-        return tuple((id(p), p.requires_grad, p.dtype, p.device, p.numel()) for p in self._all_params())
-
     # -- during backward ----------------------------------------------------------------------------
     def _on_grad_ready(self, p: torch.Tensor, complete: bool) -> None:
         """A backward pass made ``p``'s gradient: its bucket takes it (and starts when complete); a sparse one
@@ -116,7 +113,7 @@ class _DistributedOptimizer(ReadinessOwner):
         """Start what backward has not started (planning the buckets first, re-planning changed ones) and
         finish every reduction of this step."""
         params = self._all_params()
-        signature = self._signature()
+        signature = tuple((id(p), p.requires_grad, p.dtype, p.device, p.numel()) for p in params)
         if signature != self._buckets.signature:  # (only then can a parameter be new or newly trainable)
             self._refresh()
         if not self._buckets.agreed:

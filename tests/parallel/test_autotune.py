@@ -40,7 +40,7 @@ def test_autotune_switches_every_rank_at_the_same_cycle(rank: int, size: int,
     reinit(autotune=True, autotune_log_file=path, autotune_warmup_samples=WARMUP,
            autotune_steps_per_sample=STEPS, autotune_bayes_opt_max_samples=SAMPLES,
            fusion_threshold_bytes=0, allreduce_chunk_bytes=64 * 1024 * 1024)
-    tuner = runtime.state().engine.autotune
+    tuner = runtime.state().engine.observer.autotune
     seen: list[Any] = []
     for step in range(80):
         _step(step, rank, size)

@@ -1,6 +1,7 @@
 """The user's line that submitted an op: captured on a memo miss, never in steady state; shown in errors."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -67,11 +68,9 @@ def show(site: Optional[Site], cwd: Optional[str] = None) -> str:
     if site is None:
         return "an unknown line (no frame outside hvdlite and the frameworks)"
     filename, line = site
-    try:
+    with contextlib.suppress(ValueError):  # (on another drive: Windows)
         rel = os.path.relpath(filename, cwd)
         filename = rel if not rel.startswith(os.pardir) else filename
-    except ValueError:  # another drive (Windows)
-        pass
     return f"{filename}:{line}"
 
 

@@ -22,7 +22,11 @@ class Completion:
 
     def __init__(self, rank: int, comm: Any, psets: Registry, cache: ResponseCache, executor: Executor,
                  timeline: Timeline, names: Optional[Names], keep_times: bool) -> None:
-        self.rank, self.comm, self.psets, self.cache, self.executor = rank, comm, psets, cache, executor
+        self.rank = rank
+        self.comm = comm
+        self.psets = psets
+        self.cache = cache
+        self.executor = executor
         self.timeline = timeline
         self.names = names  # told of every name a stall verdict or join error fails, on every rank
         self.inflight: dict[tuple[int, str], Request] = {}  # (process set, name): one name table per set

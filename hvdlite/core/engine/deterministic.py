@@ -210,8 +210,12 @@ class AccumulatingComm:
     """One batch's communicator whose ``Iallreduce`` is ``accumulating_allreduce`` with the batch's factors."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps, dtype: str, acc: Accumulation, pre: float, post: float) -> None:
-        self.comm, self._mpi_ops = comm, mpi_ops
-        self._dtype, self._acc, self._pre, self._post = dtype, acc, pre, post
+        self.comm = comm
+        self._mpi_ops = mpi_ops
+        self._dtype = dtype
+        self._acc = acc
+        self._pre = pre
+        self._post = post
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.comm, name)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -31,7 +31,9 @@ class Item:
     __slots__ = ("resp", "req", "index", "src", "dst", "dtype", "shape")
 
     def __init__(self, resp: Response, req: Optional[Request], index: int) -> None:
-        self.resp, self.req, self.index = resp, req, index
+        self.resp = resp
+        self.req = req
+        self.index = index
         dtype, shape = resp.sig.tensors[index]
         self.dtype: str = dtype
         self.shape: tuple[Any, ...] = shape
@@ -44,11 +46,11 @@ class Item:
             self.dst = None if gather else aligned_empty(self.src.shape, self.src.dtype)
 
 
-class Marker:
+class Marker(NamedTuple):
     """A response with no tensors (barrier, join, process-set changes, an empty group)."""
 
-    def __init__(self, resp: Response, req: Optional[Request]) -> None:
-        self.resp, self.req = resp, req
+    resp: Response
+    req: Optional[Request]
 
 
 def packed_below(threshold: int, chunk_bytes: int) -> int:

@@ -44,13 +44,17 @@ class Engine:
                  hosts: Optional[list[str]] = None,
                  fence: Optional[Callable[[list[int]], list[int]]] = None, scope: Optional[int] = None,
                  parent: Optional[Engine] = None) -> None:
-        self.comm, self.size = comm, comm.Get_size()
+        self.comm = comm
+        self.size = comm.Get_size()
         self.hosts = hosts or []  # each rank's host, to name a lost rank's
         self.rank = process_sets.world_rank  # the job's rank (also in a partial set's own engine)
         self.scope = Scope(process_sets, scope)  # the whole job, or one partial set's members (see _set_changed)
         if scope is not None:  # straggler windows and autotune's agreement are the whole job's
             config = dataclasses.replace(config, straggler_window_ops=0, autotune=False)
-        self.config, self.timeline, self.psets, self.mpi_ops = config, timeline, process_sets, mpi_ops
+        self.config = config
+        self.timeline = timeline
+        self.psets = process_sets
+        self.mpi_ops = mpi_ops
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.presence = Presence(presence_comm, mpi_ops)
         self.executor = Executor(mpi_ops, process_sets, config, timeline, planes)
@@ -72,7 +76,7 @@ class Engine:
         self.negotiation_calls = 0  # MPI collectives the rounds made (the data's are executor.mpi_calls)
         self.join_cycle = -1
         self.join_tolerant = JOIN_TOLERANT_PERMISSIVE if config.join_allows_allgather_broadcast else JOIN_TOLERANT
-        self.watchdog = Watchdog(config, comm.Get_rank(), self.size, self.presence, self._waiting_names, fence)
+        self.watchdog = Watchdog(config, self.presence, self._waiting_names, fence)
         self.fault_tolerant = fence is not None  # (a fence is given exactly to fault-tolerant jobs: ULFM on)
         self._last_cycle = 0.0
         self._job_busy = False  # some rank had work in the last round
@@ -80,7 +84,6 @@ class Engine:
         # the last round that agreed ops (or this rank's first op after none pending); the last round's end
         self._agreed_at = self._round_end = time.monotonic()
         self.observer = CycleObserver(config, self.rank, self.size, mpi_ops, timeline)
-        self.autotune, self.stragglers = self.observer.autotune, self.observer.stragglers  # (their readers')
         self.set_engines: dict[int, Engine] = {}  # this rank's partial sets' own engines, by set
         self.parent = parent  # a partial set's engine: the whole job's
         self.recent_stalls: list[tuple[float, tuple[int, str]]] = []  # (when, key) this engine's last verdict failed
@@ -156,7 +159,7 @@ class Engine:
             self.error = error
             waiting = self.completion.take_all() + list(self._queue)
             self._queue.clear()
-        self.stragglers.quiet.set()  # an exchange it was in will not end: straggler_report() returns the last one
+        self.observer.stragglers.quiet.set()  # an exchange it was in will not end: straggler_report() has the last one
         for req in waiting:
             req.settle(error=error)
         self.timeline.stop()

@@ -11,8 +11,9 @@ class RankMessage:
     """One rank's pending requests as parallel lists (names, signature and call-site indices into distinct ones,
     ages), then the round's fields: 1,000 names pickle as 1,000 strings."""
 
-    __slots__ = ("names", "sig_index", "sigs", "ages", "site_index", "site_texts", "shutdown", "join_cycle", "tune",
-                 "elsewhere", "again", "_by_key")
+    WIRE = ("names", "sig_index", "sigs", "ages", "site_index", "site_texts", "shutdown", "join_cycle", "tune",
+            "elsewhere", "again")
+    __slots__ = (*WIRE, "_by_key")  # WIRE: what crosses the wire, in order (``_by_key``: made where it is read)
 
     def __init__(self, pending: Collection[Any] = (), now: float = 0.0, shutdown: bool = False,
                  join_cycle: int = -1, tune: Optional[dict[Any, Any]] = None,
@@ -29,13 +30,12 @@ class RankMessage:
         self._by_key: Optional[dict[tuple[int, str], int]] = None  # made on the receiving side when an error reads it
 
     def __getstate__(self) -> tuple[Any, ...]:
-        return (self.names, self.sig_index, self.sigs, self.ages, self.site_index, self.site_texts, self.shutdown,
-                self.join_cycle, self.tune, self.elsewhere, self.again)
+        return tuple(getattr(self, field) for field in self.WIRE)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        (self.names, self.sig_index, sigs, self.ages, self.site_index, self.site_texts, self.shutdown,
-         self.join_cycle, self.tune, self.elsewhere, self.again) = state
-        self.sigs = [shared(sig) for sig in sigs]  # equal signatures of every rank are one object: ``is`` agrees
+        for field, value in zip(self.WIRE, state):
+            setattr(self, field, value)
+        self.sigs = [shared(sig) for sig in self.sigs]  # equal signatures of every rank are one object: ``is`` agrees
         self._by_key = None
 
     def signatures(self) -> list[Signature]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 from typing import Any, Callable, Optional, Sequence
@@ -234,11 +235,8 @@ def cuda_aware(override: str = "auto") -> tuple[bool, str]:
 def _mpi_symbol(name: str) -> Any:
     """A C function of the MPI library this process loaded (None where no loaded libmpi exports it)."""
     paths: list[str] = []
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "/libmpi" in line and ".so" in line})
-    except OSError:  # not Linux: the symbols the process can see globally
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:  # (not Linux: the symbols seen globally)
+        paths = sorted({line.split()[-1] for line in maps if "/libmpi" in line and ".so" in line})
     candidates: list[Optional[str]] = list(paths) if paths else [None]
     for path in candidates:
         try:
@@ -320,18 +318,14 @@ def is_process_failure(exc: BaseException) -> bool:
 
 def revoke(comm: Any) -> None:
     """Revoke ``comm`` so every member's pending and later calls on it fail at once (none waits for a dead peer)."""
-    try:
+    with contextlib.suppress(_MPI.Exception, NotImplementedError, AttributeError):
         comm.Revoke()
-    except (_MPI.Exception, NotImplementedError, AttributeError):
-        pass
 
 
 def progress() -> None:
     """One turn of MPI's progress engine: news of a dead peer arrives only inside MPI calls (docs/elastic.md)."""
-    try:
+    with contextlib.suppress(_MPI.Exception):  # only a turn of progress is wanted; the caller asks Get_failed next
         _MPI.COMM_SELF.Iprobe(_MPI.ANY_SOURCE, _MPI.ANY_TAG)
-    except _MPI.Exception:  # only a turn of progress is wanted; the caller asks Get_failed next
-        pass
 
 
 def failed_ranks(comm: Any) -> list[int]:

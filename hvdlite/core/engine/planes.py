@@ -87,7 +87,10 @@ class Bootstrap:
 
     def __init__(self, ps_id: int, rank: int, size: int, comm: Any, world_rank: int, local: bool,
                  deterministic: bool = False) -> None:
-        self.ps_id, self.rank, self.size, self.world_rank = ps_id, rank, size, world_rank
+        self.ps_id = ps_id
+        self.rank = rank
+        self.size = size
+        self.world_rank = world_rank
         self.single_host = local  # every member runs on this node
         self.deterministic = deterministic  # the job's agreed setting: see in_rank_order()
         self._comm = comm

@@ -1,6 +1,7 @@
 """Waiting on MPI requests without taking the core that the training thread needs."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
@@ -42,11 +43,9 @@ def fine_timer_slack() -> None:
     slack (50 us by default), which would make every back-off sleep of the engine at least that long."""
     if CROWDED:
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the platform's own timer behaviour stays
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(1000), 0, 0, 0)  # nanoseconds; this thread only
-    except (OSError, AttributeError):  # not Linux: the platform's own timer behaviour stays
-        pass
 
 
 _PR_SET_TIMERSLACK = 29
@@ -72,7 +71,10 @@ class Burst:
     BURST_CPU_S), a user thread blocks on a handle, or ``longest`` seconds passed."""
 
     def __init__(self, queue: Sized, longest: float) -> None:
-        self.queue, self.seen, self.at, self.ran = queue, -1, 0.0, 0.0  # the last submission seen: when, others' CPU
+        self.queue = queue
+        self.seen = -1  # the queue's length at the last submission seen,
+        self.at = 0.0  # when it was seen,
+        self.ran = 0.0  # and the CPU time of this thread's peers then
         self.end = time.monotonic() + longest
 
     def over(self) -> bool:

@@ -12,7 +12,8 @@ class Registry:
     """The process sets registered on this rank, with the engine's communicator for each."""
 
     def __init__(self, world_comm: Any, world_rank: int, world_size: int) -> None:
-        self.world_rank, self.world_size = world_rank, world_size
+        self.world_rank = world_rank
+        self.world_size = world_size
         self.sets: dict[int, ProcessSet] = {0: global_process_set}
         self.comms: dict[int, Any] = {0: world_comm}
         self.ranks: dict[int, list[int]] = {0: list(range(world_size))}

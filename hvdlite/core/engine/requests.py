@@ -28,7 +28,10 @@ class Kind(enum.Enum):
     REMOVE_PROCESS_SET = ("remove_process_set", False, False, True, False)
 
     def __init__(self, label: str, fusable: bool, cacheable: bool, control: bool, multi_tensor: bool) -> None:
-        self.label, self.fusable, self.cacheable, self.control = label, fusable, cacheable, control
+        self.label = label
+        self.fusable = fusable
+        self.cacheable = cacheable
+        self.control = control
         self.multi_tensor = multi_tensor
 
     def __str__(self) -> str:
@@ -161,8 +164,12 @@ class Response:
 
     def __init__(self, name: str, sig: Signature, error: Optional[str] = None, error_kind: str = "mismatch",
                  joined: frozenset[Any] = frozenset(), last_joined: int = -1) -> None:
-        self.name, self.sig, self.error, self.error_kind = name, sig, error, error_kind
-        self.joined, self.last_joined = joined, last_joined  # (joined: the stand-ins; for "behind", those ranks)
+        self.name = name
+        self.sig = sig
+        self.error = error
+        self.error_kind = error_kind
+        self.joined = joined  # the stand-ins; for "behind", those ranks
+        self.last_joined = last_joined
         self.key = (sig.ps_id, name)  # the engine's pending-table key: (process set, name)
         self.batch_keys = batch_keys(sig)
 

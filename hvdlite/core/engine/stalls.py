@@ -23,8 +23,13 @@ class Stalled:
 
     def __init__(self, name: str, kind: Kind, ready_ranks: list[int], missing_ranks: list[int], age: float,
                  sig: Signature, context: Any, again: bool = False) -> None:
-        self.name, self.kind, self.sig, self.age, self.again = name, kind, sig, age, again  # again: from a loop
-        self.ready_ranks, self.missing_ranks = ready_ranks, missing_ranks
+        self.name = name
+        self.kind = kind
+        self.sig = sig
+        self.age = age
+        self.again = again  # from a loop
+        self.ready_ranks = ready_ranks
+        self.missing_ranks = missing_ranks
         self._note: Optional[str] = None
         self._where = ""
         self._context = context  # (the round's table, its messages): what note and where are made from
@@ -85,10 +90,10 @@ class Wedged(Stop):
 class Watchdog:
     """The engine's clock for stalls: when a round looks for them, rank 0's warnings, the verdicts, and the watch."""
 
-    def __init__(self, config: Config, rank: int, size: int, presence: Presence,
-                 waiting_names: Callable[[], list[str]],
+    def __init__(self, config: Config, presence: Presence, waiting_names: Callable[[], list[str]],
                  fence: Optional[Callable[[list[int]], list[int]]] = None) -> None:
-        self.config, self.rank, self.size, self.presence = config, rank, size, presence
+        self.config = config
+        self.presence = presence  # (on a communicator of the engine's ranks: its rank and size are the engine's)
         self.waiting_names = waiting_names  # the names this rank waits on (pending or queued), sorted
         self.fence = fence  # ULFM jobs: kills given ranks' processes on this host (core/fencing.py)
         self.last_check = time.monotonic()  # the last full round (every full round looks for stalls)
@@ -110,8 +115,8 @@ class Watchdog:
             self.fence(absent)
             return True
         if absent:  # this rank gives up: an MPI call waited past the limit and these ranks answer no probes
-            answered = [r for r in range(self.size) if r not in absent and r != self.rank]
-            raise Wedged(f"rank {self.rank}: an MPI call of the engine has waited {waited + GRACE_S:.1f} s "
+            answered = [r for r in range(self.presence.size) if r not in absent and r != self.presence.rank]
+            raise Wedged(f"rank {self.presence.rank}: an MPI call of the engine has waited {waited + GRACE_S:.1f} s "
                          f"(stall_shutdown_time_seconds={limit:g}): rank(s) {absent} answer no messages (stopped, "
                          f"or blocked with the GIL held); rank(s) {answered} did. Pending on this rank: "
                          f"{self.waiting_names() or 'nothing'}. hvdlite cannot go on with this job: end it and look "
@@ -136,7 +141,7 @@ class Watchdog:
         """Rank 0 logs who did not submit what (at most once a period); every rank returns the same verdicts."""
         cfg, now = self.config, time.monotonic()
         period = cfg.stall_check_time_seconds
-        if self.rank == 0 and min(max(s.age for s in stalled), now - self._last_warning) >= period:
+        if self.presence.rank == 0 and min(max(s.age for s in stalled), now - self._last_warning) >= period:
             self._last_warning = now
             lines = [f"  {s.name} ({s.kind}): submitted by ranks {s.ready_ranks}, missing ranks "
                      f"{s.missing_ranks}, waiting {s.age:.1f} s" + (f" ({s.note})" if s.note else "") + s.where
@@ -223,10 +228,12 @@ class Presence:
     """Answers peers' probes, and probes peers. Used only by the engine thread."""
 
     def __init__(self, comm: Any, mpi_ops: MPIOps) -> None:
-        self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._ids = itertools.count(1)
         self._sends: list[Any] = []
-        self._status, self._any = mpi_ops.MPI.Status(), mpi_ops.MPI.ANY_SOURCE
+        self._status = mpi_ops.MPI.Status()
+        self._any = mpi_ops.MPI.ANY_SOURCE
 
     def serve(self) -> None:
         """Answer every probe that has arrived (cheap when none has: one Iprobe)."""

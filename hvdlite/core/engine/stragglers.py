@@ -45,7 +45,10 @@ class Stragglers:
     """Per-op times of this rank, reduced with every rank's; the report of the last ops exchanged."""
 
     def __init__(self, config: Config, rank: int, size: int, mpi_ops: Any) -> None:
-        self.config, self.rank, self.size, self._mpi = config, rank, size, mpi_ops
+        self.config = config
+        self.rank = rank
+        self.size = size
+        self._mpi = mpi_ops
         self._submitted = array("d")  # per agreed op, this rank's submission time (NaN: no request here)
         self._agreed = array("d")     # and when its round ended here
         self._stamps: list[float] = []  # timeline time of each op (rank 0 tracing only)

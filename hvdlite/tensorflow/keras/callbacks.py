@@ -1,30 +1,19 @@
 """Keras callbacks (Keras 3 and tf-keras) for data-parallel training: broadcast, metric averaging, lr, checkpoint."""
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable, Optional, Union
 
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.utils.io_utils import print_msg
 
 from hvdlite import core
 from hvdlite.core import Average
-from hvdlite.core.frontend import logger
 
 from ..functions import broadcast_variables
 from ..keras_families import family_of, model_family
 from .variables import check_replicas, model_and_optimizer_variables
-
-
-def _say(message: str) -> None:
-    """A message the user asked for with verbose=1, shown the way Keras shows its callbacks' messages."""
-    try:
-        from keras.src.utils.io_utils import print_msg
-    except ImportError:  # pragma: no cover - another Keras layout: fall back to the hvdlite logger
-        logger.log(max(logger.getEffectiveLevel(), logging.INFO), message)
-    else:
-        print_msg(message)
 
 
 class AnyKerasCallback(keras.callbacks.Callback):
@@ -210,8 +199,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def on_epoch_end(self, epoch: int, logs: Optional[dict] = None) -> None:
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and core.rank() == 0:
-            _say(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
-                 f"{_current_lr(self.model.optimizer):g}.")
+            print_msg(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
+                      f"{_current_lr(self.model.optimizer):g}.")
 
 
 class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):

@@ -134,11 +134,8 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     cls = mixin_class(mixin, base, _hvd_settings=dict(settings))
     registered = keras.saving.get_registered_name(base)  # Keras 3's registry (a tf-keras class: its own name)
     if registered != base.__name__:  # a registered custom optimizer: save under its registered name too
-        try:
-            from keras.src.saving import object_registration
-            object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
-        except (ImportError, AttributeError):  # pragma: no cover - other Keras layouts: load with custom_objects
-            pass
+        from keras.src.saving import object_registration
+        object_registration.GLOBAL_CUSTOM_NAMES[cls] = registered
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
