@@ -353,12 +353,13 @@ def test_flags_without_effect_warn_and_run() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("hvdlite-run: warning:")]
     assert warnings == [
-        "hvdlite-run: warning: --hierarchical-allreduce has no effect: hvdlite's allreduce is MPI's own (MPI picks "
-        "the algorithm)",
+        "hvdlite-run: warning: --hierarchical-allreduce has no effect: hvdlite's allreduce is MPI's own, or NCCL's "
+        "or gloo's (which pick the algorithm)",
         "hvdlite-run: warning: --thread-affinity has no effect: hvdlite's engine thread is a Python thread; bind "
         "ranks with --binding-args instead",
-        "hvdlite-run: warning: --num-nccl-streams has no effect: hvdlite does not use NCCL",
-        "hvdlite-run: warning: --tcp has no effect: hvdlite does not use NCCL; choose MPI's transport with "
+        "hvdlite-run: warning: --num-nccl-streams has no effect: hvdlite's NCCL plane is torch.distributed's NCCL "
+        "process group, which keeps its own streams",
+        "hvdlite-run: warning: --tcp has no effect: hvdlite-run leaves the transport to MPI; choose it with "
         "--mpi-args or --network-interfaces"]
     assert_topology(topology(proc.stdout), hosts=1, per_host=2)
 

@@ -23,12 +23,12 @@ GLOO_ROLE = ("hvdlite-run starts the ranks with MPI only (mpiexec, mpirun or sru
              "inside that MPI job (HOROVOD_CPU_OPERATIONS=gloo), not a launcher")
 #: horovodrun flags hvdlite accepts but that change nothing here, and why (a warning says so).
 NO_EFFECT_FLAGS: dict[str, str] = {
-    "hierarchical_allreduce": "hvdlite's allreduce is MPI's own (MPI picks the algorithm)",
-    "hierarchical_allgather": "hvdlite's allgather is MPI's own (MPI picks the algorithm)",
-    "torus_allreduce": "hvdlite's allreduce is MPI's own (MPI picks the algorithm)",
+    "hierarchical_allreduce": "hvdlite's allreduce is MPI's own, or NCCL's or gloo's (which pick the algorithm)",
+    "hierarchical_allgather": "hvdlite's allgather is MPI's own, or NCCL's or gloo's (which pick the algorithm)",
+    "torus_allreduce": "hvdlite's allreduce is MPI's own, or NCCL's or gloo's (which pick the algorithm)",
     "thread_affinity": "hvdlite's engine thread is a Python thread; bind ranks with --binding-args instead",
-    "num_nccl_streams": "hvdlite does not use NCCL",
-    "tcp_flag": "hvdlite does not use NCCL; choose MPI's transport with --mpi-args or --network-interfaces",
+    "num_nccl_streams": "hvdlite's NCCL plane is torch.distributed's NCCL process group, which keeps its own streams",
+    "tcp_flag": "hvdlite-run leaves the transport to MPI; choose it with --mpi-args or --network-interfaces",
     "mpi_threads_disable": "hvdlite needs MPI_THREAD_MULTIPLE for its engine thread",
     "gloo_timeout_seconds": GLOO_ROLE,
     "ccl_bgt_affinity": "hvdlite does not use oneCCL",
