@@ -19,7 +19,7 @@ class ResponseCache:
         self.my_rank = my_rank
         self.words = (capacity + 63) // 64
         self.vector_words = 1 + self.words
-        self.by_name: dict[tuple[int, Optional[str]], int] = {}
+        self.by_name: dict[tuple[int, Optional[str]], int] = {}  # (process set, name) -> bit; a stream's next name
         self.streams: dict[tuple[int, str], int] = {}  # (process set, "<kind>[.ps<id>]") -> the bit of its next name
         self.stream_of: dict[int, tuple[int, str]] = {}  # the stream bits, and their stream
         self.names: list[Optional[str]] = [None] * capacity
@@ -39,12 +39,7 @@ class ResponseCache:
 
     def lookup(self, name: str, sig: Signature, key: Optional[tuple[int, str]] = None) -> int:
         """The bit of ``name`` if it was agreed with signature ``sig`` (``key``: its (process set, name), if made)."""
-        bit = self.by_name.get((sig.ps_id, name) if key is None else key, -1)
-        if bit < 0 and self.streams:
-            stream, number = generated(name)
-            bit = self.streams.get((sig.ps_id, stream), -1) if number >= 0 else -1
-            if bit >= 0 and self.names[bit] != name:
-                return -1
+        bit = self.by_name.get((sig.ps_id, name) if key is None else key, -1)  # (a stream's: its next name's)
         if bit >= 0 and (self.sigs[bit] is sig or self.sigs[bit] == sig):
             return bit
         return -1
@@ -76,8 +71,14 @@ class ResponseCache:
             self.stream_of[bit] = key
         elif generated(self.names[bit] or "")[1] > number + 1:
             return
-        self.names[bit] = following = f"{stream}.noname.{number + 1}"
-        self._set(bit, sig, Response(following, sig), members, tick)
+        self._set(bit, sig, self._moved(bit, sig, f"{stream}.noname.{number + 1}"), members, tick)
+
+    def _moved(self, bit: int, sig: Signature, name: str) -> Response:
+        """A stream's bit stands for ``name`` now, found in by_name under it (lookup parses no name); its response."""
+        self.by_name.pop((sig.ps_id, self.names[bit]), None)
+        self.by_name[(sig.ps_id, name)] = bit
+        self.names[bit] = name
+        return Response(name, sig)
 
     def _take(self) -> int:
         """A bit for a new entry: the lowest free one, else the least recently used one's (evicted)."""
@@ -93,8 +94,7 @@ class ResponseCache:
         stream = self.stream_of.pop(bit, None)
         if stream is not None:
             del self.streams[stream]
-        else:
-            del self.by_name[(old.ps_id, self.names[bit])]
+        del self.by_name[(old.ps_id, self.names[bit])]
         self.names[bit] = self.sigs[bit] = self.responses[bit] = None
         self.member[bit] = self.valid[bit] = self.global_set[bit] = False
 
@@ -140,8 +140,8 @@ class ResponseCache:
         for bit in self.ready_bits.tolist():
             stream, sig = self.stream_of.get(bit), self.sigs[bit]
             if stream is not None and sig is not None:
-                self.names[bit] = following = f"{stream[1]}.noname.{generated(self.names[bit] or '')[1] + 1}"
-                self.responses[bit] = Response(following, sig)
+                following = f"{stream[1]}.noname.{generated(self.names[bit] or '')[1] + 1}"
+                self.responses[bit] = self._moved(bit, sig, following)
                 self.version += 1
 
 
