@@ -30,7 +30,8 @@ class _KerasModel:
     """A Keras model's weights and its optimizer's variables (built on demand, so a fresh rank can load)."""
 
     def __init__(self, model: Any, optimizer: Any) -> None:
-        self.model, self.optimizer = model, optimizer
+        self.model = model
+        self.optimizer = optimizer
 
     def _optimizer_variables(self) -> list[Any]:
         if self.optimizer is None:

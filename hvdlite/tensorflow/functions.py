@@ -2,6 +2,7 @@
 tf.compat.v1 graphs and sessions, broadcast_global_variables and its SessionRunHook."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
@@ -33,9 +34,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: Op
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
                         process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
     """A function ``f(obj)`` that broadcasts ``obj`` from ``root_rank`` each time it is called."""
-    def _broadcast(obj: Any) -> Any:
-        return broadcast_object(obj, root_rank, name=name, process_set=process_set)
-    return _broadcast
+    return functools.partial(broadcast_object, root_rank=root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
