@@ -179,48 +179,38 @@ class Scale(float):
 
     def __new__(cls, factor: float, divisor: int = 1) -> "Scale":
         obj = super().__new__(cls, float(factor) / divisor)
-        obj.factor = float(factor)
-        obj.divisor = int(divisor)
+        obj.factor, obj.divisor = float(factor), int(divisor)
         return obj
 
 
 def exact_divisor(factor: float) -> int:
     """The divisor of a plain Average (no user postscale factor), else 1 (then integers are multiplied)."""
-    if isinstance(factor, Scale) and factor.factor == 1.0:
-        return factor.divisor
-    return 1
+    return factor.divisor if isinstance(factor, Scale) and factor.factor == 1.0 else 1
 
 
 def scale_inplace(values: np.ndarray, dtype: str, factor: float) -> None:
     """Multiply ``values`` (storage of dtype ``dtype``) by ``factor`` in place, rounded as Horovod's CPU
     ScaleBuffer: float16/32 by the float32 factor in float32, float64 in double, integers in float64 truncated;
     a plain Average (see Scale) divides by the set size instead, as Horovod's own tests expect (``t / size``)."""
-    if factor == 1.0:
-        return
     scaled_copy(values, values, dtype, factor)
 
 
 def scaled_copy(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> None:
     """``dst[...] = src * factor`` with scale_inplace's rounding, in one pass where the dtype allows it."""
-    divisor = exact_divisor(factor)  # a plain Average's: x / n, correctly rounded (Horovod's tests' t / s)
     if factor == 1.0:
         if dst is not src:
             np.copyto(dst, src, casting="no")
-    elif divisor != 1 and dtype in ("float32", "float64", "float16"):
-        if dtype == "float16":
-            np.copyto(dst, src.astype(np.float32) / np.float32(divisor), casting="unsafe")
-        elif divisor & (divisor - 1) == 0:
-            # n a power of two: x * (1/n) is x / n bit for bit (1/n is exact, each is rounded once), and numpy's
-            # multiply takes 0.57x its divide (1 MiB of float32: 16 against 29 us; benchmarks/HISTORY.md)
-            np.multiply(src, dst.dtype.type(1.0 / divisor), out=dst)
-        else:
-            np.divide(src, dst.dtype.type(divisor), out=dst)
-    elif dtype == "float32":
-        np.multiply(src, np.float32(float(factor)), out=dst)
-    elif dtype == "float64":
-        np.multiply(src, np.float64(float(factor)), out=dst)
-    elif dtype == "float16":
-        np.copyto(dst, src.astype(np.float32) * np.float32(float(factor)), casting="unsafe")
+        return
+    divisor = exact_divisor(factor)  # a plain Average's: x / n, correctly rounded (Horovod's tests' t / s)
+    if dtype == "float16":  # in float32, rounded once to float16
+        single = src.astype(np.float32)
+        np.copyto(dst, single / np.float32(divisor) if divisor != 1 else single * np.float32(float(factor)),
+                  casting="unsafe")
+    elif dtype in ("float32", "float64") and divisor & (divisor - 1):  # n not a power of two
+        np.divide(src, dst.dtype.type(divisor), out=dst)
+    elif dtype in ("float32", "float64"):  # by the factor rounded to the dtype; 1/n for n a power of two is exact,
+        # so x * (1/n) is x / n bit for bit, and numpy's multiply takes 0.57x its divide (benchmarks/HISTORY.md)
+        np.multiply(src, dst.dtype.type(float(factor)), out=dst)
     elif dtype == "bfloat16":
         dst[...] = f32_to_bf16(bf16_to_f32(src) * np.float32(float(factor)))
     elif dtype == "bool":

@@ -52,11 +52,15 @@ class Readiness:
     def watch(self, params: Iterable[torch.Tensor]) -> None:
         """Hook every parameter of ``params`` that requires a gradient and is not hooked yet."""
         me = weakref.ref(self)
+        def hook(param: torch.Tensor) -> None:  # (holds no reference to this Readiness)
+            ready, owner = me(), _owners.get(id(param))
+            if ready is not None and owner is not None and owner() is ready:
+                ready._fire(param)
         for p in params:
             self._delay.setdefault(id(p), self.passes)
             if not p.requires_grad or id(p) in self._hooked or not self.enabled:
                 continue
-            p.register_post_accumulate_grad_hook(_make_hook(me))
+            p.register_post_accumulate_grad_hook(hook)
             self._hooked.add(id(p))
             _owners[id(p)] = me
 
@@ -157,11 +161,3 @@ _MIXED = ("no_sync() cannot be combined with backward_passes_per_step > 1: both 
 def check_passes(passes: int) -> int:
     """``backward_passes_per_step``, checked by the rule every distributed optimizer applies."""
     return check_gradient_options(None, 1.0, passes)[1]
-
-
-def _make_hook(me: "weakref.ref[Readiness]") -> Callable[[torch.Tensor], None]:
-    def hook(param: torch.Tensor) -> None:
-        ready, owner = me(), _owners.get(id(param))
-        if ready is not None and owner is not None and owner() is ready:
-            ready._fire(param)
-    return hook

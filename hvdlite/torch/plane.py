@@ -52,11 +52,10 @@ def scale_in_place(t: torch.Tensor, factor: float) -> None:
     if factor == 1.0 or t.numel() == 0:
         return
     divisor = exact_divisor(factor)
-    if divisor != 1 and t.dtype.is_floating_point:  # a plain Average divides (as scale_inplace)
-        if t.dtype in (torch.float16, torch.bfloat16):
-            t.copy_(t.float() / divisor)
-        else:
-            t.div_(divisor)
+    if divisor != 1 and t.dtype in (torch.float16, torch.bfloat16):  # a plain Average divides (as scale_inplace)
+        t.copy_(t.float() / divisor)
+    elif divisor != 1 and t.dtype.is_floating_point:
+        t.div_(divisor)
     elif t.dtype in (torch.float16, torch.bfloat16, torch.float32):
         wide = t.float()
         wide *= torch.tensor(float(factor), dtype=torch.float32, device=t.device)
@@ -64,12 +63,7 @@ def scale_in_place(t: torch.Tensor, factor: float) -> None:
     elif t.dtype.is_floating_point:
         t.mul_(float(factor))
     else:
-        wide = t.double()
-        if divisor != 1:
-            wide /= divisor
-        else:
-            wide *= float(factor)
-        t.copy_(wide.trunc())
+        t.copy_((t.double() / divisor if divisor != 1 else t.double() * float(factor)).trunc())
 
 
 class TorchPlane(DataPlane):
