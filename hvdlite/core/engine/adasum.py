@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .chunks import swap
+
 _TAG = 0x5ADA
 
 
@@ -57,9 +59,7 @@ def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tupl
         left = rank & d == 0  # the left rank keeps the first half and holds "a"
         keep_lo, keep_hi = (lo, mid) if left else (mid, hi)
         give_lo, give_hi = (mid, hi) if left else (lo, mid)
-        for request in (comm.Isend(buf[give_lo:give_hi], neighbour, _TAG + level),
-                        comm.Irecv(recv[keep_lo:keep_hi], neighbour, _TAG + level)):
-            wait(request)
+        wait(swap(comm, buf[give_lo:give_hi], recv[keep_lo:keep_hi], neighbour, _TAG + level))
         mine, theirs = buf[keep_lo:keep_hi], recv[keep_lo:keep_hi]
         a, b = (mine, theirs) if left else (theirs, mine)
         parts = _partials(a, b, keep_lo, bounds)
@@ -73,9 +73,7 @@ def reduce(comm: Any, level_comms: list[Any], buf: np.ndarray, bounds: list[tupl
     for level in reversed(range(len(history))):
         neighbour, left, lo, mid, hi = history[level]
         (keep_lo, keep_hi), (other_lo, other_hi) = ((lo, mid), (mid, hi)) if left else ((mid, hi), (lo, mid))
-        for request in (comm.Isend(buf[keep_lo:keep_hi], neighbour, _TAG + 64 + level),
-                        comm.Irecv(buf[other_lo:other_hi], neighbour, _TAG + 64 + level)):
-            wait(request)
+        wait(swap(comm, buf[keep_lo:keep_hi], buf[other_lo:other_hi], neighbour, _TAG + 64 + level))
 
 
 def _overlaps(lo: int, hi: int, bounds: list[tuple[int, int]]) -> list[tuple[int, int, int]]:

@@ -16,7 +16,7 @@ from ..errors import HvdliteError
 from ..reduce_ops import (Adasum, Average, ReduceOp, Scale, Sum, bf16_to_f32, f32_to_bf16, scale_inplace,
                           scaled_copy, storage_dtype)
 from . import adasum, deterministic, mpi, polling, row_exec
-from .chunks import ChunkPipeline, start_allreduce
+from .chunks import ChunkPipeline, halves, start_allreduce
 from .fusion import Item, Marker, aligned_empty, over_cap, packed_below
 from .planes import DataPlane, PlaneTable
 from .psets import Registry
@@ -141,30 +141,32 @@ class Executor:
         self._chunks.clear((item.src, item.dst))
         if item.dst is None:
             item.dst = aligned_empty(item.src.shape, item.src.dtype)
-        dst = item.dst
-        out_of_place = dst is not item.src and pre == 1.0
-        if dst is not item.src and not out_of_place:
+        if item.dst is not item.src and pre != 1.0:
             tl.begin(item.resp.name, "MEMCPY_IN")
-            scaled_copy(dst, item.src, item.dtype, pre)
-        elif dst is item.src and pre != 1.0:
-            scale_inplace(dst, item.dtype, pre)
+        scaled_copy(item.dst, item.src, item.dtype, pre)  # (out of place: the copy MPI's Iallreduce would make)
         tl.begin(item.resp.name, "MPI_ALLREDUCE")
-        self._chunked_allreduce(comm, item.src.reshape(-1) if out_of_place else None, dst.reshape(-1), item.dtype,
-                                op, post, functools.partial(tl.end, item.resp.name) if tl.enabled else None)
+        self._chunked_allreduce(comm, item.dst.reshape(-1), item.dtype, op, post,
+                                functools.partial(tl.end, item.resp.name) if tl.enabled else None)
 
-    def _chunked_allreduce(self, comm: Any, src: Optional[np.ndarray], dst: np.ndarray, dtype: str,
-                           op: ReduceOp, post: float, on_done: Optional[Callable[[], None]] = None) -> None:
-        """Start reducing ``dst`` (or ``src`` into it) in chunk_bytes pieces; engine/chunks.py completes them."""
+    def _chunked_allreduce(self, comm: Any, dst: np.ndarray, dtype: str, op: ReduceOp, post: float,
+                           on_done: Optional[Callable[[], None]] = None) -> None:
+        """Start reducing ``dst`` in place in chunk_bytes pieces; engine/chunks.py completes them."""
         datatype = self.ops.datatypes[dtype]
         mpi_op = self.ops.op(dtype, op)
         step = max(1, self.config.allreduce_chunk_bytes // max(1, dst.itemsize))
         n = dst.shape[0]
+        halved = post != 1.0 and op in (Sum, Average) and dtype in ("float32", "float64") and comm.Get_size() == 2 \
+            and type(comm).__module__ == "mpi4py.MPI"  # chunks.halves, decided on what the ranks' batch agrees
         for start in range(0, n, step):
             piece = dst[start:start + step]
-            send = self.ops.IN_PLACE if src is None else [src[start:start + step], datatype]
-            # non-blocking on every rank: a blocking and a non-blocking collective never match
-            request = start_allreduce(comm, self.ops.tree, send, piece, datatype, mpi_op, self.wait)
-            self._chunks.post(request, piece, dtype, post, on_done if start + step >= n else None)
+            if halved:
+                steps = halves(comm, piece, dtype, post)
+                next(steps)  # (its first exchange starts now)
+                request, factor = polling.Polled(functools.partial(next, steps, True)), 1.0  # (done: no more steps)
+            else:  # non-blocking on every rank: a blocking and a non-blocking collective never match
+                request = start_allreduce(comm, self.ops.tree, self.ops.IN_PLACE, piece, datatype, mpi_op, self.wait)
+                factor = post
+            self._chunks.post(request, piece, dtype, factor, on_done if start + step >= n else None)
 
     def _fusion_buffer(self, nbytes: int) -> np.ndarray:
         if self._fusion.nbytes < nbytes:
@@ -185,21 +187,14 @@ class Executor:
         buf = aligned_empty((total,), store) if fresh else \
             self._fusion_buffer(total * store.itemsize).view(store)
         self._chunks.clear(item.src for item in items)
-        if tracing:
-            for item in items:
-                tl.begin(item.resp.name, "MEMCPY_IN_FUSION_BUFFER")
+        for item in items if tracing else ():
+            tl.begin(item.resp.name, "MEMCPY_IN_FUSION_BUFFER")
         flats = [item.src if item.src.ndim == 1 else item.src.reshape(-1) for item in items]  # 1-D: no new view
-        if pre == 1.0:
-            np.concatenate(flats, out=buf)
-        else:
-            offset = 0
-            for flat in flats:
-                scaled_copy(buf[offset:offset + flat.size], flat, dtype, pre)
-                offset += flat.size
-        if tracing:
-            for item in items:
-                tl.begin(item.resp.name, "MPI_ALLREDUCE")  # (a phase begun ends the one before)
-        self._chunked_allreduce(comm, None, buf, dtype, op, post)
+        np.concatenate(flats, out=buf)
+        scale_inplace(buf, dtype, pre)  # (a prescale: elementwise, the bits of scaling each tensor as it goes in)
+        for item in items if tracing else ():
+            tl.begin(item.resp.name, "MPI_ALLREDUCE")  # (a phase begun ends the one before)
+        self._chunked_allreduce(comm, buf, dtype, op, post)
         self._chunks.drain()  # the packed results are copied out (and the fusion buffer reused) next
         offset = 0
         for item, flat in zip(items, flats):
