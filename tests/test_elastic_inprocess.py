@@ -351,21 +351,31 @@ def test_the_regrowth_after_a_loss_takes_the_standby_job(ompi_python: str, tmp_p
 
 
 @pytest.mark.timeout(400)
-def test_a_rank_lost_in_the_first_sync_is_recovered_in_process(ompi_python: str, tmp_path: Path) -> None:
-    """hvdlite-run -np 3: rank 0 dies inside hvd.elastic.run's first State.sync() (taking the snapshot it was to
-    broadcast), the others waiting for that broadcast. The survivors recover in their processes (the job is not
-    restarted), sync again from the new rank 0, run the reset callbacks at size 2, and finish with the weights of
-    an uninterrupted 2-rank run."""
+@pytest.mark.parametrize("death, survivors, entries", [
+    ("0:sync:-1", [1, 2], {1: [2], 2: [2]}),
+    ("2:bcast:-1", [0, 1], {0: [2], 1: [3, 2]}),
+], ids=["rank0-taking-its-snapshot", "rank2-as-the-broadcast-starts"])
+def test_a_rank_lost_in_the_first_sync_is_recovered_in_process(ompi_python: str, tmp_path: Path, death: str,
+                                                               survivors: list[int],
+                                                               entries: dict[int, list[int]]) -> None:
+    """hvdlite-run -np 3: a rank dies inside hvd.elastic.run's first State.sync(): rank 0 while it takes the snapshot
+    it was to broadcast, the others waiting for that broadcast; or rank 2 in its engine as the broadcast starts,
+    which then ends on rank 1 (it trains: the training function's first call at size 3) and fails on rank 0 (still
+    in the sync). The survivors recover in their processes (the job is not restarted), agree that not every one
+    had synced, all sync again from the new rank 0 (the split survivors once met different collectives and hung:
+    rank 0 in the sync's broadcast, rank 1 in the gradients' allreduce), run the reset callbacks at size 2, and
+    finish with the weights of an uninterrupted 2-rank run. (At -n 2 one survivor is left: no split.)"""
     reports = tmp_path / "reports"
     reports.mkdir()
     proc = run([ompi_python, "-m", "hvdlite.run", "-np", "3", "--min-np", "2", ompi_python, str(WORKERS / WORKER),
-                *TRAINING, "--die", "0:sync:-1"], timeout=300, env={**base_env(), REPORT_DIR_VARIABLE: str(reports)})
+                *TRAINING, "--die", death], timeout=300, env={**base_env(), REPORT_DIR_VARIABLE: str(reports)})
     out = proc.stdout + proc.stderr
-    assert "dying orig=0 where=sync" in out, out
+    assert f"dying orig={death.split(':')[0]} where={death.split(':')[1]}" in out, out
     assert proc.returncode == 0 and "job finished on 2 ranks after 1 reset(s)" in out, out
     assert len(re.findall(r"starting \d+ ranks on", out)) == 1, out  # never restarted
     starts, finals = _reports(reports, "start"), _reports(reports, "final")
-    assert sorted(finals) == [1, 2] and all(final["pid"] == starts[orig]["pid"] for orig, final in finals.items()), out
+    assert sorted(finals) == survivors and all(f["pid"] == starts[orig]["pid"] for orig, f in finals.items()), out
+    assert {orig: f["entries"] for orig, f in finals.items()} == entries, out
     assert {f["size"] for f in finals.values()} == {2} and len({f["sha"] for f in finals.values()}) == 1, out
     reference = run_mpi(WORKER, 2, TRAINING, timeout=300, report_dir=tmp_path / "reference")
     assert {f["sha"] for f in _reports(tmp_path / "reference", "final").values()} == \

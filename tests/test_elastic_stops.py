@@ -86,12 +86,15 @@ def test_a_rank_that_never_recovered_ends_mpi_within_the_finalize_limit(ompi_pyt
     training, while the others' MPI_Finalize (Open MPI 5's fault-tolerant one waits for every rank) waits for it.
     Only a process that had recovered used to end MPI within the limit (a CI soak's rank once hung there, declared
     dead by a peer, after its training ended); every rank of a fault-tolerant job now does: with the limit at 3 s
-    here (the worker's knob; 60 s in a job), each waiting rank says so and exits without MPI_Finalize."""
+    here (the worker's knob; 60 s in a job), each waiting rank says so and exits without MPI_Finalize.
+    hvd.elastic.run, run twice, registers that exit handler once."""
     mpiexec = str(Path(ompi_python).parent / "mpiexec")
     proc = run_mpi("elastic_finalize.py", nproc, ["3", "10"], timeout=240, env=ROOT_ENV, check=False,
                    launcher=[mpiexec, *ULFM_FLAGS, "--mca", "mpi_ft_detector_timeout", "60"], interpreter=ompi_python)
     out = proc.stdout + proc.stderr
-    assert len(re.findall(rf"^trained rank=\d total={nproc} ", out, re.MULTILINE)) == nproc, out
+    assert len(re.findall(rf"^trained rank=\d total={2 * nproc} ", out, re.MULTILINE)) == nproc, out
+    once = re.findall(r"^finalize_at_exit rank=\d call=1$", out, re.MULTILINE)  # (hvd.elastic.run ran twice)
+    assert len(once) == nproc and "call=2" not in out, out
     for rank in range(nproc - 1):
         assert re.search(rf"^\[hvdlite rank {rank}\] ERROR: MPI_Finalize has not returned within 3 s \(Open MPI's "
                          r"fault-tolerant MPI_Finalize waits for every other rank.*\): exiting without it, status 0",

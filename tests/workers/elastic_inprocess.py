@@ -1,18 +1,19 @@
 """Elastic torch training that loses ranks and recovers in the same processes (ULFM), for tests/test_elastic_ulfm.py.
 
-A Horovod elastic script (hvd.elastic.run, TorchState, ElasticSampler, a reset callback that rescales the
-learning rate), on synthetic data. ``--die ORIG_RANK:WHERE:STEP`` (repeatable) makes the rank that was
-ORIG_RANK at the start kill itself with SIGKILL at global step STEP: WHERE is ``backward`` (inside backward,
-after its other gradients' allreduces were submitted, so the survivors are inside allreduces), ``commit``
-(inside State.commit(), while its snapshot is taken; ``sync`` with STEP -1: inside the first State.sync() of
-hvd.elastic.run, in the snapshot rank 0 then broadcasts), ``gloo`` (inside a collective of the torch gloo plane, just
-after issuing it: run with HOROVOD_CPU_OPERATIONS=gloo), ``idle`` (between steps), ``stop`` (between steps, with
-SIGSTOP instead: the rank hangs, it does not die), ``reset`` (inside the reset callback of recovery number
-STEP, i.e. while the job recovers from an earlier loss) or ``start`` (after hvd.init, before hvd.elastic.run, in
-the job hvdlite-run started for its reset STEP); the others only in the first job hvdlite-run starts. Every rank prints
-``start orig=R pid=P`` first and ``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the
-model's parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 writes the state it resumed
-from (and the size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
+A Horovod elastic script (hvd.elastic.run, TorchState, ElasticSampler, a reset callback that rescales the learning
+rate), on synthetic data. ``--die ORIG_RANK:WHERE:STEP`` (repeatable) makes the rank that was ORIG_RANK at the start
+kill itself with SIGKILL at global step STEP: WHERE is ``backward`` (inside backward, after its other gradients'
+allreduces were submitted, so the survivors are inside allreduces), ``commit`` (inside State.commit(), while its
+snapshot is taken; ``sync`` with STEP -1: inside the first State.sync() of hvd.elastic.run, in the snapshot rank 0
+then broadcasts; ``bcast`` with STEP -1: in this rank's engine as that broadcast starts, so that it fails on some
+survivors and ends on others), ``gloo`` (inside a collective of the torch gloo plane, just after issuing it: run
+with HOROVOD_CPU_OPERATIONS=gloo), ``idle`` (between steps), ``stop`` (between steps, with SIGSTOP instead: the rank
+hangs, it does not die), ``reset`` (inside the reset callback of recovery number STEP, i.e. while the job recovers
+from an earlier loss) or ``start`` (after hvd.init, before hvd.elastic.run, in the job hvdlite-run started for its
+reset STEP); the others only in the first job hvdlite-run starts. Every rank prints ``start orig=R pid=P`` first and
+``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the model's parameters). ``--dump-resume
+PREFIX``: after recovery k the new rank 0 writes the state it resumed from (and the size) to PREFIX.k; ``--load
+FILE`` starts from such a file instead (the reference run).
 """
 import argparse
 import atexit
@@ -109,11 +110,26 @@ class Tripwire:
         pass
 
 
+def die_in_the_sync_broadcast(plan, orig):
+    """``bcast``: this rank's engine dies as it starts the broadcast of the state of hvd.elastic.run's first sync."""
+    from hvdlite.core.engine.execution import Executor
+    broadcast = Executor._broadcast
+
+    def then_die(self, items):
+        if items[0].resp.name == "hvdlite.elastic.sync.data" and ("bcast", -1) in plan:
+            die("bcast", orig[0])
+        return broadcast(self, items)
+    Executor._broadcast = then_die  # (before hvd.init: the engine's table takes the method then)
+
+
 def main():
     args = parse_args()
     imported = seconds_alive()  # Python and the imports (torch, hvdlite)
+    plan, rank = set(), [-1]
+    if any(":bcast:" in item for item in args.die):
+        die_in_the_sync_broadcast(plan, rank)
     hvd.init()
-    orig = hvd.rank()
+    orig = rank[0] = hvd.rank()
     print(f"start orig={orig} pid={os.getpid()} imported={imported:.2f} initialized={seconds_alive():.2f}",
           flush=True)
     if args.soak:  # (a rank leaving to resize ends its process: when its exit began)
@@ -125,7 +141,6 @@ def main():
     if args.device == "cuda":
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-    plan = set()
     restart = int(os.environ.get("HVDLITE_ELASTIC_RESTART", "0"))  # (hvdlite-run's restarts of the job)
     for item in args.die:
         who, where, step = item.split(":")

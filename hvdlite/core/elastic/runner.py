@@ -9,7 +9,9 @@ from typing import Any, Callable, TypeVar
 
 from .. import recovery, runtime
 from ..elastic_wire import MIN_NP_VARIABLE
+from ..horovod_forms import allreduce
 from ..log import logger
+from ..reduce_ops import Min
 from . import link as driver
 from .state import HostsUpdatedInterrupt, State
 
@@ -26,7 +28,8 @@ def run(func: F) -> F:
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         lk = driver.link()
         lk.connect(runtime.rank(), runtime.size())
-        if runtime.state().fault_tolerant:  # at exit, MPI_Finalize within its limit (recovered or not)
+        if runtime.state().fault_tolerant:  # at exit, MPI_Finalize within its limit (recovered or not), once
+            atexit.unregister(recovery.finalize_at_exit)
             atexit.register(recovery.finalize_at_exit, recovery.FINALIZE_TIMEOUT_S)
         try:
             result = _run_recovering(func, state, args, kwargs)
@@ -44,9 +47,19 @@ def run(func: F) -> F:
 def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: Any) -> Any:
     """Sync the state (after a restart, then run the reset callbacks), and call ``func`` until it returns; after a
     lost rank (where the MPI allows it) recover, restore the last commit, run the reset callbacks and call again."""
-    synced, reset = False, driver.link().restart > 0
+    synced, reset, error = False, driver.link().restart > 0, None
     while True:
         try:
+            if error is not None:
+                done = recovery.recover(error)
+                driver.link().send(op="recovered", size=done.new_size,
+                                   lost_peers=[[p.host, p.pid, p.started] for p in done.lost_peers])
+                _leave_below_min_np(state, done.new_size)
+                synced, reset, error = _every_survivor(synced), True, None  # the same path on every survivor;
+                state.restore()  # not all synced: rank 0 sends, with no commit, the state it synced to (or has)
+                if synced:
+                    state.on_reset()
+                    state.sync(in_memory=True)
             if not synced:
                 state.sync()
                 synced = True
@@ -58,23 +71,14 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
             error = recovery.lost_rank(exc)
             if error is None:
                 raise
-        while error is not None:
             if not recovery.can_recover(error):
                 raise error
-            try:
-                done = recovery.recover(error)
-                driver.link().send(op="recovered", size=done.new_size,
-                                   lost_peers=[[p.host, p.pid, p.started] for p in done.lost_peers])
-                _leave_below_min_np(state, done.new_size)
-                if synced:
-                    state.restore()
-                    state.on_reset()
-                    state.sync(in_memory=True)
-                reset, error = True, None
-            except Exception as again:  # noqa: BLE001 - another rank lost during the recovery itself
-                error = recovery.lost_rank(again)
-                if error is None:
-                    raise
+
+
+def _every_survivor(synced: bool) -> bool:
+    """Whether every survivor of a recovery had finished its first sync (an allreduce: all then take the same path;
+    some in the sync, some past it, they met different collectives and hung: docs/elastic.md, "After a recovery")."""
+    return bool(allreduce([int(synced)], name="hvdlite.elastic.synced", op=Min)[0])
 
 
 def _leave_below_min_np(state: State, size: int) -> None:

@@ -183,9 +183,8 @@ class ElasticDriver:
             server.release(self.resets)
         else:
             proc = self._launch(placed, server)
-        lost_at = 0.0
+        lost_at, changed = 0.0, False
         losses = inprocess.Losses(size, before=self.resets)
-        changed = False
         added, self.added = self.added, None  # hosts added while the job before ran: this job uses them
         next_check = time.monotonic() + DISCOVERY_INTERVAL_S
         while proc.poll() is None:
@@ -258,12 +257,10 @@ class ElasticDriver:
         if self.in_process:
             plan.mpi_args = inprocess.ulfm_mpi_args(plan.mpi_args)
         env = child_environment(self.env, plan, launcher)
-        env[inprocess.MODE_VARIABLE] = "in-process" if self.in_process else "restart"
-        env[MIN_NP_VARIABLE] = str(self.min_np)
-        env[DRIVER_VARIABLE] = f"{server.address}:{server.port}"
-        env[JOB_VARIABLE] = self.job
-        env[RESTART_VARIABLE] = str(self.resets)
-        env[GENERATION_VARIABLE] = str(server.generation)
+        env.update({inprocess.MODE_VARIABLE: "in-process" if self.in_process else "restart",
+                    MIN_NP_VARIABLE: str(self.min_np), DRIVER_VARIABLE: f"{server.address}:{server.port}",
+                    JOB_VARIABLE: self.job, RESTART_VARIABLE: str(self.resets),
+                    GENERATION_VARIABLE: str(server.generation)})
         if standby:
             env[STANDBY_VARIABLE] = "1"
         # the secret travels in the environment only: Open MPI's -x names it, no launcher gets its value
@@ -318,8 +315,7 @@ class ElasticDriver:
 
     def _within_limit(self, losses: inprocess.Losses, proc: subprocess.Popen[bytes]) -> bool:
         """Count the resets ``losses`` now needs; past --reset-limit stop the job instead (False: _loop says so)."""
-        needed = losses.before + losses.resets
-        limit = self.args.reset_limit
+        needed, limit = losses.before + losses.resets, self.args.reset_limit
         if limit is not None and needed > limit:
             self.resets = needed - 1
             self._stop(proc)
