@@ -41,8 +41,9 @@ def _reports(report_dir: Path, kind: str) -> dict[int, dict[str, Any]]:
     ("hvdlite-run", 3, ["2:backward:3", "0:commit:12"], [1], 3),
     ("mpiexec", 4, ["3:commit:4", "0:gloo:10"], [1, 2], 3),
     ("mpiexec", 4, ["3:stop:3", "0:reset:1"], [1, 2], 2),
+    ("mpiexec", 4, ["3:idle:5", "1:agree:-1"], [0, 2], 2),
 ], ids=["hvdlite-run-np3-backward-then-rank0-commit", "mpiexec-np4-commit-then-rank0-in-a-gloo-allreduce",
-        "mpiexec-np4-stopped-then-rank0-during-the-recovery"])
+        "mpiexec-np4-stopped-then-rank0-during-the-recovery", "mpiexec-np4-idle-then-rank1-in-the-agreement"])
 def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
         ompi_python: str, tmp_path: Path, launch: str, n: int, deaths: list[str], survivors: list[int],
         entries: int) -> None:
@@ -52,7 +53,9 @@ def test_survivors_recover_in_process_and_match_an_uninterrupted_run(
     which counts as the loss of rank 0 because MPI knows it died; the plane is made again); or stopped
     (SIGSTOP: a hang, not a death) between steps, which a survivor of its host waiting 2 s finds, with no
     setting (ULFM's own detector is given 60 s here, so only the survivors can), kills and recovers from, then
-    rank 0 killed during that recovery itself (in the reset callbacks: the survivors recover again). Every
+    rank 0 killed during that recovery itself (in the reset callbacks: the survivors recover again); or killed
+    between steps, then rank 1 in its engine as the survivors' allreduce that agrees whether each had synced
+    starts (one more recovery; the agreement again on the last two). Every
     survivor names each lost rank, recovers in its own process (same pid), and all end with the weights of an
     uninterrupted run at the final size from the commit they last resumed from, and the job ends (its exit once
     hung in MPI_Finalize).

@@ -6,14 +6,15 @@ kill itself with SIGKILL at global step STEP: WHERE is ``backward`` (inside back
 allreduces were submitted, so the survivors are inside allreduces), ``commit`` (inside State.commit(), while its
 snapshot is taken; ``sync`` with STEP -1: inside the first State.sync() of hvd.elastic.run, in the snapshot rank 0
 then broadcasts; ``bcast`` with STEP -1: in this rank's engine as that broadcast starts, so that it fails on some
-survivors and ends on others), ``gloo`` (inside a collective of the torch gloo plane, just after issuing it: run
-with HOROVOD_CPU_OPERATIONS=gloo), ``idle`` (between steps), ``stop`` (between steps, with SIGSTOP instead: the rank
-hangs, it does not die), ``reset`` (inside the reset callback of recovery number STEP, i.e. while the job recovers
-from an earlier loss) or ``start`` (after hvd.init, before hvd.elastic.run, in the job hvdlite-run started for its
-reset STEP); the others only in the first job hvdlite-run starts. Every rank prints ``start orig=R pid=P`` first and
-``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the model's parameters). ``--dump-resume
-PREFIX``: after recovery k the new rank 0 writes the state it resumed from (and the size) to PREFIX.k; ``--load
-FILE`` starts from such a file instead (the reference run).
+survivors and ends on others; ``agree`` with STEP -1: in its engine as the survivors' allreduce after a recovery
+starts, in which they agree whether each had synced), ``gloo`` (inside a collective of the torch gloo plane, just
+after issuing it: run with HOROVOD_CPU_OPERATIONS=gloo), ``idle`` (between steps), ``stop`` (between steps, with
+SIGSTOP instead: the rank hangs, it does not die), ``reset`` (inside the reset callback of recovery number STEP,
+i.e. while the job recovers from an earlier loss) or ``start`` (after hvd.init, before hvd.elastic.run, in the job
+hvdlite-run started for its reset STEP); the others only in the first job hvdlite-run starts. Every rank prints
+``start orig=R pid=P`` first and ``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the model's
+parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 writes the state it resumed from (and the
+size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
 """
 import argparse
 import atexit
@@ -110,24 +111,28 @@ class Tripwire:
         pass
 
 
-def die_in_the_sync_broadcast(plan, orig):
-    """``bcast``: this rank's engine dies as it starts the broadcast of the state of hvd.elastic.run's first sync."""
-    from hvdlite.core.engine.execution import Executor
-    broadcast = Executor._broadcast
+#: ``--die R:WHERE:-1`` of the engine: the collective of hvd.elastic.run that rank R's engine dies as it starts
+ENGINE_DEATHS = {"bcast": ("_broadcast", "hvdlite.elastic.sync.data"),
+                 "agree": ("_allreduce", "hvdlite.elastic.synced")}
 
-    def then_die(self, items):
-        if items[0].resp.name == "hvdlite.elastic.sync.data" and ("bcast", -1) in plan:
-            die("bcast", orig[0])
-        return broadcast(self, items)
-    Executor._broadcast = then_die  # (before hvd.init: the engine's table takes the method then)
+
+def die_in_the_engine(plan, orig):
+    """``bcast``/``agree``: this rank's engine dies as it starts that collective (ENGINE_DEATHS)."""
+    from hvdlite.core.engine.execution import Executor
+    for where, (method, name) in ENGINE_DEATHS.items():
+        def then_die(self, items, where=where, name=name, run=getattr(Executor, method)):
+            if items[0].resp.name == name and (where, -1) in plan:
+                die(where, orig[0])
+            return run(self, items)
+        setattr(Executor, method, then_die)  # (before hvd.init: the engine's table takes the methods then)
 
 
 def main():
     args = parse_args()
     imported = seconds_alive()  # Python and the imports (torch, hvdlite)
     plan, rank = set(), [-1]
-    if any(":bcast:" in item for item in args.die):
-        die_in_the_sync_broadcast(plan, rank)
+    if any(item.split(":")[1] in ENGINE_DEATHS for item in args.die):
+        die_in_the_engine(plan, rank)
     hvd.init()
     orig = rank[0] = hvd.rank()
     print(f"start orig={orig} pid={os.getpid()} imported={imported:.2f} initialized={seconds_alive():.2f}",
