@@ -13,8 +13,7 @@ chunk divided before it is posted), mpi_nb_pipe_avg_slices(4)_* (each completed 
 slices between the polls of the next), mpi_nb_rsag(_avg)_* (Ireduce_scatter + Iallgatherv per chunk, Average's
 division on this rank's slice only), mpi_nb_pipe_op_avg_* (mpi_nb_pipe_* with a user-defined MPI op that adds and
 halves each sum where it is made: at 2 ranks MPI combines the 2 contributions once per element; MPICH then
-reduces the whole chunk on each rank); hvdlite_optimizer_whole: DistributedOptimizer's sync (g) with the engine as
-before chunks.halves (every chunk one Iallreduce, then divided whole), for an A/B of the halves in one run.
+reduces the whole chunk on each rank).
 """
 from __future__ import annotations
 
@@ -29,10 +28,6 @@ import numpy as np  # noqa: E402
 
 import grad_sync  # noqa: E402
 import hvdlite as hvd  # noqa: E402
-from hvdlite.core.engine.chunks import start_allreduce  # noqa: E402
-from hvdlite.core.engine.execution import Executor  # noqa: E402
-
-_HALVES = Executor._chunked_allreduce  # the engine's own (hvdlite_optimizer_whole swaps it for its repetitions)
 
 PIPE_DEPTH = 4  # chunk collectives the engine keeps in flight (hvdlite/core/engine/chunks.py)
 
@@ -56,9 +51,6 @@ class Parts(grad_sync.Bench):
             if self.comm.Get_size() == 2:
                 out[f"mpi_nb_pipe_op_avg_{label}"] = self._nonblocking(step, "pipe", False, op=_halving_op())
         out["mpi_fused_copy"] = self._fused_copy
-        out["hvdlite_optimizer_whole"] = self._optimizer("whole.")
-        self.hooks["hvdlite_optimizer_whole"] = (lambda: setattr(Executor, "_chunked_allreduce", _whole_chunks),
-                                                 lambda: setattr(Executor, "_chunked_allreduce", _HALVES))
         out["hvdlite_async_sum"] = lambda: self._hvd_async(hvd, self.arrays, hvd.Sum, "sum.")
         return out
 
@@ -203,17 +195,6 @@ class Parts(grad_sync.Bench):
             np.copyto(a.reshape(-1), flat[off:off + n])
 
 
-def _whole_chunks(self: Any, comm: Any, dst: np.ndarray, dtype: str, op: Any, post: float,
-                  on_done: Optional[Callable[[], None]] = None) -> None:
-    """Executor._chunked_allreduce without chunks.halves: each chunk one Iallreduce, divided whole once done."""
-    datatype, mpi_op = self.ops.datatypes[dtype], self.ops.op(dtype, op)
-    step = max(1, self.config.allreduce_chunk_bytes // max(1, dst.itemsize))
-    for start in range(0, dst.shape[0], step):
-        piece = dst[start:start + step]
-        request = start_allreduce(comm, self.ops.tree, self.ops.IN_PLACE, piece, datatype, mpi_op, self.wait)
-        self._chunks.post(request, piece, dtype, post, on_done if start + step >= dst.shape[0] else None)
-
-
 def _halving_op() -> Any:
     """float32 sum, then halved in place (the sum's bits * 0.5, as Average's pass gives them at 2 ranks)."""
     from mpi4py import MPI
@@ -226,5 +207,4 @@ def _halving_op() -> Any:
 
 
 if __name__ == "__main__":
-    grad_sync.PAIRS += (("optimizer_average_over_whole", "hvdlite_optimizer", "hvdlite_optimizer_whole"),)
     grad_sync.main(kind=Parts)
