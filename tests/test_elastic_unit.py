@@ -275,8 +275,8 @@ def test_a_users_mca_btl_replaces_in_process_modes_transport() -> None:
     from hvdlite.run.elastic.inprocess import ULFM_MPI_ARGS, ulfm_mpi_args
     assert ulfm_mpi_args(["-x", "A"]) == [*ULFM_MPI_ARGS, "-x", "A"]
     ours = " ".join(ulfm_mpi_args(["--mca", "btl", "tcp,self", "--mca", "mpi_ft_detector_timeout", "4"]))
-    assert ours == ("--with-ft ulfm --mca mpi_ft_detector true --mca async_mpi_finalize true "
-                    "--mca btl tcp,self --mca mpi_ft_detector_timeout 4")
+    assert ours == ("--with-ft ulfm --mca mpi_ft_detector true --mca async_mpi_finalize true --mca "
+                    "mpi_yield_when_idle true --mca btl tcp,self --mca mpi_ft_detector_timeout 4")
     assert " ".join(ulfm_mpi_args(["-mca", "btl", "tcp,self"])).count("btl") == 1
     assert "sm,tcp,self" in ulfm_mpi_args(["--mca", "btl_tcp_if_include", "eth0"])
 

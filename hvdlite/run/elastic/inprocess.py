@@ -15,10 +15,10 @@ from ..launchers import OPENMPI, Launcher, LaunchError
 from .server import RankInfo, is_local
 
 #: Open MPI 5's fault tolerance: ULFM on, shared memory between a host's ranks and TCP across hosts, the failure
-#: detector's heartbeats, and MPI_Finalize without its closing PMIx fence over every process the job started, which
-#: after a lost rank sometimes never completed (docs/elastic.md, "Which transport" and "Turning ULFM on").
+#: detector's heartbeats, MPI_Finalize without its closing PMIx fence (after a lost rank it sometimes never ended),
+#: and a waiting rank that gives its core away (a shrink on more ranks than cores): docs/elastic.md, "Turning ULFM on".
 ULFM_MPI_ARGS = ["--with-ft", "ulfm", "--mca", "btl", "sm,tcp,self", "--mca", "mpi_ft_detector", "true",
-                 "--mca", "async_mpi_finalize", "true"]
+                 "--mca", "async_mpi_finalize", "true", "--mca", "mpi_yield_when_idle", "true"]
 
 
 def ulfm_mpi_args(user: list[str]) -> list[str]:
