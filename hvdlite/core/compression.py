@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .reduce_ops import HALF_DTYPES, Accumulation
+from .reduce_ops import Accumulation
 
 
 class Compressor:
@@ -70,9 +70,6 @@ def accumulating(wire: str, gather: Optional[str] = None) -> type[AccumulatingCo
     """The accumulating compressor of ``wire`` ("bfloat16"/"float16") and ``gather`` (default: the wire dtype, or
     "float32"); one class per pair, shared by both frontends."""
     acc = Accumulation(wire, wire if gather is None else gather)
-    if acc.wire not in HALF_DTYPES or acc.gather not in (acc.wire, "float32"):
-        raise ValueError(f"accumulating compression: wire must be one of {', '.join(HALF_DTYPES)} and gather the "
-                         f"wire dtype or float32, got wire={wire!r}, gather={gather!r}")
     found = _ACCUMULATING.get(acc)
     if found is None:
         short = {"bfloat16": "BF16", "float16": "FP16", "float32": "FP32"}

@@ -118,10 +118,8 @@ def aggregate(grads: Sequence[Any], accumulators: Sequence[Optional[tf.Variable]
         reset = _after(reduced, lambda: counter.assign(tf.zeros_like(counter), read_value=False))
         return _after([reset], lambda: [tf.identity(r) for r in reduced])
 
-    def keep_sums() -> list[tf.Tensor]:
-        return [a.read_value() for a in accs]
-
-    outs = dict(zip(present, tf.nest.flatten(tf.cond(passes >= tf.cast(steps, counter.dtype), reduce_sums, keep_sums))))
+    outs = dict(zip(present, tf.nest.flatten(tf.cond(passes >= tf.cast(steps, counter.dtype), reduce_sums,
+                                                     lambda: [a.read_value() for a in accs]))))
     return [outs.get(i) for i in range(len(grads))]
 
 

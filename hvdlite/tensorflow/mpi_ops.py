@@ -188,22 +188,20 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None, ignore
     def gather(*arrays: np.ndarray) -> list[np.ndarray]:
         return core.grouped_allgather(list(arrays), name=name, process_set=process_set)
 
-    return _grouped_op("allgather", gather, xs, _rows_shape,
-                       lambda inputs, dys: _allgather_grad(inputs, dys, process_set))
+    def grad(inputs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        # Horovod's convention: the upstream gradients averaged over ranks, then this rank's rows of them
+        reduced = _grouped_allreduce(dys, op=Average, process_set=process_set)
+        firsts = tf.stack([tf.constant(1, tf.int64) if x.shape.rank == 0 else tf.shape(x, out_type=tf.int64)[0]
+                           for x in inputs])
+        sizes = tf.reshape(allgather(firsts, process_set=process_set), [process_set.size(), len(inputs)])
+        me = process_set.rank()
+        grads = []
+        for i, (x, g) in enumerate(zip(inputs, reduced)):
+            start = tf.reduce_sum(sizes[:me, i])
+            grads.append(tf.reshape(g[start:start + sizes[me, i]], tf.shape(x)))
+        return grads
 
-
-def _allgather_grad(xs: list[tf.Tensor], dys: list[tf.Tensor], process_set: ProcessSet) -> list[tf.Tensor]:
-    """Average the upstream gradients over ranks, then keep this rank's rows (Horovod's convention)."""
-    reduced = _grouped_allreduce(dys, op=Average, process_set=process_set)
-    firsts = tf.stack([tf.constant(1, tf.int64) if x.shape.rank == 0 else tf.shape(x, out_type=tf.int64)[0]
-                       for x in xs])
-    sizes = tf.reshape(allgather(firsts, process_set=process_set), [process_set.size(), len(xs)])
-    me = process_set.rank()
-    grads = []
-    for i, (x, g) in enumerate(zip(xs, reduced)):
-        start = tf.reduce_sum(sizes[:me, i])
-        grads.append(tf.reshape(g[start:start + sizes[me, i]], tf.shape(x)))
-    return grads
+    return _grouped_op("allgather", gather, xs, _rows_shape, grad)
 
 
 # -- broadcast --------------------------------------------------------------------------------------

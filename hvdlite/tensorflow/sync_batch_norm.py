@@ -30,11 +30,8 @@ def synced_moments(inputs: tf.Tensor, axes: list[int], mask: Any, process_set: P
     if mask is not None:
         weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), x.dtype), tf.shape(x))
     kept_shape = [1 if i in axes else (x.shape[i] if x.shape[i] is not None else -1) for i in range(x.shape.rank)]
-
-    def allreduce_sum(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-        return _grouped_allreduce(tensors, op=Sum, process_set=process_set)
-
-    mean, variance, _ = sync_moments(x, weights, lambda t: tf.reduce_sum(t, axis=axes), allreduce_sum,
+    mean, variance, _ = sync_moments(x, weights, lambda t: tf.reduce_sum(t, axis=axes),
+                                     functools.partial(_grouped_allreduce, op=Sum, process_set=process_set),
                                      lambda t: tf.reshape(t, kept_shape))
     if keep_dims:
         mean, variance = tf.reshape(mean, kept_shape), tf.reshape(variance, kept_shape)
