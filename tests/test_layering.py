@@ -74,7 +74,7 @@ OVER_CAP: dict[str, int] = {}
 #: (18,500 until issue 49's vote and partial sets' own engines: net +205 lines after subtracting ~190; at the
 #: end of issue 50's work 18,756 lines, the budget rounded up with ~100 lines for work landing at once; issue
 #: 50's goal is 16,000, and 2,600 for the benchmarks.)
-PACKAGE_BUDGET = 15_940
+PACKAGE_BUDGET = 15_939
 BENCHMARKS_BUDGET = 2_560
 #: Whether an import inside a function counts as an edge of the import graph for the cycle check. A lazy
 #: import that closes a loop (runtime -> api -> runtime) hides a cycle from Python, not from the reader.

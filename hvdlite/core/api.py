@@ -30,7 +30,9 @@ class _Call:
     __slots__ = ("kind", "name", "generated", "process_set")
 
     def __init__(self, kind: Kind, name: Optional[str], process_set: Optional[ProcessSet]) -> None:
-        self.kind, self.process_set, self.generated = kind, process_set, type(name) is not str
+        self.kind = kind
+        self.process_set = process_set
+        self.generated = type(name) is not str
         self.name = _auto_name(kind.label, name, process_set)
 
     def __enter__(self) -> _Call:

@@ -179,7 +179,8 @@ class Scale(float):
 
     def __new__(cls, factor: float, divisor: int = 1) -> "Scale":
         obj = super().__new__(cls, float(factor) / divisor)
-        obj.factor, obj.divisor = float(factor), int(divisor)
+        obj.factor = float(factor)
+        obj.divisor = int(divisor)
         return obj
 
 

@@ -48,7 +48,8 @@ class HookAllreduce:
 
     def __init__(self, process_set: ProcessSet, hook: Optional[CommHook]) -> None:
         self.process_set = process_set
-        self.hook, self.state = hook, None
+        self.hook = hook
+        self.state = None
 
     def start(self, buckets: list[Bucket], ks: list[int]) -> Any:
         (k,) = ks
@@ -88,7 +89,9 @@ class AdasumDeltas:
 
     def __init__(self, process_set: ProcessSet, compression: Any,
                  local_step: Callable[[list[torch.Tensor]], None]) -> None:
-        self.process_set, self.compression, self.local_step = process_set, compression, local_step
+        self.process_set = process_set
+        self.compression = compression
+        self.local_step = local_step
 
     def start(self, buckets: list[Bucket], ks: list[int]) -> _Deltas:
         chosen = [buckets[k] for k in ks]
@@ -114,7 +117,8 @@ class ShardReducescatter:
     groups = True
 
     def __init__(self, process_set: ProcessSet, compression: Any) -> None:
-        self.process_set, self.compression = process_set, compression
+        self.process_set = process_set
+        self.compression = compression
 
     def start(self, buckets: list[Bucket], ks: list[int]) -> Reduction:
         chosen = [buckets[k] for k in ks]

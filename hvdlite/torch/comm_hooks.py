@@ -25,7 +25,9 @@ class GradBucket:
     """One bucket of gradients as a hook sees it (torch.distributed.GradBucket's method names)."""
 
     def __init__(self, index: int, bucket: Bucket, last: bool, process_set: ProcessSet) -> None:
-        self._index, self._bucket, self._last = index, bucket, last
+        self._index = index
+        self._bucket = bucket
+        self._last = last
         self.process_set = process_set
         #: stable and unique per bucket: the prefix of the names of the collectives a hook submits
         self.name = bucket.name

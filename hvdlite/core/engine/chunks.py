@@ -14,7 +14,6 @@ import numpy as np
 from ..reduce_ops import scale_inplace
 
 IN_FLIGHT = 4  # chunk collectives outstanding at once (measurements: benchmarks/HISTORY.md)
-SPARES: list[np.ndarray] = []  # halves()' inboxes (bytes) no chunk receives into (list.pop and append are atomic)
 
 
 def shortest_fast_length(ranks: int) -> int:
@@ -56,13 +55,13 @@ def swap(comm: Any, send: np.ndarray, recv: np.ndarray, peer: int, tag: int) -> 
     return _Both((comm.Isend(send, peer, tag), comm.Irecv(recv, peer, tag)), None)
 
 
-def halves(comm: Any, piece: np.ndarray, dtype: str, factor: float) -> Iterator[bool]:
+def halves(comm: Any, piece: np.ndarray, dtype: str, factor: float, spares: list[np.ndarray]) -> Iterator[bool]:
     """At 2 ranks, an in-place float32/64 sum then scaled by ``factor`` (Average's division) as two exchanges of
     halves: each rank adds its peer's part of its half into it and scales it in cache (after an Iallreduce each rank
     divides all of it), then they swap halves: Iallreduce's bits then scale_inplace's. Yields False until done."""
     peer, half = 1 - comm.Get_rank(), (piece.shape[0] + 1) // 2
     mine, theirs = (piece[:half], piece[half:]) if peer else (piece[half:], piece[:half])
-    spare = SPARES.pop() if SPARES else np.empty(0, np.uint8)
+    spare = spares.pop() if spares else np.empty(0, np.uint8)
     inbox = spare if spare.nbytes >= mine.nbytes else np.empty(mine.nbytes, np.uint8)
     received = inbox[:mine.nbytes].view(piece.dtype)
     first = swap(comm, theirs, received, peer, 0x5A17)  # (the tags of its two exchanges)
@@ -70,7 +69,7 @@ def halves(comm: Any, piece: np.ndarray, dtype: str, factor: float) -> Iterator[
     while not first.Test():
         yield False
     np.add(received, mine, out=mine)
-    SPARES.append(inbox)  # read: the next chunk may receive into it
+    spares.append(inbox)  # read: the next chunk may receive into it
     scale_inplace(mine, dtype, factor)
     second = swap(comm, mine, theirs, peer, 0x5A18)
     while not second.Test():
@@ -94,6 +93,7 @@ class ChunkPipeline:
         self._wait = wait
         self._inflight: collections.deque[_Chunk] = collections.deque()  # outstanding chunks, oldest first
         self._in_wait = False
+        self.spares: list[np.ndarray] = []  # halves()' inboxes no chunk receives into (at most IN_FLIGHT)
 
     def post(self, request: Any, piece: np.ndarray, dtype: str, factor: float,
              on_done: Optional[Callable[[], None]] = None) -> None:
