@@ -41,7 +41,7 @@ SUPPORTED_DTYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint
                     "float16", "bfloat16", "float32", "float64", "bool")
 HALF_DTYPES = ("float16", "bfloat16")
 #: the floating-point dtypes: Adasum's, and those an accumulating compression sums in float32
-FLOAT_DTYPES = ADASUM_DTYPES = ACCUMULABLE_DTYPES = ("float16", "bfloat16", "float32", "float64")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def resolve_op(op: Any, average: bool | None = None) -> ReduceOp:
@@ -117,10 +117,10 @@ def check_reduction(kind: str, name: str, op: ReduceOp, dtypes: Any, scaled: boo
         if kind != "allreduce":
             raise NotImplementedError(f"{kind} {name!r}: hvd.Adasum is only defined for allreduce; use "
                                       f"hvd.Sum or hvd.Average")
-        bad = sorted({d for d in dtypes if d not in ADASUM_DTYPES})
+        bad = sorted({d for d in dtypes if d not in FLOAT_DTYPES})
         if bad:
             raise TypeError(f"{kind} {name!r}: hvd.Adasum needs floating-point tensors "
-                            f"({', '.join(ADASUM_DTYPES)}), got {', '.join(bad)}")
+                            f"({', '.join(FLOAT_DTYPES)}), got {', '.join(bad)}")
         if set_size is not None and (set_size & (set_size - 1)):
             raise ValueError(f"{kind} {name!r}: hvd.Adasum needs a power-of-two number of ranks in the "
                              f"process set (got {set_size}); use hvd.Average, or run on 2, 4, 8... ranks")

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..reduce_ops import (ACCUMULABLE_DTYPES, FLOAT_DTYPES, HALF_DTYPES, NUMPY_REDUCTION, Accumulation, Max, Min,
+from ..reduce_ops import (FLOAT_DTYPES, HALF_DTYPES, NUMPY_REDUCTION, Accumulation, Max, Min,
                           Product, ReduceOp, Sum, bf16_to_f32, f32_to_bf16, scale_inplace, storage_dtype)
 from . import polling
 from .mpi import MPIOps, counts_displacements
@@ -230,4 +230,4 @@ class AccumulatingComm:
 
 def accumulates(extra: Any, dtype: str) -> bool:
     """Whether a batch of ``dtype`` with signature argument ``extra`` reduces by the accumulating rule."""
-    return type(extra) is Accumulation and dtype in ACCUMULABLE_DTYPES
+    return type(extra) is Accumulation and dtype in FLOAT_DTYPES
