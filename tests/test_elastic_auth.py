@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import threading
 
@@ -13,13 +14,13 @@ from cluster.elastic import wait_until
 from hvdlite.core.elastic.link import DriverLink
 from hvdlite.core.elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE,
                                        STANDBY_VARIABLE, signature)
-from hvdlite.run.elastic.server import DriverServer, bind_address, new_secret
+from hvdlite.run.elastic.server import DriverServer, bind_address
 
 
 @pytest.fixture
 def server():
     logged: list[str] = []
-    srv = DriverServer(logged.append, new_secret())
+    srv = DriverServer(logged.append, secrets.token_hex(32))
     srv.new_attempt(0)
     srv.logged = logged  # type: ignore[attr-defined]
     yield srv

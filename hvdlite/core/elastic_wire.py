@@ -31,21 +31,14 @@ def signature(secret: str, nonce: str, message: dict[str, Any]) -> str:
     return hmac.new(secret.encode(), f"{nonce}\n{body}".encode(), hashlib.sha256).hexdigest()
 
 
-def base_dir(configured: str) -> Path:
-    """The directory commits go under: the configured one, else /dev/shm if writable, else the temp dir."""
-    if configured:
-        return Path(configured)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
-    return Path(tempfile.gettempdir())
-
-
 def job_dir(configured: str, job: str) -> Path:
-    """``<base dir>/hvdlite-elastic-<job>``: one ``<hostname>`` directory per host that wrote a commit in it."""
+    """``<dir>/hvdlite-elastic-<job>`` (dir: the configured one, else /dev/shm if writable, else the temp dir): one
+    ``<hostname>`` directory per host that wrote a commit in it."""
     if not re.fullmatch(r"[0-9A-Za-z_-]+", job):
         raise ValueError(f"not an elastic run id: {job!r}")
-    return base_dir(configured) / f"hvdlite-elastic-{job}"
+    shm = Path("/dev/shm")
+    base = configured or (shm if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir())
+    return Path(base) / f"hvdlite-elastic-{job}"
 
 
 def remove_job(configured_dir: str, job: str) -> None:
@@ -62,10 +55,8 @@ def remove_host(configured: str, job: str) -> None:
         shutil.rmtree(mine)
     try:
         top.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError:
-        if not any(top.iterdir()):
+    except OSError:  # gone already, or another host's copy is left in it
+        if top.exists() and not any(top.iterdir()):
             raise
 
 

@@ -55,19 +55,14 @@ def fence(ranks: Sequence[int], peers: Sequence[Peer], why: str, then: str, stop
     return killed
 
 
-#: Who ends silent ranks on other hosts: the elastic driver's link (core/elastic/link.py), None without one.
-_elsewhere: Optional[Callable[[Sequence[int], Sequence[Peer], str], None]] = None
-
-
-def set_elsewhere(ender: Optional[Callable[[Sequence[int], Sequence[Peer], str], None]]) -> None:
-    global _elsewhere
-    _elsewhere = ender
+#: Who ends silent ranks on other hosts: the elastic driver's link sets it (core/elastic/link.py), None without one.
+elsewhere: Optional[Callable[[Sequence[int], Sequence[Peer], str], None]] = None
 
 
 def fence_elsewhere(ranks: Sequence[int], peers: Sequence[Peer], why: str) -> None:
     """Have the processes of ``ranks`` on other hosts ended there, where someone can."""
-    if _elsewhere is not None:
-        _elsewhere(ranks, peers, why)
+    if elsewhere is not None:
+        elsewhere(ranks, peers, why)
 
 
 def kill_if_same(pid: int, started: int) -> bool:

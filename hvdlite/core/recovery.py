@@ -9,10 +9,9 @@ import threading
 import time
 from typing import Optional
 
-from . import api, log, runtime
+from . import api, errors, log, runtime
 from .engine import mpi
 from .fencing import Peer, fence
-from . import errors
 from .errors import HvdliteError, ProcessFailedError
 from .log import logger
 from .process_sets import ProcessSet
@@ -42,21 +41,34 @@ def can_recover(error: BaseException) -> bool:
     return state.fault_tolerant and state.config.elastic_mode != "restart"
 
 
+class LostBeforeTheEnd(ProcessFailedError):
+    """finish_together()'s lost rank: this rank has taken part in the agreement with which recover() starts."""
+
+
+def finish_together() -> None:
+    """After hvd.elastic.run's function returned, in a fault-tolerant job: agree with every rank that none was lost,
+    so that all finish or all recover (docs/elastic.md, "The end of a run")."""
+    state = runtime.state()
+    if not state.fault_tolerant or mpi.agree(state.world):
+        return
+    raise LostBeforeTheEnd(f"rank {state.rank}: rank(s) {mpi.failed_ranks(state.world)} of this job died before every "
+                           f"rank had finished; hvd.elastic.run recovers on the survivors", seen_at=time.time())
+
+
 def recover(error: Optional[ProcessFailedError] = None) -> Recovery:
     """Collective over the survivors after their collectives failed with ``error``: shrink the job's communicator,
     build a new State on them, and register the process sets again on their surviving members (or unregister)."""
     started = time.monotonic()
+    agreed = isinstance(error, LostBeforeTheEnd)  # (its engine, still running, ends in abandon() on the lost rank)
     with runtime._lock:
         old = runtime.state()
         if not old.fault_tolerant:
             raise HvdliteError(f"rank {old.rank}: cannot recover from a lost rank in this process: "
                                f"{old.fault_tolerance_reason}")
-        if old.engine.alive and old.engine.error is None:
-            raise HvdliteError(f"rank {old.rank}: recover() is for after a lost rank; the engine is running")
         old.abandon()
         world, old_ranks = old.world, list(range(old.size))
         while True:  # a rank lost while the runtime is rebuilt: shrink again
-            world, kept = mpi.shrink(world)
+            world, kept = mpi.shrink(world, agreed and world is old.world)  # (agreed: in the first one only)
             old_ranks = [old_ranks[r] for r in kept]
             log.set_rank(world.Get_rank())
             try:
@@ -84,8 +96,7 @@ def _rebuild_process_sets(sets: dict[int, ProcessSet], old_ranks: list[int], sta
     """Register every process set again, in the old order, on its surviving members (the program's ProcessSet
     objects stay valid). Collective on every survivor."""
     new_rank_of = {old: new for new, old in enumerate(old_ranks)}
-    for ps_id in sorted(sets):
-        ps = sets[ps_id]
+    for ps_id, ps in sorted(sets.items()):
         if ps_id == 0:
             continue
         before = list(ps.ranks or ())

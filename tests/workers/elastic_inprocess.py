@@ -7,11 +7,13 @@ allreduces were submitted, so the survivors are inside allreduces), ``commit`` (
 snapshot is taken; ``sync`` with STEP -1: inside the first State.sync() of hvd.elastic.run, in the snapshot rank 0
 then broadcasts; ``bcast`` with STEP -1: in this rank's engine as that broadcast starts, so that it fails on some
 survivors and ends on others; ``agree`` with STEP -1: in its engine as the survivors' allreduce after a recovery
-starts, in which they agree whether each had synced), ``gloo`` (inside a collective of the torch gloo plane, just
-after issuing it: run with HOROVOD_CPU_OPERATIONS=gloo), ``idle`` (between steps), ``stop`` (between steps, with
-SIGSTOP instead: the rank hangs, it does not die), ``reset`` (inside the reset callback of recovery number STEP,
-i.e. while the job recovers from an earlier loss) or ``start`` (after hvd.init, before hvd.elastic.run, in the job
-hvdlite-run started for its reset STEP); the others only in the first job hvdlite-run starts. Every rank prints
+starts, in which they agree whether each had synced; ``final`` with STEP -1: in its engine as a 2 MB broadcast
+from rank 0 after the training loop ends, which then ends on some ranks and fails on others), ``gloo`` (inside a
+collective of the torch gloo plane, just after issuing it: run with HOROVOD_CPU_OPERATIONS=gloo), ``idle``
+(between steps), ``stop`` (between steps, with SIGSTOP instead: the rank hangs, it does not die), ``reset`` (inside
+the reset callback of recovery number STEP, i.e. while the job recovers from an earlier loss) or ``start`` (after
+hvd.init, before hvd.elastic.run, in the job hvdlite-run started for its reset STEP); the others only in the first
+job hvdlite-run starts. Every rank prints
 ``start orig=R pid=P`` first and ``final orig=R rank=r size=s pid=P steps=N sha=H`` last (H: a hash of the model's
 parameters). ``--dump-resume PREFIX``: after recovery k the new rank 0 writes the state it resumed from (and the
 size) to PREFIX.k; ``--load FILE`` starts from such a file instead (the reference run).
@@ -113,7 +115,7 @@ class Tripwire:
 
 #: ``--die R:WHERE:-1`` of the engine: the collective of hvd.elastic.run that rank R's engine dies as it starts
 ENGINE_DEATHS = {"bcast": ("_broadcast", "hvdlite.elastic.sync.data"),
-                 "agree": ("_allreduce", "hvdlite.elastic.synced")}
+                 "agree": ("_allreduce", "hvdlite.elastic.synced"), "final": ("_broadcast", "final.data")}
 
 
 def die_in_the_engine(plan, orig):
@@ -251,6 +253,9 @@ def main():
                 state.commit()
                 break
             state.commit()
+        if any(item.split(":")[1] == "final" for item in args.die):  # a last collective that ends on some ranks
+            hvd.broadcast_object(np.zeros(1 << 18), 0, name="final")  # and fails on others when a rank dies in it
+        print(f"trained orig={orig} entry={len(entries)} t={time.time():.6f}", flush=True)
         if hvd.rank() == 0 and steps > 1:
             print(f"steady entry={len(entries)} steps={steps - 1} seconds={time.time() - started:.6f} "
                   f"mpi_calls={hvdlite.engine_stats()['mpi_calls'] - calls}", flush=True)

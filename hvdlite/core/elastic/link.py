@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 from ..config import getenv
 from ..elastic_wire import (DRIVER_VARIABLE, GENERATION_VARIABLE, RESTART_VARIABLE, SECRET_VARIABLE, STANDBY_VARIABLE,
                             signature)
-from ..fencing import Peer, set_elsewhere
+from .. import fencing
 from ..launch_check import int_or_none
 from ..log import logger
 
@@ -54,7 +54,7 @@ class DriverLink:
                                   f"from this host?") from None
         self._sock.settimeout(None)
         self._seq = 0
-        set_elsewhere(self.ask_to_end)
+        fencing.elsewhere = self.ask_to_end
         # the generation the driver started this job with: a change before the ranks connected counts too
         self.generation = number(GENERATION_VARIABLE)
         if getenv(STANDBY_VARIABLE):  # a standby job's rank: wait until the driver hands the run over to this job,
@@ -78,7 +78,7 @@ class DriverLink:
                 return False
             return True
 
-    def ask_to_end(self, ranks: Sequence[int], peers: Sequence[Peer], why: str) -> None:
+    def ask_to_end(self, ranks: Sequence[int], peers: Sequence[fencing.Peer], why: str) -> None:
         """The stall inspector's verdict on ``ranks`` (fencing.fence_elsewhere): ask the driver to end those on
         other hosts (a rank alone on its host has no survivor there to end it)."""
         here = socket.gethostname()
@@ -104,7 +104,7 @@ class DriverLink:
         return dict(json.loads(line))
 
     def close(self) -> None:
-        set_elsewhere(None)
+        fencing.elsewhere = None
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()

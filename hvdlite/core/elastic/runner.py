@@ -55,7 +55,10 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
                 driver.link().send(op="recovered", size=done.new_size,
                                    lost_peers=[[p.host, p.pid, p.started] for p in done.lost_peers])
                 _leave_below_min_np(state, done.new_size)
-                synced, reset, error = _every_survivor(synced), True, None  # the same path on every survivor;
+                # whether every survivor had finished its first sync: all then take the same path (some in the sync,
+                # some past it, they met different collectives and hung: docs/elastic.md, "After a recovery")
+                synced = bool(allreduce([int(synced)], name="hvdlite.elastic.synced", op=Min)[0])
+                reset, error = True, None
                 state.restore()  # not all synced: rank 0 sends, with no commit, the state it synced to (or has)
                 if synced:
                     state.on_reset()
@@ -66,19 +69,15 @@ def _run_recovering(func: Callable[..., Any], state: State, args: Any, kwargs: A
                 if reset:
                     logger.info("running the reset callbacks at size %d", runtime.size())
                     state.on_reset()
-            return func(state, *args, **kwargs)
+            result = func(state, *args, **kwargs)
+            recovery.finish_together()
+            return result
         except Exception as exc:  # noqa: BLE001 - a lost rank, possibly wrapped by the framework (TensorFlow)
             error = recovery.lost_rank(exc)
             if error is None:
                 raise
             if not recovery.can_recover(error):
                 raise error
-
-
-def _every_survivor(synced: bool) -> bool:
-    """Whether every survivor of a recovery had finished its first sync (an allreduce: all then take the same path;
-    some in the sync, some past it, they met different collectives and hung: docs/elastic.md, "After a recovery")."""
-    return bool(allreduce([int(synced)], name="hvdlite.elastic.synced", op=Min)[0])
 
 
 def _leave_below_min_np(state: State, size: int) -> None:

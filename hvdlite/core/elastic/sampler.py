@@ -1,7 +1,7 @@
 """Which samples of an epoch each rank takes in an elastic job, so a resumed epoch repeats and skips nothing."""
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -24,15 +24,12 @@ class ElasticShards:
         self.processed: set[int] = set()
         self.reset()
 
-    def _order(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.num_samples))
-        return cast(list[int], np.random.RandomState(self.seed + self.epoch).permutation(self.num_samples).tolist())
-
     def reset(self) -> None:
         """Deal the epoch's unprocessed samples out to the current world (called after every restart)."""
         self.num_replicas, self.rank = runtime.size(), runtime.rank()
-        remaining = [i for i in self._order() if i not in self.processed]
+        order = np.random.RandomState(self.seed + self.epoch).permutation(self.num_samples).tolist() if self.shuffle \
+            else range(self.num_samples)
+        remaining: list[int] = [i for i in order if i not in self.processed]
         pad = -len(remaining) % self.num_replicas
         if remaining and pad:
             remaining += (remaining * (pad // len(remaining) + 1))[:pad]

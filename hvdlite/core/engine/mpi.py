@@ -337,20 +337,31 @@ def failed_ranks(comm: Any) -> list[int]:
     return sorted(_translate(group, comm))
 
 
-def shrink(comm: Any) -> tuple[Any, list[int]]:
-    """The survivors of ``comm`` (revoked first): a new communicator of the live ranks, agreed by all of them
-    (Shrink, then Agree, again while ranks keep failing), and which ranks of ``comm`` each new rank was."""
+def agree(comm: Any) -> bool:
+    """Whether no member of ``comm`` was lost (MPIX_Comm_agree: the same answer on every live member, also on a
+    revoked ``comm``)."""
+    try:
+        comm.Agree(1)
+    except _MPI.Exception as exc:
+        if not is_process_failure(exc):
+            raise
+        return False
+    return True
+
+
+def shrink(comm: Any, agreed: bool = False) -> tuple[Any, list[int]]:
+    """The survivors of ``comm`` (revoked first, then the agreement that a rank finishing its run joins, unless this
+    one did: ``agreed``): a new communicator of the live ranks, agreed by all of them (Shrink, then Agree, again
+    while ranks keep failing), and which ranks of ``comm`` each new rank was."""
     revoke(comm)
+    if not agreed:
+        agree(comm)
     current = comm
     while True:
         survivors = current.Shrink()
         errors_return(survivors)
-        try:
-            survivors.Agree(1)  # fails where a member died since the shrink: shrink again
+        if agree(survivors):  # not where a member died since the shrink: shrink again
             break
-        except _MPI.Exception as exc:
-            if not is_process_failure(exc):
-                raise
-            revoke(survivors)
-            current = survivors
+        revoke(survivors)
+        current = survivors
     return survivors, _translate(survivors.Get_group(), comm)

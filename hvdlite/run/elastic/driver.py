@@ -6,6 +6,7 @@ import argparse
 import copy
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from ..process import kill_group, stop_with
 from .cleanup import CommitRemover, remove_leftover_shm, shm_files
 from . import inprocess
 from .discovery import Blacklist, DiscoveryError, HostSource, assign, describe_failure, hopeless, wait_for_slots
-from .server import DriverServer, RankInfo, bind_address, is_local, new_secret
+from .server import DriverServer, RankInfo, bind_address, is_local
 from .standby import Standby
 
 #: Seconds between discovery runs while a job trains (horovodrun polls about once a second).
@@ -59,7 +60,7 @@ class ElasticDriver:
         self.source = HostSource(args, env, self.max_np)
         self.blacklist = Blacklist(args.blacklist_cooldown_range)
         self.job = uuid.uuid4().hex[:12]
-        self.secret = new_secret()  # the ranks' proof (see hvdlite.core.elastic.link); kept out of every log
+        self.secret = secrets.token_hex(32)  # the ranks' proof (hvdlite.core.elastic.link); kept out of every log
         self.server: Optional[DriverServer] = None
         self.resets = 0
         self.stop_signal = 0

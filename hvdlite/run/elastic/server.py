@@ -24,11 +24,6 @@ MAX_MESSAGE_BYTES = 1 << 16
 _SIOCGIFADDR = 0x8915  # Linux: the IPv4 address of a network interface
 
 
-def new_secret() -> str:
-    """A fresh per-job secret (256 bits, hex)."""
-    return secrets.token_hex(32)
-
-
 def interface_address(nic: str) -> str:
     """The IPv4 address of network interface ``nic`` (Linux)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
