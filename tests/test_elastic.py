@@ -201,7 +201,8 @@ def test_the_driver_removes_the_commits_a_blacklisted_host_left(tmp_path: Path) 
 def test_a_killed_rank_does_not_lose_the_host_its_discovery_script_lists(tmp_path: Path) -> None:
     """Restart mode (MPICH), a discovery script printing localhost:3: a rank killed once is a process that died,
     not a lost host (the host was blacklisted for good: 'usable now: none' for the whole --elastic-timeout, then
-    exit 1): the job starts again on the 3 slots from its last commit and finishes."""
+    exit 1): the job starts again on the 3 slots from its last commit and finishes; the shared-memory file of MPICH's
+    that the killed job left in /dev/shm is deleted."""
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\necho localhost:3\n")
     script.chmod(0o755)
@@ -216,4 +217,7 @@ def test_a_killed_rank_does_not_lose_the_host_its_discovery_script_lists(tmp_pat
                      r"host: its slot is used again", out), out
     assert "starting 3 ranks on localhost:3 (reset 1)" in out and "usable now" not in out, out
     assert "job finished on 3 ranks after 1 reset(s)" in out, out
+    # the killed job's MPICH shared memory (a 1-4 MB /dev/shm/mpich_shm_* its ranks never unlinked) is deleted
+    left = re.search(r"deleted (/dev/shm/mpich_shm_\w+), the shared memory MPICH left behind on this host", out)
+    assert left and not os.path.exists(left.group(1)), out
     final_reports(reports, 3, out)  # the 3 ranks agree on the weights and all
