@@ -60,8 +60,9 @@ class HookAllreduce:
         """The hook's result goes into the bucket's buffer and each gradient is a view of it."""
         bucket, result = chosen[0], started.wait()
         assert bucket.grads is not None
-        with torch.no_grad():
-            write_back(bucket.grads, result)
+        if result is not bucket.grads:  # (reduced in place, as the default hook does: no no_grad(), 4.6 us a bucket)
+            with torch.no_grad():
+                write_back(bucket.grads, result)
         for p, grad in zip(bucket.params, bucket.grad_views()):
             current = p.grad
             if current is grad or (current is None and not p.requires_grad):
@@ -260,10 +261,10 @@ class BucketSync:
         k, i = where
         bucket, grad = self.buckets[k], p.grad
         if self.flat and grad is not None:
-            if grad.is_sparse or not self.fits(k, i, p):
-                return False
             views = bucket.grad_views()
-            if not views or grad is not views[i]:  # (from the second step on it is that view: nothing to do)
+            if not views or grad is not views[i]:  # (from the second step on it is that view, which fits: nothing)
+                if grad.is_sparse or not self.fits(k, i, p):
+                    return False
                 with torch.no_grad():
                     bucket.collect(i)
         if complete:

@@ -103,8 +103,10 @@ class ChunkPipeline:
             self._complete_oldest()
 
     def clear(self, arrays: Iterable[Optional[np.ndarray]]) -> None:
-        """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``."""
-        if self._inflight and any(a is not None and a.nbytes and _overlap(a, chunk.piece)
+        """Before a tensor is read or written: complete what is in flight if it writes any byte of ``arrays``
+        (numpy's bounds check: 0.75 us a pair, against 6.5 us for two __array_interface__ reads; every buffer the
+        engine reduces is C-contiguous, so bounds that overlap share bytes)."""
+        if self._inflight and any(a is not None and a.nbytes and np.may_share_memory(a, chunk.piece)
                                   for a in arrays for chunk in self._inflight):
             self.drain()
 
@@ -145,9 +147,3 @@ class ChunkPipeline:
         if on_done is not None:
             on_done()
 
-
-def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two C-contiguous arrays (every buffer the engine reduces is one) share any byte."""
-    lo_a: int = a.__array_interface__["data"][0]
-    lo_b: int = b.__array_interface__["data"][0]
-    return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes

@@ -138,7 +138,7 @@ class Executor:
 
     def _reduce_direct(self, comm: Any, item: Item, op: ReduceOp, pre: float, post: float) -> None:
         tl = self.timeline
-        self._chunks.clear((item.src, item.dst))
+        self._chunks.clear((item.src, None if item.dst is item.src else item.dst))
         if item.dst is None:
             item.dst = aligned_empty(item.src.shape, item.src.dtype)
         if item.dst is not item.src and pre != 1.0:
