@@ -55,7 +55,7 @@ def swap(comm: Any, send: np.ndarray, recv: np.ndarray, peer: int, tag: int) -> 
     return _Both((comm.Isend(send, peer, tag), comm.Irecv(recv, peer, tag)), None)
 
 
-def halves(comm: Any, piece: np.ndarray, dtype: str, factor: float, spares: list[np.ndarray]) -> Iterator[bool]:
+def halves(comm: Any, piece: np.ndarray, factor: float, spares: list[np.ndarray]) -> Iterator[bool]:
     """At 2 ranks, an in-place float32/64 sum then scaled by ``factor`` (Average's division) as two exchanges of
     halves: each rank adds its peer's part of its half into it and scales it in cache (after an Iallreduce each rank
     divides all of it), then they swap halves: Iallreduce's bits then scale_inplace's. Yields False until done."""
@@ -70,7 +70,7 @@ def halves(comm: Any, piece: np.ndarray, dtype: str, factor: float, spares: list
         yield False
     np.add(received, mine, out=mine)
     spares.append(inbox)  # read: the next chunk may receive into it
-    scale_inplace(mine, dtype, factor)
+    np.multiply(mine, mine.dtype.type(float(factor)), out=mine)  # (scale_inplace at 2 ranks: a divisor of 2 or none)
     second = swap(comm, mine, theirs, peer, 0x5A18)
     while not second.Test():
         yield False

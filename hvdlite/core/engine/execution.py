@@ -160,7 +160,7 @@ class Executor:
         for start in range(0, n, step):
             piece = dst[start:start + step]
             if halved:
-                steps = halves(comm, piece, dtype, post, self._chunks.spares)
+                steps = halves(comm, piece, post, self._chunks.spares)
                 next(steps)  # (its first exchange starts now)
                 request, factor = polling.Polled(functools.partial(next, steps, True)), 1.0  # (done: no more steps)
             else:  # non-blocking on every rank: a blocking and a non-blocking collective never match
