@@ -368,13 +368,11 @@ def test_a_straggler_is_named_when_two_exchanges_in_a_row_find_it(caplog: pytest
     burst loop rank 0 and rank 1 took turns, each named about once a second); the rank two in a row find is named,
     once."""
     from hvdlite.core.engine.stragglers import Stragglers
-    from hvdlite.core.engine.timeline import Timeline
     stragglers = Stragglers(Config(), 0, 2, None)
     with caplog.at_level(logging.WARNING, logger="hvdlite"):
         for latest in (0, 1, 0, 1, 0, 1, 1, 1, 1):  # each exchange's latest rank, 20 ms late and last in every op
             stragglers.ops += 1000
-            stragglers._fresh = ((0.02, 0.03, 1.0, float(latest)), 1000, [], np.zeros((8, 0)), [])
-            stragglers.settle(Timeline())
+            stragglers.name(1000, 0.02, 0.03, 1.0, float(latest))
     named = [r.getMessage() for r in caplog.records if "is the straggler" in r.getMessage()]
     assert len(named) == 1 and named[0].startswith("rank 1 is the straggler: it submitted last in 100% of the last "
                                                    "1000 ops, 20.0 ms after the first rank"), named

@@ -221,7 +221,7 @@ class Engine:
                 if delay > 0:
                     self._sleep(delay)
                 return True
-            self._sleep(longest)
+            self._sleep(longest if self.observer.stragglers.quiet.is_set() else cycle_s)  # (an exchange: cycles end it)
         if polling.CROWDED and self._queue:
             polling.wait(polling.Polled(polling.Burst(self._queue, longest).over), cap=0.001)
         return True
@@ -260,7 +260,7 @@ class Engine:
         with self._cv:
             queue = self._queue
             new = [queue.popleft() for _ in range(len(queue))]  # (not list() and clear(): submit() takes no lock)
-            shutdown = self._shutdown_requested
+            shutdown = self._shutdown_requested and self.observer.stragglers.quiet.is_set()  # (an exchange ends first)
             if self.names is not None and self.names.moving:
                 self._move_names(self.names, new)
         tracing = self.timeline.enabled
@@ -312,7 +312,7 @@ class Engine:
             self.completion.execute(responses)
             if self.join_cycle >= 0 and any(r.error is None and r.sig.kind is Kind.JOIN for r in responses):
                 self.join_cycle, self.completion.joined = -1, frozenset()
-            self.observer.after_run(self.comm)
+        self.observer.after_run(self.comm)
 
     def _allreduce_or(self, vec: np.ndarray, result: np.ndarray, busy: bool) -> None:
         """Bitwise-or ``vec`` across ranks, backing off to 1 ms between polls (5 ms when idle)."""

@@ -48,6 +48,5 @@ class CycleObserver:
         self.autotune.observe(agreed)
 
     def after_run(self, comm: Any) -> None:
-        """After the round's ops ran: the exchange of straggler times, rank 0's log line and timeline of it."""
-        self.stragglers.swap(comm)
-        self.stragglers.settle(self.timeline)
+        """After each cycle (its ops ran): a step of the exchange of straggler times (rank 0's log line, timeline)."""
+        self.stragglers.swap(comm, self.timeline)

@@ -12,7 +12,7 @@ import threading
 import time
 from array import array
 from operator import attrgetter
-from typing import Any, NamedTuple, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import numpy as np
 
@@ -53,13 +53,14 @@ class Stragglers:
         self._agreed = array("d")     # and when its round ended here
         self._stamps: list[float] = []  # timeline time of each op (rank 0 tracing only)
         self._held: Optional[Held] = None
-        self._fresh: Optional[tuple[np.ndarray, int, list[float], np.ndarray, list[int]]] = None  # settle()'s
         self._report = _report(np.array([(0.0, 0.0, 0.0, r) for r in range(min(size, TOP_RANKS))]), 0, 0, 0,
                                config.straggler_threshold_ms, size)
         self._named: Optional[int] = None  # the rank last named in the log
         self._candidate: Optional[float] = None  # the last steady exchange's straggler: named only when it is again
         self._named_at = -1  # the ops exchanged when it was named (-1: never)
         self._due = False  # rank 0 asked for an exchange: the next cycle with agreed ops makes one
+        self._steps: Iterator[Any] = iter(())  # the exchange in progress: each step starts a collective
+        self._request: Any = None  # the one the next step waits for (None: no exchange in progress)
         self.quiet = threading.Event()  # no exchange in progress: report() waits for it
         self.quiet.set()
         self._met = math.inf  # when this rank's first round agreed ops (the ranks first met), on its clock
@@ -82,49 +83,65 @@ class Stragglers:
             submitted.extend([math.nan if req is None else req.submitted
                               for resp, req in zip(responses, map(pending.get, map(_KEY, responses)))
                               if resp.error is None and resp.key[0] == 0])
-        added = len(submitted) - len(self._agreed)
-        if added:
-            self._agreed += array("d", (now,)) * added
+        self._agreed += array("d", (now,)) * (len(submitted) - len(self._agreed))  # (each new op's)
         if timeline.enabled:
             self._stamps += [timeline.now()] * (len(submitted) - len(self._stamps))
         if len(submitted) >= self.config.straggler_window_ops or (self._due and submitted):
-            self.quiet.clear()  # until swap() ends: report() waits for it
+            self.quiet.clear()  # until its exchange ends: report() waits for it
 
     def tick(self) -> None:
         """Every rank, in the cycle whose round carried rank 0's FLAG_EXCHANGE: exchange at the next swap() with ops."""
         self._due = True
         self.tick_at = math.inf
 
-    def swap(self, comm: Any) -> None:
-        """After the ops of a cycle whose record() found it due: reduce their times (a full window; after a tick, every
-        op counted), keep the last window. After the ops: bursts took 0.89-0.99x the time (benchmarks/HISTORY.md)."""
+    def swap(self, comm: Any, timeline: Timeline) -> None:
+        """After each cycle's ops: the exchange in progress takes its next step, in the same cycle on every rank, so
+        each of its collectives has had a cycle to complete and no wait holds the engine; when none is in progress, a
+        due one (a full window; after a tick, every op counted) starts. Bursts: benchmarks/HISTORY.md."""
         if self.quiet.is_set():
             return
+        if self._request is not None:
+            polling.wait(self._request)
+            self._request = next(self._steps, None)
+        if self._request is None and (len(self._submitted) >= self.config.straggler_window_ops or self._due and
+                                      self._submitted):
+            self._steps = self._exchange(comm, timeline)
+            self._request = next(self._steps)
+        elif self._request is None:
+            self.quiet.set()
+
+    def _exchange(self, comm: Any, timeline: Timeline) -> Iterator[Any]:
+        """Reduce the oldest ops' times (a window at most), keep the last window; yields each collective started."""
         window, mpi = self.config.straggler_window_ops, self._mpi
-        count = min(len(self._submitted), window)
+        count, self._due = min(len(self._submitted), window), False
         submitted = np.frombuffer(self._submitted, dtype=np.float64, count=count).copy()  # the arrays shrink
         agreed = np.frombuffer(self._agreed, dtype=np.float64, count=count).copy()
         submitted[submitted < self._met] = math.nan  # submitted before the ranks first met: start-up, not lateness
         del self._submitted[:count], self._agreed[:count]
         stamps, self._stamps = self._stamps[:count], self._stamps[count:]
         zero = np.concatenate((agreed, [self._met, len(stamps) == count]))  # rank 0's; and whether it traces
-        polling.wait(comm.Ibcast(zero, root=0))
+        yield comm.Ibcast(zero, root=0)
         held = self._held
         offsets = agreed - zero[:count] if held is None else \
             np.concatenate((held.agreed - held.agreed0, agreed - zero[:count]))
         mine = submitted - _quantile(offsets, 0.5)  # on rank 0's clock
         lacking = np.isnan(mine)
         spans = np.stack((np.where(lacking, math.inf, mine), np.where(lacking, math.inf, -mine), lacking * -1.0))
-        polling.wait(start_allreduce(comm, mpi.tree, spans.copy(), spans, None, mpi.MPI.MIN, polling.wait))
+        yield start_allreduce(comm, mpi.tree, spans.copy(), spans, None, mpi.MPI.MIN, polling.wait)
         valid = spans[2] == 0  # no rank lacked the op
         late, last = mine - spans[0], valid & (mine == -spans[1])
         held = Held(zero[:count], agreed, late, last, valid)
-        self.windows, self.ops, self._due = self.windows + 1, self.ops + count, False
+        self.windows, self.ops = self.windows + 1, self.ops + count
         if self._held is not None:  # the last straggler_window_ops ops
             held = Held(*(np.concatenate(pair)[-window:] for pair in zip(self._held, held)))
         self._held = held
         steady = held.valid & (held.agreed0 >= zero[count] + STEADY_AFTER_S)
-        top = self._reduce(comm, _summary(held, held.valid, self.rank), _summary(held, steady, self.rank))
+        # every rank's summaries (all held ops; the steady ones) as one all-reduce of a fixed-size record (_merge)
+        send = np.array([_summary(held, held.valid, self.rank), *[_NONE] * (TOP_RANKS - 1),
+                         _summary(held, steady, self.rank)])
+        op, dtype = mpi.record_op(_merge, send.size)
+        top = np.empty_like(send)
+        yield start_allreduce(comm, mpi.tree, [send, dtype], top, dtype, op, polling.wait)
         self._report = _report(top[:TOP_RANKS], int(held.valid.sum()), self.windows, self.ops,
                                self.config.straggler_threshold_ms, self.size)
         if self.rank == 0 and self.config.straggler_window_seconds > 0:
@@ -132,26 +149,15 @@ class Stragglers:
         rows, ranks = np.zeros((TOP_RANKS, count)), top[:TOP_RANKS, 3]
         if zero[count + 1]:  # rank 0 traces: the report's ranks' lateness on each new op, for its timeline
             rows[ranks == self.rank] = np.where(valid, late, 0.0)
-            polling.wait(start_allreduce(comm, mpi.tree, rows.copy(), rows, None, mpi.MPI.SUM, polling.wait))
+            yield start_allreduce(comm, mpi.tree, rows.copy(), rows, None, mpi.MPI.SUM, polling.wait)
         if self.rank == 0:
-            self._fresh = (top[TOP_RANKS], int(steady.sum()), stamps if valid.all() else [], rows,
-                           [int(r) for r in ranks[np.isfinite(ranks)]])
-        self.quiet.set()
+            self.name(int(steady.sum()), *top[TOP_RANKS].tolist())
+        for i, ts in enumerate(stamps if self.rank == 0 and valid.all() and timeline.enabled else []):
+            timeline.counter("LATENESS_MS", ts, {f"rank {int(r)}": round(float(rows[j, i]) * 1e3, 3)
+                                                 for j, r in enumerate(ranks[np.isfinite(ranks)])})
 
-    def _reduce(self, comm: Any, mine: tuple[float, ...], steady: tuple[float, ...]) -> np.ndarray:
-        """Every rank's summaries (all held ops; the steady ones) as one all-reduce of a fixed-size record (_merge)."""
-        record = np.array([mine, *[_NONE] * (TOP_RANKS - 1), steady])
-        op, dtype = self._mpi.record_op(_merge, record.size)
-        out = np.empty_like(record)
-        polling.wait(start_allreduce(comm, self._mpi.tree, [record, dtype], out, dtype, op, polling.wait))
-        return out
-
-    def settle(self, timeline: Timeline) -> None:
-        """Rank 0, after an exchange's ops ran: name a new straggler in one log line; lateness on the timeline."""
-        fresh, self._fresh = self._fresh, None
-        if fresh is None:
-            return
-        (mean, p95, share, worst), ops, stamps, rows, ranks = fresh
+    def name(self, ops: int, mean: float, p95: float, share: float, worst: float) -> None:
+        """Rank 0, at an exchange's end: name a new straggler in one log line (its steady ops' latest summary)."""
         named = worst if share >= 0.5 and mean * 1e3 > self.config.straggler_threshold_ms and self.size > 1 else None
         again, self._candidate = named == self._candidate, named if ops >= STEADY_OPS else self._candidate
         if named is None and ops >= STEADY_OPS:
@@ -163,9 +169,6 @@ class Stragglers:
                            "hvd.straggler_report() has the latest ranks' figures.", named, share * 100, ops,
                            mean * 1e3, p95 * 1e3, self.config.straggler_threshold_ms)
             self._named, self._named_at = int(named), self.ops
-        for i, ts in enumerate(stamps if timeline.enabled else []):
-            timeline.counter("LATENESS_MS", ts, {f"rank {r}": round(float(rows[j, i]) * 1e3, 3)
-                                                 for j, r in enumerate(ranks)})
 
     def report(self) -> dict[str, Any]:
         """The last ``straggler_window_ops`` ops exchanged (or fewer), a fresh copy: every rank's alike after an op."""
