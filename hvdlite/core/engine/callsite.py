@@ -34,7 +34,7 @@ def _internal_prefixes() -> tuple[str, ...]:
 _PREFIXES = _internal_prefixes()
 _STDLIB = tuple(dict.fromkeys(os.path.join(os.path.realpath(sysconfig.get_paths()[key]), "")
                               for key in ("stdlib", "platstdlib")))
-_internal_code: dict[Any, bool] = {}  # code object -> whether its frames are skipped
+_internal_code: dict[int, tuple[Any, bool]] = {}  # id of a code object -> it, whether its frames are skipped
 
 
 def is_users(filename: str) -> bool:
@@ -52,12 +52,12 @@ def capture(depth: int = 2) -> Optional[Site]:
     internal = _internal_code
     while frame is not None:
         code = frame.f_code
-        skip = internal.get(code)
-        if skip is None:
+        known = internal.get(id(code))  # (by id: a code object hashes its whole contents at each lookup)
+        if known is None:
             if len(internal) >= _REMEMBER_LIMIT:
                 internal.clear()
-            skip = internal[code] = not is_users(code.co_filename)
-        if not skip:
+            known = internal[id(code)] = (code, not is_users(code.co_filename))  # (kept: no other takes its id)
+        if not known[1]:
             return (code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None

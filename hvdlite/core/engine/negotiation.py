@@ -180,7 +180,7 @@ def pending_flags(pending: dict[tuple[int, str], Request], agrees: Callable[[int
     """FLAG_FULL for requests here without a cache bit but a join (explained when made: engine._cycle); FLAG_EXPLAIN
     too for one whose set is not this engine's, or a global-set one that the ``joined`` ranks cannot stand in for
     (decide's errors say why: a kind join does not tolerate, a broadcast from a joined root)."""
-    flags = 0
+    flags, agrees = 0, functools.cache(agrees)  # (one call per set, not per request: 1,000 unnamed ops a round)
     for req in pending.values():
         kind, ps_id = req.sig.kind, req.sig.ps_id
         if req.cache_bit < 0 and kind is not Kind.JOIN:
