@@ -64,7 +64,7 @@ class Stragglers:
         self.quiet = threading.Event()  # no exchange in progress: report() waits for it
         self.quiet.set()
         self._met = math.inf  # when this rank's first round agreed ops (the ranks first met), on its clock
-        self.windows = self.ops = 0  # exchanges so far, agreed ops exchanged so far
+        self.windows = self.ops = 0  # exchanges so far, agreed ops up to the last exchange's
         # rank 0's clock: when it raises FLAG_EXCHANGE (inf: never; the loop compares it once per cycle)
         ticks = rank == 0 and config.straggler_window_ops > 0 and config.straggler_window_seconds > 0
         self.tick_at = time.monotonic() + config.straggler_window_seconds if ticks else math.inf
@@ -111,14 +111,15 @@ class Stragglers:
             self.quiet.set()
 
     def _exchange(self, comm: Any, timeline: Timeline) -> Iterator[Any]:
-        """Reduce the oldest ops' times (a window at most), keep the last window; yields each collective started."""
+        """Reduce the counted ops' times (the latest window; a backlog's older ops skipped); yields each collective."""
         window, mpi = self.config.straggler_window_ops, self._mpi
-        count, self._due = min(len(self._submitted), window), False
-        submitted = np.frombuffer(self._submitted, dtype=np.float64, count=count).copy()  # the arrays shrink
-        agreed = np.frombuffer(self._agreed, dtype=np.float64, count=count).copy()
+        skip = max(0, len(self._submitted) - window)
+        count, self._due = len(self._submitted) - skip, False
+        submitted = np.frombuffer(self._submitted, dtype=np.float64)[skip:].copy()  # the arrays are emptied
+        agreed = np.frombuffer(self._agreed, dtype=np.float64)[skip:].copy()
         submitted[submitted < self._met] = math.nan  # submitted before the ranks first met: start-up, not lateness
-        del self._submitted[:count], self._agreed[:count]
-        stamps, self._stamps = self._stamps[:count], self._stamps[count:]
+        del self._submitted[:], self._agreed[:]
+        stamps, self._stamps = self._stamps[skip:], []
         zero = np.concatenate((agreed, [self._met, len(stamps) == count]))  # rank 0's; and whether it traces
         yield comm.Ibcast(zero, root=0)
         held = self._held
@@ -131,7 +132,7 @@ class Stragglers:
         valid = spans[2] == 0  # no rank lacked the op
         late, last = mine - spans[0], valid & (mine == -spans[1])
         held = Held(zero[:count], agreed, late, last, valid)
-        self.windows, self.ops = self.windows + 1, self.ops + count
+        self.windows, self.ops = self.windows + 1, self.ops + skip + count  # (ops: the skipped too)
         if self._held is not None:  # the last straggler_window_ops ops
             held = Held(*(np.concatenate(pair)[-window:] for pair in zip(self._held, held)))
         self._held = held
